@@ -1,0 +1,255 @@
+"""Datasets: rows from a file, turned into samples the inference engine can run.
+
+A dataset config is shaped as OpenCompass users know it::
+
+    dict(type=JsonlDataset, abbr='plus_one', path='data/plus_one.jsonl',
+         reader_cfg=dict(input_columns=['question'], output_column='answer', test_range='[0:100]'),
+         infer_cfg=dict(prompt_template='{question}',
+                        inferencer=dict(type='gen', max_out_len=16)),
+         eval_cfg=dict(evaluator=dict(type='numeric_match')))
+
+``inferencer.type`` is ``gen`` (one generation per row), ``loglik`` (score every choice of
+a row as a continuation of the prompt) or ``chat`` (a multi-turn conversation: one user
+turn per element of ``turns_column``, each sent when the previous reply arrives).
+"""
+
+from __future__ import annotations
+
+import abc
+import hashlib
+import json
+import os
+import re
+import string
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestra.errors import ConfigError
+from orchestra.models.base import GenRequest, LoglikRequest, Message, Prompt
+
+INFERENCER_KEYS: dict[str, set[str]] = {
+    "gen": {"type", "max_out_len", "stop", "temperature", "top_p", "seed"},
+    "loglik": {"type", "choices_column", "choices", "continuation_template"},
+    "chat": {"type", "turns_column", "max_out_len", "stop", "temperature", "top_p", "seed"},
+}
+
+
+@dataclass
+class Sample:
+    """One unit of inference work: what to send, and what a right answer looks like."""
+
+    id: int
+    kind: str  # 'gen' | 'loglik' | 'chat'
+    gold: Any
+    gen: GenRequest | None = None
+    loglik: LoglikRequest | None = None
+    turns: list[str] = field(default_factory=list)
+    chat_template: GenRequest | None = None  # settings for every turn of a 'chat' sample
+
+
+def parse_range(test_range: Any, where: str) -> tuple[int | None, int | None]:
+    """Turn ``'[0:100]'``, ``'[:50]'``, ``(0, 100)`` or ``None`` into slice bounds."""
+    if test_range is None or test_range == "":
+        return None, None
+    if isinstance(test_range, (list, tuple)) and len(test_range) == 2:
+        lo, hi = test_range
+        if all(v is None or isinstance(v, int) for v in (lo, hi)):
+            return lo, hi
+    if isinstance(test_range, str):
+        m = re.fullmatch(r"\s*\[?\s*(-?\d*)\s*:\s*(-?\d*)\s*\]?\s*", test_range)
+        if m:
+            lo_s, hi_s = m.groups()
+            return (int(lo_s) if lo_s else None, int(hi_s) if hi_s else None)
+    raise ConfigError(
+        f"{where}: test_range={test_range!r} is not valid; use '[start:end]' or (start, end)"
+    )
+
+
+def template_fields(template: Any) -> set[str]:
+    """Names of the ``{fields}`` a prompt template (string or list of messages) uses."""
+    texts: list[str] = []
+    if isinstance(template, str):
+        texts = [template]
+    elif isinstance(template, (list, tuple)):
+        texts = [str(m.get("content", "")) for m in template if isinstance(m, dict)]
+    names: set[str] = set()
+    for text in texts:
+        for _, name, _, _ in string.Formatter().parse(text):
+            if name:
+                names.add(name.split(".")[0].split("[")[0])
+    return names
+
+
+def fill_template(template: Any, row: dict[str, Any]) -> Prompt:
+    """Fill a string template, or every message of a chat template, with a row's columns."""
+    if isinstance(template, str):
+        return template.format(**row)
+    messages: list[Message] = []
+    for msg in template:
+        messages.append({"role": msg["role"], "content": str(msg["content"]).format(**row)})
+    return messages
+
+
+class BaseDataset(abc.ABC):
+    """A dataset: its rows, the prompts made from them, and how they are scored.
+
+    Args:
+        abbr: short name, used in file names and the summary table.
+        path: the data file (or an identifier the subclass understands).
+        reader_cfg: ``input_columns``, ``output_column``, optional ``test_range``.
+        infer_cfg: ``prompt_template`` (string or chat messages), ``inferencer``, and
+            optional ``fewshot`` (``dict(k=N)``: the first N rows before ``test_range``
+            become worked examples, shown with ``fewshot_template``).
+        eval_cfg: ``evaluator`` (a name such as ``'accuracy'`` or a dict with ``type``).
+    """
+
+    def __init__(
+        self,
+        abbr: str,
+        path: str,
+        reader_cfg: dict[str, Any],
+        infer_cfg: dict[str, Any],
+        eval_cfg: dict[str, Any] | None = None,
+    ) -> None:
+        self.abbr = abbr
+        self.path = path
+        self.reader_cfg = dict(reader_cfg)
+        self.infer_cfg = dict(infer_cfg)
+        self.eval_cfg = dict(eval_cfg or {})
+        self._rows: list[dict[str, Any]] | None = None
+
+    # -- what a subclass provides -------------------------------------------------------
+    @abc.abstractmethod
+    def load_rows(self) -> list[dict[str, Any]]:
+        """Read every row of the underlying data, before ``test_range``."""
+
+    def content_key(self) -> str:
+        """A key that changes when the data may have changed (for the size cache)."""
+        try:
+            st = os.stat(self.path)
+            stamp = f"{os.path.abspath(self.path)}|{st.st_size}|{st.st_mtime_ns}"
+        except OSError:
+            stamp = str(self.path)
+        blob = json.dumps([type(self).__name__, stamp, self.reader_cfg], sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+    # -- shared behaviour ---------------------------------------------------------------
+    @property
+    def inferencer(self) -> dict[str, Any]:
+        inf = self.infer_cfg.get("inferencer", {"type": "gen"})
+        return dict(inf) if isinstance(inf, dict) else {"type": str(inf)}
+
+    def all_rows(self) -> list[dict[str, Any]]:
+        if self._rows is None:
+            self._rows = self.load_rows()
+        return self._rows
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The rows under evaluation (``test_range`` applied)."""
+        lo, hi = parse_range(self.reader_cfg.get("test_range"), f"dataset {self.abbr}: reader_cfg")
+        return self.all_rows()[lo:hi]
+
+    def columns(self) -> list[str]:
+        rows = self.all_rows()
+        return sorted(rows[0].keys()) if rows else []
+
+    def check(self, columns: list[str], where: str) -> None:
+        """Raise ``ConfigError`` if the reader or prompt settings do not fit the data's columns."""
+        cols = set(columns)
+        inputs = list(self.reader_cfg.get("input_columns", []))
+        for key in ("output_column",):
+            if self.reader_cfg.get(key) is not None:
+                inputs.append(self.reader_cfg[key])
+        inf = self.inferencer
+        for key in ("choices_column", "turns_column"):
+            if inf.get(key):
+                inputs.append(inf[key])
+        missing = [c for c in inputs if c not in cols]
+        if missing:
+            raise ConfigError(
+                f"{where}: column {missing[0]!r} not in {self.path}; columns are: {', '.join(sorted(cols))}"
+            )
+        allowed = set(self.reader_cfg.get("input_columns", [])) or cols
+        allowed |= {"choice"}
+        for key in ("prompt_template", "fewshot_template"):
+            unknown = sorted(template_fields(self.infer_cfg.get(key, "")) - allowed)
+            if unknown:
+                raise ConfigError(
+                    f"{where}: infer_cfg.{key} uses unknown field {{{unknown[0]}}}; "
+                    f"input_columns are: {', '.join(sorted(allowed - {'choice'}))}"
+                )
+
+    def gold(self, row: dict[str, Any]) -> Any:
+        col = self.reader_cfg.get("output_column")
+        return row.get(col) if col else None
+
+    def _fewshot_prefix(self) -> str:
+        few = self.infer_cfg.get("fewshot")
+        if not few:
+            return ""
+        k = int(few.get("k", 0))
+        lo, _ = parse_range(self.reader_cfg.get("test_range"), f"dataset {self.abbr}: reader_cfg")
+        pool = self.all_rows()[: lo or 0] if few.get("source", "head") == "head" else []
+        if len(pool) < k:
+            raise ConfigError(
+                f"dataset {self.abbr}: infer_cfg.fewshot k={k} needs {k} rows before test_range, "
+                f"found {len(pool)}"
+            )
+        tmpl = self.infer_cfg.get("fewshot_template") or self.infer_cfg["prompt_template"]
+        sep = few.get("separator", "\n\n")
+        return sep.join(str(fill_template(tmpl, r)) for r in pool[:k]) + sep
+
+    def build_samples(self, start: int, end: int) -> list[Sample]:
+        """Samples for rows ``[start, end)`` of :meth:`rows` (ids are row indices)."""
+        rows = self.rows()
+        template = self.infer_cfg.get("prompt_template", "{" + "}{".join(self.reader_cfg.get("input_columns", [])) + "}")
+        prefix = self._fewshot_prefix()
+        inf = self.inferencer
+        kind = inf.get("type", "gen")
+        samples: list[Sample] = []
+        for idx in range(start, min(end, len(rows))):
+            row = rows[idx]
+            prompt = fill_template(template, row)
+            if prefix:
+                if isinstance(prompt, str):
+                    prompt = prefix + prompt
+                else:
+                    prompt = [dict(prompt[0], content=prefix + prompt[0]["content"]), *prompt[1:]]
+            gold = self.gold(row)
+            if kind == "gen":
+                req = GenRequest(
+                    prompt=prompt,
+                    max_out_len=int(inf.get("max_out_len", 256)),
+                    stop=tuple(inf.get("stop", ())),
+                    temperature=float(inf.get("temperature", 0.0)),
+                    top_p=float(inf.get("top_p", 1.0)),
+                    seed=inf.get("seed"),
+                )
+                samples.append(Sample(id=idx, kind=kind, gold=gold, gen=req))
+            elif kind == "loglik":
+                choices = row[inf["choices_column"]] if inf.get("choices_column") else inf.get("choices")
+                if not choices:
+                    raise ConfigError(
+                        f"dataset {self.abbr}: inferencer loglik needs choices_column or choices"
+                    )
+                cont_t = inf.get("continuation_template", " {choice}")
+                conts = tuple(cont_t.format(choice=c, **row) for c in choices)
+                samples.append(
+                    Sample(id=idx, kind=kind, gold=gold, loglik=LoglikRequest(context=prompt, continuations=conts))
+                )
+            elif kind == "chat":
+                turns = [str(t) for t in row[inf["turns_column"]]]
+                settings = GenRequest(
+                    prompt="",
+                    max_out_len=int(inf.get("max_out_len", 256)),
+                    stop=tuple(inf.get("stop", ())),
+                    temperature=float(inf.get("temperature", 0.0)),
+                    top_p=float(inf.get("top_p", 1.0)),
+                    seed=inf.get("seed"),
+                )
+                samples.append(Sample(id=idx, kind=kind, gold=gold, turns=turns, chat_template=settings))
+            else:
+                raise ConfigError(
+                    f"dataset {self.abbr}: infer_cfg.inferencer.type={kind!r}; valid: gen, loglik, chat"
+                )
+        return samples

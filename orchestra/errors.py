@@ -1,0 +1,32 @@
+"""The exceptions orchestra raises on purpose.
+
+``UserError`` and its children are mistakes in what the user gave us (a config, a flag, a
+path): the CLI prints them as one line and exits 2.  Everything else is a bug or an
+infrastructure failure and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class OrchestraError(Exception):
+    """Base of every exception orchestra raises deliberately."""
+
+
+class UserError(OrchestraError):
+    """Bad input from the user; printed as one line, exit code 2."""
+
+
+class ConfigError(UserError):
+    """A config file, a key in it, or a ``--cfg-options`` value is invalid."""
+
+
+class RunFolderBusyError(UserError):
+    """Another orchestrator holds the lock of this run folder."""
+
+
+class ModelError(OrchestraError):
+    """A model call failed in a way that retrying will not fix."""
+
+
+class TaskFailedError(OrchestraError):
+    """A task script ends with this when its work is incomplete (failed samples, missing inputs)."""

@@ -1,0 +1,208 @@
+"""The contract between the inference engine and every model.
+
+The engine calls a model once per sample, concurrently, on one asyncio loop.  API models
+answer each call with an HTTP request; local models queue the calls and run them in
+batches (``BatchedModel``), so dynamic batching falls out of ordinary concurrency.
+
+Model classes are imported by the orchestrator to validate configs, so a model module must
+not import an ML framework at module level: import torch / transformers / vllm inside the
+methods that need them.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import threading
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Generic, TypeVar, Union
+
+Message = dict[str, str]
+"""One chat message: ``{"role": "user" | "assistant" | "system", "content": "..."}``."""
+
+Prompt = Union[str, list[Message]]
+"""A plain-text prompt, or a list of chat messages."""
+
+
+@dataclass(frozen=True)
+class GenRequest:
+    """Generate a continuation of ``prompt``."""
+
+    prompt: Prompt
+    max_out_len: int = 256
+    stop: tuple[str, ...] = ()
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class LoglikRequest:
+    """Score each continuation: the summed log-probability of its tokens after ``context``."""
+
+    context: Prompt
+    continuations: tuple[str, ...]
+
+
+@dataclass
+class ModelStats:
+    """Live counters a model keeps; the engine reports them in progress events."""
+
+    in_flight: int = 0
+    done: int = 0
+    rate_limited: int = 0
+    retries: int = 0
+    errors: int = 0
+    extra: dict[str, float] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "in_flight": self.in_flight,
+            "done": self.done,
+            "rate_limited": self.rate_limited,
+            "retries": self.retries,
+            "errors": self.errors,
+        }
+        out.update(self.extra)
+        return out
+
+
+class BaseModel(abc.ABC):
+    """A model the inference engine can call.
+
+    Args:
+        abbr: short name used in the run folder and the summary table.
+        path: what the model is (a checkpoint folder, a file, an API model name).
+        max_out_len: default generation length when a dataset does not set one.
+        generation_kwargs: default sampling settings (``temperature``, ``top_p``, ``seed``).
+    """
+
+    #: True for models behind a network API; they get high concurrency and no GPUs.
+    is_api: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        abbr: str,
+        path: str = "",
+        max_out_len: int = 256,
+        generation_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        self.abbr = abbr
+        self.path = path
+        self.max_out_len = max_out_len
+        self.generation_kwargs = dict(generation_kwargs or {})
+        self.stats = ModelStats()
+
+    @abc.abstractmethod
+    async def generate(self, request: GenRequest) -> str:
+        """Return the generated text for one request (without the prompt)."""
+
+    @abc.abstractmethod
+    async def loglikelihood(self, request: LoglikRequest) -> list[float]:
+        """Return one summed log-probability per continuation, in order."""
+
+    def max_concurrency(self) -> int:
+        """How many calls the engine should keep in flight at once for this model."""
+        return 64
+
+    async def aclose(self) -> None:
+        """Release connections, threads or memory; called once when a task ends."""
+
+
+Req = TypeVar("Req", GenRequest, LoglikRequest)
+Res = TypeVar("Res")
+
+
+class _Batcher(Generic[Req, Res]):
+    """Collects concurrent calls into batches and runs each batch on one worker thread."""
+
+    def __init__(self, run_batch: Any, batch_size: int, lock: threading.Lock) -> None:
+        self._run_batch = run_batch
+        self._batch_size = batch_size
+        self._lock = lock
+        self._pending: list[tuple[Req, asyncio.Future[Res]]] = []
+        self._wakeup: asyncio.Event | None = None
+        self._worker: asyncio.Task[None] | None = None
+
+    async def submit(self, request: Req) -> Res:
+        loop = asyncio.get_running_loop()
+        if self._worker is None or self._worker.done():
+            self._wakeup = asyncio.Event()
+            self._worker = loop.create_task(self._drain())
+        fut: asyncio.Future[Res] = loop.create_future()
+        self._pending.append((request, fut))
+        assert self._wakeup is not None
+        self._wakeup.set()
+        return await fut
+
+    async def _drain(self) -> None:
+        assert self._wakeup is not None
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            # Let every coroutine that is ready to submit do so before a batch is cut.
+            await asyncio.sleep(0)
+            while self._pending:
+                batch = self._pending[: self._batch_size]
+                del self._pending[: len(batch)]
+                requests = [req for req, _ in batch]
+                try:
+                    results = await asyncio.to_thread(self._locked_run, requests)
+                except Exception as exc:  # one bad batch fails its own callers only
+                    for _, fut in batch:
+                        if not fut.done():
+                            fut.set_exception(exc)
+                    continue
+                for (_, fut), res in zip(batch, results):
+                    if not fut.done():
+                        fut.set_result(res)
+
+    def _locked_run(self, requests: list[Req]) -> list[Res]:
+        with self._lock:
+            return list(self._run_batch(requests))
+
+
+class BatchedModel(BaseModel):
+    """A local model that runs requests in batches on a worker thread.
+
+    Subclasses implement the two synchronous batch methods; concurrent ``generate`` /
+    ``loglikelihood`` calls from the engine are grouped into batches of up to
+    ``batch_size`` (dynamic batching).  Only one batch runs at a time per model.
+    """
+
+    def __init__(self, abbr: str, path: str = "", batch_size: int = 8, **kwargs: Any) -> None:
+        super().__init__(abbr, path, **kwargs)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        lock = threading.Lock()
+        self._gen = _Batcher[GenRequest, str](self.generate_batch, batch_size, lock)
+        self._ll = _Batcher[LoglikRequest, list[float]](self.loglikelihood_batch, batch_size, lock)
+
+    @abc.abstractmethod
+    def generate_batch(self, requests: list[GenRequest]) -> list[str]:
+        """Generate for a batch of requests; one string per request."""
+
+    @abc.abstractmethod
+    def loglikelihood_batch(self, requests: list[LoglikRequest]) -> list[list[float]]:
+        """Score a batch of requests; one list of floats per request."""
+
+    async def generate(self, request: GenRequest) -> str:
+        self.stats.in_flight += 1
+        try:
+            return await self._gen.submit(request)
+        finally:
+            self.stats.in_flight -= 1
+            self.stats.done += 1
+
+    async def loglikelihood(self, request: LoglikRequest) -> list[float]:
+        self.stats.in_flight += 1
+        try:
+            return await self._ll.submit(request)
+        finally:
+            self.stats.in_flight -= 1
+            self.stats.done += 1
+
+    def max_concurrency(self) -> int:
+        # Enough queued work to fill the next batch while the current one runs.
+        return self.batch_size * 2
