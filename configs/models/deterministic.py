@@ -1,0 +1,3 @@
+from orchestra.models import DeterministicModel
+
+models = [dict(type=DeterministicModel, abbr='deterministic', batch_size=8)]

@@ -1,0 +1,296 @@
+"""``orchestra CONFIG`` / ``python run.py CONFIG``: plan, run and summarise an evaluation.
+
+Exit codes: 0 every task done; 1 some task failed, was skipped or cancelled (the summary
+names each with its log); 2 bad config or usage; 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import time
+from types import FrameType
+from typing import Any
+
+from orchestra.errors import ConfigError, RunFolderBusyError, UserError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line and exit 2, as for config errors
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="orchestra", description="Evaluate language models from one config file.")
+    p.add_argument("config", help="config file (.py or .yaml)")
+    p.add_argument("-w", "--work-dir", help="folder for run folders (overrides the config's work_dir)")
+    p.add_argument("-r", "--reuse", nargs="?", const="latest", metavar="TIMESTAMP|latest",
+                   help="continue a run folder: finished outputs are reused, the rest runs")
+    p.add_argument("--mode", choices=["all", "infer", "eval", "viz"], default="all",
+                   help="run both stages (all), one stage, or only rebuild the summary (viz)")
+    p.add_argument("--debug", action="store_true", help="run tasks in this process, one by one, with tracebacks")
+    p.add_argument("--dry-run", action="store_true", help="print the plan of both stages; write nothing")
+    p.add_argument("--max-num-workers", type=int, help="tasks running at once, for every stage")
+    p.add_argument("--retry", type=int, help="extra attempts for a failed task, for every stage")
+    p.add_argument("--slurm", action="store_true", help="run every stage with SlurmRunner")
+    p.add_argument("-p", "--partition", help="Slurm partition (with --slurm)")
+    p.add_argument("-q", "--qos", help="Slurm QOS (with --slurm)")
+    p.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override config values, e.g. infer.runner.max_num_workers=4")
+    return p
+
+
+def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
+    """CLI flags win over the config file (defaults flow one way)."""
+    from orchestra.config import DEFAULT_STAGES
+
+    if args.work_dir:
+        raw["work_dir"] = args.work_dir
+    if args.slurm and not args.partition:
+        raise UserError("--slurm needs -p/--partition")
+    if (args.partition or args.qos) and not args.slurm:
+        raise UserError("-p/--partition and -q/--qos need --slurm")
+    for stage in ("infer", "eval"):
+        st = raw.get(stage)
+        if st is None:
+            st = raw[stage] = {k: dict(v) for k, v in DEFAULT_STAGES[stage].items()}
+        if not isinstance(st, dict):
+            continue  # validation will name it
+        runner = st.get("runner")
+        if runner is None:
+            runner = st["runner"] = dict(DEFAULT_STAGES[stage]["runner"])
+        if not isinstance(runner, dict):
+            continue
+        if args.slurm:
+            keep = {k: runner[k] for k in ("task", "max_num_workers", "retry", "timeout_s") if k in runner}
+            runner.clear()
+            runner.update(keep, type="orchestra.runners.slurm.SlurmRunner", partition=args.partition)
+            if args.qos:
+                runner["qos"] = args.qos
+        if args.max_num_workers is not None:
+            runner["max_num_workers"] = args.max_num_workers
+        if args.retry is not None:
+            runner["retry"] = args.retry
+
+
+def _run_folder(work_dir: str, reuse: str | None) -> tuple[str, bool]:
+    """The run folder to use and whether it already existed."""
+    work_dir = os.path.abspath(work_dir)
+    if reuse is None:
+        stamp = time.strftime("%Y%m%d_%H%M%S")
+        root = os.path.join(work_dir, stamp)
+        n = 1
+        while os.path.exists(root):
+            root = os.path.join(work_dir, f"{stamp}_{n}")
+            n += 1
+        return root, False
+    if reuse == "latest":
+        runs = sorted(d for d in os.listdir(work_dir) if os.path.isdir(os.path.join(work_dir, d))) \
+            if os.path.isdir(work_dir) else []
+        if not runs:
+            print(f"orchestra: no earlier run in {work_dir}; starting a new one", file=sys.stderr)
+            return _run_folder(work_dir, None)
+        return os.path.join(work_dir, runs[-1]), True
+    root = os.path.join(work_dir, reuse)
+    if not os.path.isdir(root):
+        raise UserError(f"-r {reuse}: no run folder {root}")
+    return root, True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except UserError as exc:
+        if args.debug:
+            raise
+        print(f"orchestra: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+def _main(args: argparse.Namespace) -> int:
+    from orchestra.config import load_config, validate
+
+    for flag, value in (("--max-num-workers", args.max_num_workers), ("--retry", args.retry)):
+        if value is not None and value < (1 if flag == "--max-num-workers" else 0):
+            raise UserError(f"{flag} {value}: must be >= {1 if flag == '--max-num-workers' else 0}")
+    raw = load_config(args.config, args.cfg_options)
+    _apply_cli_overrides(raw, args)
+    cfg = validate(raw, args.config)
+    root, existed = _run_folder(cfg.work_dir, args.reuse)
+
+    from orchestra.datasets.info import dataset_infos
+    from orchestra.paths import RunPaths
+    from orchestra.plan import make_plan
+
+    paths = RunPaths(root)
+    infos = dataset_infos(cfg.datasets, args.config)
+    runners = _build_runners(cfg, args)
+    if args.dry_run:
+        return _print_plan(make_plan(cfg, infos, paths), runners, paths, existed)
+
+    from filelock import FileLock, Timeout
+
+    os.makedirs(root, exist_ok=True)
+    lock = FileLock(paths.lock)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RunFolderBusyError(f"{root} is in use by another orchestrator (lock {paths.lock})") from None
+    try:
+        return _run(cfg, args, paths, infos, runners)
+    finally:
+        lock.release()
+
+
+def _build_runners(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
+    runners = {}
+    for name, stage in cfg.stages.items():
+        try:
+            runners[name] = stage.runner_cls(**stage.runner_kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{args.config}: {name}.runner: {exc}") from None
+    return runners
+
+
+def _print_plan(plan: Any, runners: dict[str, Any], paths: Any, existed: bool) -> int:
+    print(f"run folder: {paths.root}{' (reused)' if existed else ' (new; nothing is written by --dry-run)'}")
+    for stage in ("infer", "eval"):
+        tasks = plan.tasks[stage]
+        reused = len(plan.reused[stage])
+        print(f"\n[{stage}] {len(tasks)} task(s) to run, {reused} output(s) reused, "
+              f"runner {type(runners[stage]).__name__}")
+        for task in tasks:
+            resources = {"gpu_ids": ["<gpu>"] * task.num_gpus}
+            cmd = runners[stage].get_command(task, paths.task_spec(task.task_id), resources, 1,
+                                             paths.task_log(stage, task.task_id))
+            units = ", ".join(f"{u.name}[{u.start}:{u.end}]" for u in task.units)
+            print(f"  {task.task_id}  cost={task.cost:g}  gpus={task.num_gpus}  units: {units}")
+            print(f"    $ {cmd.display()}")
+    return EXIT_OK
+
+
+def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: dict[str, Any]) -> int:
+    from orchestra.config import dump_config
+    from orchestra.events import EventLog
+    from orchestra.plan import make_plan
+    from orchestra.runners.base import RunContext, TaskResult, TaskState
+    from orchestra.summary.table import build_summary, render_text, write_summary
+    from orchestra.tasks.spec import output_done
+
+    paths.make_dirs()
+    dump_config(cfg.resolved, paths.config)
+    events = EventLog(paths.events)
+    ctx = RunContext(paths, events)
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not ctx.stop.is_set():
+            print(f"\norchestra: {signal.Signals(signum).name} received, stopping every task...",
+                  file=sys.stderr, flush=True)
+        ctx.stop.set()
+
+    for sig in previous:
+        signal.signal(sig, on_signal)
+    plan = make_plan(cfg, infos, paths)
+    events.emit("run_started", mode=args.mode, pid=os.getpid(),
+                tasks={s: [t.task_id for t in ts] for s, ts in plan.tasks.items()})
+    results: list[TaskResult] = []
+    try:
+        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"], "viz": []}[args.mode]
+        for stage in stages:
+            if ctx.stop.is_set():
+                break
+            tasks = plan.tasks[stage]
+            for task in tasks:
+                task.dump(paths.task_spec(task.task_id))
+            if stage == "eval":
+                ready = []
+                for task in tasks:
+                    missing = [p for u in task.units for p, h in u.inputs if not output_done(p, h)]
+                    if missing:
+                        reason = f"predictions missing: {os.path.relpath(missing[0], paths.root)}"
+                        events.emit("skipped", task_id=task.task_id, stage=stage, reason=reason)
+                        results.append(TaskResult(task.task_id, stage, TaskState.SKIPPED, 0,
+                                                  paths.task_log(stage, task.task_id), reason))
+                    else:
+                        ready.append(task)
+                tasks = ready
+            if not tasks:
+                continue
+            print(f"[{stage}] {len(tasks)} task(s), {len(plan.reused[stage])} output(s) reused", file=sys.stderr)
+            if args.debug:
+                results += _run_in_process(tasks, ctx)
+            else:
+                ctx.on_change = _progress(stage, len(tasks))
+                results += runners[stage].launch(tasks, ctx)
+                print(file=sys.stderr)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    interrupted = ctx.stop.is_set()
+    events.emit("run_finished", interrupted=interrupted,
+                failed=[r.task_id for r in results if r.state is not TaskState.DONE])
+    summary = build_summary(paths, [m["abbr"] for m in cfg.models], plan.all_units["eval"])
+    write_summary(summary, paths)
+    print(render_text(summary))
+    bad = [r for r in results if r.state is not TaskState.DONE]
+    for r in bad:
+        print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({r.reason}); log: {r.log_path}",
+              file=sys.stderr)
+    print(f"run folder: {paths.root}", file=sys.stderr)
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_FAILED if bad else EXIT_OK
+
+
+def _run_in_process(tasks: list[Any], ctx: Any) -> list[Any]:
+    """``--debug``: run each task here, in order; a crash shows its traceback."""
+    from orchestra.runners.base import TaskResult, TaskState
+    from orchestra.tasks import eval as eval_task
+    from orchestra.tasks import infer as infer_task
+    from orchestra.tasks.spec import output_done
+
+    results = []
+    for task in tasks:
+        if ctx.stop.is_set():
+            break
+        log = ctx.paths.task_log(task.stage, task.task_id)
+        ctx.events.emit("started", task_id=task.task_id, stage=task.stage, attempt=1, debug=True)
+        t0 = time.monotonic()
+        (infer_task if task.stage == "infer" else eval_task).run_task(task)
+        ok = all(output_done(p, h) for p, h in task.outputs)
+        state = TaskState.DONE if ok else TaskState.FAILED
+        ctx.events.emit(state.value, task_id=task.task_id, stage=task.stage, attempt=1)
+        results.append(TaskResult(task.task_id, task.stage, state, 1, log, "" if ok else "outputs missing",
+                                  time.monotonic() - t0))
+    return results
+
+
+def _progress(stage: str, total: int) -> Any:
+    from tqdm import tqdm
+
+    bar = tqdm(total=total, desc=f"[{stage}]", unit="task", file=sys.stderr, dynamic_ncols=True,
+               mininterval=0.5, leave=True)
+    last: dict[str, int] = {}
+
+    def update(counts: dict[str, int]) -> None:
+        nonlocal last
+        if counts == last:
+            return
+        ended = sum(v for k, v in counts.items() if k not in ("pending", "running"))
+        bar.update(ended - bar.n)
+        bar.set_postfix(running=counts.get("running", 0), failed=counts.get("failed", 0), refresh=False)
+        last = dict(counts)
+        if ended == total:
+            bar.close()
+
+    return update
+
+
+if __name__ == "__main__":
+    sys.exit(main())

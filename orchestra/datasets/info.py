@@ -1,0 +1,102 @@
+"""What the planner needs to know about a dataset, cached by a content key.
+
+Counting rows means reading a dataset once; the answer is kept in
+``<cache>/dataset_info.json`` under a key that changes with the file's path, size, mtime
+and reader settings, so later runs plan without loading anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from filelock import FileLock
+
+from orchestra.datasets.base import BaseDataset
+from orchestra.errors import ConfigError
+from orchestra.fileio import atomic_write_json
+from orchestra.registry import DATASETS
+
+
+def cache_dir() -> str:
+    """The per-machine cache folder (``ORCHESTRA_CACHE_DIR`` or ``~/.cache/orchestra``)."""
+    return os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """A dataset's config and the facts the planner uses: size, kind, choices per row."""
+
+    cfg: dict[str, Any]
+    abbr: str
+    size: int
+    kind: str  # inferencer type: gen | loglik | chat
+    num_choices: float
+    content_key: str
+
+
+def build_dataset(cfg: dict[str, Any]) -> BaseDataset:
+    """Construct the dataset object a config dict describes (cheap: nothing is read)."""
+    cls = DATASETS.resolve(cfg["type"], f"dataset {cfg.get('abbr')}")
+    kwargs = {k: v for k, v in cfg.items() if k != "type"}
+    try:
+        ds = cls(**kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"dataset {cfg.get('abbr')}: {exc}") from None
+    assert isinstance(ds, BaseDataset)
+    return ds
+
+
+def _probe(ds: BaseDataset) -> dict[str, Any]:
+    rows = ds.all_rows()
+    inf = ds.inferencer
+    choices = 0.0
+    if inf.get("type") == "loglik":
+        col = inf.get("choices_column")
+        if col and rows and col in rows[0]:
+            choices = sum(len(r[col]) for r in rows) / len(rows)
+        else:
+            choices = float(len(inf.get("choices") or [])) or 1.0
+    columns = sorted(rows[0].keys()) if rows else []
+    return {"num_rows": len(rows), "columns": columns, "num_choices": choices}
+
+
+def dataset_infos(cfgs: list[dict[str, Any]], where: str) -> list[DatasetInfo]:
+    """Facts about every dataset; reads only those the cache does not know."""
+    path = os.path.join(cache_dir(), "dataset_info.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    try:
+        with open(path, encoding="utf-8") as f:
+            cache: dict[str, Any] = json.load(f)
+    except (OSError, ValueError):
+        cache = {}
+    infos: list[DatasetInfo] = []
+    fresh: dict[str, Any] = {}
+    for i, cfg in enumerate(cfgs):
+        ds = build_dataset(cfg)
+        key = ds.content_key()
+        facts = cache.get(key)
+        if facts is None:
+            facts = _probe(ds)
+            fresh[key] = facts
+        ds.check(facts["columns"], f"{where}: datasets[{i}] ({ds.abbr})")
+        # test_range is applied to the probed size without reading the rows again.
+        from orchestra.datasets.base import parse_range
+
+        lo, hi = parse_range(ds.reader_cfg.get("test_range"), f"{where}: datasets[{i}].reader_cfg")
+        size = len(range(facts["num_rows"])[lo:hi])
+        infos.append(
+            DatasetInfo(cfg, ds.abbr, size, ds.inferencer.get("type", "gen"), facts["num_choices"], key)
+        )
+    if fresh:
+        with FileLock(path + ".lock", timeout=30):
+            try:
+                with open(path, encoding="utf-8") as f:
+                    cache = json.load(f)
+            except (OSError, ValueError):
+                cache = {}
+            cache.update(fresh)
+            atomic_write_json(path, cache)
+    return infos

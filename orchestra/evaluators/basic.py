@@ -1,0 +1,104 @@
+"""The built-in evaluators: accuracy, exact match, numeric match."""
+
+from __future__ import annotations
+
+import abc
+import math
+import re
+import string
+from typing import Any
+
+
+class BaseEvaluator(abc.ABC):
+    """Scores prediction records; returns metrics (first one is the headline) and details."""
+
+    @abc.abstractmethod
+    def judge(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Per-sample verdict: metric name -> value (usually bool), plus anything useful."""
+
+    def score(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
+        details = []
+        sums: dict[str, float] = {}
+        counted = 0
+        for rec in records:
+            if rec.get("error") is not None:
+                verdict: dict[str, Any] = {"error": rec["error"]}
+            else:
+                verdict = self.judge(rec)
+                counted += 1
+            details.append({"id": rec["id"], "gold": rec.get("gold"), "prediction": rec.get("prediction"), **verdict})
+            for key, value in verdict.items():
+                if isinstance(value, bool):
+                    sums[key] = sums.get(key, 0.0) + float(value)
+        n = len(records)
+        # Failed samples count as wrong: a metric never looks better because samples failed.
+        metrics = {key: (total / n if n else math.nan) for key, total in sums.items() if key != "error"}
+        return metrics, details
+
+
+def normalize_text(text: Any) -> str:
+    s = str(text).strip().lower()
+    s = s.strip(string.punctuation + " ")
+    return " ".join(s.split())
+
+
+class AccuracyEvaluator(BaseEvaluator):
+    """Multiple choice: the highest-scoring choice is right.
+
+    For log-likelihood records both ``accuracy`` (raw summed log-probabilities) and
+    ``accuracy_norm`` (divided by the continuation's length in characters) are reported.
+    For generated answers the normalised text must equal the gold answer.
+    """
+
+    def judge(self, record: dict[str, Any]) -> dict[str, Any]:
+        gold = record.get("gold")
+        if "logliks" in record:
+            lls = record["logliks"]
+            conts = record.get("continuations") or [""] * len(lls)
+            raw = max(range(len(lls)), key=lls.__getitem__)
+            norm = max(range(len(lls)), key=lambda i: lls[i] / max(len(conts[i]), 1))
+            gold_idx = gold if isinstance(gold, int) else next(
+                (i for i, c in enumerate(conts) if normalize_text(c) == normalize_text(gold)), -1
+            )
+            return {"accuracy": raw == gold_idx, "accuracy_norm": norm == gold_idx}
+        return {"accuracy": normalize_text(record.get("prediction", "")) == normalize_text(gold)}
+
+
+class ExactMatchEvaluator(BaseEvaluator):
+    """The generated text, normalised (case, outer punctuation, whitespace), equals the gold."""
+
+    def judge(self, record: dict[str, Any]) -> dict[str, Any]:
+        gold = record.get("gold")
+        golds = gold if isinstance(gold, list) else [gold]
+        pred = normalize_text(record.get("prediction", ""))
+        return {"exact_match": any(pred == normalize_text(g) for g in golds)}
+
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+def extract_number(text: Any) -> float | None:
+    """The final number of a text (after ``####`` if present), commas and ``$`` ignored."""
+    s = str(text)
+    if "####" in s:
+        s = s.split("####")[-1]
+    found = _NUMBER.findall(s.replace("$", ""))
+    if not found:
+        return None
+    try:
+        return float(found[-1].replace(",", "").rstrip("."))
+    except ValueError:
+        return None
+
+
+class NumericMatchEvaluator(BaseEvaluator):
+    """The last number in the prediction equals the gold number (GSM8K style)."""
+
+    def __init__(self, tolerance: float = 1e-6) -> None:
+        self.tolerance = tolerance
+
+    def judge(self, record: dict[str, Any]) -> dict[str, Any]:
+        pred = extract_number(record.get("prediction", ""))
+        gold = extract_number(record.get("gold"))
+        ok = pred is not None and gold is not None and abs(pred - gold) <= self.tolerance
+        return {"numeric_match": ok, "extracted": pred}

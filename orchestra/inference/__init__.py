@@ -1,0 +1,1 @@
+"""The inference engine that runs inside an infer task."""

@@ -1,0 +1,143 @@
+"""Turn a validated config into the tasks of both stages.
+
+Content hashes are computed here: a prediction's hash covers the model settings that can
+change an output, the dataset's reader and prompt settings, the data file's content key and
+the shard's row range; a result's hash covers the hashes of all the predictions it scores
+and the evaluator settings.  Units whose outputs already carry their hash are not planned.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestra.config import RunConfig
+from orchestra.datasets.info import DatasetInfo
+from orchestra.fileio import stable_hash
+from orchestra.partitioners.base import BasePartitioner
+from orchestra.paths import RunPaths, safe_name
+from orchestra.tasks.spec import TaskSpec, Unit, output_done
+
+# Model settings that change how fast or where a model runs, but not what it answers.
+NON_SEMANTIC_MODEL_KEYS = frozenset(
+    {
+        "abbr",
+        "run_cfg",
+        "batch_size",
+        "max_connections",
+        "max_retries",
+        "timeout_s",
+        "attempt_timeout_s",
+        "num_threads",
+        "cache_dir",
+        "max_samples",
+        "key_env",
+        "rate_limit",
+    }
+)
+
+
+@dataclass
+class Plan:
+    """The tasks still to run in each stage, and the outputs reused from earlier runs."""
+
+    tasks: dict[str, list[TaskSpec]]
+    reused: dict[str, list[Unit]] = field(default_factory=dict)
+    all_units: dict[str, list[tuple[str, Unit]]] = field(default_factory=dict)  # (model, unit)
+
+
+def model_key(model: dict[str, Any]) -> str:
+    return stable_hash({k: v for k, v in model.items() if k not in NON_SEMANTIC_MODEL_KEYS})
+
+
+def dataset_key(info: DatasetInfo) -> str:
+    cfg = {k: v for k, v in info.cfg.items() if k not in ("abbr", "eval_cfg")}
+    return stable_hash([cfg, info.content_key])
+
+
+def _task_id(stage: str, model_abbr: str, units: list[Unit]) -> str:
+    more = f"+{len(units) - 1}" if len(units) > 1 else ""
+    return f"{stage}_{safe_name(model_abbr)}_{safe_name(units[0].name)}{more}"
+
+
+def _pack(
+    stage: str,
+    partitioner: BasePartitioner,
+    model: dict[str, Any],
+    units: list[Unit],
+    paths: RunPaths,
+    task_cfg: dict[str, Any],
+) -> list[TaskSpec]:
+    run_cfg = model.get("run_cfg", {})
+    num_gpus = int(run_cfg.get("num_gpus", 0)) if stage == "infer" else 0
+    num_procs = int(run_cfg.get("num_procs", 1)) if stage == "infer" else 1
+    tasks = []
+    for group in partitioner.pack([u.cost for u in units]):
+        chosen = [units[i] for i in group]
+        tasks.append(
+            TaskSpec(
+                stage=stage,
+                task_id=_task_id(stage, model["abbr"], chosen),
+                run_dir=paths.root,
+                model=model,
+                model_abbr=model["abbr"],
+                units=tuple(chosen),
+                task_cfg=task_cfg,
+                num_gpus=num_gpus,
+                num_procs=num_procs,
+            )
+        )
+    return tasks
+
+
+def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan:
+    """Plan both stages; units already done in ``paths`` are reused, not planned."""
+    infer_stage, eval_stage = cfg.stages["infer"], cfg.stages["eval"]
+    plan = Plan(tasks={"infer": [], "eval": []}, reused={"infer": [], "eval": []},
+                all_units={"infer": [], "eval": []})
+    for model in cfg.models:
+        mkey = model_key(model)
+        todo: dict[str, list[Unit]] = {"infer": [], "eval": []}
+        for info in infos:
+            dkey = dataset_key(info)
+            row_cost = infer_stage.partitioner.row_cost(info)
+            shards = infer_stage.partitioner.split(info)
+            shard_units = []
+            for i, (start, end) in enumerate(shards):
+                index = i if len(shards) > 1 else None
+                shard_units.append(
+                    Unit(
+                        dataset=info.cfg,
+                        dataset_abbr=info.abbr,
+                        start=start,
+                        end=end,
+                        shard=index,
+                        num_shards=len(shards),
+                        output=paths.predictions(model["abbr"], info.abbr, index),
+                        hash=stable_hash([mkey, dkey, start, end]),
+                        cost=(end - start) * row_cost,
+                    )
+                )
+            eval_unit = Unit(
+                dataset=info.cfg,
+                dataset_abbr=info.abbr,
+                start=0,
+                end=info.size,
+                shard=None,
+                num_shards=1,
+                output=paths.results(model["abbr"], info.abbr),
+                hash=stable_hash([[u.hash for u in shard_units], info.cfg.get("eval_cfg", {})]),
+                cost=float(info.size),
+                inputs=tuple((u.output, u.hash) for u in shard_units),
+            )
+            for stage, units in (("infer", shard_units), ("eval", [eval_unit])):
+                for unit in units:
+                    plan.all_units[stage].append((model["abbr"], unit))
+                    if output_done(unit.output, unit.hash):
+                        plan.reused[stage].append(unit)
+                    else:
+                        todo[stage].append(unit)
+        for stage, st in (("infer", infer_stage), ("eval", eval_stage)):
+            if todo[stage]:
+                plan.tasks[stage] += _pack(stage, st.partitioner, model, todo[stage], paths, st.task_cfg)
+    return plan

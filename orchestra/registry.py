@@ -1,0 +1,125 @@
+"""Resolve the ``type`` of a config dict to a class, without importing heavy modules.
+
+A ``type`` may be a class, a dotted path (``'orchestra.models.hf.HFCausalLM'``, which is
+what mmengine makes of an import in a pure-Python config), or a short name registered
+here.  Each short name maps to a dotted path so that nothing is imported until it is used.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from orchestra.errors import ConfigError
+
+
+class Registry:
+    """Short names of one kind of component, each mapped to a dotted import path."""
+
+    def __init__(self, kind: str, entries: dict[str, str]) -> None:
+        self.kind = kind
+        self._entries: dict[str, str] = {}
+        for name, target in entries.items():
+            self.register(name, target)
+
+    def register(self, name: str, target: str) -> None:
+        if name in self._entries:
+            raise KeyError(f"{self.kind} {name!r} is already registered as {self._entries[name]}")
+        self._entries[name] = target
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def resolve(self, spec: Any, where: str) -> type:
+        """Return the class ``spec`` names; a ``ConfigError`` naming ``where`` if there is none."""
+        if isinstance(spec, type):
+            return spec
+        if not isinstance(spec, str) or not spec:
+            raise ConfigError(f"{where}: type must be a class or a name, got {spec!r}")
+        target = self._entries.get(spec, spec)
+        cls = import_dotted(target)
+        if cls is None or not isinstance(cls, type):
+            raise ConfigError(
+                f"{where}: unknown {self.kind} type {spec!r}; valid: {', '.join(self.names())} "
+                "or a dotted path to a class"
+            )
+        return cls
+
+
+def import_dotted(path: str) -> Any:
+    """Import ``'pkg.mod.Name'`` or ``'pkg.mod:Name'``; ``None`` if it does not exist."""
+    if ":" in path:
+        mod_name, _, attr = path.partition(":")
+    else:
+        mod_name, _, attr = path.rpartition(".")
+    if not mod_name:
+        return None
+    try:
+        module = importlib.import_module(mod_name)
+    except ModuleNotFoundError as exc:
+        # Only "the named module does not exist" means unknown; a missing dependency of an
+        # existing module is a real error and must surface.
+        if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
+            return None
+        raise
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            return None
+    return obj
+
+
+def dotted_name(cls: type) -> str:
+    """The dotted path under which ``cls`` can be imported again."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+MODELS = Registry(
+    "model",
+    {
+        "HFCausalLM": "orchestra.models.hf.HFCausalLM",
+        "VLLMModel": "orchestra.models.vllm.VLLMModel",
+        "OpenAIAPI": "orchestra.models.openai_api.OpenAIAPI",
+        "DeterministicModel": "orchestra.models.fake.DeterministicModel",
+    },
+)
+DATASETS = Registry(
+    "dataset",
+    {
+        "JsonlDataset": "orchestra.datasets.files.JsonlDataset",
+        "CsvDataset": "orchestra.datasets.tabular.CsvDataset",
+        "ArrowDataset": "orchestra.datasets.tabular.ArrowDataset",
+        "OlmoEvalDataset": "orchestra.datasets.olmo.OlmoEvalDataset",
+    },
+)
+PARTITIONERS = Registry(
+    "partitioner",
+    {
+        "NaivePartitioner": "orchestra.partitioners.naive.NaivePartitioner",
+        "SizePartitioner": "orchestra.partitioners.size.SizePartitioner",
+        "NumWorkerPartitioner": "orchestra.partitioners.num_worker.NumWorkerPartitioner",
+    },
+)
+RUNNERS = Registry(
+    "runner",
+    {
+        "LocalRunner": "orchestra.runners.local.LocalRunner",
+        "SlurmRunner": "orchestra.runners.slurm.SlurmRunner",
+    },
+)
+TASKS = Registry(
+    "task",
+    {
+        "InferTask": "orchestra.tasks.kinds.InferTask",
+        "EvalTask": "orchestra.tasks.kinds.EvalTask",
+    },
+)
+EVALUATORS = Registry(
+    "evaluator",
+    {
+        "accuracy": "orchestra.evaluators.basic.AccuracyEvaluator",
+        "exact_match": "orchestra.evaluators.basic.ExactMatchEvaluator",
+        "numeric_match": "orchestra.evaluators.basic.NumericMatchEvaluator",
+    },
+)

@@ -1,0 +1,6 @@
+"""Runners: execute a stage's tasks on some backend through one scheduling loop."""
+
+from orchestra.runners.base import BaseRunner, TaskResult, TaskState
+from orchestra.runners.local import LocalRunner
+
+__all__ = ["BaseRunner", "LocalRunner", "TaskResult", "TaskState"]

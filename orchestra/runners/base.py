@@ -1,0 +1,318 @@
+"""The one scheduling loop every runner shares.
+
+``BaseRunner.launch`` owns the queue, the ``max_num_workers`` limit, resource slots, retries
+with backoff, per-task timeouts, cancellation and the event log.  A backend implements
+``submit`` (start a job's command), ``poll`` (has it ended, and how) and ``cancel`` (stop
+these jobs now), plus optional resource hooks.  Nothing else.
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import os
+import random
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from orchestra.events import EventLog
+from orchestra.paths import RunPaths
+from orchestra.runners.command import Command, fill_template
+from orchestra.tasks.kinds import task_argv
+from orchestra.tasks.spec import TaskSpec, output_done
+
+
+class TaskState(str, enum.Enum):
+    """Where a task ended up."""
+
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a job ended: its exit code and, when the backend knows more, why."""
+
+    code: int
+    reason: str = ""
+
+
+@dataclass
+class Job:
+    """One attempt of one task, as a backend sees it."""
+
+    task: TaskSpec
+    attempt: int
+    command: Command
+    log_path: str
+    resources: dict[str, Any]
+    started: float = 0.0
+    handle: Any = None  # the backend's own state (a Popen, a Slurm job id, ...)
+    timed_out: bool = False
+
+
+@dataclass
+class TaskResult:
+    """The outcome of a task after all its attempts."""
+
+    task_id: str
+    stage: str
+    state: TaskState
+    attempts: int
+    log_path: str
+    reason: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass
+class RunContext:
+    """What a runner needs from the run: its folder, its event log, and the stop flag."""
+
+    paths: RunPaths
+    events: EventLog
+    stop: threading.Event = field(default_factory=threading.Event)
+    on_change: Callable[[dict[str, int]], None] | None = None  # progress display hook
+
+
+@dataclass
+class _Pending:
+    task: TaskSpec
+    attempt: int
+    not_before: float = 0.0
+    first_started: float = 0.0
+
+
+class BaseRunner(abc.ABC):
+    """Run tasks through a backend with limits, retries, timeouts and clean cancellation.
+
+    Args:
+        max_num_workers: tasks running at once.
+        retry: extra attempts for a task that fails (0: run once).
+        retry_backoff_s: wait before the first retry; doubles each time, with jitter.
+        timeout_s: wall-clock limit of one attempt (None: no limit).
+        poll_interval_s: how often running jobs are checked.
+        template: optional wrapper command, e.g. ``'numactl -N 0 {task_cmd}'``.
+    """
+
+    #: names this backend adds to the template's fields (for error messages and docs)
+    template_fields: tuple[str, ...] = ("task_id", "stage", "num_gpus", "num_procs", "log_path")
+
+    def __init__(
+        self,
+        max_num_workers: int = 4,
+        retry: int = 0,
+        retry_backoff_s: float = 1.0,
+        timeout_s: float | None = None,
+        poll_interval_s: float = 0.05,
+        template: str | list[str] | None = None,
+    ) -> None:
+        if not isinstance(max_num_workers, int) or max_num_workers < 1:
+            raise ValueError(f"max_num_workers must be an integer >= 1, got {max_num_workers!r}")
+        if not isinstance(retry, int) or retry < 0:
+            raise ValueError(f"retry must be an integer >= 0, got {retry!r}")
+        if retry_backoff_s < 0:
+            raise ValueError(f"retry_backoff_s must be >= 0, got {retry_backoff_s}")
+        if timeout_s is not None and timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        if poll_interval_s <= 0:
+            raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s}")
+        self.max_num_workers = max_num_workers
+        self.retry = retry
+        self.retry_backoff_s = retry_backoff_s
+        self.timeout_s = timeout_s
+        self.poll_interval_s = poll_interval_s
+        self.template = template
+        if template is not None:
+            fill_template(template, ["true"], {k: "" for k in self.template_fields})  # validates now
+
+    # -- the backend's hooks ---------------------------------------------------------------
+    @abc.abstractmethod
+    def submit(self, job: Job) -> None:
+        """Start ``job.command``, its output appended to ``job.log_path``; set ``job.handle``."""
+
+    @abc.abstractmethod
+    def poll(self, job: Job) -> Exit | None:
+        """``None`` while the job runs, else how it ended."""
+
+    @abc.abstractmethod
+    def cancel(self, jobs: list[Job]) -> None:
+        """Stop these jobs and everything they started; return once they are gone."""
+
+    def unfit_reason(self, task: TaskSpec) -> str | None:
+        """Why this backend can never run ``task`` (e.g. more GPUs than exist), or None."""
+        return None
+
+    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
+        """Reserve what ``task`` needs; ``None`` if it must wait.  Default: nothing to reserve."""
+        return {}
+
+    def release(self, job: Job) -> None:
+        """Give back what ``acquire`` reserved."""
+
+    def close(self) -> None:
+        """Called once after ``launch`` (e.g. to stop warm workers)."""
+
+    def command_fields(self, task: TaskSpec, resources: dict[str, Any], log_path: str) -> dict[str, Any]:
+        return {
+            "task_id": task.task_id,
+            "stage": task.stage,
+            "num_gpus": task.num_gpus,
+            "num_procs": task.num_procs,
+            "log_path": log_path,
+        }
+
+    def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
+        return {
+            "ORCHESTRA_TASK_ID": task.task_id,
+            "ORCHESTRA_ATTEMPT": str(attempt),
+            "ORCHESTRA_NUM_WORKERS": str(self.max_num_workers),
+            "PYTHONUNBUFFERED": "1",
+        }
+
+    def get_command(self, task: TaskSpec, spec_path: str, resources: dict[str, Any], attempt: int = 1,
+                    log_path: str = "") -> Command:
+        """The Command that runs ``task``: its script, wrapped in ``template`` if there is one."""
+        argv = task_argv(task.stage, spec_path)
+        if self.template is not None:
+            argv = fill_template(self.template, argv, self.command_fields(task, resources, log_path))
+        return Command(tuple(argv), self.task_env(task, resources, attempt))
+
+    # -- the loop ----------------------------------------------------------------------------
+    def _backoff(self, attempt: int) -> float:
+        base = self.retry_backoff_s * (2 ** (attempt - 1))
+        return min(base, 60.0) * random.uniform(0.8, 1.2)
+
+    def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
+        """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
+        results: dict[str, TaskResult] = {}
+        pending: deque[_Pending] = deque()
+        for task in tasks:
+            log_path = ctx.paths.task_log(task.stage, task.task_id)
+            reason = self.unfit_reason(task)
+            if reason:
+                results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, 0, log_path, reason)
+                ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=reason)
+                continue
+            pending.append(_Pending(task, 1))
+            ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost)
+        running: list[tuple[Job, _Pending]] = []
+        try:
+            while pending or running:
+                if ctx.stop.is_set():
+                    break
+                now = time.monotonic()
+                self._start_ready(pending, running, results, ctx, now)
+                for job, entry in list(running):
+                    ended = self.poll(job)
+                    if ended is None:
+                        if self.timeout_s is not None and now - job.started > self.timeout_s:
+                            job.timed_out = True
+                            self.cancel([job])
+                            ended = Exit(-1, f"timed out after {self.timeout_s:g} s")
+                        else:
+                            continue
+                    running.remove((job, entry))
+                    self.release(job)
+                    self._finish(job, entry, ended, pending, results, ctx)
+                self._report(ctx, pending, running, results)
+                if pending or running:
+                    ctx.stop.wait(self.poll_interval_s)
+        finally:
+            if running or (ctx.stop.is_set() and pending):
+                jobs = [job for job, _ in running]
+                if jobs:
+                    self.cancel(jobs)
+                for job, entry in running:
+                    self.release(job)
+                    results[job.task.task_id] = TaskResult(
+                        job.task.task_id, job.task.stage, TaskState.CANCELLED, job.attempt, job.log_path,
+                        "cancelled", time.monotonic() - entry.first_started,
+                    )
+                    ctx.events.emit("cancelled", task_id=job.task.task_id, stage=job.task.stage)
+                for entry in pending:
+                    log_path = ctx.paths.task_log(entry.task.stage, entry.task.task_id)
+                    results[entry.task.task_id] = TaskResult(
+                        entry.task.task_id, entry.task.stage, TaskState.CANCELLED, entry.attempt - 1, log_path,
+                        "cancelled before it started",
+                    )
+                    ctx.events.emit("cancelled", task_id=entry.task.task_id, stage=entry.task.stage)
+            self.close()
+        return [results[t.task_id] for t in tasks if t.task_id in results]
+
+    def _start_ready(self, pending: deque[_Pending], running: list[tuple[Job, _Pending]],
+                     results: dict[str, TaskResult], ctx: RunContext, now: float) -> None:
+        for entry in list(pending):
+            if len(running) >= self.max_num_workers:
+                return
+            if entry.not_before > now:
+                continue
+            resources = self.acquire(entry.task)
+            if resources is None:
+                continue
+            pending.remove(entry)
+            task = entry.task
+            spec_path = ctx.paths.task_spec(task.task_id)
+            if not os.path.exists(spec_path):
+                task.dump(spec_path)
+            log_path = ctx.paths.task_log(task.stage, task.task_id)
+            os.makedirs(os.path.dirname(log_path), exist_ok=True)
+            command = self.get_command(task, spec_path, resources, entry.attempt, log_path)
+            job = Job(task, entry.attempt, command, log_path, resources)
+            with open(log_path, "a", encoding="utf-8") as log:
+                log.write(
+                    f"===== orchestra: attempt {entry.attempt} of {task.task_id} at "
+                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {command.display()}\n"
+                )
+            job.started = time.monotonic()
+            if not entry.first_started:
+                entry.first_started = job.started
+            try:
+                self.submit(job)
+            except OSError as exc:
+                self.release(job)
+                self._finish(job, entry, Exit(-1, f"could not start: {exc}"), pending, results, ctx)
+                continue
+            running.append((job, entry))
+            ctx.events.emit("started", task_id=task.task_id, stage=task.stage, attempt=entry.attempt,
+                            resources=resources, log=log_path)
+
+    def _finish(self, job: Job, entry: _Pending, ended: Exit, pending: deque[_Pending],
+                results: dict[str, TaskResult], ctx: RunContext) -> None:
+        task = job.task
+        if ended.code == 0:
+            missing = [path for path, h in task.outputs if not output_done(path, h)]
+            if not missing:
+                results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.DONE, job.attempt,
+                                                   job.log_path, "", time.monotonic() - entry.first_started)
+                ctx.events.emit("done", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
+                                duration_s=round(time.monotonic() - job.started, 3))
+                return
+            reason = f"exited 0 but did not write {os.path.relpath(missing[0], ctx.paths.root)}"
+        else:
+            reason = ended.reason or f"exit code {ended.code}"
+        with open(job.log_path, "a", encoding="utf-8") as log:
+            log.write(f"===== orchestra: attempt {job.attempt} failed: {reason}\n")
+        if job.attempt <= self.retry and not ctx.stop.is_set():
+            delay = self._backoff(job.attempt)
+            ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
+                            reason=reason, delay_s=round(delay, 3))
+            pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started))
+            return
+        results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, job.attempt,
+                                           job.log_path, reason, time.monotonic() - entry.first_started)
+        ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, attempt=job.attempt, reason=reason,
+                        log=job.log_path)
+
+    def _report(self, ctx: RunContext, pending: deque[_Pending], running: list[tuple[Job, _Pending]],
+                results: dict[str, TaskResult]) -> None:
+        if ctx.on_change is None:
+            return
+        counts = {"pending": len(pending), "running": len(running)}
+        for r in results.values():
+            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+        ctx.on_change(counts)

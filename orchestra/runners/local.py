@@ -1,0 +1,143 @@
+"""Run tasks as subprocesses on this machine, with GPU slots."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from typing import Any
+
+from orchestra.runners.base import BaseRunner, Exit, Job
+from orchestra.tasks.spec import TaskSpec
+
+
+def detect_gpus() -> list[str]:
+    """GPU ids from ``CUDA_VISIBLE_DEVICES``, else from ``nvidia-smi -L``, else none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+class LocalRunner(BaseRunner):
+    """One subprocess per task attempt, each in its own process group.
+
+    Args:
+        max_num_workers: tasks running at once.
+        retry: extra attempts for a failed task.
+        retry_backoff_s: first retry delay (doubles, with jitter).
+        timeout_s: limit of one attempt; the task's process group is killed after it.
+        gpus: GPU ids to hand out (default: detected); ``[]`` means no GPUs.
+        max_workers_per_gpu: tasks that may share one GPU.
+        kill_grace_s: how long a cancelled task gets after SIGTERM before SIGKILL.
+        poll_interval_s: how often running tasks are checked.
+        template: optional wrapper command around ``{task_cmd}``.
+    """
+
+    template_fields = (*BaseRunner.template_fields, "gpu_ids")
+
+    def __init__(
+        self,
+        max_num_workers: int = 4,
+        retry: int = 0,
+        retry_backoff_s: float = 1.0,
+        timeout_s: float | None = None,
+        gpus: list[int | str] | None = None,
+        max_workers_per_gpu: int = 1,
+        kill_grace_s: float = 3.0,
+        poll_interval_s: float = 0.02,
+        template: str | list[str] | None = None,
+    ) -> None:
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
+        if not isinstance(max_workers_per_gpu, int) or max_workers_per_gpu < 1:
+            raise ValueError(f"max_workers_per_gpu must be an integer >= 1, got {max_workers_per_gpu!r}")
+        self.gpus = [str(g) for g in gpus] if gpus is not None else detect_gpus()
+        self.max_workers_per_gpu = max_workers_per_gpu
+        self.kill_grace_s = kill_grace_s
+        self._gpu_use = {g: 0 for g in self.gpus}
+
+    # -- resources ---------------------------------------------------------------------------
+    def unfit_reason(self, task: TaskSpec) -> str | None:
+        if task.num_gpus > len(self.gpus):
+            return (
+                f"needs {task.num_gpus} GPU(s) but this runner has {len(self.gpus)} "
+                "(set CUDA_VISIBLE_DEVICES or the runner's gpus=[...])"
+            )
+        return None
+
+    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
+        if task.num_gpus == 0:
+            return {"gpu_ids": []}
+        free = [g for g in self.gpus if self._gpu_use[g] < self.max_workers_per_gpu]
+        if len(free) < task.num_gpus:
+            return None
+        chosen = sorted(free, key=lambda g: self._gpu_use[g])[: task.num_gpus]
+        for g in chosen:
+            self._gpu_use[g] += 1
+        return {"gpu_ids": chosen}
+
+    def release(self, job: Job) -> None:
+        for g in job.resources.get("gpu_ids", []):
+            self._gpu_use[g] -= 1
+
+    def command_fields(self, task: TaskSpec, resources: dict[str, Any], log_path: str) -> dict[str, Any]:
+        return {**super().command_fields(task, resources, log_path),
+                "gpu_ids": ",".join(resources.get("gpu_ids", []))}
+
+    def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
+        env = super().task_env(task, resources, attempt)
+        # A task without GPUs must not grab one by accident: hide them all.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(resources.get("gpu_ids", []))
+        return env
+
+    # -- backend -------------------------------------------------------------------------------
+    def submit(self, job: Job) -> None:
+        with open(job.log_path, "ab") as log:
+            job.handle = subprocess.Popen(
+                list(job.command.argv),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **job.command.env},
+                start_new_session=True,  # own process group: Ctrl-C is ours to pass on
+            )
+
+    def poll(self, job: Job) -> Exit | None:
+        proc: subprocess.Popen[bytes] = job.handle
+        code = proc.poll()
+        if code is None:
+            return None
+        if code < 0:
+            return Exit(code, f"killed by signal {signal.Signals(-code).name}")
+        return Exit(code)
+
+    def cancel(self, jobs: list[Job]) -> None:
+        procs = [job.handle for job in jobs if job.handle is not None]
+        for proc in procs:
+            _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.kill_grace_s
+        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+            time.sleep(0.02)
+        for proc in procs:
+            # SIGKILL the whole group even if the leader exited: its children may linger.
+            _signal_group(proc, signal.SIGKILL)
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,1 @@
+"""Reporting: the results table built from a run folder."""

@@ -1,0 +1,154 @@
+"""The results table: models x datasets, from a run folder's results and events.
+
+A cell is a metric, or ``-`` with the reason it is missing (which task failed, was
+cancelled or never ran, and its log file).  The same table goes to stdout and to
+``summary/summary.{csv,md,json}``; ``--mode viz`` rebuilds it from the folder alone.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestra.events import read_events
+from orchestra.fileio import atomic_write_json, atomic_write_text
+from orchestra.paths import RunPaths
+from orchestra.tasks.spec import TaskSpec, Unit, output_done
+
+
+@dataclass
+class Summary:
+    """The table's content: rows of (dataset, metric) and one column per model."""
+
+    models: list[str]
+    rows: list[dict[str, Any]] = field(default_factory=list)  # {"dataset", "metric", model: value|None}
+    missing: list[dict[str, str]] = field(default_factory=list)  # {"model", "dataset", "reason"}
+
+
+def _task_index(paths: RunPaths) -> dict[str, tuple[str, str]]:
+    """Output path -> (task_id, stage), from the task specs written in the run folder."""
+    index: dict[str, tuple[str, str]] = {}
+    folder = os.path.join(paths.root, "tasks")
+    if not os.path.isdir(folder):
+        return index
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".py"):
+            continue
+        try:
+            spec = TaskSpec.load(os.path.join(folder, name))
+        except (OSError, ValueError, SyntaxError):
+            continue
+        for unit in spec.units:
+            index[unit.output] = (spec.task_id, spec.stage)
+    return index
+
+
+def _last_states(paths: RunPaths) -> dict[str, dict[str, Any]]:
+    states: dict[str, dict[str, Any]] = {}
+    for ev in read_events(paths.events):
+        if ev.get("event") in ("queued", "started", "retry", "done", "failed", "cancelled", "skipped"):
+            states[ev["task_id"]] = ev
+    return states
+
+
+def _why(output: str, index: dict[str, tuple[str, str]], states: dict[str, dict[str, Any]], paths: RunPaths) -> str:
+    if output not in index:
+        return "not run yet"
+    task_id, stage = index[output]
+    ev = states.get(task_id)
+    log = os.path.relpath(paths.task_log(stage, task_id), paths.root)
+    if ev is None:
+        return f"{stage} task {task_id} not run"
+    state = ev["event"]
+    if state == "failed":
+        return f"{stage} task {task_id} failed ({ev.get('reason', '')}); log: {log}"
+    if state == "cancelled":
+        return f"{stage} task {task_id} was cancelled; log: {log}"
+    if state == "skipped":
+        return f"{stage} task {task_id} skipped ({ev.get('reason', '')})"
+    return f"{stage} task {task_id} did not finish (last state: {state}); log: {log}"
+
+
+def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str, Unit]]) -> Summary:
+    """Collect every planned (model, dataset) result, or the reason it is missing."""
+    index = _task_index(paths)
+    states = _last_states(paths)
+    summary = Summary(models=models)
+    by_dataset: dict[str, dict[str, dict[str, float]]] = {}
+    order: list[str] = []
+    for model, unit in eval_units:
+        if unit.dataset_abbr not in by_dataset:
+            by_dataset[unit.dataset_abbr] = {}
+            order.append(unit.dataset_abbr)
+        if output_done(unit.output, unit.hash):
+            with open(unit.output, encoding="utf-8") as f:
+                by_dataset[unit.dataset_abbr][model] = json.load(f)["metrics"]
+            continue
+        reason = ""
+        for pred, h in unit.inputs:
+            if not output_done(pred, h):
+                reason = _why(pred, index, states, paths)
+                break
+        if not reason:
+            reason = _why(unit.output, index, states, paths)
+        summary.missing.append({"model": model, "dataset": unit.dataset_abbr, "reason": reason})
+    for dataset in order:
+        metric_names: list[str] = []
+        for metrics in by_dataset[dataset].values():
+            metric_names += [m for m in metrics if m not in metric_names]
+        for metric in metric_names or ["-"]:
+            row: dict[str, Any] = {"dataset": dataset, "metric": metric}
+            for model in models:
+                row[model] = by_dataset[dataset].get(model, {}).get(metric)
+            summary.rows.append(row)
+    return summary
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else f"{value:.4f}"
+
+
+def render_markdown(summary: Summary) -> str:
+    header = ["dataset", "metric", *summary.models]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for row in summary.rows:
+        lines.append("| " + " | ".join([row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)]) + " |")
+    if summary.missing:
+        lines.append("")
+        lines.append("Missing results:")
+        for miss in summary.missing:
+            lines.append(f"- {miss['model']} / {miss['dataset']}: {miss['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def render_text(summary: Summary) -> str:
+    header = ["dataset", "metric", *summary.models]
+    body = [[row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)] for row in summary.rows]
+    widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    lines += [fmt.format(*r) for r in body]
+    for miss in summary.missing:
+        lines.append(f"- {miss['model']} / {miss['dataset']}: {miss['reason']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary(summary: Summary, paths: RunPaths) -> None:
+    """Write ``summary.{md,csv,json}`` atomically into the run's summary folder."""
+    folder = paths.summary_dir
+    os.makedirs(folder, exist_ok=True)
+    atomic_write_text(os.path.join(folder, "summary.md"), render_markdown(summary))
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow(["dataset", "metric", *summary.models])
+    for row in summary.rows:
+        writer.writerow([row["dataset"], row["metric"], *("-" if row[m] is None else row[m] for m in summary.models)])
+    atomic_write_text(os.path.join(folder, "summary.csv"), buf.getvalue())
+    atomic_write_json(
+        os.path.join(folder, "summary.json"),
+        {"models": summary.models, "rows": summary.rows, "missing": summary.missing},
+    )

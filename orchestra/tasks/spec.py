@@ -1,0 +1,109 @@
+"""``TaskSpec``: the frozen description of one task, dumped as a file its command points at.
+
+A task is a list of *units*.  An infer unit is one shard of one dataset (rows
+``[start, end)``) whose predictions go to one file; an eval unit is one whole dataset
+whose shards' predictions are scored together into one results file.  Every unit carries
+the content hash its output must bear: a task is done when all its outputs exist and carry
+their hashes, so a changed model, dataset, prompt, generation setting or shard boundary
+produces a new hash and the work is redone.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import pprint
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from orchestra.fileio import atomic_write_text
+
+
+@dataclass(frozen=True)
+class Unit:
+    """One output of a task."""
+
+    dataset: dict[str, Any]  # the dataset's config, ``type`` as a dotted path
+    dataset_abbr: str
+    start: int
+    end: int
+    shard: int | None  # None when the dataset is not split
+    num_shards: int
+    output: str  # prediction file (infer) or results file (eval)
+    hash: str  # the content hash ``output`` must carry to count as done
+    cost: float
+    inputs: tuple[tuple[str, str], ...] = ()  # eval: (prediction file, hash) of every shard
+
+    @property
+    def name(self) -> str:
+        return self.dataset_abbr if self.shard is None else f"{self.dataset_abbr}_{self.shard}"
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a task script needs, and nothing about the runner that starts it."""
+
+    stage: str  # 'infer' | 'eval'
+    task_id: str
+    run_dir: str
+    model: dict[str, Any]
+    model_abbr: str
+    units: tuple[Unit, ...]
+    task_cfg: dict[str, Any] = field(default_factory=dict)  # options of InferTask / EvalTask
+    num_gpus: int = 0
+    num_procs: int = 1
+
+    @property
+    def cost(self) -> float:
+        return sum(u.cost for u in self.units)
+
+    @property
+    def outputs(self) -> list[tuple[str, str]]:
+        return [(u.output, u.hash) for u in self.units]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TaskSpec:
+        units = tuple(
+            Unit(**{**u, "inputs": tuple(tuple(i) for i in u.get("inputs", ()))}) for u in data["units"]
+        )
+        return cls(**{**data, "units": units})
+
+    def dump(self, path: str) -> None:
+        """Write the spec as a Python literal (readable, diffable, loaded without exec)."""
+        body = pprint.pformat(self.to_dict(), width=100, sort_dicts=False)
+        atomic_write_text(path, f"# orchestra task spec: {self.task_id}\nSPEC = {body}\n")
+
+    @classmethod
+    def load(cls, path: str) -> TaskSpec:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        _, sep, literal = text.partition("SPEC = ")
+        if not sep:
+            raise ValueError(f"{path}: not an orchestra task spec (no 'SPEC = ')")
+        return cls.from_dict(ast.literal_eval(literal))
+
+
+def output_hash(path: str) -> str | None:
+    """The content hash an output file carries, or None if it is missing or unreadable.
+
+    Prediction files (``.jsonl``) carry it in a first ``{"_meta": {...}}`` line, results
+    files (``.json``) in a top-level ``"hash"`` key.
+    """
+    try:
+        if path.endswith(".jsonl"):
+            with open(path, encoding="utf-8") as f:
+                first = f.readline()
+            meta = json.loads(first).get("_meta", {})
+            return meta.get("hash")
+        with open(path, encoding="utf-8") as f:
+            return json.load(f).get("hash")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def output_done(path: str, expected_hash: str) -> bool:
+    return os.path.exists(path) and output_hash(path) == expected_hash

@@ -1,0 +1,23 @@
+"""orchestra: evaluate language models at scale."""
+
+from setuptools import find_packages, setup
+
+
+def _requirements(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [line.strip() for line in f if line.strip() and not line.startswith("#")]
+
+
+setup(
+    name="orchestra",
+    version="0.1.0",
+    description="Evaluate language models at scale: partition, run anywhere, summarise.",
+    packages=find_packages(include=["orchestra", "orchestra.*"]),
+    python_requires=">=3.10",
+    install_requires=_requirements("requirements.txt"),
+    extras_require={
+        "hf": ["torch", "transformers", "gguf", "accelerate", "pyarrow"],
+        "test": ["pytest", "aiohttp", "ruff", "mypy"],
+    },
+    entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},
+)
