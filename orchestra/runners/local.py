@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
@@ -10,7 +11,18 @@ import time
 from typing import Any
 
 from orchestra.runners.base import BaseRunner, Exit, Job
+from orchestra.runners.warm import WarmPool, Worker
 from orchestra.tasks.spec import TaskSpec
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: get SIGKILL if the orchestrator dies, even by SIGKILL."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass  # not Linux: Ctrl-C and SIGTERM still clean up; only SIGKILL of us would not
 
 
 def detect_gpus() -> list[str]:
@@ -38,6 +50,8 @@ class LocalRunner(BaseRunner):
         timeout_s: limit of one attempt; the task's process group is killed after it.
         gpus: GPU ids to hand out (default: detected); ``[]`` means no GPUs.
         max_workers_per_gpu: tasks that may share one GPU.
+        reuse_workers: keep warm worker processes that run task after task, so a model is
+            loaded once per worker instead of once per task (no ``template`` then).
         kill_grace_s: how long a cancelled task gets after SIGTERM before SIGKILL.
         poll_interval_s: how often running tasks are checked.
         template: optional wrapper command around ``{task_cmd}``.
@@ -53,6 +67,7 @@ class LocalRunner(BaseRunner):
         timeout_s: float | None = None,
         gpus: list[int | str] | None = None,
         max_workers_per_gpu: int = 1,
+        reuse_workers: bool = False,
         kill_grace_s: float = 3.0,
         poll_interval_s: float = 0.02,
         template: str | list[str] | None = None,
@@ -64,6 +79,9 @@ class LocalRunner(BaseRunner):
         self.max_workers_per_gpu = max_workers_per_gpu
         self.kill_grace_s = kill_grace_s
         self._gpu_use = {g: 0 for g in self.gpus}
+        if reuse_workers and template is not None:
+            raise ValueError("reuse_workers=True cannot be combined with a template")
+        self._pool = WarmPool(max_num_workers, kill_grace_s) if reuse_workers else None
 
     # -- resources ---------------------------------------------------------------------------
     def unfit_reason(self, task: TaskSpec) -> str | None:
@@ -101,6 +119,13 @@ class LocalRunner(BaseRunner):
 
     # -- backend -------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
+        if self._pool is not None:
+            from orchestra.plan import model_key
+
+            key = f"{job.task.stage}|{model_key(job.task.model) if job.task.stage == 'infer' else ''}|" \
+                  f"{job.command.env.get('CUDA_VISIBLE_DEVICES', '')}"
+            job.handle = self._pool.run(job, key, _die_with_parent)
+            return
         with open(job.log_path, "ab") as log:
             job.handle = subprocess.Popen(
                 list(job.command.argv),
@@ -109,9 +134,13 @@ class LocalRunner(BaseRunner):
                 stdin=subprocess.DEVNULL,
                 env={**os.environ, **job.command.env},
                 start_new_session=True,  # own process group: Ctrl-C is ours to pass on
+                preexec_fn=_die_with_parent,
             )
 
     def poll(self, job: Job) -> Exit | None:
+        if isinstance(job.handle, Worker):
+            assert self._pool is not None
+            return self._pool.poll(job.handle)
         proc: subprocess.Popen[bytes] = job.handle
         code = proc.poll()
         if code is None:
@@ -120,7 +149,14 @@ class LocalRunner(BaseRunner):
             return Exit(code, f"killed by signal {signal.Signals(-code).name}")
         return Exit(code)
 
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+
     def cancel(self, jobs: list[Job]) -> None:
+        if self._pool is not None:
+            self._pool.stop([job.handle for job in jobs if isinstance(job.handle, Worker)])
+            return
         procs = [job.handle for job in jobs if job.handle is not None]
         for proc in procs:
             _signal_group(proc, signal.SIGTERM)

@@ -1,0 +1,149 @@
+"""Warm worker processes for LocalRunner: load a model once, run task after task.
+
+Workers are keyed by what makes them reusable (stage, model settings, GPU ids).  A task
+goes to an idle worker with its key; otherwise a new worker starts, replacing the least
+recently used idle one when the pool is full.  See ``orchestra/tasks/worker.py`` for the
+worker's side of the protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestra.runners.base import Exit, Job
+
+
+@dataclass
+class Worker:
+    """One warm worker process and the state of its reply pipe."""
+
+    key: str
+    proc: subprocess.Popen[bytes]
+    reply_fd: int
+    busy: bool = False
+    last_used: float = 0.0
+    buffer: bytes = b""
+    tasks_run: int = field(default=0)
+
+
+class WarmPool:
+    """At most ``max_workers`` warm workers, handed out by key."""
+
+    def __init__(self, max_workers: int, kill_grace_s: float) -> None:
+        self.max_workers = max_workers
+        self.kill_grace_s = kill_grace_s
+        self.workers: list[Worker] = []
+
+    def run(self, job: Job, key: str, preexec: Any) -> Worker:
+        """Send ``job`` to a warm worker of ``key``, starting one if needed."""
+        worker = next((w for w in self.workers if not w.busy and w.key == key and w.proc.poll() is None), None)
+        if worker is None:
+            self._make_room()
+            worker = self._spawn(job, key, preexec)
+        request = {"spec": job.command.argv[-1], "log": job.log_path, "env": job.command.env}
+        assert worker.proc.stdin is not None
+        worker.proc.stdin.write((json.dumps(request) + "\n").encode())
+        worker.proc.stdin.flush()
+        worker.busy = True
+        worker.tasks_run += 1
+        return worker
+
+    def _make_room(self) -> None:
+        self.workers = [w for w in self.workers if w.proc.poll() is None or w.busy]
+        idle = sorted((w for w in self.workers if not w.busy), key=lambda w: w.last_used)
+        while len(self.workers) >= self.max_workers and idle:
+            self.stop([idle.pop(0)])
+
+    def _spawn(self, job: Job, key: str, preexec: Any) -> Worker:
+        read_fd, write_fd = os.pipe()
+        os.set_blocking(read_fd, False)
+        log_dir = os.path.join(os.path.dirname(os.path.dirname(job.log_path)), "workers")
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, f"worker-{os.getpid()}-{len(self.workers)}-{time.time_ns()}.log"), "ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "orchestra.tasks.worker"],
+                stdin=subprocess.PIPE,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **job.command.env, "ORCHESTRA_WORKER_FD": str(write_fd)},
+                pass_fds=(write_fd,),
+                start_new_session=True,
+                preexec_fn=preexec,
+            )
+        os.close(write_fd)
+        worker = Worker(key, proc, read_fd)
+        self.workers.append(worker)
+        return worker
+
+    def poll(self, worker: Worker) -> Exit | None:
+        try:
+            chunk = os.read(worker.reply_fd, 4096)
+            worker.buffer += chunk
+            eof = chunk == b""
+        except BlockingIOError:
+            eof = False
+        if b"\n" in worker.buffer:
+            line, _, worker.buffer = worker.buffer.partition(b"\n")
+            worker.busy = False
+            worker.last_used = time.monotonic()
+            return Exit(int(json.loads(line)["code"]))
+        if eof or worker.proc.poll() is not None:
+            code = worker.proc.wait()
+            self._forget(worker)
+            return Exit(code if code else -1, f"warm worker exited with code {code} during the task")
+        return None
+
+    def stop(self, workers: list[Worker]) -> None:
+        """Kill these workers' process groups (SIGTERM, then SIGKILL after the grace period)."""
+        for w in workers:
+            _killpg(w.proc.pid, signal.SIGTERM)
+        deadline = time.monotonic() + self.kill_grace_s
+        while time.monotonic() < deadline and any(w.proc.poll() is None for w in workers):
+            time.sleep(0.02)
+        for w in workers:
+            _killpg(w.proc.pid, signal.SIGKILL)
+            try:
+                w.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+            self._forget(w)
+
+    def _forget(self, worker: Worker) -> None:
+        if worker in self.workers:
+            self.workers.remove(worker)
+        try:
+            os.close(worker.reply_fd)
+        except OSError:
+            pass
+        if worker.proc.stdin is not None:
+            try:
+                worker.proc.stdin.close()
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        """Let idle workers exit on end of input; kill whatever does not."""
+        for w in self.workers:
+            if w.proc.stdin is not None:
+                try:
+                    w.proc.stdin.close()
+                except OSError:
+                    pass
+        deadline = time.monotonic() + self.kill_grace_s
+        while time.monotonic() < deadline and any(w.proc.poll() is None for w in self.workers):
+            time.sleep(0.02)
+        self.stop(list(self.workers))
+
+
+def _killpg(pid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

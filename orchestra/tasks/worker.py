@@ -1,0 +1,65 @@
+"""A warm worker: ``python -m orchestra.tasks.worker`` runs task after task in one process.
+
+A model loaded by one task stays loaded for the next task of the same model, so a
+dataset split into eight shards pays for loading the weights once per worker, not once
+per shard.  The runner sends one JSON line per task on stdin::
+
+    {"spec": "<run>/tasks/<id>.py", "log": "<run>/logs/infer/<id>.log", "env": {...}}
+
+The task's output goes to its log file (file descriptors 1 and 2 are pointed at it while
+the task runs) and the worker answers ``{"code": N}`` on the descriptor named by
+``ORCHESTRA_WORKER_FD``.  End of input means: exit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from orchestra.tasks.entry import task_main
+
+
+def _run_one(request: dict[str, object]) -> int:
+    from orchestra.tasks import eval as eval_task
+    from orchestra.tasks import infer as infer_task
+    from orchestra.tasks.spec import TaskSpec
+
+    env = request.get("env", {})
+    assert isinstance(env, dict)
+    os.environ.update({str(k): str(v) for k, v in env.items()})
+    spec_path = str(request["spec"])
+    stage = TaskSpec.load(spec_path).stage
+    module = infer_task if stage == "infer" else eval_task
+    return task_main([spec_path], module.run_task)
+
+
+def main() -> int:
+    reply_fd = int(os.environ["ORCHESTRA_WORKER_FD"])
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        request = json.loads(line)
+        log_fd = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        try:
+            code = _run_one(request)
+        except BaseException as exc:  # the worker must answer, whatever the task did
+            print(f"worker: task crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved_out, 1)
+            os.dup2(saved_err, 2)
+        os.write(reply_fd, (json.dumps({"code": code}) + "\n").encode())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
