@@ -21,6 +21,12 @@ from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNE
 TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "summarizer")
 STAGE_KEYS = ("partitioner", "runner")
 RUN_CFG_KEYS = ("num_gpus", "num_procs")
+# Keys of a dataset's sub-configs; a dataset class may widen them with class attributes of
+# the same names in lower case (``reader_cfg_keys = (...)``).
+READER_CFG_KEYS = ("input_columns", "output_column", "test_range")
+INFER_CFG_KEYS = ("prompt_template", "inferencer", "fewshot", "fewshot_template")
+EVAL_CFG_KEYS = ("evaluator",)
+FEWSHOT_KEYS = ("k", "source", "separator")
 SECRET_KEY = re.compile(r"(^|_)(api_?key|token|secret|password)$", re.IGNORECASE)
 DEFAULT_STAGES: dict[str, dict[str, Any]] = {
     "infer": {
@@ -76,7 +82,7 @@ def load_config(path: str, cfg_options: list[str] | None = None) -> dict[str, An
         line = f" line {exc.lineno}" if exc.lineno else ""
         raise ConfigError(f"{path}:{line} syntax error: {exc.msg}") from None
     except Exception as exc:  # mmengine wraps user-code errors in many types
-        raise ConfigError(f"{_where_in_config(exc, path)}: cannot load config: {_one_line(exc)}") from None
+        raise ConfigError(f"{_where_in_config(exc, path)}: cannot load config: {_load_problem(exc)}") from None
     if cfg_options:
         overrides: dict[str, Any] = {}
         for item in cfg_options:
@@ -89,6 +95,26 @@ def load_config(path: str, cfg_options: list[str] | None = None) -> dict[str, An
         except Exception as exc:
             raise ConfigError(f"--cfg-options: {exc}") from None
     return to_plain(cfg.to_dict())
+
+
+def _load_problem(exc: BaseException) -> str:
+    """What went wrong while a config file was executed, in one line."""
+    import traceback
+
+    frames = traceback.extract_tb(exc.__traceback__)
+    if (
+        isinstance(exc, RuntimeError)
+        and not str(exc)
+        and frames
+        and frames[-1].filename.endswith(os.path.join("mmengine", "config", "lazy.py"))
+    ):
+        # mmengine turns every import of a pure-Python config into a placeholder, and calling
+        # one raises a bare RuntimeError() that says nothing.
+        return (
+            "an imported name was called while the config loaded; in a .py config imports are "
+            "placeholders (mmengine lazy import) and cannot be called; use plain values"
+        )
+    return _one_line(exc)
 
 
 def _one_line(exc: BaseException) -> str:
@@ -183,9 +209,7 @@ def check_kwargs(cls: type, kwargs: dict[str, Any], where: str, extra: tuple[str
         if key not in params:
             if open_ended:
                 continue
-            raise ConfigError(
-                f"{where}: unknown key {key!r} for {cls.__name__}; valid keys: {', '.join(valid)}"
-            )
+            raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__}; valid keys: {', '.join(valid)}")
         problem = _type_error(value, params[key].annotation)
         if problem:
             raise ConfigError(f"{where}.{key}: {problem}")
@@ -211,15 +235,16 @@ def _build(registry: Registry, cfg: Any, where: str, **defaults: Any) -> Any:
 # the whole config
 
 
-def _check_secrets(obj: Any, where: str) -> None:
+def _check_secrets(obj: Any, where: str, top: bool = False) -> None:
     if isinstance(obj, dict):
         for k, v in obj.items():
+            key_where = f"{where}: {k}" if top else f"{where}.{k}"
             if SECRET_KEY.search(str(k)) and v not in (None, ""):
                 raise ConfigError(
-                    f"{where}.{k}: secrets do not belong in a config; put it in an environment "
+                    f"{key_where}: secrets do not belong in a config; put it in an environment "
                     "variable and give its name (e.g. key_env='OPENAI_API_KEY')"
                 )
-            _check_secrets(v, f"{where}.{k}")
+            _check_secrets(v, key_where)
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             _check_secrets(v, f"{where}[{i}]")
@@ -242,30 +267,59 @@ def _check_model(cfg: Any, where: str) -> dict[str, Any]:
     return {**cfg, "type": f"{cls.__module__}.{cls.__qualname__}"}
 
 
+def _check_keys(sub: dict[str, Any], valid: tuple[str, ...], where: str) -> None:
+    for key in sub:
+        if key not in valid:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(valid))}")
+
+
 def _check_dataset(cfg: Any, where: str) -> dict[str, Any]:
     if not isinstance(cfg, dict) or "type" not in cfg:
         raise ConfigError(f"{where}: a dataset is a dict with 'type', 'abbr', 'path', got {cfg!r}")
     cls = DATASETS.resolve(cfg["type"], where)
     kwargs = {k: v for k, v in cfg.items() if k != "type"}
     check_kwargs(cls, kwargs, where)
-    for key in ("reader_cfg", "infer_cfg"):
-        if key in cfg and not isinstance(cfg[key], dict):
-            raise ConfigError(f"{where}.{key}: expected a dict, got {cfg[key]!r}")
+    for key, default in (("reader_cfg", READER_CFG_KEYS), ("infer_cfg", INFER_CFG_KEYS), ("eval_cfg", EVAL_CFG_KEYS)):
+        sub = cfg.get(key)
+        if sub is None:
+            continue
+        if not isinstance(sub, dict):
+            raise ConfigError(f"{where}.{key}: expected a dict, got {sub!r}")
+        _check_keys(sub, getattr(cls, f"{key}_keys", default), f"{where}.{key}")
+    reader = cfg.get("reader_cfg") or {}
+    for key in ("input_columns",):
+        cols = reader.get(key)
+        if cols is not None and (not isinstance(cols, (list, tuple)) or not all(isinstance(c, str) for c in cols)):
+            raise ConfigError(f"{where}.reader_cfg.{key}: expected a list of column names, got {cols!r}")
+    infer_cfg = cfg.get("infer_cfg") or {}
+    few = infer_cfg.get("fewshot")
+    if few is not None:
+        if not isinstance(few, dict):
+            raise ConfigError(f"{where}.infer_cfg.fewshot: expected a dict such as dict(k=5), got {few!r}")
+        _check_keys(few, FEWSHOT_KEYS, f"{where}.infer_cfg.fewshot")
     from orchestra.datasets.base import INFERENCER_KEYS
 
-    inf = cfg.get("infer_cfg", {}).get("inferencer", {"type": "gen"})
+    inf = infer_cfg.get("inferencer", {"type": "gen"})
     if isinstance(inf, str):
         inf = {"type": inf}
+    if not isinstance(inf, dict):
+        raise ConfigError(f"{where}.infer_cfg.inferencer: expected a dict such as dict(type='gen'), got {inf!r}")
     kind = inf.get("type", "gen")
     if kind not in INFERENCER_KEYS:
-        raise ConfigError(f"{where}.infer_cfg.inferencer.type: {kind!r} is not valid; valid: gen, loglik, chat")
+        raise ConfigError(
+            f"{where}.infer_cfg.inferencer.type: {kind!r} is not valid; valid: {', '.join(INFERENCER_KEYS)}"
+        )
     for key in inf:
         if key not in INFERENCER_KEYS[kind]:
             raise ConfigError(
                 f"{where}.infer_cfg.inferencer: unknown key {key!r} for {kind}; "
                 f"valid keys: {', '.join(sorted(INFERENCER_KEYS[kind]))}"
             )
-    evaluator = cfg.get("eval_cfg", {}).get("evaluator")
+    if kind == "loglik" and not inf.get("choices_column") and not inf.get("choices"):
+        raise ConfigError(f"{where}.infer_cfg.inferencer: loglik needs choices_column (a column) or choices (a list)")
+    if kind == "chat" and not inf.get("turns_column"):
+        raise ConfigError(f"{where}.infer_cfg.inferencer: chat needs turns_column (a column of user turns)")
+    evaluator = (cfg.get("eval_cfg") or {}).get("evaluator")
     if evaluator is not None:
         ev = evaluator if isinstance(evaluator, dict) else {"type": evaluator}
         ev_cls = EVALUATORS.resolve(ev.get("type"), f"{where}.eval_cfg.evaluator")
@@ -298,8 +352,7 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     task_cls = TASKS.resolve(task_cfg["type"], f"{where}.runner.task")
     if getattr(task_cls, "stage", None) != name:
         raise ConfigError(
-            f"{where}.runner.task: {task_cls.__name__} runs the {getattr(task_cls, 'stage', '?')} stage, "
-            f"not {name}"
+            f"{where}.runner.task: {task_cls.__name__} runs the {getattr(task_cls, 'stage', '?')} stage, not {name}"
         )
     task_kwargs = {k: v for k, v in task_cfg.items() if k != "type"}
     check_kwargs(task_cls, task_kwargs, f"{where}.runner.task")
@@ -308,6 +361,15 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"{where}.runner.task: {exc}") from None
     check_kwargs(runner_cls, runner_cfg, f"{where}.runner")
+    template = runner_cfg.get("template")
+    if template is not None:
+        from orchestra.runners.command import fill_template
+
+        fields = getattr(runner_cls, "template_fields", ())
+        try:
+            fill_template(template, ["true"], {k: "" for k in fields})
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.runner.template: {exc}") from None
     return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs)
 
 
@@ -319,10 +381,8 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
         # Lists pulled in with read_base() (``arc_easy_datasets``) are fine to keep around.
         if isinstance(value, list):
             continue
-        raise ConfigError(
-            f"{source}: unknown top-level key {key!r}; valid keys: {', '.join(TOP_LEVEL_KEYS)}"
-        )
-    _check_secrets(raw, source)
+        raise ConfigError(f"{source}: unknown top-level key {key!r}; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+    _check_secrets(raw, source, top=True)
     for key in ("models", "datasets"):
         if key not in raw:
             raise ConfigError(f"{source}: missing required key {key!r}")
@@ -343,6 +403,14 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
     if not isinstance(work_dir, str) or not work_dir:
         raise ConfigError(f"{source}: work_dir must be a path string, got {work_dir!r}")
     stages = {name: _check_stage(name, raw.get(name), source) for name in ("infer", "eval")}
+    abbrs = [d["abbr"] for d in datasets]
+    for name, stage in stages.items():
+        for abbr in getattr(stage.partitioner, "dataset_coef", {}):
+            if abbr not in abbrs:
+                raise ConfigError(
+                    f"{source}: {name}.partitioner.dataset_coef: no dataset has abbr {abbr!r}; "
+                    f"datasets: {', '.join(abbrs)}"
+                )
     resolved = {
         "models": models,
         "datasets": datasets,

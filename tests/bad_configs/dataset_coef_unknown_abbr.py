@@ -1,0 +1,11 @@
+# dataset_coef names a dataset that is not in the config (a typo is silently ignored otherwise).
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+
+from orchestra.partitioners import SizePartitioner
+models = [dict(type=DeterministicModel, abbr='m')]
+datasets = [dict(type=JsonlDataset, abbr='tiny', path='tests/bad_configs/tiny.jsonl',
+                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
+                 infer_cfg=dict(prompt_template='{question}', inferencer=dict(type='gen', max_out_len=8)),
+                 eval_cfg=dict(evaluator='numeric_match'))]
+infer = dict(partitioner=dict(type=SizePartitioner, max_task_size=100, dataset_coef=dict(tinny=5)))

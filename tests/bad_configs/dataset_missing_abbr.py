@@ -1,0 +1,7 @@
+# A dataset without abbr.
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+
+models = [dict(type=DeterministicModel, abbr='m')]
+datasets = [dict(type=JsonlDataset, path='tests/bad_configs/tiny.jsonl',
+                 reader_cfg=dict(input_columns=['question']), infer_cfg=dict(prompt_template='{question}'))]

@@ -1,0 +1,6 @@
+# An empty dataset list.
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+
+models = [dict(type=DeterministicModel, abbr='m')]
+datasets = []

@@ -1,0 +1,12 @@
+# retry=-1.
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+
+from orchestra.runners import LocalRunner
+from orchestra.tasks import EvalTask
+models = [dict(type=DeterministicModel, abbr='m')]
+datasets = [dict(type=JsonlDataset, abbr='tiny', path='tests/bad_configs/tiny.jsonl',
+                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
+                 infer_cfg=dict(prompt_template='{question}', inferencer=dict(type='gen', max_out_len=8)),
+                 eval_cfg=dict(evaluator='numeric_match'))]
+eval = dict(runner=dict(type=LocalRunner, retry=-1, task=dict(type=EvalTask)))

@@ -1,0 +1,8 @@
+# An inferencer type that does not exist.
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+
+models = [dict(type=DeterministicModel, abbr='m')]
+datasets = [dict(type=JsonlDataset, abbr='tiny', path='tests/bad_configs/tiny.jsonl',
+                 reader_cfg=dict(input_columns=['question']),
+                 infer_cfg=dict(prompt_template='{question}', inferencer=dict(type='generate')))]
