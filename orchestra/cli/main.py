@@ -240,8 +240,8 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
     print(render_text(summary))
     bad = [r for r in results if r.state is not TaskState.DONE]
     for r in bad:
-        print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({r.reason}); log: {r.log_path}",
-              file=sys.stderr)
+        log = f"; log: {r.log_path}" if os.path.exists(r.log_path) else ""
+        print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({r.reason}){log}", file=sys.stderr)
     print(f"run folder: {paths.root}", file=sys.stderr)
     if interrupted:
         return EXIT_INTERRUPTED
