@@ -423,7 +423,9 @@ class HFCausalLM(BatchedModel):
                 torch.cuda.empty_cache()
 
     async def aclose(self) -> None:
-        self.unload()
+        # Called when a task ends, but a warm worker reuses this object for its next task
+        # (orchestra.models.registry_cache), so the weights stay; unload() frees them.
+        return None
 
     # -- shared helpers -----------------------------------------------------------------
     def _max_len(self) -> int:
