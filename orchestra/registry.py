@@ -62,7 +62,7 @@ def import_dotted(path: str) -> Any:
         if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
             return None
         raise
-    obj = module
+    obj: Any = module
     for part in attr.split("."):
         obj = getattr(obj, part, None)
         if obj is None:

@@ -226,7 +226,7 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
             if args.debug:
                 results += _run_in_process(tasks, ctx)
             else:
-                ctx.on_change = _progress(stage, len(tasks))
+                ctx.on_change = _Progress(stage, len(tasks), paths.events)
                 results += runners[stage].launch(tasks, ctx)
                 print(file=sys.stderr)
     finally:
@@ -271,25 +271,61 @@ def _run_in_process(tasks: list[Any], ctx: Any) -> list[Any]:
     return results
 
 
-def _progress(stage: str, total: int) -> Any:
-    from tqdm import tqdm
+class _Progress:
+    """The progress bar of a stage: tasks ended, running, failed, and the live request
+    counters (in flight, done, 429s, retries, errors) that running tasks report as
+    ``progress`` events."""
 
-    bar = tqdm(total=total, desc=f"[{stage}]", unit="task", file=sys.stderr, dynamic_ncols=True,
-               mininterval=0.5, leave=True)
-    last: dict[str, int] = {}
+    COUNTERS = ("in_flight", "done", "rate_limited", "retries", "errors")
 
-    def update(counts: dict[str, int]) -> None:
-        nonlocal last
-        if counts == last:
+    def __init__(self, stage: str, total: int, events_path: str) -> None:
+        from tqdm import tqdm
+
+        self.total = total
+        self.events_path = events_path
+        self.offset = os.path.getsize(events_path) if os.path.exists(events_path) else 0
+        self.latest: dict[str, dict[str, Any]] = {}
+        self.last_read = 0.0
+        self.last_counts: dict[str, int] = {}
+        self.bar = tqdm(total=total, desc=f"[{stage}]", unit="task", file=sys.stderr, dynamic_ncols=True,
+                        mininterval=0.5, leave=True)
+
+    def _read_progress(self) -> None:
+        import json
+
+        try:
+            with open(self.events_path, "rb") as f:
+                f.seek(self.offset)
+                chunk = f.read()
+        except OSError:
             return
-        ended = sum(v for k, v in counts.items() if k not in ("pending", "running"))
-        bar.update(ended - bar.n)
-        bar.set_postfix(running=counts.get("running", 0), failed=counts.get("failed", 0), refresh=False)
-        last = dict(counts)
-        if ended == total:
-            bar.close()
+        end = chunk.rfind(b"\n") + 1
+        self.offset += end
+        for line in chunk[:end].splitlines():
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                continue
+            if ev.get("event") == "progress":
+                self.latest[f"{ev.get('task_id')}|{ev.get('unit', '')}"] = ev
 
-    return update
+    def __call__(self, counts: dict[str, int]) -> None:
+        now = time.monotonic()
+        ended = sum(v for k, v in counts.items() if k not in ("pending", "running"))
+        if counts == self.last_counts and now - self.last_read < 1.0:
+            return
+        if now - self.last_read >= 1.0:
+            self.last_read = now
+            self._read_progress()
+        self.last_counts = dict(counts)
+        self.bar.update(ended - self.bar.n)
+        post: dict[str, Any] = {"running": counts.get("running", 0), "failed": counts.get("failed", 0)}
+        if self.latest:
+            for key in self.COUNTERS:
+                post[key] = sum(int(ev.get(key, 0)) for ev in self.latest.values())
+        self.bar.set_postfix(post, refresh=False)
+        if ended == self.total:
+            self.bar.close()
 
 
 if __name__ == "__main__":

@@ -202,7 +202,8 @@ class BaseDataset(abc.ABC):
     def build_samples(self, start: int, end: int) -> list[Sample]:
         """Samples for rows ``[start, end)`` of :meth:`rows` (ids are row indices)."""
         rows = self.rows()
-        template = self.infer_cfg.get("prompt_template", "{" + "}{".join(self.reader_cfg.get("input_columns", [])) + "}")
+        default = " ".join("{" + c + "}" for c in self.reader_cfg.get("input_columns", []))
+        template = self.infer_cfg.get("prompt_template", default)
         prefix = self._fewshot_prefix()
         inf = self.inferencer
         kind = inf.get("type", "gen")

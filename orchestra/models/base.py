@@ -15,12 +15,12 @@ import abc
 import asyncio
 import threading
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar, Union
+from typing import Any, ClassVar, Generic, TypeVar
 
 Message = dict[str, str]
 """One chat message: ``{"role": "user" | "assistant" | "system", "content": "..."}``."""
 
-Prompt = Union[str, list[Message]]
+Prompt = str | list[Message]
 """A plain-text prompt, or a list of chat messages."""
 
 

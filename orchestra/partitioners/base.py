@@ -99,16 +99,16 @@ def balanced_bins(costs: Sequence[float], bins: int, improve_rounds: int = 200) 
                         best = (new, i, lo, j)
         if best is None:
             break
-        _, i, lo, j = best
+        _, i, lo, swap = best
         groups[hi].remove(i)
         groups[lo].append(i)
         loads[hi] -= costs[i]
         loads[lo] += costs[i]
-        if j is not None:
-            groups[lo].remove(j)
-            groups[hi].append(j)
-            loads[lo] -= costs[j]
-            loads[hi] += costs[j]
+        if swap is not None:
+            groups[lo].remove(swap)
+            groups[hi].append(swap)
+            loads[lo] -= costs[swap]
+            loads[hi] += costs[swap]
     return [sorted(g) for g in groups if g]
 
 

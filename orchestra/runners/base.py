@@ -15,8 +15,9 @@ import random
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from orchestra.events import EventLog
 from orchestra.paths import RunPaths

@@ -116,7 +116,8 @@ def render_markdown(summary: Summary) -> str:
     header = ["dataset", "metric", *summary.models]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in summary.rows:
-        lines.append("| " + " | ".join([row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)]) + " |")
+        cells = [row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)]
+        lines.append("| " + " | ".join(cells) + " |")
     if summary.missing:
         lines.append("")
         lines.append("Missing results:")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 from orchestra.errors import TaskFailedError
 from orchestra.evaluators import build_evaluator
@@ -20,7 +21,7 @@ def run_task(spec: TaskSpec) -> None:
     """Run one eval task in this process (raises on failure)."""
     paths = RunPaths(spec.run_dir)
     for unit in spec.units:
-        records = []
+        records: list[dict[str, Any]] = []
         for path, expected in unit.inputs:
             if not output_done(path, expected):
                 raise TaskFailedError(
@@ -40,7 +41,7 @@ def run_task(spec: TaskSpec) -> None:
                 "dataset": unit.dataset_abbr,
                 "metrics": metrics,
                 "num_samples": len(records),
-                "num_failed_samples": sum(1 for r in records if r.get("error") is not None),
+                "num_failed_samples": len([r for r in records if r.get("error") is not None]),
             },
         )
         shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())

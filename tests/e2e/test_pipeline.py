@@ -262,7 +262,7 @@ def test_second_orchestrator_on_same_run_folder_is_refused(tmp_path: Path) -> No
                              stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not (run_dirs(tmp_path) and (run_dirs(tmp_path)[0] / "events.jsonl").exists()):
+        while time.monotonic() < deadline and not list((tmp_path / "out").glob("*/events.jsonl")):
             time.sleep(0.05)
         res = orchestra(cfg, "-r")
         assert res.returncode == 2
