@@ -124,13 +124,16 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _where_in_config(exc: BaseException, path: str) -> str:
-    """``file:line`` of the deepest traceback frame outside installed packages."""
+    """``file:line`` of the deepest traceback frame in user code (not orchestra, not installed packages)."""
     import traceback
 
+    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
     where = path
     for frame in traceback.extract_tb(exc.__traceback__):
-        if "site-packages" not in frame.filename and not frame.filename.startswith("<"):
-            where = f"{os.path.relpath(frame.filename)}:{frame.lineno}"
+        name = frame.filename
+        if "site-packages" in name or name.startswith("<") or os.path.abspath(name).startswith(own):
+            continue
+        where = f"{os.path.relpath(name)}:{frame.lineno}"
     return where
 
 
