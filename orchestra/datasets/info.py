@@ -16,7 +16,7 @@ from filelock import FileLock
 
 from orchestra.datasets.base import BaseDataset
 from orchestra.errors import ConfigError
-from orchestra.fileio import atomic_write_json
+from orchestra.fileio import atomic_write_json, stable_hash
 from orchestra.registry import DATASETS
 
 
@@ -37,8 +37,22 @@ class DatasetInfo:
     content_key: str
 
 
+_BUILT: dict[str, BaseDataset] = {}
+
+
 def build_dataset(cfg: dict[str, Any]) -> BaseDataset:
-    """Construct the dataset object a config dict describes (cheap: nothing is read)."""
+    """The dataset object a config dict describes, one per config in a process.
+
+    Construction reads nothing; rows are read on first use and then kept, so the shards of
+    one dataset in a task (or in a warm worker) read the file once.
+    """
+    key = stable_hash(cfg)
+    if key not in _BUILT:
+        _BUILT[key] = _construct(cfg)
+    return _BUILT[key]
+
+
+def _construct(cfg: dict[str, Any]) -> BaseDataset:
     cls = DATASETS.resolve(cfg["type"], f"dataset {cfg.get('abbr')}")
     kwargs = {k: v for k, v in cfg.items() if k != "type"}
     try:

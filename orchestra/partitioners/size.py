@@ -14,9 +14,11 @@ class SizePartitioner(BasePartitioner):
 
     Cost of a dataset = rows x cost per row (``gen_task_coef`` for generation, the number of
     choices for log-likelihood, or ``dataset_coef[abbr]``).  A dataset costing more than
-    ``max_task_size`` is split into equal shards; then all units of a model are packed into
-    ``ceil(total / max_task_size)`` tasks with longest-processing-time first plus local
-    search, so the largest task is close to the lower bound.
+    ``max_task_size`` is split into equal shards; then all units of a model are packed with
+    longest-processing-time first plus local search into the fewest tasks (at least
+    ``ceil(total / max_task_size)``) whose largest task is within ``balance_tolerance`` of the
+    lower bound ``max(total / tasks, largest unit)``.  Lumpy units (say three shards of 60%
+    of ``max_task_size``) get one more task rather than one task twice the size of the others.
 
     Args:
         max_task_size: target cost of one task.
@@ -24,20 +26,60 @@ class SizePartitioner(BasePartitioner):
         dataset_coef: per-dataset cost per row, by abbr.
     """
 
+    #: how far the largest task may exceed ``max(total / tasks, largest unit)`` (0.1: 10%)
+    balance_tolerance = 0.1
+
     def __init__(
         self,
         max_task_size: float = 40000,
         gen_task_coef: float = 20.0,
         dataset_coef: dict[str, float] | None = None,
+        granularity: int = 8,
     ) -> None:
         super().__init__(gen_task_coef, dataset_coef)
         if max_task_size <= 0:
             raise ValueError(f"max_task_size must be > 0, got {max_task_size}")
+        if not isinstance(granularity, int) or granularity < 1:
+            raise ValueError(f"granularity must be an integer >= 1, got {granularity!r}")
         self.max_task_size = float(max_task_size)
+        self.granularity = granularity
 
     def split(self, info: DatasetInfo) -> list[Shard]:
         cost = info.size * self.row_cost(info)
-        return even_shards(info.size, math.ceil(cost / self.max_task_size) if cost else 1)
+        shard_cost = self.max_task_size / self.granularity
+        return even_shards(info.size, math.ceil(cost / shard_cost) if cost else 1)
 
     def pack(self, costs: Sequence[float]) -> list[list[int]]:
-        return balanced_bins(costs, num_bins_for(costs, self.max_task_size))
+        if not costs:
+            return []
+        n = len(costs)
+        lo = num_bins_for(costs, self.max_task_size)
+        groups = self._balanced(costs, lo)
+        if groups is not None:
+            return groups
+        # Too lumpy for this many tasks: gallop up to a task count that balances (one unit
+        # per task always does), then bisect back to the fewest tasks that still balance.
+        step, hi = 1, lo
+        while True:
+            hi = min(n, lo + step)
+            groups = self._balanced(costs, hi)
+            if groups is not None:
+                break
+            lo, step = hi, step * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            found = self._balanced(costs, mid)
+            if found is None:
+                lo = mid
+            else:
+                hi, groups = mid, found
+        return groups
+
+    def _balanced(self, costs: Sequence[float], bins: int) -> list[list[int]] | None:
+        """``bins`` groups if their largest cost is within tolerance of the bound, else None."""
+        groups = balanced_bins(costs, bins)
+        largest = max(sum(costs[i] for i in g) for g in groups)
+        bound = max(sum(costs) / len(groups), max(costs))
+        if largest <= bound * (1 + self.balance_tolerance) + 1e-9 or len(groups) >= len(costs):
+            return groups
+        return None

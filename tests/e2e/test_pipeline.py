@@ -46,7 +46,7 @@ datasets = [
          eval_cfg=dict(evaluator='accuracy')),
 ]
 infer = dict(
-    partitioner=dict(type=SizePartitioner, max_task_size={max_task_size}, gen_task_coef=10),
+    partitioner=dict(type=SizePartitioner, max_task_size={max_task_size}, gen_task_coef=10, granularity=1),
     runner=dict(type=LocalRunner, max_num_workers=2, retry_backoff_s=0.1{runner}, task=dict(type=InferTask)),
 )
 eval = dict(
