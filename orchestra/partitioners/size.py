@@ -14,7 +14,10 @@ class SizePartitioner(BasePartitioner):
 
     Cost of a dataset = rows x cost per row (``gen_task_coef`` for generation, the number of
     choices for log-likelihood, or ``dataset_coef[abbr]``).  A dataset costing more than
-    ``max_task_size`` is split into equal shards; then all units of a model are packed with
+    ``max_task_size / granularity`` is split into equal contiguous shards of about that cost
+    (boundaries depend on the dataset and these settings only, never on other datasets, so
+    adding a dataset does not invalidate another's predictions); then all units of a model are
+    packed with
     longest-processing-time first plus local search into the fewest tasks (at least
     ``ceil(total / max_task_size)``) whose largest task is within ``balance_tolerance`` of the
     lower bound ``max(total / tasks, largest unit)``.  Lumpy units (say three shards of 60%
@@ -24,6 +27,8 @@ class SizePartitioner(BasePartitioner):
         max_task_size: target cost of one task.
         gen_task_coef: cost of one generation row.
         dataset_coef: per-dataset cost per row, by abbr.
+        granularity: shards per ``max_task_size`` of cost; finer shards pack closer to
+            ``total / tasks`` but make more prediction files (1: split only what exceeds a task).
     """
 
     #: how far the largest task may exceed ``max(total / tasks, largest unit)`` (0.1: 10%)
