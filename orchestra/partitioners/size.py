@@ -17,10 +17,9 @@ class SizePartitioner(BasePartitioner):
     ``max_task_size / granularity`` is split into equal contiguous shards of about that cost
     (boundaries depend on the dataset and these settings only, never on other datasets, so
     adding a dataset does not invalidate another's predictions); then all units of a model are
-    packed with
-    longest-processing-time first plus local search into the fewest tasks (at least
-    ``ceil(total / max_task_size)``) whose largest task is within ``balance_tolerance`` of the
-    lower bound ``max(total / tasks, largest unit)``.  Lumpy units (say three shards of 60%
+    packed with longest-processing-time first plus local search into the fewest tasks (at
+    least ``ceil(total / max_task_size)``) whose largest task is within ``balance_tolerance``
+    of the lower bound ``max(total / tasks, largest unit)``.  Lumpy units (say three shards of 60%
     of ``max_task_size``) get one more task rather than one task twice the size of the others.
 
     Args:
