@@ -54,14 +54,22 @@ export SLURM_CONF="$CONF"
 
 # ---------------------------------------------------------------- helpers
 
-# pid_alive PIDFILE NAME: the pid in PIDFILE is a live process whose command name is NAME.
+# proc_running PID: PID is a process that is not a zombie (a killed daemon whose parent is
+# init stays a zombie until init reaps it, with its name still in /proc).
+proc_running() {
+  local state
+  state=$(sed -n 's/^State:[[:space:]]*\([A-Z]\).*/\1/p' "/proc/$1/status" 2>/dev/null) || return 1
+  [[ -n $state && $state != Z && $state != X ]]
+}
+
+# pid_alive PIDFILE NAME: the pid in PIDFILE is a running process whose command name is NAME.
 pid_alive() {
   local pidfile=$1 name=$2 pid comm
   [[ -s $pidfile ]] || return 1
   pid=$(tr -dc '0-9' <"$pidfile")
   [[ -n $pid ]] || return 1
   comm=$(cat "/proc/$pid/comm" 2>/dev/null) || return 1
-  [[ $comm == "$name" ]]
+  [[ $comm == "$name" ]] && proc_running "$pid"
 }
 
 read_pid() { tr -dc '0-9' <"$1"; }
@@ -229,10 +237,10 @@ stop_pidfile() {
   pid=$(read_pid "$pidfile")
   kill -TERM "$pid" 2>/dev/null || true
   for ((i = 0; i < 100; i++)); do
-    [[ -d /proc/$pid ]] || break
+    proc_running "$pid" || break
     sleep 0.1
   done
-  if [[ -d /proc/$pid ]]; then
+  if proc_running "$pid"; then
     log "$name (pid $pid) ignored SIGTERM for 10 s; sending SIGKILL"
     kill -KILL "$pid" 2>/dev/null || true
   fi
@@ -252,7 +260,7 @@ cmd_start() {
   install_packages
   mkdir -p "$DIR"
   exec 9>"$DIR/.lock"
-  flock -w 120 9 || die "another start/stop holds $DIR/.lock"
+  flock -w 90 9 || die "another start/stop holds $DIR/.lock"
   write_config
   start_munged
   start_slurmctld
@@ -270,7 +278,7 @@ cmd_stop() {
   [[ -d $DIR ]] || return 0
   require_root
   exec 9>"$DIR/.lock"
-  flock -w 120 9 || die "another start/stop holds $DIR/.lock"
+  flock -w 90 9 || die "another start/stop holds $DIR/.lock"
   if pid_alive "$DIR/run/slurmctld.pid" slurmctld; then
     local jobs
     jobs=$(squeue -h -o '%A' 2>/dev/null | sort -u | tr '\n' ' ' || true)
