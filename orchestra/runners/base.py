@@ -158,6 +158,10 @@ class BaseRunner(abc.ABC):
     def close(self) -> None:
         """Called once after ``launch`` (e.g. to stop warm workers)."""
 
+    def flush(self) -> None:
+        """Called after each round of ``submit`` calls; a backend that batches submissions
+        (e.g. one Slurm job array for every job submitted in the round) sends them here."""
+
     def command_fields(self, task: TaskSpec, resources: dict[str, Any], log_path: str) -> dict[str, Any]:
         return {
             "task_id": task.task_id,
@@ -208,6 +212,7 @@ class BaseRunner(abc.ABC):
                     break
                 now = time.monotonic()
                 self._start_ready(pending, running, results, ctx, now)
+                self.flush()
                 for job, entry in list(running):
                     ended = self.poll(job)
                     if ended is None:
