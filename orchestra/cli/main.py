@@ -77,7 +77,7 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
             runner["retry"] = args.retry
 
 
-def _run_folder(work_dir: str, reuse: str | None) -> tuple[str, bool]:
+def _run_folder(work_dir: str, reuse: str | None, allow_new: bool = True) -> tuple[str, bool]:
     """The run folder to use and whether it already existed."""
     work_dir = os.path.abspath(work_dir)
     if reuse is None:
@@ -91,6 +91,8 @@ def _run_folder(work_dir: str, reuse: str | None) -> tuple[str, bool]:
     if reuse == "latest":
         runs = sorted(d for d in os.listdir(work_dir) if os.path.isdir(os.path.join(work_dir, d))) \
             if os.path.isdir(work_dir) else []
+        if not runs and not allow_new:
+            raise UserError(f"no run folder in {work_dir} to reuse")
         if not runs:
             print(f"orchestra: no earlier run in {work_dir}; starting a new one", file=sys.stderr)
             return _run_folder(work_dir, None)
@@ -121,7 +123,10 @@ def _main(args: argparse.Namespace) -> int:
     raw = load_config(args.config, args.cfg_options)
     _apply_cli_overrides(raw, args)
     cfg = validate(raw, args.config)
-    root, existed = _run_folder(cfg.work_dir, args.reuse)
+    reuse = args.reuse
+    if reuse is None and args.mode in ("eval", "viz"):
+        reuse = "latest"  # scoring or summarising a new, empty folder would do nothing
+    root, existed = _run_folder(cfg.work_dir, reuse, allow_new=args.mode != "viz")
 
     from orchestra.datasets.info import dataset_infos
     from orchestra.paths import RunPaths
@@ -132,6 +137,9 @@ def _main(args: argparse.Namespace) -> int:
     runners = _build_runners(cfg, args)
     if args.dry_run:
         return _print_plan(make_plan(cfg, infos, paths), runners, paths, existed)
+
+    if args.mode == "viz":
+        return _viz(cfg, paths, infos)
 
     from filelock import FileLock, Timeout
 
@@ -145,6 +153,21 @@ def _main(args: argparse.Namespace) -> int:
         return _run(cfg, args, paths, infos, runners)
     finally:
         lock.release()
+
+
+def _viz(cfg: Any, paths: Any, infos: Any) -> int:
+    """Rebuild the summary of a run folder; nothing else in it changes."""
+    from orchestra.plan import make_plan
+    from orchestra.summary.table import build_summary, render_text, write_summary
+
+    if not os.path.isdir(paths.root):
+        raise UserError(f"--mode viz: no run folder {paths.root}")
+    plan = make_plan(cfg, infos, paths)
+    summary = build_summary(paths, [m["abbr"] for m in cfg.models], plan.all_units["eval"])
+    write_summary(summary, paths)
+    print(render_text(summary))
+    print(f"run folder: {paths.root}", file=sys.stderr)
+    return EXIT_FAILED if summary.missing else EXIT_OK
 
 
 def _build_runners(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -201,7 +224,7 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
                 tasks={s: [t.task_id for t in ts] for s, ts in plan.tasks.items()})
     results: list[TaskResult] = []
     try:
-        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"], "viz": []}[args.mode]
+        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[args.mode]
         for stage in stages:
             if ctx.stop.is_set():
                 break

@@ -313,3 +313,32 @@ def test_warm_workers_load_the_model_once_per_worker(tmp_path: Path) -> None:
     assert len(loads) == len(logs)
     assert sum(1 for s in loads if s >= 0.9) <= 2  # at most one real load per worker
     assert len(list((run / "logs/workers").glob("*.log"))) <= 3  # 2 infer workers (+eval has its own runner)
+
+
+def test_viz_rebuilds_summary_without_touching_the_run(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    assert orchestra(cfg).returncode == 0
+    (run,) = run_dirs(tmp_path)
+    before = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "summary" not in p.parts}
+    (run / "summary/summary.csv").unlink()
+    res = orchestra(cfg, "--mode", "viz")
+    assert res.returncode == 0, res.stderr
+    assert "numeric_match" in res.stdout and (run / "summary/summary.csv").exists()
+    after = {p: p.read_bytes() for p in run.rglob("*") if p.is_file() and "summary" not in p.parts}
+    assert before == after
+
+
+def test_viz_without_a_run_folder_is_a_usage_error(tmp_path: Path) -> None:
+    res = orchestra(write_config(tmp_path), "--mode", "viz")
+    assert res.returncode == 2
+    assert res.stderr.strip().count("\n") == 0 and "no run folder" in res.stderr
+
+
+def test_eval_mode_rescoring_reuses_predictions(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    assert orchestra(cfg, "--mode", "infer").returncode == 0
+    (run,) = run_dirs(tmp_path)
+    assert not (run / "results").exists() or not list((run / "results").rglob("*.json"))
+    res = orchestra(cfg, "--mode", "eval")
+    assert res.returncode == 0, res.stderr
+    assert sorted(started_since_last_run(run)) == ["eval_det_arith", "eval_det_pick"]
