@@ -16,8 +16,9 @@ from orchestra.errors import ConfigError
 class Registry:
     """Short names of one kind of component, each mapped to a dotted import path."""
 
-    def __init__(self, kind: str, entries: dict[str, str]) -> None:
+    def __init__(self, kind: str, entries: dict[str, str], base: str | None = None) -> None:
         self.kind = kind
+        self.base = base  # dotted path of the class every entry must derive from, if any
         self._entries: dict[str, str] = {}
         for name, target in entries.items():
             self.register(name, target)
@@ -43,6 +44,13 @@ class Registry:
                 f"{where}: unknown {self.kind} type {spec!r}; valid: {', '.join(self.names())} "
                 "or a dotted path to a class"
             )
+        if self.base is not None:
+            base = import_dotted(self.base)
+            if isinstance(base, type) and not issubclass(cls, base):
+                raise ConfigError(
+                    f"{where}: {spec!r} is not a {self.kind} ({dotted_name(cls)} does not derive from "
+                    f"{base.__name__}); valid: {', '.join(self.names())} or a dotted path to one"
+                )
         return cls
 
 
@@ -83,6 +91,7 @@ MODELS = Registry(
         "OpenAIAPI": "orchestra.models.openai_api.OpenAIAPI",
         "DeterministicModel": "orchestra.models.fake.DeterministicModel",
     },
+    base="orchestra.models.base.BaseModel",
 )
 DATASETS = Registry(
     "dataset",
@@ -92,6 +101,7 @@ DATASETS = Registry(
         "ArrowDataset": "orchestra.datasets.tabular.ArrowDataset",
         "OlmoEvalDataset": "orchestra.datasets.olmo.OlmoEvalDataset",
     },
+    base="orchestra.datasets.base.BaseDataset",
 )
 PARTITIONERS = Registry(
     "partitioner",
@@ -100,6 +110,7 @@ PARTITIONERS = Registry(
         "SizePartitioner": "orchestra.partitioners.size.SizePartitioner",
         "NumWorkerPartitioner": "orchestra.partitioners.num_worker.NumWorkerPartitioner",
     },
+    base="orchestra.partitioners.base.BasePartitioner",
 )
 RUNNERS = Registry(
     "runner",
@@ -107,6 +118,7 @@ RUNNERS = Registry(
         "LocalRunner": "orchestra.runners.local.LocalRunner",
         "SlurmRunner": "orchestra.runners.slurm.SlurmRunner",
     },
+    base="orchestra.runners.base.BaseRunner",
 )
 TASKS = Registry(
     "task",
@@ -122,4 +134,5 @@ EVALUATORS = Registry(
         "exact_match": "orchestra.evaluators.basic.ExactMatchEvaluator",
         "numeric_match": "orchestra.evaluators.basic.NumericMatchEvaluator",
     },
+    base="orchestra.evaluators.basic.BaseEvaluator",
 )

@@ -63,6 +63,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "bad_key.yaml": ("unknown key 'batch_sise' for DeterministicModel", "models[0]"),
     "not_a_config.txt": ("unsupported config type '.txt'", None),
     "mixed_base_styles.py": ("inheritance chain must match", None),
+    "model_type_is_a_dataset.py": ("is not a model (orchestra.datasets.files.JsonlDataset", "models[0]"),
 }
 # work_dir is only checked when -w does not replace it.
 NO_WORK_DIR_FLAG = {"work_dir_not_string.py": ("work_dir must be a path string, got 42", None)}
