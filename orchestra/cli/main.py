@@ -107,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
+    except BrokenPipeError:  # e.g. `--dry-run | head`: the reader left, nothing is wrong
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OK
     except UserError as exc:
         if args.debug:
             raise

@@ -89,13 +89,17 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str) -> list[DatasetInfo]:
     infos: list[DatasetInfo] = []
     fresh: dict[str, Any] = {}
     for i, cfg in enumerate(cfgs):
-        ds = build_dataset(cfg)
-        key = ds.content_key()
-        facts = cache.get(key)
-        if facts is None:
-            facts = _probe(ds)
-            fresh[key] = facts
-        ds.check(facts["columns"], f"{where}: datasets[{i}] ({ds.abbr})")
+        here = f"{where}: datasets[{i}] ({cfg.get('abbr')})"
+        try:
+            ds = build_dataset(cfg)
+            key = ds.content_key()
+            facts = cache.get(key)
+            if facts is None:
+                facts = _probe(ds)
+                fresh[key] = facts
+        except ConfigError as exc:
+            raise ConfigError(f"{here}: {exc}") from None
+        ds.check(facts["columns"], here)
         # test_range is applied to the probed size without reading the rows again.
         from orchestra.datasets.base import parse_range
 
