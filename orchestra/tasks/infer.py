@@ -1,25 +1,54 @@
 """Infer task script: ``python -m orchestra.tasks.infer <run>/tasks/<task_id>.py``.
 
 Runs the spec's model over each of its dataset shards and writes one prediction file per
-shard.  Samples are checkpointed one by one, so a killed task resumes where it stopped.
+shard.  The samples of all shards run together on one engine (no barrier between shards);
+each finished sample is appended to its shard's checkpoint before it counts as done, so a
+killed task resumes where it stopped and re-sends only what was in flight.
+
+A shard with failed samples is not finalized and the task fails, unless the failed
+fraction is within ``error_tolerance``; the task's retry then re-sends only the failed
+samples.  Live counters go to ``<run>/events.jsonl`` as ``progress`` events (see
+:func:`progress_event_fields`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from orchestra.datasets.info import build_dataset
 from orchestra.errors import TaskFailedError
 from orchestra.events import EventLog
 from orchestra.inference.checkpoint import Checkpoint
-from orchestra.inference.engine import run_samples
+from orchestra.inference.engine import Engine, Job
 from orchestra.models.registry_cache import get_model
 from orchestra.paths import RunPaths
-from orchestra.tasks.spec import TaskSpec, output_done
+from orchestra.tasks.spec import TaskSpec, Unit, output_done
+
+PROGRESS_INTERVAL_S = 2.0
+LOG_INTERVAL_S = 10.0
+
+
+@dataclass
+class _UnitRun:
+    unit: Unit
+    ckpt: Checkpoint
+    num_samples: int
+
+
+def progress_event_fields(spec: TaskSpec, snapshot: dict[str, Any]) -> dict[str, Any]:
+    """The fields of one ``progress`` event: who, and the engine's live counters."""
+    return {"task_id": spec.task_id, "stage": "infer", "model": spec.model_abbr, **snapshot}
+
+
+def _format(snap: dict[str, Any]) -> str:
+    rate = f", pace {snap['rate_limit_rps']:.1f} req/s" if "rate_limit_rps" in snap else ""
+    return (f"{snap['samples_done']}/{snap['samples_total']} samples done, {snap['samples_failed']} failed; "
+            f"requests: {snap['in_flight']} in flight, {snap['requests_done']} done, {snap['rate_limited']} "
+            f"answered 429, {snap['retries']} retries, {snap['errors']} errors{rate}")
 
 
 async def _run_units(spec: TaskSpec) -> None:
@@ -30,38 +59,57 @@ async def _run_units(spec: TaskSpec) -> None:
     print(f"[{spec.task_id}] model {spec.model_abbr} ready in {time.monotonic() - t0:.2f} s", flush=True)
     tolerance = float(spec.task_cfg.get("error_tolerance", 0.0))
     max_samples = spec.task_cfg.get("max_samples")
-    failures: list[str] = []
-    for unit in spec.units:
-        if output_done(unit.output, unit.hash):
-            print(f"[{spec.task_id}] {unit.name}: already done", flush=True)
-            continue
-        dataset = build_dataset(unit.dataset)
-        samples = dataset.build_samples(unit.start, unit.end)
-        ckpt = Checkpoint(paths.checkpoint(unit.output), unit.hash)
-        done = ckpt.done_ids()
-        todo = [s for s in samples if s.id not in done]
-        print(f"[{spec.task_id}] {unit.name}: {len(samples)} samples, {len(done)} from checkpoint, "
-              f"{len(todo)} to run", flush=True)
+    runs: list[_UnitRun] = []
+    jobs: list[Job] = []
+    already = 0
+    try:
+        for unit in spec.units:
+            if output_done(unit.output, unit.hash):
+                print(f"[{spec.task_id}] {unit.name}: already done", flush=True)
+                continue
+            samples = build_dataset(unit.dataset).build_samples(unit.start, unit.end)
+            ckpt = Checkpoint(paths.checkpoint(unit.output), unit.hash)
+            ckpt.open()  # the writer's lock, before anything is sent
+            done = ckpt.done_ids()
+            todo = [s for s in samples if s.id not in done]
+            already += len(samples) - len(todo)
+            print(f"[{spec.task_id}] {unit.name}: {len(samples)} samples, {len(samples) - len(todo)} from "
+                  f"checkpoint, {len(todo)} to run", flush=True)
+            runs.append(_UnitRun(unit, ckpt, len(samples)))
+            jobs.extend(Job(s, ckpt.append) for s in todo)
 
-        def progress(stats: dict[str, Any], unit_name: str = unit.name) -> None:
-            events.emit("progress", task_id=spec.task_id, stage="infer", unit=unit_name, **stats)
+        last_log = time.monotonic()
 
+        def progress(snap: dict[str, Any]) -> None:
+            nonlocal last_log
+            events.emit("progress", **progress_event_fields(spec, snap))
+            if time.monotonic() - last_log >= LOG_INTERVAL_S:
+                last_log = time.monotonic()
+                print(f"[{spec.task_id}] {_format(snap)}", flush=True)
+
+        engine = Engine(model, max_samples=max_samples, on_progress=progress,
+                        progress_interval_s=PROGRESS_INTERVAL_S, already_done=already)
         t1 = time.monotonic()
-        try:
-            await run_samples(model, todo, ckpt.append, max_samples=max_samples, on_progress=progress)
-        finally:
-            ckpt.close()
-        errors = [r for r in ckpt.records.values() if r.get("error") is not None]
-        print(f"[{spec.task_id}] {unit.name}: ran {len(todo)} samples in {time.monotonic() - t1:.2f} s, "
-              f"{len(errors)} failed", flush=True)
-        if errors and len(errors) > tolerance * len(samples):
+        if jobs:
+            await engine.run(jobs)
+            print(f"[{spec.task_id}] ran {len(jobs)} samples in {time.monotonic() - t1:.2f} s: "
+                  f"{_format(engine.snapshot())}", flush=True)
+    finally:
+        for run in runs:
+            run.ckpt.close()
+        await model.aclose()
+    failures: list[str] = []
+    for run in runs:
+        unit, ckpt = run.unit, run.ckpt
+        errors = ckpt.errors()
+        if errors and len(errors) > tolerance * run.num_samples:
             first = min(errors, key=lambda r: r["id"])
-            failures.append(f"{unit.name}: {len(errors)}/{len(samples)} samples failed "
+            failures.append(f"{unit.name}: {len(errors)}/{run.num_samples} samples failed "
                             f"(first: sample {first['id']}: {first['error']})")
             continue
-        ckpt.finalize(unit.output, {"task_id": spec.task_id, "model": spec.model_abbr, "dataset": unit.dataset_abbr,
-                                    "start": unit.start, "end": unit.end, "failed": len(errors)})
-    await model.aclose()
+        ckpt.finalize(unit.output, {"task_id": spec.task_id, "model": spec.model_abbr,
+                                    "dataset": unit.dataset_abbr, "start": unit.start, "end": unit.end,
+                                    "failed": len(errors)})
     if failures:
         raise TaskFailedError("; ".join(failures))
 
