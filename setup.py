@@ -16,7 +16,7 @@ setup(
     python_requires=">=3.10",
     install_requires=_requirements("requirements.txt"),
     extras_require={
-        "hf": ["torch", "transformers", "gguf", "accelerate", "pyarrow"],
+        "hf": ["torch", "transformers", "gguf", "accelerate"],
         "test": ["pytest", "aiohttp", "ruff", "mypy"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},

@@ -105,6 +105,10 @@ class BaseModel(abc.ABC):
         """How many calls the engine should keep in flight at once for this model."""
         return 64
 
+    def load(self) -> None:
+        """Load weights or open resources before the first call (the task times it, and a
+        failure here fails the task once instead of every sample).  Default: nothing."""
+
     async def aclose(self) -> None:
         """Release connections, threads or memory; called once when a task ends."""
 

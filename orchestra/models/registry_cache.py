@@ -12,7 +12,7 @@ _LOADED: dict[str, BaseModel] = {}
 
 
 def get_model(cfg: dict[str, Any]) -> BaseModel:
-    """The model a config describes, built on first use and kept for this process."""
+    """The model a config describes, built and loaded on first use, kept for this process."""
     key = stable_hash(cfg)
     model = _LOADED.get(key)
     if model is None:
@@ -20,5 +20,6 @@ def get_model(cfg: dict[str, Any]) -> BaseModel:
         kwargs = {k: v for k, v in cfg.items() if k not in ("type", "run_cfg")}
         model = cls(**kwargs)
         assert isinstance(model, BaseModel)
+        model.load()
         _LOADED[key] = model
     return model
