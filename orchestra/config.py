@@ -267,6 +267,14 @@ def _check_model(cfg: Any, where: str) -> dict[str, Any]:
             raise ConfigError(f"{where}.run_cfg: unknown key {key!r}; valid keys: {', '.join(RUN_CFG_KEYS)}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"{where}.run_cfg.{key}: expected an integer >= 0, got {value!r}")
+    if getattr(cls, "validate_by_construction", False):
+        init_kwargs = {k: v for k, v in kwargs.items() if k != "run_cfg"}
+        try:
+            cls(**init_kwargs)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
     return {**cfg, "type": f"{cls.__module__}.{cls.__qualname__}"}
 
 

@@ -79,6 +79,10 @@ class BaseModel(abc.ABC):
 
     #: True for models behind a network API; they get high concurrency and no GPUs.
     is_api: ClassVar[bool] = False
+    #: True when the constructor is cheap (no framework import, no weights, no network) and
+    #: checks its values: the orchestrator then builds the model once while validating a
+    #: config, so a missing checkpoint is a config error, not a failed task.
+    validate_by_construction: ClassVar[bool] = False
 
     def __init__(
         self,

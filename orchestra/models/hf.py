@@ -234,6 +234,8 @@ class HFCausalLM(BatchedModel):
         trust_remote_code: allow checkpoint folders that ship their own modelling code.
     """
 
+    validate_by_construction = True
+
     def __init__(
         self,
         abbr: str,
