@@ -33,6 +33,18 @@ def _prompt_text(prompt: Prompt) -> str:
     return "\n".join(m["content"] for m in prompt)
 
 
+class _Secret:
+    """Holds an API key; its repr never shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<secret>" if self.value else "<no key>"
+
+
 class OpenAIAPI(BaseModel):
     """A model behind an OpenAI-compatible HTTP API (OpenAI, vLLM, SGLang, LiteLLM, ...).
 
@@ -98,10 +110,7 @@ class OpenAIAPI(BaseModel):
         self.url = f"{self.base_url}/{'chat/completions' if endpoint == 'chat' else 'completions'}"
         self.completions_url = f"{self.base_url}/completions"
         # The key is read here, inside the task, and kept out of repr, errors and logs.
-        self.__key = os.environ.get(key_env, "") if key_env else ""
-        self._headers = {"Content-Type": "application/json"}
-        if self.__key:
-            self._headers["Authorization"] = f"Bearer {self.__key}"
+        self._key = _Secret(os.environ.get(key_env, "") if key_env else "")
         self.scope_name = f"openai-api:{self.base_url}|{path}"
         self.rate = AdaptiveRate(max_rate=rate_limit, ramp_requests=max_connections)
         self._slots: ProcessSlots | HostSlots | None = None
@@ -119,7 +128,8 @@ class OpenAIAPI(BaseModel):
     # -- plumbing -----------------------------------------------------------------------
     def _scrub(self, text: str) -> str:
         """Never let the key into an error message (some servers echo what they were sent)."""
-        return text.replace(self.__key, "***") if self.__key else text
+        key = self._key.value
+        return text.replace(key, "***") if key else text
 
     def _client(self) -> Any:
         loop = asyncio.get_running_loop()
@@ -136,7 +146,10 @@ class OpenAIAPI(BaseModel):
                 self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self.url))
             except LookupError:
                 self._proxy, self._proxy_auth = None, None
-            self._session = aiohttp.ClientSession(connector=connector, headers=self._headers,
+            headers = {"Content-Type": "application/json"}
+            if self._key.value:
+                headers["Authorization"] = f"Bearer {self._key.value}"
+            self._session = aiohttp.ClientSession(connector=connector, headers=headers,
                                                   cookie_jar=aiohttp.DummyCookieJar(),
                                                   timeout=aiohttp.ClientTimeout(total=None))
             self._session_loop = loop
@@ -225,7 +238,7 @@ class OpenAIAPI(BaseModel):
             else:
                 errors += 1
             reason = self._scrub(decision.reason)
-            if status in (401, 403) and not self.__key and self.key_env:
+            if status in (401, 403) and not self._key.value and self.key_env:
                 reason += f" (environment variable {self.key_env} is not set)"
             if not decision.retry:
                 self.stats.errors += 1

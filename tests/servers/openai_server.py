@@ -58,6 +58,7 @@ class ServerConfig:
     api_key: str | None = None  # required bearer key (401 otherwise, echoing what was sent)
     bad_marker: str = "BAD_REQUEST"  # a prompt containing it gets a 400
     hang_marker: str = "HANG_FOREVER"  # a prompt containing it never gets an answer
+    fail_once_marker: str = "FAIL_ONCE"  # a prompt containing it gets a 500 on its first request
 
 
 @dataclass
@@ -84,6 +85,7 @@ class ServerStats:
             "per_prompt": dict(self.per_prompt),
             "ok_per_prompt": dict(self.ok_per_prompt),
             "peak_concurrency": self.peak_concurrency,
+            "in_progress": self.in_progress,
             "first_request_t": self.first_request_t,
             "last_response_t": self.last_response_t,
             "span_s": span,
@@ -133,6 +135,7 @@ class OpenAIServer:
         self._tokens = 0.0
         self._bucket_t = 0.0
         self._rng = random.Random(self.config.seed)
+        self.hanging: set[asyncio.Task[Any]] = set()
         self.reset()
         self.app = web.Application(client_max_size=16 * 1024 * 1024)
         self.app.router.add_post("/v1/chat/completions", self.chat)
@@ -209,10 +212,15 @@ class OpenAIServer:
         st.peak_concurrency = max(st.peak_concurrency, st.in_progress)
         try:
             if c.hang_marker and c.hang_marker in text:
+                task = asyncio.current_task()
+                if task is not None:
+                    self.hanging.add(task)
                 await asyncio.sleep(3600)
             if c.latency_s:
                 await asyncio.sleep(c.latency_s)
-            fail = st.per_prompt[key] <= c.fail_first or (c.fail_rate and self._rng.random() < c.fail_rate)
+            fail = (st.per_prompt[key] <= c.fail_first
+                    or (c.fail_once_marker and c.fail_once_marker in text and st.per_prompt[key] == 1)
+                    or (c.fail_rate and self._rng.random() < c.fail_rate))
             if fail:
                 return 500, _error(500, "Internal server error (injected)", "server_error")
             return 200, respond(messages, body)
@@ -321,6 +329,8 @@ class ServerThread:
             self._stop = asyncio.Event()
             self._ready.set()
             await self._stop.wait()
+            for task in self.server.hanging:
+                task.cancel()
             await runner.cleanup()
 
         loop.run_until_complete(serve())

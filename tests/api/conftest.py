@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "servers", "loader.py")
+
+
+def _server_module() -> Any:
+    spec = importlib.util.spec_from_file_location("orchestra_test_server_loader", _LOADER)
+    assert spec is not None and spec.loader is not None
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    return loader.load_server_module()
+
+
+@pytest.fixture
+def server() -> Iterator[Any]:
+    """A real OpenAI-compatible server on 127.0.0.1 (its own thread and event loop)."""
+    mod = _server_module()
+    with mod.ServerThread() as srv:
+        yield srv
+
+
+@pytest.fixture(autouse=True)
+def _lock_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))

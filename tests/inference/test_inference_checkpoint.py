@@ -1,0 +1,76 @@
+"""Checkpoints: torn lines, stale hashes, failed samples, one writer at a time."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import pytest
+
+from orchestra.errors import TaskFailedError
+from orchestra.inference.checkpoint import Checkpoint
+
+
+def lines(path: Any) -> list[dict[str, Any]]:
+    return [json.loads(x) for x in open(path, encoding="utf-8").read().splitlines()]
+
+
+def test_append_resume_and_finalize(tmp_path: Any) -> None:
+    path = tmp_path / "p.jsonl.ckpt"
+    ck = Checkpoint(str(path), "h1")
+    ck.append({"id": 0, "prediction": "a"})
+    ck.append({"id": 1, "error": "HTTP 500"})
+    ck.close()
+    again = Checkpoint(str(path), "h1")
+    assert again.done_ids() == {0} and [r["id"] for r in again.errors()] == [1]
+    again.append({"id": 1, "prediction": "b"})  # the retry of the failed sample wins
+    out = tmp_path / "p.jsonl"
+    again.finalize(str(out), {"model": "m"})
+    got = lines(out)
+    assert got[0]["_meta"] == {"model": "m", "hash": "h1"}
+    assert got[1:] == [{"id": 0, "prediction": "a"}, {"id": 1, "prediction": "b"}]
+    assert not path.exists() and not os.path.exists(str(path) + ".lock")
+
+
+def test_torn_last_line_is_cut_before_appending(tmp_path: Any) -> None:
+    path = tmp_path / "p.ckpt"
+    path.write_text('{"_meta": {"hash": "h"}}\n{"id": 0, "prediction": "a"}\n{"id": 1, "predic')
+    ck = Checkpoint(str(path), "h")
+    assert ck.done_ids() == {0}
+    ck.append({"id": 1, "prediction": "b"})
+    ck.close()
+    assert [r.get("id") for r in lines(path)[1:]] == [0, 1]
+
+
+def test_garbage_line_is_skipped(tmp_path: Any) -> None:
+    path = tmp_path / "p.ckpt"
+    path.write_text('{"_meta": {"hash": "h"}}\n{"id": 0, "prediction": "a"}\nnot json\n{"id": 2, "prediction": "c"}\n')
+    assert Checkpoint(str(path), "h").done_ids() == {0, 2}
+
+
+def test_checkpoint_of_other_settings_is_discarded(tmp_path: Any) -> None:
+    path = tmp_path / "p.ckpt"
+    path.write_text('{"_meta": {"hash": "old"}}\n{"id": 0, "prediction": "a"}\n')
+    ck = Checkpoint(str(path), "new")
+    assert ck.done_ids() == set() and not path.exists()
+
+
+def test_one_writer_at_a_time(tmp_path: Any) -> None:
+    path = str(tmp_path / "p.ckpt")
+    first = Checkpoint(path, "h")
+    first.append({"id": 0, "prediction": "a"})
+    second = Checkpoint(path, "h")
+    with pytest.raises(TaskFailedError, match="another process"):
+        second.append({"id": 1, "prediction": "b"})
+    first.close()
+    second.append({"id": 1, "prediction": "b"})  # free once the first one closed
+    second.close()
+    assert Checkpoint(path, "h").done_ids() == {0, 1}
+
+
+def test_fsync_every_line_mode(tmp_path: Any) -> None:
+    ck = Checkpoint(str(tmp_path / "p.ckpt"), "h", fsync_interval_s=0)
+    ck.append({"id": 3, "prediction": "x"})
+    ck.close()
+    assert Checkpoint(str(tmp_path / "p.ckpt"), "h").done_ids() == {3}

@@ -1,0 +1,106 @@
+"""Named concurrency scopes; host-wide limits across real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import pytest
+
+from orchestra.inference.concurrency import HostSlots, ProcessSlots, concurrency, drop_scope
+
+CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slot_client.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_scopes_are_shared_by_name() -> None:
+    a = concurrency("t-shared", 3)
+    assert concurrency("t-shared", 3) is a
+    assert concurrency("t-other", 3) is not a
+    drop_scope("t-shared")
+    drop_scope("t-other")
+
+
+def test_process_slots_bound_and_survive_cancellation() -> None:
+    slots = ProcessSlots("t", 2)
+    peak = 0
+
+    async def one(delay: float) -> None:
+        nonlocal peak
+        async with slots():
+            peak = max(peak, slots.in_use())
+            await asyncio.sleep(delay)
+
+    async def main() -> None:
+        tasks = [asyncio.ensure_future(one(0.01)) for _ in range(10)]
+        waiting = asyncio.ensure_future(one(0.01))
+        await asyncio.sleep(0)
+        waiting.cancel()  # a cancelled waiter must not swallow a slot
+        await asyncio.gather(*tasks)
+        assert slots.in_use() == 0
+
+    asyncio.run(main())
+    assert peak == 2
+
+
+def test_host_slots_in_one_process(tmp_path: Any) -> None:
+    a = HostSlots("t-host", 2, str(tmp_path))
+    b = HostSlots("t-host", 2, str(tmp_path))  # a second "process" (own file descriptors)
+
+    async def main() -> list[int]:
+        s1, s2 = await a.acquire(), await a.acquire()
+        waiter = asyncio.ensure_future(b.acquire())
+        await asyncio.sleep(0.05)
+        assert not waiter.done()  # both slots are taken on the host
+        a.release(s1)
+        got = await asyncio.wait_for(waiter, 5)
+        b.release(got)
+        a.release(s2)
+        return [s1, s2, got]
+
+    s1, s2, got = asyncio.run(main())
+    assert {s1, s2} == {0, 1} and got == s1
+    a.close()
+    b.close()
+
+
+def _client(server: Any, conns: int, tag: str, n: int, prompt: str | None = None) -> subprocess.Popen[str]:
+    argv = [sys.executable, CLIENT, server.base_url, str(conns), tag, str(n)] + ([prompt] if prompt else [])
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_max_connections_holds_across_two_processes(server: Any) -> None:
+    server.configure(latency_s=0.05)
+    procs = [_client(server, 4, tag, 40) for tag in ("a", "b")]
+    outs = [p.communicate(timeout=60) for p in procs]
+    for p, (out, err) in zip(procs, outs):
+        assert p.returncode == 0, err
+        assert json.loads(out) == [str(i + 1) for i in range(40)]
+    st = server.stats()
+    assert st["by_status"] == {"200": 80}
+    assert st["peak_concurrency"] == 4  # reached, and never 8
+    keys = [key[0] for _, key, _ in st["log"]]
+    assert keys.count("a") == 40 and keys.count("b") == 40
+
+
+@pytest.mark.slow
+def test_slots_of_a_killed_process_are_freed(server: Any) -> None:
+    holder = _client(server, 2, "h", 2, "HANG_FOREVER {i}")
+    deadline = time.monotonic() + 20
+    while server.stats()["in_progress"] < 2:
+        assert time.monotonic() < deadline, "the holder never sent its requests"
+        time.sleep(0.02)
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    other = _client(server, 2, "o", 4)
+    out, err = other.communicate(timeout=30)
+    assert other.returncode == 0, err
+    assert json.loads(out) == ["1", "2", "3", "4"]

@@ -1,0 +1,22 @@
+"""Import the test server by path (tests/ is not a package), for conftest files and tests."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from types import ModuleType
+
+SERVER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "openai_server.py")
+
+
+def load_server_module() -> ModuleType:
+    name = "orchestra_test_openai_server"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, SERVER_PATH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
