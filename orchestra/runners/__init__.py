@@ -2,5 +2,6 @@
 
 from orchestra.runners.base import BaseRunner, TaskResult, TaskState
 from orchestra.runners.local import LocalRunner
+from orchestra.runners.slurm import SlurmRunner
 
-__all__ = ["BaseRunner", "LocalRunner", "TaskResult", "TaskState"]
+__all__ = ["BaseRunner", "LocalRunner", "SlurmRunner", "TaskResult", "TaskState"]
