@@ -215,7 +215,13 @@ CASES = {
                  target=1.20),
     "err500": Case("err500", "5% random 500s, 100 connections", 100, server={"fail_rate": 0.05, "seed": 7}),
     "chat": Case("chat", "3-turn conversations, 50 connections", 50, turns=3, target=1.20),
+    # Not run by default: harsher limiters than the 1-second bucket of the required case.
+    "rate_b10": Case("rate_b10", "50 req/s limit (bucket 10), 100 connections", 100,
+                     server={"rate": 50.0, "burst": 10.0}),
+    "rate_b1": Case("rate_b1", "50 req/s limit (bucket 1), 100 connections", 100,
+                    server={"rate": 50.0, "burst": 1.0}),
 }
+DEFAULT_CASES = ["c10", "c50", "c100", "rate", "err500", "chat", "kill"]
 
 
 def limit_s(case: Case, n: int) -> float:
@@ -371,7 +377,7 @@ def render(rows: list[dict[str, Any]], kill: dict[str, Any] | None) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--cases", nargs="+", default=[*CASES, "kill"], choices=[*CASES, "kill"])
+    p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=[*CASES, "kill"])
     p.add_argument("--n", type=int, default=500, help="samples per case")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--client", help=argparse.SUPPRESS)

@@ -219,3 +219,13 @@ def test_constructor_rejects_bad_settings(kwargs: dict[str, Any], message: str) 
     args: dict[str, Any] = {"abbr": "m", "path": "x", "key_env": None, **kwargs}
     with pytest.raises(ValueError, match=message):
         OpenAIAPI(**args)
+
+
+def test_one_model_serves_several_event_loops(server: Any) -> None:
+    """A warm worker keeps the model and runs one ``asyncio.run`` per task."""
+    server.configure(rate=1000.0, burst=2.0)
+    model = make(server, max_connections=2)
+    for loop_no in range(3):
+        out = run(model, *(model.generate(gen(f"L{loop_no}-{i}: {i} + {loop_no}")) for i in range(6)))
+        assert out == [str(i + loop_no) for i in range(6)]
+    assert server.stats()["by_status"]["200"] == 18
