@@ -175,17 +175,34 @@ class OpenAIAPI(BaseModel):
             self.stats.extra["rate_limit_rps"] = rate
 
     # -- one request, with retries ------------------------------------------------------------
-    async def post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` as JSON and return the decoded answer, retrying what is worth it."""
+    async def _attempt(self, url: str, payload: bytes, budget_s: float) -> tuple[int, Any, RetryDecision | None]:
+        """One HTTP attempt: (status, decoded JSON object or None, None if done else a decision)."""
         import aiohttp
 
-        session = self._client()
+        try:
+            async with self._client().post(url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth,
+                                           timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
+                raw = await resp.read()
+                if resp.status != 200:
+                    return resp.status, None, classify_status(resp.status, resp.headers, raw)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return 0, None, classify_exception(exc)
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            return 200, None, RetryDecision.transient(f"HTTP 200 with a body that is not JSON: {raw[:200]!r}")
+        if not isinstance(data, dict):
+            return 200, None, RetryDecision.no(f"HTTP 200 with unexpected JSON: {str(data)[:200]}")
+        return 200, data, None
+
+    async def post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST ``body`` as JSON and return the decoded answer, retrying what is worth it."""
         slots = self._scope()
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
         loop = asyncio.get_running_loop()
         policy = self.policy
         deadline: float | None = None
-        errors = 0  # failed attempts that count against max_retries
+        errors = 0  # failed attempts that count against max_retries (429s do not)
         attempt = 0
         while True:
             attempt += 1
@@ -194,43 +211,23 @@ class OpenAIAPI(BaseModel):
             slot = await slots.acquire()
             try:
                 ticket = await self.rate.acquire(retry=attempt > 1)
-            except BaseException:
-                slots.release(slot)
-                raise
-            if deadline is None and policy.timeout_s is not None:
-                deadline = loop.time() + policy.timeout_s
-            budget = policy.attempt_timeout_s if deadline is None else min(policy.attempt_timeout_s,
-                                                                           deadline - loop.time())
-            self.stats.in_flight += 1
-            status = 0
-            try:
+                if deadline is None and policy.timeout_s is not None:
+                    deadline = loop.time() + policy.timeout_s
+                budget = policy.attempt_timeout_s
+                if deadline is not None:
+                    budget = min(budget, deadline - loop.time())
+                self.stats.in_flight += 1
                 try:
-                    async with session.post(url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth,
-                                            timeout=aiohttp.ClientTimeout(total=max(budget, 0.001))) as resp:
-                        raw = await resp.read()
-                        status = resp.status
-                        if status == 200:
-                            decision = None
-                        else:
-                            decision = classify_status(status, resp.headers, raw)
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-                    decision = classify_exception(exc)
+                    status, data, decision = await self._attempt(url, payload, budget)
+                finally:
+                    self.stats.in_flight -= 1
             finally:
-                self.stats.in_flight -= 1
                 slots.release(slot)
             if decision is None:
-                try:
-                    data = json.loads(raw)
-                except ValueError:
-                    decision = RetryDecision.transient(f"HTTP 200 with a body that is not JSON: {raw[:200]!r}")
-                else:
-                    if not isinstance(data, dict):
-                        decision = RetryDecision.no(f"HTTP 200 with unexpected JSON: {str(data)[:200]}")
-                    else:
-                        self.stats.done += 1
-                        if self.rate.adjustments:
-                            self._update_rate_stat()
-                        return data
+                self.stats.done += 1
+                if self.rate.adjustments:
+                    self._update_rate_stat()
+                return data
             if decision.rate_limited:
                 self.stats.rate_limited += 1
                 self.rate.on_rate_limited(ticket)
