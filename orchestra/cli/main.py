@@ -66,15 +66,23 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
         if not isinstance(runner, dict):
             continue
         if args.slurm:
-            keep = {k: runner[k] for k in ("task", "max_num_workers", "retry", "timeout_s") if k in runner}
-            runner.clear()
-            runner.update(keep, type="orchestra.runners.slurm.SlurmRunner", partition=args.partition)
+            if not _is_slurm_runner(runner.get("type")):  # a SlurmRunner keeps its own options
+                keep = {k: runner[k] for k in ("task", "max_num_workers", "retry", "timeout_s") if k in runner}
+                runner.clear()
+                runner.update(keep, type="orchestra.runners.slurm.SlurmRunner")
+            runner["partition"] = args.partition
             if args.qos:
                 runner["qos"] = args.qos
         if args.max_num_workers is not None:
             runner["max_num_workers"] = args.max_num_workers
         if args.retry is not None:
             runner["retry"] = args.retry
+
+
+def _is_slurm_runner(runner_type: Any) -> bool:
+    """Whether a runner ``type`` (a class, a registry name or a dotted path) is SlurmRunner."""
+    name = runner_type.__name__ if isinstance(runner_type, type) else str(runner_type)
+    return name.replace(":", ".").rsplit(".", 1)[-1] == "SlurmRunner"
 
 
 def _run_folder(work_dir: str, reuse: str | None, allow_new: bool = True) -> tuple[str, bool]:

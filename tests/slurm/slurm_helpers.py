@@ -15,22 +15,25 @@ ARITH_ROWS = 40
 
 def write_config(folder: Path, infer_runner: str, eval_runner: str | None = None, *, model: str = "",
                  gpu_model: str = "", max_task_size: int = 200, data_dir: Path | None = None,
-                 work_dir: Path | None = None) -> Path:
+                 work_dir: Path | None = None, gpu: bool = True,
+                 datasets: tuple[str, ...] = ("arith", "pick")) -> Path:
     """Two deterministic models (``det`` on CPU, ``det_gpu`` with ``num_gpus=1``) on two datasets.
 
     ``arith`` (40 rows x cost 10) is cut into 2 shards, ``pick`` is one task: 6 infer tasks, 3 of
     them GPU tasks, and 4 eval tasks.  ``infer_runner`` / ``eval_runner`` are Python source of the
     runner dicts (``task=`` is added).  ``model`` / ``gpu_model`` add keyword arguments to the models.
-    Run folders go to ``work_dir`` (default ``folder / "out"``).
+    Run folders go to ``work_dir`` (default ``folder / "out"``).  ``gpu=False`` leaves ``det_gpu``
+    out; ``datasets`` picks a subset.
     """
     data = data_dir or folder / "data"
     data.mkdir(parents=True, exist_ok=True)
-    with open(data / "arith.jsonl", "w") as f:
-        for i in range(ARITH_ROWS):
-            f.write(json.dumps({"question": f"What is {i} + {2 * i}?", "answer": str(3 * i)}) + "\n")
-    with open(data / "pick.jsonl", "w") as f:
-        for i in range(20):
-            f.write(json.dumps({"q": f"The word is w{i}.", "choices": ["x", f"w{i}", "y"], "label": 1}) + "\n")
+    if not (data / "arith.jsonl").exists():  # written once: a dataset's content key sees its mtime
+        with open(data / "arith.jsonl", "w") as f:
+            for i in range(ARITH_ROWS):
+                f.write(json.dumps({"question": f"What is {i} + {2 * i}?", "answer": str(3 * i)}) + "\n")
+        with open(data / "pick.jsonl", "w") as f:
+            for i in range(20):
+                f.write(json.dumps({"q": f"The word is w{i}.", "choices": ["x", f"w{i}", "y"], "label": 1}) + "\n")
     eval_runner = eval_runner or infer_runner
     folder.mkdir(parents=True, exist_ok=True)
     cfg = folder / "cfg.py"
@@ -44,8 +47,8 @@ from orchestra.tasks import EvalTask, InferTask
 models = [
     dict(type=DeterministicModel, abbr='det', batch_size=4{model}),
     dict(type=DeterministicModel, abbr='det_gpu', batch_size=4, run_cfg=dict(num_gpus=1){gpu_model}),
-]
-datasets = [
+][:{2 if gpu else 1}]
+datasets = [d for d in [
     dict(type=JsonlDataset, abbr='arith', path={str(data / 'arith.jsonl')!r},
          reader_cfg=dict(input_columns=['question'], output_column='answer'),
          infer_cfg=dict(prompt_template='Q: {{question}}\\nA:', inferencer=dict(type='gen', max_out_len=16)),
@@ -54,7 +57,7 @@ datasets = [
          reader_cfg=dict(input_columns=['q'], output_column='label'),
          infer_cfg=dict(prompt_template='{{q}}', inferencer=dict(type='loglik', choices_column='choices')),
          eval_cfg=dict(evaluator='accuracy')),
-]
+] if d['abbr'] in {list(datasets)!r}]
 infer = dict(
     partitioner=dict(type=SizePartitioner, max_task_size={max_task_size}, gen_task_coef=10, granularity=1),
     runner=dict({infer_runner}, task=dict(type=InferTask)),
