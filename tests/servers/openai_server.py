@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import math
 import random
 import re
@@ -119,6 +120,10 @@ def prompt_key(messages: list[dict[str, Any]]) -> str:
     if not users:
         return ""
     return users[0] if len(users) == 1 else f"{users[0]}#turn{len(users)}"
+
+
+def _json(obj: Any) -> web.Response:
+    return web.Response(body=json.dumps(obj).encode(), content_type="application/json")
 
 
 def _error(status: int, message: str, kind: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -228,12 +233,12 @@ class OpenAIServer:
             st.in_progress -= 1
 
     async def chat(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = json.loads(await request.read())
         messages = body.get("messages") or []
 
         def respond(msgs: list[dict[str, Any]], b: dict[str, Any]) -> web.Response:
             text = answer(msgs)[: int(b.get("max_tokens") or 1 << 30)]
-            return web.json_response({
+            return _json({
                 "id": "chatcmpl-test", "object": "chat.completion", "model": b.get("model"),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                              "finish_reason": "stop"}],
@@ -244,7 +249,7 @@ class OpenAIServer:
         return await self._serve(request, messages, body, respond)
 
     async def completions(self, request: web.Request) -> web.Response:
-        body = await request.json()
+        body = json.loads(await request.read())
         prompt = str(body.get("prompt", ""))
         messages = [{"role": "user", "content": prompt}]
 
@@ -261,7 +266,7 @@ class OpenAIServer:
                 }
             else:
                 choice["text"] = answer(msgs)[: int(b.get("max_tokens") or 1 << 30)]
-            return web.json_response({"id": "cmpl-test", "object": "text_completion", "model": b.get("model"),
+            return _json({"id": "cmpl-test", "object": "text_completion", "model": b.get("model"),
                                       "choices": [choice], "usage": {"prompt_tokens": len(prompt),
                                                                      "completion_tokens": 0}})
 
@@ -412,7 +417,14 @@ def main(argv: list[str] | None = None) -> int:
         await runner.cleanup()
 
     try:
-        asyncio.run(serve())
+        import uvloop  # a faster loop when it is installed; the server is not what is measured
+    except ImportError:
+        uvloop = None
+    try:
+        if uvloop is not None:
+            uvloop.run(serve())
+        else:
+            asyncio.run(serve())
     except KeyboardInterrupt:
         pass
     return 0
