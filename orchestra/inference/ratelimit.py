@@ -10,9 +10,10 @@ sent in one instant, since an instant burst is exactly what trips burst limits).
   is trusted once two measurements agree; one that keeps rising means the bucket filled up
   and overflowed while we were slow, so it was only a lower bound.  The first 429 has no
   earlier one, so the accepted sends of the last second stand in, untrusted;
-* sends are paced a little under that estimate, then the pace creeps up along a cubic curve
-  (flat at first, steeper the longer no 429 comes): fast after an untrusted estimate,
-  slowly after a trusted one, so that an underestimate or a raised limit is found;
+* sends are paced a little under that estimate, then the pace creeps up again: along a
+  cubic curve after a trusted estimate (flat at first, steeper the longer no 429 comes),
+  doubling every ``probe_growth_s`` after an untrusted one, so that an underestimate or a
+  raised limit is found;
 * 429s of requests sent before the last adjustment do not adjust again (``epoch``).
 
 Retries wait in a queue that is served before new requests.  With paced sends a 429 costs
@@ -45,9 +46,10 @@ class AdaptiveRate:
         ramp_requests: how many first requests are spread over ``ramp_s`` (0: no ramp).
         ramp_s: the time the first wave is spread over.
         margin: how far under the estimated limit sends are paced after a 429.
-        growth_s: after a measured estimate the pace doubles after this long without a 429
-            (cubic curve); after the first, untrusted estimate it doubles in ``probe_growth_s``.
-        probe_growth_s: the doubling time after the first estimate.
+        growth_s: after a trusted estimate the pace doubles after this long without a 429
+            (cubic curve: flat at first, then steeper).
+        probe_growth_s: after an untrusted estimate the pace doubles every this long
+            (exponential), so an underestimate is corrected in logarithmic time.
         adaptive: learn from 429s (False: pace only at ``max_rate``).
     """
 
@@ -60,7 +62,7 @@ class AdaptiveRate:
         ramp_s: float = 0.05,
         margin: float = 0.03,
         growth_s: float = 5.0,
-        probe_growth_s: float = 0.75,
+        probe_growth_s: float = 0.5,
         adaptive: bool = True,
     ) -> None:
         if max_rate is not None and max_rate <= 0:
@@ -80,7 +82,7 @@ class AdaptiveRate:
         self._anchor: float | None = None  # time of the last 429 that an estimate was made at
         self._base_rate: float | None = None  # pace set at the last 429
         self._base_t = 0.0
-        self._growth_s = probe_growth_s
+        self._trusted = False
         self._last_estimate: float | None = None
         # send times of the last few seconds, and send times of those answered 429
         self._send_times: deque[float] = deque()
@@ -95,8 +97,11 @@ class AdaptiveRate:
     def rate(self, now: float) -> float | None:
         """Requests per second allowed at ``now`` (None: not limited)."""
         if self._base_rate is not None:
-            tau = (now - self._base_t) / self._growth_s
-            r = self._base_rate * (1.0 + tau * tau * tau)
+            if self._trusted:
+                tau = (now - self._base_t) / self.growth_s
+                r = self._base_rate * (1.0 + tau * tau * tau)
+            else:
+                r = self._base_rate * 2.0 ** min((now - self._base_t) / self.probe_growth_s, 60.0)
         elif self._ramp_left > 0:
             r = self._ramp_rate  # type: ignore[assignment]
         else:
@@ -190,7 +195,7 @@ class AdaptiveRate:
         if self._anchor is None:  # the first 429: the last second's accepted sends
             estimate = self._accepted_since(now - 1.0) / 1.0
             self._anchor = now
-            self._growth_s = self.probe_growth_s
+            self._trusted = False
         else:
             elapsed = now - self._anchor
             accepted = self._accepted_since(self._anchor)
@@ -202,7 +207,7 @@ class AdaptiveRate:
                 last = self._last_estimate
                 trusted = last is not None and abs(estimate - last) <= 0.1 * last
                 self._last_estimate = estimate
-                self._growth_s = self.growth_s if trusted else self.probe_growth_s
+                self._trusted = trusted
             else:  # too soon to measure: back off, and measure from the same anchor next time
                 estimate = 0.8 * (current if current is not None else self.min_rate)
         new = max(self.min_rate, estimate * (1.0 - self.margin))

@@ -32,7 +32,7 @@ def write_data(folder: Path, n: int, bad: tuple[int, ...] = (), seed: int = 0) -
 
 def write_config(folder: Path, base_url: str, data: Path, *, key_env: str | None = None, connections: int = 8,
                  retry: int = 0, tolerance: float = 0.0, chat: bool = False, workers: int = 1,
-                 max_task_size: int = 100000) -> Path:
+                 max_task_size: int = 100000, reuse_workers: bool = False) -> Path:
     chat_ds = ""
     if chat:
         chat_path = str(REPO / "configs" / "data" / "chat_arith.jsonl")
@@ -56,7 +56,7 @@ datasets = [dict(type=JsonlDataset, abbr='arith', path={str(data)!r},
                  eval_cfg=dict(evaluator=dict(type='numeric_match'))){chat_ds}]
 infer = dict(partitioner=dict(type=SizePartitioner, max_task_size={max_task_size}, gen_task_coef=1),
              runner=dict(type=LocalRunner, max_num_workers={workers}, retry={retry}, retry_backoff_s=0.1,
-                         task=dict(type=InferTask, error_tolerance={tolerance})))
+                         reuse_workers={reuse_workers}, task=dict(type=InferTask, error_tolerance={tolerance})))
 eval = dict(partitioner=dict(type=NaivePartitioner),
             runner=dict(type=LocalRunner, max_num_workers=2, task=dict(type=EvalTask)))
 work_dir = {str(folder / 'outputs')!r}
@@ -163,6 +163,19 @@ def test_two_tasks_of_one_model_share_max_connections(server: Any, tmp_path: Pat
     preds = predictions(run)
     assert [preds[i]["prediction"] for i in range(64)] == expected
     assert server.stats()["peak_concurrency"] == 3
+
+
+def test_a_warm_worker_runs_several_tasks_with_one_model(server: Any, tmp_path: Path) -> None:
+    server.configure(rate=400.0, burst=4.0)  # a few 429s too, across the tasks' event loops
+    data, expected = write_data(tmp_path, 48)
+    cfg = write_config(tmp_path, server.base_url, data, connections=4, max_task_size=16, reuse_workers=True)
+    res = orchestra(cfg, "--mode", "infer")
+    assert res.returncode == 0, res.stderr
+    run = latest_run(tmp_path)
+    assert len(list((run / "tasks").glob("infer_*.py"))) == 3
+    preds = predictions(run)
+    assert [preds[i]["prediction"] for i in range(48)] == expected
+    assert server.stats()["by_status"]["200"] == 48
 
 
 def _descendants(pid: int) -> list[int]:
