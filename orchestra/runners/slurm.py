@@ -40,12 +40,17 @@ LAUNCHERS = ("srun", "sbatch")
 _TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 _NAME_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 _PR_SET_PDEATHSIG = 1
-# Written by the job itself into the task log: which job, node and GPUs it got. "$@" is the
-# task's argv, passed as arguments and never parsed by the shell.
-_SRUN_HEADER = (
-    'printf "===== slurm: job %s on %s, CUDA_VISIBLE_DEVICES=%s, started %s\\n" "${SLURM_JOB_ID-?}" '
-    '"${SLURMD_NODENAME-?}" "${CUDA_VISIBLE_DEVICES-<unset>}" "${EPOCHREALTIME-?}"; exec "$@"'
-)
+
+
+def job_header(job_id: str) -> str:
+    """The bash that prints, inside a job, the header a task log gets for each attempt: which
+    job, node and GPUs it got and when it started (``job_id`` is a shell expression)."""
+    return ('printf "===== slurm: job %s on %s, CUDA_VISIBLE_DEVICES=%s, started %s\\n" '
+            f'"{job_id}" "${{SLURMD_NODENAME-?}}" "${{CUDA_VISIBLE_DEVICES-<unset>}}" "${{EPOCHREALTIME-?}}"')
+
+
+# srun: print the header, then exec the task; "$@" is the task's argv, never parsed by the shell.
+_SRUN_WRAPPER = job_header("${SLURM_JOB_ID-?}") + '; exec "$@"'
 
 
 def run_tag(root: str) -> str:
@@ -251,7 +256,7 @@ class SlurmRunner(BaseRunner):
             if self._template_runs_srun:
                 env["SLURM_JOB_NAME"] = name  # srun's input variable for --job-name: cancel finds the job
             else:
-                argv = [*self.srun_args(task, name), "bash", "-c", _SRUN_HEADER, "orchestra-task", *argv]
+                argv = [*self.srun_args(task, name), "bash", "-c", _SRUN_WRAPPER, "orchestra-task", *argv]
         return Command(tuple(argv), env)
 
     # -- the backend ---------------------------------------------------------------------------------
@@ -436,4 +441,4 @@ class SrunLauncher(SlurmLauncher):
                 pass
 
 
-__all__ = ["LAUNCHERS", "SlurmLauncher", "SlurmRunner", "SrunLauncher", "job_name", "run_tag"]
+__all__ = ["LAUNCHERS", "SlurmLauncher", "SlurmRunner", "SrunLauncher", "job_header", "job_name", "run_tag"]

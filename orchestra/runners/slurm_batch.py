@@ -1,23 +1,25 @@
-"""``SlurmRunner(launcher='sbatch')``: batch jobs and job arrays submitted through submitit.
+"""``SlurmRunner(launcher='sbatch')``: batch jobs and job arrays, submitted through submitit.
 
-submitit writes the sbatch script (every value ``shlex.quote``d at the edge), pickles what each
-job runs and submits it; a round's jobs that need the same resources go as one job array
-(``executor.submit_array``: one sbatch call).  Each job runs ``slurm_job.run_command``: the
-task's argv, output appended to ``logs/<stage>/<task_id>.log``, exit status passed on.
+submitit's ``SlurmExecutor`` writes the sbatch script (every flag ``shlex.quote``d at the edge,
+its option names validated with the list of valid ones), submits it and parses the job id; a
+round's jobs that need the same resources go as one job array (``--array=0-N``, one sbatch call).
+What runs in the job is orchestra's own few lines of bash (``job_script``): pick this array
+index's task, append a header to ``logs/<stage>/<task_id>.log``, run the task's argv (quoted
+with ``shlex.quote``, never re-parsed) with its output appended to that log, append a footer
+with its exit code and leave with that code.  No Python wrapper runs in the job: submitit's
+pickled-function runner would add ~0.25 s of CPU per job (it imports numpy and submitit) and
+its ``result()`` needs ``sacct`` to learn that a job died.
 
-submitit is used to submit, never to wait: its state comes from ``sacct`` and its
-``result()`` waits forever for a job that died without writing a result when there is no
-accounting database.  Instead, one ``squeue -t all -j IDS`` per poll round gives every job's
-state; a job squeue forgot is looked up in ``sacct`` and then in its result file, and counted
-lost after a few rounds.  submitit's files live in ``<run>/slurm/``; a failed job's Slurm-side
-output (e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is appended to the task log.
+State: one ``squeue -t all -j IDS`` per poll round for every live job; a job squeue forgot is
+looked up in ``sacct`` (clusters with accounting), then in the footer of its task log, and is
+counted lost after a few rounds.  A failed job's Slurm-side output (submitit's ``*_log.out`` in
+``<run>/slurm/``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is appended to the log.
 """
 
 from __future__ import annotations
 
-import functools
 import os
-import pickle
+import re
 import shlex
 import sys
 import time
@@ -25,12 +27,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.runners.base import Exit, Job
-from orchestra.runners.slurm import SlurmLauncher, SlurmRunner, _mem_arg
-from orchestra.runners.slurm_job import run_command
+from orchestra.runners.slurm import SlurmLauncher, SlurmRunner, _mem_arg, job_header
 from orchestra.runners.slurm_state import JobInfo, SlurmCommandError, exit_of, sacct, scancel, squeue
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
 LOST_AFTER_MISSES = 3  # poll rounds in which neither squeue nor sacct knows a job
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_FOOTER = re.compile(r"===== slurm: job (\S+) ended with exit code (\d+)")
 
 
 def extra_sbatch_parameters(extra_args: list[str]) -> dict[str, Any]:
@@ -57,15 +60,43 @@ def extra_sbatch_parameters(extra_args: list[str]) -> dict[str, Any]:
     return params
 
 
+def job_script(jobs: list[Job]) -> str:
+    """The bash that runs array index ``i`` (0 for a single job) as ``jobs[i]``'s command."""
+    lines = ['case "${SLURM_ARRAY_TASK_ID:-0}" in']
+    for i, job in enumerate(jobs):
+        bad = [name for name in job.command.env if not _ENV_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"task environment variable names must be identifiers, got {bad}")
+        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(job.command.env.items()))
+        lines.append(f"  {i})")
+        if exports:
+            lines.append(f"    export {exports}")
+        lines.append(f"    orc_log={shlex.quote(job.log_path)}")
+        lines.append(f"    set -- {shlex.join(job.command.argv)} ;;")
+    lines += [
+        '  *) echo "orchestra: no task for array index ${SLURM_ARRAY_TASK_ID-}" >&2; exit 1 ;;',
+        "esac",
+        'orc_job=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}',
+        'orc_job=${orc_job:-${SLURM_JOB_ID-?}}',
+        f'{job_header("$orc_job")} >>"$orc_log"',
+        '"$@" >>"$orc_log" 2>&1 </dev/null',
+        "orc_code=$?",
+        'printf "===== slurm: job %s ended with exit code %s at %s\\n" "$orc_job" "$orc_code" '
+        '"${EPOCHREALTIME-?}" >>"$orc_log"',
+        'exit "$orc_code"',
+    ]
+    return "\n".join(lines)
+
+
 @dataclass
 class BatchHandle:
     """One attempt submitted (or about to be) as a batch job."""
 
     name: str
+    log_offset: int
     job_id: str | None = None
     submit_error: str | None = None
-    slurm_log: str = ""  # the job's sbatch --output (submitit's log file)
-    result_file: str = ""
+    slurm_log: str = ""  # the job's sbatch --output (the batch shell's own messages)
     misses: int = 0
 
 
@@ -79,8 +110,6 @@ class SbatchLauncher(SlurmLauncher):
         os.makedirs(folder, exist_ok=True)
         self.folder = folder
         self.executor = submitit.SlurmExecutor(folder=folder, python=shlex.quote(sys.executable))
-        # submitit sleeps 0.2 s between single submissions; the base loop already paces them.
-        self.executor._throttling = 0.0
         self.extra = extra_sbatch_parameters(runner.extra_args)
         self.queued: list[Job] = []
         self.live: dict[str, Job] = {}
@@ -88,30 +117,27 @@ class SbatchLauncher(SlurmLauncher):
 
     # -- submitting -----------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
-        job.handle = BatchHandle(self.runner.name_of(job))
+        offset = os.path.getsize(job.log_path) if os.path.exists(job.log_path) else 0
+        job.handle = BatchHandle(self.runner.name_of(job), offset)
         self.queued.append(job)
 
     def flush(self) -> None:
         if self.queued:
             batch, self.queued = self.queued, []
-            groups: dict[tuple[str | None], list[Job]] = {}
+            groups: dict[str | None, list[Job]] = {}
             for job in batch:
-                groups.setdefault((self.runner.gres_for(job.task),), []).append(job)
+                groups.setdefault(self.runner.gres_for(job.task), []).append(job)
             for group in groups.values():
-                if not self.runner.array:
-                    for job in group:
-                        self._send([job])
-                    continue
-                for start in range(0, len(group), MAX_ARRAY_SIZE):
-                    self._send(group[start : start + MAX_ARRAY_SIZE])
+                size = MAX_ARRAY_SIZE if self.runner.array else 1
+                for start in range(0, len(group), size):
+                    self._send(group[start : start + size])
         self._refresh()
 
     def parameters(self, job: Job, count: int) -> dict[str, Any]:
-        """submitit's ``SlurmExecutor`` parameters for ``count`` jobs like ``job``."""
+        """submitit ``SlurmExecutor`` parameters for ``count`` jobs like ``job`` (one array)."""
         runner = self.runner
-        name = job.handle.name if count == 1 else f"orc-{runner._tag}-{job.task.stage}"
         return {
-            "job_name": name,
+            "job_name": job.handle.name if count == 1 else f"orc-{runner._tag}-{job.task.stage}",
             "partition": runner.partition,
             "qos": runner.qos,
             "gres": runner.gres_for(job.task),
@@ -119,39 +145,46 @@ class SbatchLauncher(SlurmLauncher):
             "mem": _mem_arg(runner.mem_gb) if runner.mem_gb else None,
             "time": runner.time_minutes,  # None: no --time line, the partition's default applies
             "nodes": 1,
-            "use_srun": False,  # the batch step runs the task itself: no extra srun per job
+            "use_srun": False,  # the batch step runs the task: no srun step per job
             "stderr_to_stdout": True,
             "wckey": None,
-            "array_parallelism": MAX_ARRAY_SIZE,
-            # No pre-timeout USR2: submitit's handler would requeue or fail the job instead of
-            # letting Slurm end it as TIMEOUT (SIGURG to the batch shell only is ignored).
+            "array_parallelism": MAX_ARRAY_SIZE,  # max_num_workers already caps jobs in flight
+            # submitit always asks for a pre-timeout signal (USR2 by default, to every process of
+            # the job: it would kill a task).  SIGURG to the batch shell only is ignored.
             "additional_parameters": {"signal": "B:URG@60", **self.extra},
         }
 
     def _send(self, jobs: list[Job]) -> None:
-        fns = [functools.partial(run_command, list(job.command.argv), dict(job.command.env), job.log_path)
-               for job in jobs]
+        params = self.parameters(jobs[0], len(jobs))
         try:
-            self.executor.update_parameters(**self.parameters(jobs[0], len(jobs)))
-            submitted = self.executor.submit_array(fns)
-        except Exception as exc:  # submitit raises FailedJobError, FailedSubmissionError, RuntimeError...
+            self.executor.update_parameters(**params)
+            # submitit's own array path pickles Python calls; ours is the script above.  Like
+            # that path, set the array size directly (it is not a user parameter).
+            if len(jobs) > 1:
+                self.executor.parameters["map_count"] = len(jobs)
+            else:
+                self.executor.parameters.pop("map_count", None)
+            sjob = self.executor._submit_command(job_script(jobs))
+        except Exception as exc:  # submitit raises FailedJobError (sbatch's stderr), ValueError, OSError...
             message = " ".join(str(exc).split())[:500]
             for job in jobs:
                 job.handle.submit_error = f"sbatch failed: {message}"
             return
-        for job, sjob in zip(jobs, submitted):
+        from submitit.core.utils import JobPaths
+
+        for i, job in enumerate(jobs):
             handle: BatchHandle = job.handle
-            handle.job_id = str(sjob.job_id)
-            handle.slurm_log = str(sjob.paths.stdout)
-            handle.result_file = str(sjob.paths.result_pickle)
+            handle.job_id = f"{sjob.job_id}_{i}" if len(jobs) > 1 else str(sjob.job_id)
+            handle.slurm_log = str(JobPaths(self.folder, handle.job_id, 0).stdout)
             self.live[handle.job_id] = job
             kind = f"array of {len(jobs)}" if len(jobs) > 1 else "single job"
-            _append(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, "
-                                  f"name {shlex.quote(self.parameters(job, len(jobs))['job_name'])})\n")
+            script = JobPaths(self.folder, handle.job_id).submission_file
+            _append(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, name "
+                                  f"{params['job_name']}, script {script})\n")
 
     # -- watching -------------------------------------------------------------------------------
     def _refresh(self) -> None:
-        """One squeue call for every live job; sacct and result files for those it forgot."""
+        """One squeue call for every live job; sacct and log footers for those it forgot."""
         if not self.live:
             return
         try:
@@ -165,9 +198,9 @@ class SbatchLauncher(SlurmLauncher):
             if job_id in states:
                 continue
             job = self.live[job_id]
-            done = _read_result(job.handle.result_file)
-            if done is not None:
-                states[job_id] = done
+            footer = _footer(job.log_path, job.handle.log_offset, job_id)
+            if footer is not None:
+                states[job_id] = JobInfo(job_id, "COMPLETED" if footer == 0 else "FAILED", footer << 8)
             else:
                 job.handle.misses += 1
         self.states.update(states)
@@ -183,7 +216,7 @@ class SbatchLauncher(SlurmLauncher):
             if info is None and handle.misses >= LOST_AFTER_MISSES:
                 self._forget(handle.job_id)
                 return Exit(-1, f"Slurm job {handle.job_id} was lost: squeue and sacct no longer know it "
-                                "and it left no result")
+                                "and its log has no end")
             return None
         self._forget(handle.job_id)
         ended = exit_of(info, self.runner.time_limit, self.runner.mem_gb)
@@ -230,7 +263,7 @@ class SbatchLauncher(SlurmLauncher):
             alive = [job_id for job_id in ids if job_id in states and not states[job_id].terminal]
             if not alive:
                 return
-            if time.monotonic() - last_scancel > 2.0:  # e.g. a job that was still being submitted
+            if time.monotonic() - last_scancel > 2.0:
                 scancel([job_id for job_id in alive if states[job_id].state != "COMPLETING"])
                 last_scancel = time.monotonic()
             time.sleep(0.2)
@@ -252,14 +285,15 @@ def _append(path: str, text: str) -> None:
         pass
 
 
-def _read_result(path: str) -> JobInfo | None:
-    """A job's state from its submitit result file, for a job squeue and sacct forgot."""
+def _footer(log_path: str, offset: int, job_id: str) -> int | None:
+    """The exit code the job script wrote at the end of this attempt's log, if it did."""
     try:
-        with open(path, "rb") as f:
-            outcome = pickle.load(f)
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
         return None
-    job_id = os.path.basename(path).split("_0_result", 1)[0]
-    if isinstance(outcome, tuple) and outcome and outcome[0] == "success":
-        return JobInfo(job_id, "COMPLETED", 0)
-    return JobInfo(job_id, "FAILED", 1 << 8, "submitit wrapper error")
+    for m in _FOOTER.finditer(text):
+        if m.group(1) == job_id:
+            return int(m.group(2))
+    return None
