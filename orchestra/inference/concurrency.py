@@ -134,7 +134,7 @@ class HostSlots:
     tasks of one model end up sharing the limit instead of one starving the other.
     """
 
-    member_check_s = 1.0
+    member_check_s = 0.25  # how often the live members are counted again
 
     def __init__(self, name: str, limit: int, lock_dir: str | None = None, poll_s: float = 0.01) -> None:
         self.name = name
