@@ -236,7 +236,7 @@ def limit_s(case: Case, n: int) -> float:
 
 def run_case(server: Server, case: Case, n: int, work: str) -> dict[str, Any]:
     data, expected = write_data(work, n, case.turns)
-    run_dir = os.path.join(work, case.name)
+    run_dir = tempfile.mkdtemp(prefix=f"{case.name}-", dir=work)
     spec_path = make_spec(run_dir, model_cfg(server.base_url, case.connections), dataset_cfg(data, case.turns), n)
     server.configure(latency_s=case.latency_s, **(case.server or {}))
     t0 = time.monotonic()
@@ -354,14 +354,15 @@ def _literal(d: dict[str, Any]) -> str:
 
 
 def render(rows: list[dict[str, Any]], kill: dict[str, Any] | None) -> str:
-    head = ("| case | limit s | request span s | span / limit | target | wall s | requests | 429s | 500s | "
-            "retries | peak conc. | client CPU ms/sample (process / task) | correct |")
-    lines = [head, "|" + "---|" * 13]
+    head = ("| case | limit s | request span s | span / limit | range of runs | target | wall s | requests | 429s | "
+            "500s | retries | peak conc. | client CPU ms/sample (process / task) | correct |")
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         target = f"<= {r['target']:.2f}" if r["target"] else "-"
+        lo, hi = r.get("ratio_range", (r["ratio"], r["ratio"]))
         lines.append(
-            f"| {r['what']} | {r['limit_s']:.2f} | {r['span_s']:.2f} | {r['ratio']:.3f} | {target} | "
-            f"{r['wall_s']:.2f} | {r['requests']} | {r['http_429']} | {r['http_500']} | {r['retries']} | "
+            f"| {r['what']} | {r['limit_s']:.2f} | {r['span_s']:.2f} | {r['ratio']:.3f} | {lo:.3f}-{hi:.3f} | "
+            f"{target} | {r['wall_s']:.2f} | {r['requests']} | {r['http_429']} | {r['http_500']} | {r['retries']} | "
             f"{r['peak_concurrency']} | {r['cpu_ms_per_sample']:.2f} / {r['task_cpu_ms_per_sample']:.2f} | "
             f"{r['correct']}/{r['samples']} |"
         )
@@ -379,6 +380,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=[*CASES, "kill"])
     p.add_argument("--n", type=int, default=500, help="samples per case")
+    p.add_argument("--repeat", type=int, default=3, help="runs per case; the table shows the median run")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--client", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -395,9 +397,13 @@ def main(argv: list[str] | None = None) -> int:
                     kill = run_kill_case(server, args.n, work)
                     print(json.dumps(kill), file=sys.stderr)
                     continue
-                row = run_case(server, CASES[name], args.n, work)
+                runs = []
+                for _ in range(max(1, args.repeat)):
+                    runs.append(run_case(server, CASES[name], args.n, work))
+                    print(json.dumps(runs[-1]), file=sys.stderr)
+                runs.sort(key=lambda r: r["ratio"])
+                row = dict(runs[len(runs) // 2], ratio_range=(runs[0]["ratio"], runs[-1]["ratio"]), runs=len(runs))
                 rows.append(row)
-                print(json.dumps(row), file=sys.stderr)
     finally:
         server.close()
     print(render(rows, kill))

@@ -42,6 +42,8 @@ class _Syncer:
         self._thread: threading.Thread | None = None
 
     def mark(self, fd: int, interval_s: float) -> None:
+        if fd in self._dirty:  # already due for the next sync (a plain read; the common case)
+            return
         with self._lock:
             self._dirty[fd] = interval_s
             if self._thread is None or not self._thread.is_alive():

@@ -149,6 +149,7 @@ class HostSlots:
         self._member_fd: int | None = None
         self._member_path = ""
         self._members = 1
+        self._share = limit
         self._members_checked = 0.0
         self._poll_handle: asyncio.TimerHandle | None = None
         self._rng = random.Random()
@@ -188,9 +189,10 @@ class HostSlots:
             finally:
                 os.close(fd)
         self._members = max(1, live)
+        self._share = max(1, math.ceil(self.limit / self._members))
 
     def fair_share(self) -> int:
-        return max(1, math.ceil(self.limit / self._members))
+        return self._share
 
     # -- slots ------------------------------------------------------------------------------
     def in_use(self) -> int:

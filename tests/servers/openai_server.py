@@ -417,14 +417,7 @@ def main(argv: list[str] | None = None) -> int:
         await runner.cleanup()
 
     try:
-        import uvloop  # a faster loop when it is installed; the server is not what is measured
-    except ImportError:
-        uvloop = None
-    try:
-        if uvloop is not None:
-            uvloop.run(serve())
-        else:
-            asyncio.run(serve())
+        asyncio.run(serve())
     except KeyboardInterrupt:
         pass
     return 0
