@@ -45,7 +45,7 @@ def write_config(folder: Path, tasks: int, partition: str, launcher: str) -> Pat
                 f.write(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n")
     cfg = folder / f"bench_{launcher}.py"
     runner = (f"dict(type=SlurmRunner, launcher={launcher!r}, partition={partition!r}, "
-              f"max_num_workers={tasks})")
+              f"max_num_workers={tasks}")
     cfg.write_text(f"""
 from orchestra.datasets import JsonlDataset
 from orchestra.models import DeterministicModel
