@@ -1,0 +1,120 @@
+"""``SlurmRunner(launcher='srun')``: each attempt is a local ``srun ... <task argv>`` process.
+
+srun runs in its own process group (Ctrl-C is the orchestrator's to handle), its output (the
+task's, plus srun's and slurmstepd's messages) is appended to the task log, and its exit code
+is the task's.  A non-zero exit is explained from what Slurm wrote to the log (time limit,
+scancel, preemption, allocation errors).  Cancelling finds the jobs by their unique names.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+
+from orchestra.runners.base import Exit, Job
+from orchestra.runners.slurm import SlurmLauncher
+from orchestra.runners.slurm_state import TERMINAL_STATES, SlurmCommandError, scancel, squeue_by_name, srun_exit
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _term_with_parent() -> None:
+    """In srun, before exec: SIGTERM if the orchestrator dies (even by SIGKILL); srun then
+    cancels its job (or its pending allocation request) instead of leaving it running."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _read_from(path: str, offset: int, limit: int = 65536) -> str:
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+@dataclass
+class SrunHandle:
+    """One attempt run by a local ``srun`` process."""
+
+    proc: subprocess.Popen[bytes]
+    name: str
+    log_offset: int
+
+
+class SrunLauncher(SlurmLauncher):
+    """Each attempt is ``srun ... <task argv>``, a local process in its own process group."""
+
+    def submit(self, job: Job) -> None:
+        offset = os.path.getsize(job.log_path) if os.path.exists(job.log_path) else 0
+        with open(job.log_path, "ab") as log:
+            proc = subprocess.Popen(
+                list(job.command.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                env={**os.environ, **job.command.env},
+                start_new_session=True,  # Ctrl-C is the orchestrator's to handle, not srun's
+                preexec_fn=_term_with_parent,
+            )
+        job.handle = SrunHandle(proc, self.runner.name_of(job), offset)
+
+    def poll(self, job: Job) -> Exit | None:
+        handle: SrunHandle = job.handle
+        code = handle.proc.poll()
+        if code is None:
+            return None
+        if code == 0:
+            return Exit(0)
+        return srun_exit(code, _read_from(job.log_path, handle.log_offset), self.runner.time_limit)
+
+    def cancel(self, jobs: list[Job]) -> None:
+        handles = [job.handle for job in jobs if isinstance(job.handle, SrunHandle)]
+        if not handles:
+            return
+        names = {h.name for h in handles}
+        deadline = time.monotonic() + self.runner.cancel_timeout_s
+        cancelled: set[str] = set()
+        signalled = False
+        while True:
+            try:
+                found = squeue_by_name(names)
+            except SlurmCommandError:
+                found = None
+            alive = {jid: name for jid, (name, state) in (found or {}).items() if state not in TERMINAL_STATES}
+            fresh = set(alive) - cancelled
+            if fresh:
+                scancel(fresh)
+                cancelled |= fresh
+            if not signalled:
+                # An srun whose job squeue does not show yet is still asking for an allocation:
+                # SIGTERM makes it withdraw the request (and cancel the job, had it just started).
+                for h in handles:
+                    if h.name not in alive.values() and h.proc.poll() is None:
+                        _signal_group(h.proc, signal.SIGTERM)
+                signalled = True
+            procs_done = all(h.proc.poll() is not None for h in handles)
+            if found is not None and not alive and procs_done:
+                break
+            if time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        for h in handles:
+            if h.proc.poll() is None:
+                _signal_group(h.proc, signal.SIGKILL)
+            try:
+                h.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
