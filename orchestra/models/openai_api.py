@@ -73,6 +73,7 @@ class OpenAIAPI(BaseModel):
     """
 
     is_api = True
+    validate_by_construction = True  # the constructor only checks values: no network, no key
 
     def __init__(
         self,
@@ -109,8 +110,7 @@ class OpenAIAPI(BaseModel):
         self.policy = RetryPolicy(max_retries=max_retries, timeout_s=timeout_s, attempt_timeout_s=attempt_timeout_s)
         self.url = f"{self.base_url}/{'chat/completions' if endpoint == 'chat' else 'completions'}"
         self.completions_url = f"{self.base_url}/completions"
-        # The key is read here, inside the task, and kept out of repr, errors and logs.
-        self._key = _Secret(os.environ.get(key_env, "") if key_env else "")
+        self._key: _Secret | None = None  # read on first use, inside the task (see _secret)
         self.scope_name = f"openai-api:{self.base_url}|{path}"
         self.rate = AdaptiveRate(max_rate=rate_limit, ramp_requests=max_connections)
         self._slots: ProcessSlots | HostSlots | None = None
@@ -126,9 +126,16 @@ class OpenAIAPI(BaseModel):
         return self.max_connections
 
     # -- plumbing -----------------------------------------------------------------------
+    def _secret(self) -> _Secret:
+        """The API key, read from ``key_env`` when the first request is made (in the task, not
+        when the orchestrator validates the config) and kept out of repr, errors and logs."""
+        if self._key is None:
+            self._key = _Secret(os.environ.get(self.key_env, "") if self.key_env else "")
+        return self._key
+
     def _scrub(self, text: str) -> str:
         """Never let the key into an error message (some servers echo what they were sent)."""
-        key = self._key.value
+        key = self._secret().value
         return text.replace(key, "***") if key else text
 
     def _client(self) -> Any:
@@ -147,8 +154,9 @@ class OpenAIAPI(BaseModel):
             except LookupError:
                 self._proxy, self._proxy_auth = None, None
             headers = {"Content-Type": "application/json"}
-            if self._key.value:
-                headers["Authorization"] = f"Bearer {self._key.value}"
+            key = self._secret().value
+            if key:
+                headers["Authorization"] = f"Bearer {key}"
             self._session = aiohttp.ClientSession(connector=connector, headers=headers,
                                                   cookie_jar=aiohttp.DummyCookieJar(),
                                                   timeout=aiohttp.ClientTimeout(total=None))
@@ -235,7 +243,7 @@ class OpenAIAPI(BaseModel):
             else:
                 errors += 1
             reason = self._scrub(decision.reason)
-            if status in (401, 403) and not self._key.value and self.key_env:
+            if status in (401, 403) and not self._secret().value and self.key_env:
                 reason += f" (environment variable {self.key_env} is not set)"
             if not decision.retry:
                 self.stats.errors += 1

@@ -225,3 +225,11 @@ def test_sigkill_then_resume_sends_no_completed_sample_again(server: Any, tmp_pa
     assert sum(after.values()) == n + len(resent)
     preds = predictions(latest_run(tmp_path))
     assert [preds[i]["prediction"] for i in range(n)] == expected
+
+
+def test_bad_api_settings_are_config_errors(tmp_path: Path) -> None:
+    data, _ = write_data(tmp_path, 3)
+    cfg = write_config(tmp_path, "localhost:8000/v1", data)
+    res = orchestra(cfg, "--dry-run")
+    assert res.returncode == 2
+    assert "models[0]: base_url must start with http:// or https://" in res.stderr
