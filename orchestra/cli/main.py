@@ -310,7 +310,8 @@ class _Progress:
     counters (in flight, done, 429s, retries, errors) that running tasks report as
     ``progress`` events."""
 
-    COUNTERS = ("in_flight", "done", "rate_limited", "retries", "errors")
+    # fields of the infer task's ``progress`` events (see docs/api.md), summed over running tasks
+    COUNTERS = ("samples_done", "samples_total", "in_flight", "requests_done", "rate_limited", "retries", "errors")
 
     def __init__(self, stage: str, total: int, events_path: str) -> None:
         from tqdm import tqdm
@@ -341,7 +342,7 @@ class _Progress:
             except ValueError:
                 continue
             if ev.get("event") == "progress":
-                self.latest[f"{ev.get('task_id')}|{ev.get('unit', '')}"] = ev
+                self.latest[str(ev.get("task_id"))] = ev
 
     def __call__(self, counts: dict[str, int]) -> None:
         now = time.monotonic()
@@ -356,7 +357,7 @@ class _Progress:
         post: dict[str, Any] = {"running": counts.get("running", 0), "failed": counts.get("failed", 0)}
         if self.latest:
             for key in self.COUNTERS:
-                post[key] = sum(int(ev.get(key, 0)) for ev in self.latest.values())
+                post[key] = sum(int(ev.get(key) or 0) for ev in self.latest.values())
         self.bar.set_postfix(post, refresh=False)
         if ended == self.total:
             self.bar.close()

@@ -13,7 +13,8 @@ class InferTask:
     """Run a model over dataset shards and write predictions.
 
     Args:
-        max_samples: samples in flight at once (None: the model's own default).
+        max_samples: samples in progress at once (None: the model's own default; for an
+            API model allowing ``c`` connections that is ``max(2c, c + 16)``).
         error_tolerance: fraction of samples that may fail without failing the task.
     """
 
