@@ -342,3 +342,16 @@ def test_eval_mode_rescoring_reuses_predictions(tmp_path: Path) -> None:
     res = orchestra(cfg, "--mode", "eval")
     assert res.returncode == 0, res.stderr
     assert sorted(started_since_last_run(run)) == ["eval_det_arith", "eval_det_pick"]
+
+
+def test_debug_runs_tasks_in_process_and_shows_tracebacks(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    res = orchestra(cfg, "--debug")
+    assert res.returncode == 0, res.stderr
+    (run,) = run_dirs(tmp_path)
+    assert not list((run / "logs").rglob("*.log")), "--debug runs no task process, so writes no task log"
+    assert json.loads((run / "results/det/arith.json").read_text())["metrics"]["numeric_match"] == 1.0
+    (tmp_path / "bad").mkdir()
+    res = orchestra(write_config(tmp_path / "bad", model=", fail_always=True"), "--debug")
+    assert res.returncode != 0
+    assert "Traceback" in res.stderr and "configured to fail" in res.stderr
