@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import importlib.util
-import os
 import socket
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -15,22 +12,6 @@ import pytest
 from orchestra.errors import ModelError
 from orchestra.models.base import GenRequest, LoglikRequest
 from orchestra.models.openai_api import OpenAIAPI
-
-_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "servers", "loader.py")
-
-
-def _server_module() -> Any:
-    spec = importlib.util.spec_from_file_location("orchestra_test_server_loader", _LOADER)
-    assert spec is not None and spec.loader is not None
-    loader = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loader)
-    return loader.load_server_module()
-
-
-@pytest.fixture
-def server() -> Iterator[Any]:
-    with _server_module().ServerThread() as srv:
-        yield srv
 
 
 @pytest.fixture(autouse=True)

@@ -1,3 +1,5 @@
+"""Fixtures shared by the whole test tree."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -7,7 +9,7 @@ from typing import Any
 
 import pytest
 
-_LOADER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "servers", "loader.py")
+_LOADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers", "loader.py")
 
 
 def _server_module() -> Any:
@@ -21,11 +23,11 @@ def _server_module() -> Any:
 @pytest.fixture
 def server() -> Iterator[Any]:
     """A real OpenAI-compatible server on 127.0.0.1 (its own thread and event loop)."""
-    mod = _server_module()
-    with mod.ServerThread() as srv:
+    with _server_module().ServerThread() as srv:
         yield srv
 
 
 @pytest.fixture(autouse=True)
 def _lock_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Host-wide connection slots of each test in its own folder: tests never share them."""
     monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))
