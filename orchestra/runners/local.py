@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-import ctypes
 import os
 import shutil
 import signal
 import subprocess
-import time
 from typing import Any
 
 from orchestra.runners.base import BaseRunner, Exit, Job
+from orchestra.runners.proc import die_with_parent, stop_groups
 from orchestra.runners.warm import WarmPool, Worker
 from orchestra.tasks.spec import TaskSpec
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _die_with_parent() -> None:
-    """In the child, before exec: get SIGKILL if the orchestrator dies, even by SIGKILL."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass  # not Linux: Ctrl-C and SIGTERM still clean up; only SIGKILL of us would not
+_die_with_parent = die_with_parent(signal.SIGKILL)
 
 
 def detect_gpus() -> list[str]:
@@ -157,23 +148,4 @@ class LocalRunner(BaseRunner):
         if self._pool is not None:
             self._pool.stop([job.handle for job in jobs if isinstance(job.handle, Worker)])
             return
-        procs = [job.handle for job in jobs if job.handle is not None]
-        for proc in procs:
-            _signal_group(proc, signal.SIGTERM)
-        deadline = time.monotonic() + self.kill_grace_s
-        while time.monotonic() < deadline and any(p.poll() is None for p in procs):
-            time.sleep(0.02)
-        for proc in procs:
-            # SIGKILL the whole group even if the leader exited: its children may linger.
-            _signal_group(proc, signal.SIGKILL)
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+        stop_groups([job.handle for job in jobs if job.handle is not None], self.kill_grace_s)

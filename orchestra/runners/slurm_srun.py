@@ -8,7 +8,6 @@ scancel, preemption, allocation errors).  Cancelling finds the jobs by their uni
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
@@ -16,26 +15,13 @@ import time
 from dataclasses import dataclass
 
 from orchestra.runners.base import Exit, Job
+from orchestra.runners.proc import die_with_parent, signal_group
 from orchestra.runners.slurm import SlurmLauncher
 from orchestra.runners.slurm_state import TERMINAL_STATES, SlurmCommandError, scancel, squeue_by_name, srun_exit
 
-_PR_SET_PDEATHSIG = 1
-
-
-def _term_with_parent() -> None:
-    """In srun, before exec: SIGTERM if the orchestrator dies (even by SIGKILL); srun then
-    cancels its job (or its pending allocation request) instead of leaving it running."""
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):
-        pass
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+# srun gets SIGTERM if the orchestrator dies (even by SIGKILL); srun then cancels its job
+# (or its pending allocation request) instead of leaving it running.
+_term_with_parent = die_with_parent(signal.SIGTERM)
 
 
 def _read_from(path: str, offset: int, limit: int = 65536) -> str:
@@ -103,7 +89,7 @@ class SrunLauncher(SlurmLauncher):
                 # SIGTERM makes it withdraw the request (and cancel the job, had it just started).
                 for h in handles:
                     if h.name not in alive.values() and h.proc.poll() is None:
-                        _signal_group(h.proc, signal.SIGTERM)
+                        signal_group(h.proc.pid, signal.SIGTERM)
                 signalled = True
             procs_done = all(h.proc.poll() is not None for h in handles)
             if found is not None and not alive and procs_done:
@@ -113,7 +99,7 @@ class SrunLauncher(SlurmLauncher):
             time.sleep(0.2)
         for h in handles:
             if h.proc.poll() is None:
-                _signal_group(h.proc, signal.SIGKILL)
+                signal_group(h.proc.pid, signal.SIGKILL)
             try:
                 h.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.runners.base import Exit, Job
+from orchestra.runners.proc import stop_groups
 
 
 @dataclass
@@ -102,17 +102,8 @@ class WarmPool:
 
     def stop(self, workers: list[Worker]) -> None:
         """Kill these workers' process groups (SIGTERM, then SIGKILL after the grace period)."""
+        stop_groups([w.proc for w in workers], self.kill_grace_s)
         for w in workers:
-            _killpg(w.proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + self.kill_grace_s
-        while time.monotonic() < deadline and any(w.proc.poll() is None for w in workers):
-            time.sleep(0.02)
-        for w in workers:
-            _killpg(w.proc.pid, signal.SIGKILL)
-            try:
-                w.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
             self._forget(w)
 
     def _forget(self, worker: Worker) -> None:
@@ -140,10 +131,3 @@ class WarmPool:
         while time.monotonic() < deadline and any(w.proc.poll() is None for w in self.workers):
             time.sleep(0.02)
         self.stop(list(self.workers))
-
-
-def _killpg(pid: int, sig: signal.Signals) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

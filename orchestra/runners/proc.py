@@ -1,0 +1,48 @@
+"""Process-group helpers shared by the backends that start local processes."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+
+_PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets ``sig`` when the orchestrator dies, even by SIGKILL."""
+
+    def setup() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
+        except (OSError, AttributeError):
+            pass  # not Linux: Ctrl-C and SIGTERM still clean up; only SIGKILL of us would not
+
+    return setup
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group led by ``pid``, if it still exists."""
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_groups(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:
+    """SIGTERM each process group, wait up to ``grace_s``, then SIGKILL and reap them."""
+    for proc in procs:
+        signal_group(proc.pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(p.poll() is None for p in procs):
+        time.sleep(0.02)
+    for proc in procs:
+        # SIGKILL the whole group even if the leader exited: its children may linger.
+        signal_group(proc.pid, signal.SIGKILL)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
