@@ -106,7 +106,21 @@ class Checkpoint:
         self.records: dict[int, dict[str, Any]] = {}
         self._fd: int | None = None
         self._lock_fd: int | None = None
+        self._take_lock()  # before _load: it may truncate or delete the file
         self._load()
+
+    def _take_lock(self) -> None:
+        folder = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(folder, exist_ok=True)
+        lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lock_fd)
+            raise TaskFailedError(
+                f"{self.path} is being written by another process (an earlier attempt still running?)"
+            ) from None
+        self._lock_fd = lock_fd
 
     def _load(self) -> None:
         if not os.path.exists(self.path):
@@ -129,17 +143,8 @@ class Checkpoint:
         return [r for r in self.records.values() if r.get("error") is not None]
 
     def _open(self) -> int:
-        folder = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(folder, exist_ok=True)
-        lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(lock_fd)
-            raise TaskFailedError(
-                f"{self.path} is being written by another process (an earlier attempt still running?)"
-            ) from None
-        self._lock_fd = lock_fd
+        if self._lock_fd is None:
+            self._take_lock()  # reopened after close()
         new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
         fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         if new:
@@ -148,7 +153,7 @@ class Checkpoint:
         return fd
 
     def open(self) -> None:
-        """Take the writer's lock now (appending opens it on first use anyway)."""
+        """Open the file for appending now (appending opens it on first use anyway)."""
         if self._fd is None:
             self._open()
 

@@ -60,11 +60,17 @@ def test_one_writer_at_a_time(tmp_path: Any) -> None:
     path = str(tmp_path / "p.ckpt")
     first = Checkpoint(path, "h")
     first.append({"id": 0, "prediction": "a"})
-    second = Checkpoint(path, "h")
-    with pytest.raises(TaskFailedError, match="another process"):
-        second.append({"id": 1, "prediction": "b"})
+    with open(path, "ab") as f:  # the live writer is mid-line
+        f.write(b'{"id": 7, "predic')
+    size = os.path.getsize(path)
+    for other_hash in ("h", "other"):
+        with pytest.raises(TaskFailedError, match="another process"):
+            Checkpoint(path, other_hash)
+    # the refused second writer neither cut the torn tail nor deleted the stale-looking file
+    assert os.path.getsize(path) == size
     first.close()
-    second.append({"id": 1, "prediction": "b"})  # free once the first one closed
+    second = Checkpoint(path, "h")  # free once the first one closed; the torn tail is cut now
+    second.append({"id": 1, "prediction": "b"})
     second.close()
     assert Checkpoint(path, "h").done_ids() == {0, 1}
 
