@@ -18,7 +18,7 @@ from typing import Any
 from orchestra.errors import ConfigError
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS, Registry
 
-TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "summarizer")
+TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir")
 STAGE_KEYS = ("partitioner", "runner")
 RUN_CFG_KEYS = ("num_gpus", "num_procs")
 # Keys of a dataset's sub-configs; a dataset class may widen them with class attributes of
@@ -284,7 +284,7 @@ def _check_keys(sub: dict[str, Any], valid: tuple[str, ...], where: str) -> None
             raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(valid))}")
 
 
-def _check_dataset(cfg: Any, where: str) -> dict[str, Any]:
+def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]:
     if not isinstance(cfg, dict) or "type" not in cfg:
         raise ConfigError(f"{where}: a dataset is a dict with 'type', 'abbr', 'path', got {cfg!r}")
     cls = DATASETS.resolve(cfg["type"], where)
@@ -337,8 +337,18 @@ def _check_dataset(cfg: Any, where: str) -> dict[str, Any]:
         check_kwargs(ev_cls, {k: v for k, v in ev.items() if k != "type"}, f"{where}.eval_cfg.evaluator")
     resolved = {**cfg, "type": f"{cls.__module__}.{cls.__qualname__}"}
     path = cfg.get("path")
-    if isinstance(path, str) and path and not os.path.isabs(path) and os.path.exists(path):
-        resolved["path"] = os.path.abspath(path)  # tasks must not depend on the cwd
+    if isinstance(path, str) and path and not os.path.isabs(path):
+        # Relative data paths: from where orchestra runs (as OpenCompass users expect), else
+        # from the config file's folder or a folder above it (so `configs/data/x.jsonl` is
+        # found from anywhere).  Made absolute once, so tasks never depend on a cwd.
+        ancestors, folder = [], config_dir
+        while folder and folder not in ancestors:
+            ancestors.append(folder)
+            folder = os.path.dirname(folder)
+        for candidate in (path, *(os.path.join(a, path) for a in ancestors)):
+            if os.path.exists(candidate):
+                resolved["path"] = os.path.abspath(candidate)
+                break
     return resolved
 
 
@@ -390,9 +400,12 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
         if key in TOP_LEVEL_KEYS or key.startswith("_"):
             continue
         # Lists pulled in with read_base() (``arc_easy_datasets``) are fine to keep around.
-        if isinstance(value, list):
+        if isinstance(value, list) and key.endswith(("_datasets", "_models")):
             continue
-        raise ConfigError(f"{source}: unknown top-level key {key!r}; valid keys: {', '.join(TOP_LEVEL_KEYS)}")
+        raise ConfigError(
+            f"{source}: unknown top-level key {key!r}; valid keys: {', '.join(TOP_LEVEL_KEYS)} "
+            "(and lists named *_datasets or *_models)"
+        )
     _check_secrets(raw, source, top=True)
     for key in ("models", "datasets"):
         if key not in raw:
@@ -400,7 +413,8 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
         if not isinstance(raw[key], list) or not raw[key]:
             raise ConfigError(f"{source}: {key} must be a non-empty list, got {raw[key]!r}")
     models = [_check_model(m, f"{source}: models[{i}]") for i, m in enumerate(raw["models"])]
-    datasets = [_check_dataset(d, f"{source}: datasets[{i}]") for i, d in enumerate(raw["datasets"])]
+    config_dir = os.path.dirname(os.path.abspath(source))
+    datasets = [_check_dataset(d, f"{source}: datasets[{i}]", config_dir) for i, d in enumerate(raw["datasets"])]
     for kind, items in (("models", models), ("datasets", datasets)):
         seen: dict[str, int] = {}
         for i, item in enumerate(items):

@@ -1,5 +1,5 @@
-# Two tiny datasets shipped in configs/data (paths are relative to where orchestra runs;
-# they are made absolute when the config is validated).
+# Two tiny datasets shipped in configs/data.  A relative path is looked up from where orchestra
+# runs, then from the config file's folder and the folders above it (docs/user-guide.md).
 from orchestra.datasets import JsonlDataset
 
 demo_datasets = [
