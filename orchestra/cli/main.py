@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import time
@@ -85,25 +86,36 @@ def _is_slurm_runner(runner_type: Any) -> bool:
     return name.replace(":", ".").rsplit(".", 1)[-1] == "SlurmRunner"
 
 
-def _run_folder(work_dir: str, reuse: str | None, allow_new: bool = True) -> tuple[str, bool]:
-    """The run folder to use and whether it already existed."""
+_RUN_NAME = re.compile(r"\d{8}_\d{6}(_\d+)?")
+
+
+def _run_folder(work_dir: str, reuse: str | None, allow_new: bool = True, create: bool = True) -> tuple[str, bool]:
+    """The run folder to use and whether it already existed (a new one is created unless
+    ``create`` is false, as for ``--dry-run``)."""
     work_dir = os.path.abspath(work_dir)
     if reuse is None:
         stamp = time.strftime("%Y%m%d_%H%M%S")
         root = os.path.join(work_dir, stamp)
         n = 1
-        while os.path.exists(root):
-            root = os.path.join(work_dir, f"{stamp}_{n}")
-            n += 1
-        return root, False
+        while True:
+            try:
+                if create:
+                    os.makedirs(work_dir, exist_ok=True)
+                    os.mkdir(root)  # claims the name: two runs started in one second never share it
+                elif os.path.exists(root):
+                    raise FileExistsError(root)
+                return root, False
+            except FileExistsError:
+                root = os.path.join(work_dir, f"{stamp}_{n}")
+                n += 1
     if reuse == "latest":
-        runs = sorted(d for d in os.listdir(work_dir) if os.path.isdir(os.path.join(work_dir, d))) \
-            if os.path.isdir(work_dir) else []
+        runs = sorted(d for d in os.listdir(work_dir) if _RUN_NAME.fullmatch(d)
+                      and os.path.isdir(os.path.join(work_dir, d))) if os.path.isdir(work_dir) else []
         if not runs and not allow_new:
             raise UserError(f"no run folder in {work_dir} to reuse")
         if not runs:
             print(f"orchestra: no earlier run in {work_dir}; starting a new one", file=sys.stderr)
-            return _run_folder(work_dir, None)
+            return _run_folder(work_dir, None, create=create)
         return os.path.join(work_dir, runs[-1]), True
     root = os.path.join(work_dir, reuse)
     if not os.path.isdir(root):
@@ -134,18 +146,19 @@ def _main(args: argparse.Namespace) -> int:
     raw = load_config(args.config, args.cfg_options)
     _apply_cli_overrides(raw, args)
     cfg = validate(raw, args.config)
-    reuse = args.reuse
-    if reuse is None and args.mode in ("eval", "viz"):
-        reuse = "latest"  # scoring or summarising a new, empty folder would do nothing
-    root, existed = _run_folder(cfg.work_dir, reuse, allow_new=args.mode != "viz")
 
     from orchestra.datasets.info import dataset_infos
     from orchestra.paths import RunPaths
     from orchestra.plan import make_plan
 
-    paths = RunPaths(root)
-    infos = dataset_infos(cfg.datasets, args.config)
+    infos = dataset_infos(cfg.datasets, args.config, write_cache=not args.dry_run)
     runners = _build_runners(cfg, args)
+    # Only now, with nothing left to reject, is a run folder chosen (and a new one created).
+    reuse = args.reuse
+    if reuse is None and args.mode in ("eval", "viz"):
+        reuse = "latest"  # scoring or summarising a new, empty folder would do nothing
+    root, existed = _run_folder(cfg.work_dir, reuse, allow_new=args.mode != "viz", create=not args.dry_run)
+    paths = RunPaths(root)
     if args.dry_run:
         return _print_plan(make_plan(cfg, infos, paths), runners, paths, existed)
 

@@ -77,10 +77,9 @@ def _probe(ds: BaseDataset) -> dict[str, Any]:
     return {"num_rows": len(rows), "columns": columns, "num_choices": choices}
 
 
-def dataset_infos(cfgs: list[dict[str, Any]], where: str) -> list[DatasetInfo]:
+def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = True) -> list[DatasetInfo]:
     """Facts about every dataset; reads only those the cache does not know."""
     path = os.path.join(cache_dir(), "dataset_info.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     try:
         with open(path, encoding="utf-8") as f:
             cache: dict[str, Any] = json.load(f)
@@ -108,7 +107,8 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str) -> list[DatasetInfo]:
         infos.append(
             DatasetInfo(cfg, ds.abbr, size, ds.inferencer.get("type", "gen"), facts["num_choices"], key)
         )
-    if fresh:
+    if fresh and write_cache:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
         with FileLock(path + ".lock", timeout=30):
             try:
                 with open(path, encoding="utf-8") as f:

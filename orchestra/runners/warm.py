@@ -56,7 +56,8 @@ class WarmPool:
         return worker
 
     def _make_room(self) -> None:
-        self.workers = [w for w in self.workers if w.proc.poll() is None or w.busy]
+        for dead in [w for w in self.workers if w.proc.poll() is not None and not w.busy]:
+            self._forget(dead)
         idle = sorted((w for w in self.workers if not w.busy), key=lambda w: w.last_used)
         while len(self.workers) >= self.max_workers and idle:
             self.stop([idle.pop(0)])

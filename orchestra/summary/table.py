@@ -60,7 +60,8 @@ def _why(output: str, index: dict[str, tuple[str, str]], states: dict[str, dict[
         return "not run yet"
     task_id, stage = index[output]
     ev = states.get(task_id)
-    log = os.path.relpath(paths.task_log(stage, task_id), paths.root)
+    log_path = paths.task_log(stage, task_id)
+    log = os.path.relpath(log_path, paths.root) if os.path.exists(log_path) else "none (it never started)"
     if ev is None:
         return f"{stage} task {task_id} not run"
     state = ev["event"]

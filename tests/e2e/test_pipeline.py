@@ -213,18 +213,22 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("reuse_workers", [False, True])
 def test_sigint_stops_everything_and_reuse_finishes(tmp_path: Path, reuse_workers: bool) -> None:
-    cfg = write_config(tmp_path, model=", delay_s=0.5", runner=f", reuse_workers={reuse_workers}")
+    # 12 tasks of ~2.5 s each on 2 workers: the run cannot end before the signal arrives.
+    cfg = write_config(tmp_path, model=", delay_s=0.5", runner=f", reuse_workers={reuse_workers}",
+                       max_task_size=100, arith_rows=80)
     proc = subprocess.Popen([sys.executable, "run.py", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     kids: set[int] = set()
-    while time.monotonic() < deadline:
-        kids = _descendants(proc.pid)
+    started = False
+    while time.monotonic() < deadline and not (started and kids):
+        kids |= _descendants(proc.pid)
         runs = run_dirs(tmp_path)
-        if len(kids) >= 2 and runs and any(e["event"] == "started" for e in events(runs[0])):
-            break
+        started = bool(runs) and (runs[0] / "events.jsonl").exists() and \
+            any(e["event"] == "started" for e in events(runs[0]))
+        assert proc.poll() is None, "the run ended before it could be interrupted"
         time.sleep(0.1)
-    assert kids, "no task process started"
+    assert started and kids, "no task process started"
     time.sleep(0.5)
     kids |= _descendants(proc.pid)
     t0 = time.monotonic()
@@ -241,13 +245,14 @@ def test_sigint_stops_everything_and_reuse_finishes(tmp_path: Path, reuse_worker
 
 
 def test_sigkill_of_orchestrator_takes_its_tasks_along(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, model=", delay_s=1.0")
+    cfg = write_config(tmp_path, model=", delay_s=1.0", max_task_size=100, arith_rows=80)
     proc = subprocess.Popen([sys.executable, "run.py", str(cfg)], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     kids: set[int] = set()
     while time.monotonic() < deadline and len(kids) < 2:
-        kids = _descendants(proc.pid)
+        kids |= _descendants(proc.pid)
+        assert proc.poll() is None, "the run ended before it could be killed"
         time.sleep(0.1)
     assert kids
     proc.kill()
@@ -355,3 +360,30 @@ def test_debug_runs_tasks_in_process_and_shows_tracebacks(tmp_path: Path) -> Non
     res = orchestra(write_config(tmp_path / "bad", model=", fail_always=True"), "--debug")
     assert res.returncode != 0
     assert "Traceback" in res.stderr and "configured to fail" in res.stderr
+
+
+def test_run_folders_are_claimed_and_latest_ignores_other_folders(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    first = subprocess.Popen([sys.executable, "run.py", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    second = subprocess.Popen([sys.executable, "run.py", str(cfg)], cwd=REPO, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
+    for proc in (first, second):
+        _, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err  # started together, neither found the other's folder locked
+    runs = run_dirs(tmp_path)
+    assert len(runs) == 2
+    (tmp_path / "out" / "zz_not_a_run").mkdir()
+    res = orchestra(cfg, "-r")
+    assert res.returncode == 0, res.stderr
+    assert f"run folder: {runs[-1]}" in res.stderr
+    assert not list((tmp_path / "out" / "zz_not_a_run").iterdir())
+
+
+def test_dry_run_writes_no_cache_either(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path)
+    env = {**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+    res = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, env=env,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
