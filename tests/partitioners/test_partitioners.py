@@ -16,6 +16,7 @@ import pytest
 from orchestra.config import RunConfig, StageConfig
 from orchestra.datasets.info import DatasetInfo
 from orchestra.partitioners import BasePartitioner, NaivePartitioner, NumWorkerPartitioner, SizePartitioner
+from orchestra.partitioners.base import balanced_bins, num_bins_for
 from orchestra.paths import RunPaths
 from orchestra.plan import Plan, make_plan
 from orchestra.runners.local import LocalRunner
@@ -355,14 +356,39 @@ def test_balance_through_make_plan(tmp_path: Path) -> None:
     assert sorted(u.name for t in p.tasks["infer"] for u in t.units) == sorted(u.name for u in units)
 
 
-def test_pack_is_fast_on_a_lumpy_thousand_units() -> None:
-    import time
-
+def test_pack_balances_a_lumpy_two_thousand_units() -> None:
     costs = [600.0 + (i % 7) for i in range(2000)]  # every pair is over M: balance needs ~one each
-    t0 = time.perf_counter()
     groups = SizePartitioner(max_task_size=M).pack(costs)
-    assert time.perf_counter() - t0 < 2.0
+    assert sorted(i for g in groups for i in g) == list(range(len(costs)))
     assert max(loads(costs, groups)) <= 1.1 * lower_bound(costs, len(groups))
+
+
+def test_packing_at_the_minimum_task_count_is_close_to_the_bound() -> None:
+    """The packing itself, at the fixed task count ceil(total / max_task_size), with no extra
+    task allowed (SizePartitioner.pack adds tasks only when this is not within 10%).
+
+    On 100 random mixes of dataset sizes, sharded as SizePartitioner shards them: every
+    packing keeps the longest-processing-time guarantee (largest task <= total / tasks +
+    largest unit), the median is within 2% of max(total / tasks, largest unit), and at
+    least 95% are within 10%.  (Bins filled to ~100% can need three-way exchanges that the
+    local search does not try; seed 7 is such a case at 1.116.)"""
+    part = SizePartitioner(max_task_size=M, gen_task_coef=1)
+    ratios = []
+    for seed in range(100):
+        rng = random.Random(1000 + seed)
+        costs: list[float] = []
+        for i in range(rng.randint(3, 12)):
+            size = rng.choice([rng.randint(1, 200), rng.randint(200, 3000), rng.randint(3000, 20000)])
+            costs += [float(end - start) for start, end in part.split(info(f"d{i}", size))]
+        tasks = num_bins_for(costs, M)
+        groups = balanced_bins(costs, tasks)
+        assert len(groups) == tasks
+        largest = max(loads(costs, groups))
+        assert largest <= sum(costs) / tasks + max(costs) + 1e-9
+        ratios.append(largest / lower_bound(costs, tasks))
+    ratios.sort()
+    assert ratios[len(ratios) // 2] <= 1.02  # measured: 1.014
+    assert sum(r <= 1.1 for r in ratios) >= 95
 
 
 # --------------------------------------------------------------------------------------
