@@ -309,7 +309,17 @@ def _run_in_process(tasks: list[Any], ctx: Any) -> list[Any]:
         log = ctx.paths.task_log(task.stage, task.task_id)
         ctx.events.emit("started", task_id=task.task_id, stage=task.stage, attempt=1, debug=True)
         t0 = time.monotonic()
-        (infer_task if task.stage == "infer" else eval_task).run_task(task)
+        # Ctrl-C interrupts the task itself here (there is no child process to signal).
+        handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            (infer_task if task.stage == "infer" else eval_task).run_task(task)
+        except KeyboardInterrupt:
+            ctx.stop.set()
+            ctx.events.emit("cancelled", task_id=task.task_id, stage=task.stage)
+            results.append(TaskResult(task.task_id, task.stage, TaskState.CANCELLED, 1, log, "interrupted"))
+            break
+        finally:
+            signal.signal(signal.SIGINT, handler)
         ok = all(output_done(p, h) for p, h in task.outputs)
         state = TaskState.DONE if ok else TaskState.FAILED
         ctx.events.emit(state.value, task_id=task.task_id, stage=task.stage, attempt=1)

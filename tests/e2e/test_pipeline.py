@@ -387,3 +387,17 @@ def test_dry_run_writes_no_cache_either(tmp_path: Path) -> None:
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+
+
+def test_ctrl_c_in_debug_mode_interrupts_the_running_task(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, model=", delay_s=1.0")
+    proc = subprocess.Popen([sys.executable, "run.py", str(cfg), "--debug"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not list((tmp_path / "out").glob("*/events.jsonl")):
+        time.sleep(0.05)
+    time.sleep(1.0)  # inside the first task: each batch of the model takes 1 s
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "CANCELLED: infer task" in err
