@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from orchestra.runners.base import Exit, Job
 from orchestra.runners.proc import die_with_parent, signal_group
 from orchestra.runners.slurm import SlurmLauncher
-from orchestra.runners.slurm_state import TERMINAL_STATES, SlurmCommandError, scancel, squeue_by_name, srun_exit
+from orchestra.runners.slurm_state import (
+    HEADER_JOB,
+    TERMINAL_STATES,
+    SlurmCommandError,
+    exit_of,
+    scancel,
+    squeue,
+    squeue_by_name,
+    srun_exit,
+)
 
 # srun gets SIGTERM if the orchestrator dies (even by SIGKILL); srun then cancels its job
 # (or its pending allocation request) instead of leaving it running.
@@ -64,7 +73,20 @@ class SrunLauncher(SlurmLauncher):
             return None
         if code == 0:
             return Exit(0)
-        return srun_exit(code, _read_from(job.log_path, handle.log_offset), self.runner.time_limit)
+        tail = _read_from(job.log_path, handle.log_offset)
+        ended = srun_exit(code, tail, self.runner.time_limit)
+        header = HEADER_JOB.search(tail)
+        if header and ended.reason.startswith("exit code"):
+            # srun can exit before slurmstepd's "CANCELLED AT ..." line reaches the log: ask
+            # Slurm how the job ended (finished jobs stay in squeue for MinJobAge).
+            try:
+                info = squeue([header.group(1)]).get(header.group(1))
+            except SlurmCommandError:
+                info = None
+            if info is not None and info.state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
+                                                   "OUT_OF_MEMORY"):
+                return exit_of(info, self.runner.time_limit, self.runner.mem_gb)
+        return ended
 
     def cancel(self, jobs: list[Job]) -> None:
         handles = [job.handle for job in jobs if isinstance(job.handle, SrunHandle)]

@@ -195,7 +195,7 @@ def exit_of(info: JobInfo, time_limit: str | None, mem_gb: float | None) -> Exit
 # -- what srun writes to its stderr --------------------------------------------------------------
 _STEP_LINE = re.compile(r"\*\*\* (?:STEP|JOB) (\d+)(?:\.\w+)? ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
 _ALLOC_ERROR = re.compile(r"srun: error: (?:Unable to allocate resources|.*allocation failure): (.+)")
-_HEADER_JOB = re.compile(r"===== slurm: job (\d+)")
+HEADER_JOB = re.compile(r"===== slurm: job (\d+)")
 
 
 def srun_exit(code: int, log_tail: str, time_limit: str | None) -> Exit:
@@ -203,7 +203,7 @@ def srun_exit(code: int, log_tail: str, time_limit: str | None) -> Exit:
     m = _ALLOC_ERROR.search(log_tail)
     if m:
         return Exit(code or 1, f"srun could not allocate the job: {m.group(1).strip()}")
-    header = _HEADER_JOB.search(log_tail)
+    header = HEADER_JOB.search(log_tail)
     for m in _STEP_LINE.finditer(log_tail):
         job = f"Slurm job {m.group(1)}"
         why = (m.group(2) or "").strip()
