@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench_common import REPO, print_table
 
 LOAD = """
 import time, sys
@@ -132,12 +132,7 @@ def main() -> int:
             st = infer_stats(runs[-1])
             rows.append(("configs/eval_llama.py: whole run (cached weights)", f"{t:.1f} s"))
             rows.append(("configs/eval_llama.py: infer samples/s", f"{st['samples'] / st['wall_s']:.2f}"))
-    width = max(len(k) for k, _ in rows)
-    print(f"{'measure':<{width}}  value")
-    print(f"{'-' * width}  -----")
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
-    print(f"\n(machine: {os.cpu_count()} CPUs)")
+    print_table(rows)
     return 0
 
 

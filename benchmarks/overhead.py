@@ -10,8 +10,6 @@ interpreter and importing orchestra, which is what a task costs the user beyond 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import statistics
 import subprocess
 import sys
@@ -19,44 +17,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench_common import REPO, print_table, stage_wall, trivial_config
 
 
 def write_config(folder: Path, tasks: int, workers: int, reuse: bool) -> Path:
-    data = folder / "rows.jsonl"
-    with open(data, "w") as f:
-        for i in range(tasks):
-            f.write(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n")
-    cfg = folder / f"bench_{'warm' if reuse else 'cold'}.py"
-    cfg.write_text(f"""
-from orchestra.datasets import JsonlDataset
-from orchestra.models import DeterministicModel
-from orchestra.partitioners import NaivePartitioner, NumWorkerPartitioner
-from orchestra.runners import LocalRunner
-from orchestra.tasks import EvalTask, InferTask
-
-models = [dict(type=DeterministicModel, abbr='det')]
-datasets = [dict(type=JsonlDataset, abbr='rows', path={str(data)!r},
-                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
-                 infer_cfg=dict(prompt_template='{{question}}', inferencer=dict(type='gen', max_out_len=8)),
-                 eval_cfg=dict(evaluator='numeric_match'))]
-infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker={tasks}),
-             runner=dict(type=LocalRunner, max_num_workers={workers}, reuse_workers={reuse},
-                         task=dict(type=InferTask)))
-eval = dict(partitioner=dict(type=NaivePartitioner),
-            runner=dict(type=LocalRunner, max_num_workers={workers}, task=dict(type=EvalTask)))
-work_dir = {str(folder / ('out_warm' if reuse else 'out_cold'))!r}
-""")
-    return cfg
-
-
-def stage_wall(run_dir: Path, stage: str) -> tuple[float, int]:
-    events = [json.loads(line) for line in (run_dir / "events.jsonl").read_text().splitlines()]
-    mine = [e for e in events if e.get("stage") == stage]
-    starts = [e["ts"] for e in mine if e["event"] == "started"]
-    ends = [e["ts"] for e in mine if e["event"] in ("done", "failed")]
-    done = sum(1 for e in mine if e["event"] == "done")
-    return max(ends) - min(starts), done
+    mode = "warm" if reuse else "cold"
+    runner = f"dict(type=LocalRunner, max_num_workers={workers}, reuse_workers={reuse}"
+    return trivial_config(folder, f"bench_{mode}", tasks, "from orchestra.runners import LocalRunner", runner,
+                          folder / f"out_{mode}")
 
 
 def time_cmd(argv: list[str], repeat: int) -> float:
@@ -107,15 +75,10 @@ def main() -> int:
              str(cfg)],
             cwd=REPO, capture_output=True, text=True, check=True)
         rows.append(("CLI start-up: run.py --help (median)", f"{help_s:.3f} s"))
-        rows.append(("CLI start-up: plan + print 100 tasks (--dry-run, median)", f"{dry_s:.3f} s"))
+        rows.append((f"CLI start-up: plan + print {args.tasks} tasks (--dry-run, median)", f"{dry_s:.3f} s"))
         rows.append(("bare python -c pass (for scale)", f"{bare_s:.3f} s"))
         rows.append(("ML frameworks imported by the orchestrator", probe.stdout.strip() or "none"))
-    width = max(len(k) for k, _ in rows)
-    print(f"{'measure':<{width}}  value")
-    print(f"{'-' * width}  -------")
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
-    print(f"\n(machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]})")
+    print_table(rows)
     return 0
 
 

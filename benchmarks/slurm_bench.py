@@ -22,7 +22,6 @@ The table gives the median of ``--repeat`` runs and the ratio to ``sbatch --wait
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import shutil
@@ -34,48 +33,14 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from bench_common import REPO, stage_wall, trivial_config
 
 
 def write_config(folder: Path, tasks: int, partition: str, launcher: str) -> Path:
-    data = folder / "rows.jsonl"
-    if not data.exists():
-        with open(data, "w") as f:
-            for i in range(tasks):
-                f.write(json.dumps({"question": f"What is {i} + 1?", "answer": str(i + 1)}) + "\n")
-    cfg = folder / f"bench_{launcher}.py"
     runner = (f"dict(type=SlurmRunner, launcher={launcher!r}, partition={partition!r}, "
               f"max_num_workers={tasks}")
-    cfg.write_text(f"""
-from orchestra.datasets import JsonlDataset
-from orchestra.models import DeterministicModel
-from orchestra.partitioners import NaivePartitioner, NumWorkerPartitioner
-from orchestra.runners import SlurmRunner
-from orchestra.tasks import EvalTask, InferTask
-
-models = [dict(type=DeterministicModel, abbr='det')]
-datasets = [dict(type=JsonlDataset, abbr='rows', path={str(data)!r},
-                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
-                 infer_cfg=dict(prompt_template='{{question}}', inferencer=dict(type='gen', max_out_len=8)),
-                 eval_cfg=dict(evaluator='numeric_match'))]
-infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker={tasks}),
-             runner={runner}, task=dict(type=InferTask)))
-eval = dict(partitioner=dict(type=NaivePartitioner),
-            runner={runner}, task=dict(type=EvalTask)))
-work_dir = {str(folder / ('out_' + launcher))!r}
-""")
-    return cfg
-
-
-def read_events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
-
-
-def infer_wall(run: Path) -> tuple[float, int]:
-    mine = [e for e in read_events(run) if e.get("stage") == "infer"]
-    starts = [e["ts"] for e in mine if e["event"] == "started"]
-    ends = [e["ts"] for e in mine if e["event"] in ("done", "failed")]
-    return max(ends) - min(starts), sum(1 for e in mine if e["event"] == "done")
+    return trivial_config(folder, f"bench_{launcher}", tasks, "from orchestra.runners import SlurmRunner", runner,
+                          folder / f"out_{launcher}")
 
 
 def run_orchestra(folder: Path, tasks: int, partition: str, launcher: str) -> tuple[float, float, Path]:
@@ -86,7 +51,7 @@ def run_orchestra(folder: Path, tasks: int, partition: str, launcher: str) -> tu
     if res.returncode != 0:
         raise SystemExit(f"orchestra ({launcher}) failed:\n{res.stderr[-3000:]}")
     run = max(p for p in (folder / f"out_{launcher}").iterdir() if p.is_dir())
-    wall, done = infer_wall(run)
+    wall, done = stage_wall(run, "infer")
     if done != tasks:
         raise SystemExit(f"orchestra ({launcher}): {done} of {tasks} infer tasks done")
     return wall, total, run
