@@ -13,23 +13,8 @@ from orchestra.errors import ConfigError
 class JsonlDataset(BaseDataset):
     """One JSON object per line; each object is a row.
 
-    Args:
-        abbr: short name.
-        path: the ``.jsonl`` file.
-        reader_cfg: ``input_columns``, ``output_column``, ``test_range``.
-        infer_cfg: ``prompt_template``, ``inferencer``, optional ``fewshot``.
-        eval_cfg: ``evaluator``.
+    Arguments are those of :class:`BaseDataset`; ``path`` is the ``.jsonl`` file.
     """
-
-    def __init__(
-        self,
-        abbr: str,
-        path: str,
-        reader_cfg: dict[str, Any],
-        infer_cfg: dict[str, Any],
-        eval_cfg: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(abbr, path, reader_cfg, infer_cfg, eval_cfg)
 
     def load_rows(self) -> list[dict[str, Any]]:
         if not os.path.isfile(self.path):
