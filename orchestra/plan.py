@@ -14,27 +14,11 @@ from typing import Any
 from orchestra.config import RunConfig
 from orchestra.datasets.info import DatasetInfo
 from orchestra.fileio import stable_hash
+from orchestra.models.base import BaseModel
 from orchestra.partitioners.base import BasePartitioner
 from orchestra.paths import RunPaths, safe_name
+from orchestra.registry import MODELS
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
-
-# Model settings that change how fast or where a model runs, but not what it answers.
-NON_SEMANTIC_MODEL_KEYS = frozenset(
-    {
-        "abbr",
-        "run_cfg",
-        "batch_size",
-        "max_connections",
-        "max_retries",
-        "timeout_s",
-        "attempt_timeout_s",
-        "num_threads",
-        "cache_dir",
-        "max_samples",
-        "key_env",
-        "rate_limit",
-    }
-)
 
 
 @dataclass
@@ -46,8 +30,11 @@ class Plan:
     all_units: dict[str, list[tuple[str, Unit]]] = field(default_factory=dict)  # (model, unit)
 
 
-def model_key(model: dict[str, Any]) -> str:
-    return stable_hash({k: v for k, v in model.items() if k not in NON_SEMANTIC_MODEL_KEYS})
+def model_class(model: dict[str, Any]) -> type[BaseModel]:
+    """The class of a validated model config (its ``type`` is a dotted path)."""
+    cls = MODELS.resolve(model["type"], f"model {model.get('abbr')}")
+    assert issubclass(cls, BaseModel)
+    return cls
 
 
 def dataset_key(info: DatasetInfo) -> str:
@@ -68,9 +55,10 @@ def _pack(
     paths: RunPaths,
     task_cfg: dict[str, Any],
 ) -> list[TaskSpec]:
-    run_cfg = model.get("run_cfg", {})
-    num_gpus = int(run_cfg.get("num_gpus", 0)) if stage == "infer" else 0
-    num_procs = int(run_cfg.get("num_procs", 1)) if stage == "infer" else 1
+    cls = model_class(model)
+    needs = cls.resources(model) if stage == "infer" else {"num_gpus": 0, "num_procs": 1}
+    # A warm worker that ran an infer task keeps its model for the next task with this key.
+    worker_key = f"infer|{cls.instance_key(model)}" if stage == "infer" else "eval"
     tasks = []
     for group in partitioner.pack([u.cost for u in units]):
         chosen = [units[i] for i in group]
@@ -83,8 +71,9 @@ def _pack(
                 model_abbr=model["abbr"],
                 units=tuple(chosen),
                 task_cfg=task_cfg,
-                num_gpus=num_gpus,
-                num_procs=num_procs,
+                num_gpus=needs["num_gpus"],
+                num_procs=needs["num_procs"],
+                worker_key=worker_key,
             )
         )
     return tasks
@@ -96,7 +85,7 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
     plan = Plan(tasks={"infer": [], "eval": []}, reused={"infer": [], "eval": []},
                 all_units={"infer": [], "eval": []})
     for model in cfg.models:
-        mkey = model_key(model)
+        mkey = model_class(model).identity(model)
         todo: dict[str, list[Unit]] = {"infer": [], "eval": []}
         for info in infos:
             dkey = dataset_key(info)

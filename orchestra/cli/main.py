@@ -198,9 +198,13 @@ def _build_runners(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
     runners = {}
     for name, stage in cfg.stages.items():
         try:
-            runners[name] = stage.runner_cls(**stage.runner_kwargs)
+            runners[name] = stage.runner_cls(**stage.runner_kwargs)  # built (checked) even for --debug
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{args.config}: {name}.runner: {exc}") from None
+    if args.debug:  # every stage in this process, one task at a time, tracebacks shown
+        from orchestra.runners.inprocess import InProcessRunner
+
+        runners = {name: InProcessRunner() for name in runners}
     return runners
 
 
@@ -209,8 +213,9 @@ def _print_plan(plan: Any, runners: dict[str, Any], paths: Any, existed: bool) -
     for stage in ("infer", "eval"):
         tasks = plan.tasks[stage]
         reused = len(plan.reused[stage])
+        runner = runners[stage]
         print(f"\n[{stage}] {len(tasks)} task(s) to run, {reused} output(s) reused, "
-              f"runner {type(runners[stage]).__name__}")
+              f"runner {type(runner).__name__} (max_num_workers={runner.max_num_workers}, retry={runner.retry})")
         for task in tasks:
             resources = {"gpu_ids": ["<gpu>"] * task.num_gpus}
             cmd = runners[stage].get_command(task, paths.task_spec(task.task_id), resources, 1,
@@ -226,8 +231,8 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
     from orchestra.events import EventLog
     from orchestra.plan import make_plan
     from orchestra.runners.base import RunContext, TaskResult, TaskState
+    from orchestra.summary.progress import StageProgress
     from orchestra.summary.table import build_summary, render_text, write_summary
-    from orchestra.tasks.spec import output_done
 
     paths.make_dirs()
     dump_config(cfg.resolved, paths.config)
@@ -253,28 +258,12 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
             if ctx.stop.is_set():
                 break
             tasks = plan.tasks[stage]
-            for task in tasks:
-                task.dump(paths.task_spec(task.task_id))
-            if stage == "eval":
-                ready = []
-                for task in tasks:
-                    missing = [p for u in task.units for p, h in u.inputs if not output_done(p, h)]
-                    if missing:
-                        reason = f"predictions missing: {os.path.relpath(missing[0], paths.root)}"
-                        events.emit("skipped", task_id=task.task_id, stage=stage, reason=reason)
-                        results.append(TaskResult(task.task_id, stage, TaskState.SKIPPED, 0,
-                                                  paths.task_log(stage, task.task_id), reason))
-                    else:
-                        ready.append(task)
-                tasks = ready
             if not tasks:
                 continue
             print(f"[{stage}] {len(tasks)} task(s), {len(plan.reused[stage])} output(s) reused", file=sys.stderr)
-            if args.debug:
-                results += _run_in_process(tasks, ctx)
-            else:
-                ctx.on_change = _Progress(stage, len(tasks), paths.events)
-                results += runners[stage].launch(tasks, ctx)
+            ctx.on_change = None if args.debug else StageProgress(stage, len(tasks), paths.events)
+            results += runners[stage].launch(tasks, ctx)
+            if not args.debug:
                 print(file=sys.stderr)
     finally:
         for sig, handler in previous.items():
@@ -293,97 +282,6 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_FAILED if bad else EXIT_OK
-
-
-def _run_in_process(tasks: list[Any], ctx: Any) -> list[Any]:
-    """``--debug``: run each task here, in order; a crash shows its traceback."""
-    from orchestra.runners.base import TaskResult, TaskState
-    from orchestra.tasks import eval as eval_task
-    from orchestra.tasks import infer as infer_task
-    from orchestra.tasks.spec import output_done
-
-    results = []
-    for task in tasks:
-        if ctx.stop.is_set():
-            break
-        log = ctx.paths.task_log(task.stage, task.task_id)
-        ctx.events.emit("started", task_id=task.task_id, stage=task.stage, attempt=1, debug=True)
-        t0 = time.monotonic()
-        # Ctrl-C interrupts the task itself here (there is no child process to signal).
-        handler = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            (infer_task if task.stage == "infer" else eval_task).run_task(task)
-        except KeyboardInterrupt:
-            ctx.stop.set()
-            ctx.events.emit("cancelled", task_id=task.task_id, stage=task.stage)
-            results.append(TaskResult(task.task_id, task.stage, TaskState.CANCELLED, 1, log, "interrupted"))
-            break
-        finally:
-            signal.signal(signal.SIGINT, handler)
-        ok = all(output_done(p, h) for p, h in task.outputs)
-        state = TaskState.DONE if ok else TaskState.FAILED
-        ctx.events.emit(state.value, task_id=task.task_id, stage=task.stage, attempt=1)
-        results.append(TaskResult(task.task_id, task.stage, state, 1, log, "" if ok else "outputs missing",
-                                  time.monotonic() - t0))
-    return results
-
-
-class _Progress:
-    """The progress bar of a stage: tasks ended, running, failed, and the live request
-    counters (in flight, done, 429s, retries, errors) that running tasks report as
-    ``progress`` events."""
-
-    # fields of the infer task's ``progress`` events (see docs/api.md), summed over running tasks
-    COUNTERS = ("samples_done", "samples_total", "in_flight", "requests_done", "rate_limited", "retries", "errors")
-
-    def __init__(self, stage: str, total: int, events_path: str) -> None:
-        from tqdm import tqdm
-
-        self.total = total
-        self.events_path = events_path
-        self.offset = os.path.getsize(events_path) if os.path.exists(events_path) else 0
-        self.latest: dict[str, dict[str, Any]] = {}
-        self.last_read = 0.0
-        self.last_counts: dict[str, int] = {}
-        self.bar = tqdm(total=total, desc=f"[{stage}]", unit="task", file=sys.stderr, dynamic_ncols=True,
-                        mininterval=0.5, leave=True)
-
-    def _read_progress(self) -> None:
-        import json
-
-        try:
-            with open(self.events_path, "rb") as f:
-                f.seek(self.offset)
-                chunk = f.read()
-        except OSError:
-            return
-        end = chunk.rfind(b"\n") + 1
-        self.offset += end
-        for line in chunk[:end].splitlines():
-            try:
-                ev = json.loads(line)
-            except ValueError:
-                continue
-            if ev.get("event") == "progress":
-                self.latest[str(ev.get("task_id"))] = ev
-
-    def __call__(self, counts: dict[str, int]) -> None:
-        now = time.monotonic()
-        ended = sum(v for k, v in counts.items() if k not in ("pending", "running"))
-        if counts == self.last_counts and now - self.last_read < 1.0:
-            return
-        if now - self.last_read >= 1.0:
-            self.last_read = now
-            self._read_progress()
-        self.last_counts = dict(counts)
-        self.bar.update(ended - self.bar.n)
-        post: dict[str, Any] = {"running": counts.get("running", 0), "failed": counts.get("failed", 0)}
-        if self.latest:
-            for key in self.COUNTERS:
-                post[key] = sum(int(ev.get(key) or 0) for ev in self.latest.values())
-        self.bar.set_postfix(post, refresh=False)
-        if ended == self.total:
-            self.bar.close()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestra.datasets.base import BaseDataset, Sample
+from orchestra.datasets.base import BaseDataset
 from orchestra.datasets.files import JsonlDataset
 
 _LAZY = {
@@ -13,7 +13,7 @@ _LAZY = {
     "OlmoEvalDataset": "orchestra.datasets.olmo",
 }
 
-__all__ = ["BaseDataset", "JsonlDataset", "Sample", *_LAZY]
+__all__ = ["BaseDataset", "JsonlDataset", *_LAZY]
 
 
 def __getattr__(name: str) -> Any:

@@ -21,30 +21,13 @@ import json
 import os
 import re
 import string
-from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.errors import ConfigError
-from orchestra.models.base import GenRequest, LoglikRequest, Message, Prompt
-
-INFERENCER_KEYS: dict[str, set[str]] = {
-    "gen": {"type", "max_out_len", "stop", "temperature", "top_p", "seed"},
-    "loglik": {"type", "choices_column", "choices", "continuation_template"},
-    "chat": {"type", "turns_column", "max_out_len", "stop", "temperature", "top_p", "seed"},
-}
-
-
-@dataclass
-class Sample:
-    """One unit of inference work: what to send, and what a right answer looks like."""
-
-    id: int
-    kind: str  # 'gen' | 'loglik' | 'chat'
-    gold: Any
-    gen: GenRequest | None = None
-    loglik: LoglikRequest | None = None
-    turns: list[str] = field(default_factory=list)
-    chat_template: GenRequest | None = None  # settings for every turn of a 'chat' sample
+from orchestra.fileio import stable_hash
+from orchestra.inferencers import get_inferencer, inferencer_cfg
+from orchestra.registry import DATASETS
+from orchestra.requests import Message, Prompt, Sample
 
 
 def parse_range(test_range: Any, where: str) -> tuple[int | None, int | None]:
@@ -80,7 +63,7 @@ def template_fields(template: Any) -> set[str]:
     return names
 
 
-def fill_template(template: Any, row: dict[str, Any]) -> Prompt:
+def fill_prompt(template: Any, row: dict[str, Any]) -> Prompt:
     """Fill a string template, or every message of a chat template, with a row's columns."""
     if isinstance(template, str):
         return template.format(**row)
@@ -136,8 +119,10 @@ class BaseDataset(abc.ABC):
     # -- shared behaviour ---------------------------------------------------------------
     @property
     def inferencer(self) -> dict[str, Any]:
-        inf = self.infer_cfg.get("inferencer", {"type": "gen"})
-        return dict(inf) if isinstance(inf, dict) else {"type": str(inf)}
+        """``infer_cfg.inferencer`` as a dict with its ``type`` (default ``gen``)."""
+        inf = inferencer_cfg(self.infer_cfg.get("inferencer"))
+        inf.setdefault("type", "gen")
+        return inf
 
     def all_rows(self) -> list[dict[str, Any]]:
         if self._rows is None:
@@ -161,9 +146,7 @@ class BaseDataset(abc.ABC):
             if self.reader_cfg.get(key) is not None:
                 inputs.append(self.reader_cfg[key])
         inf = self.inferencer
-        for key in ("choices_column", "turns_column"):
-            if inf.get(key):
-                inputs.append(inf[key])
+        inputs += get_inferencer(inf["type"], f"{where}: infer_cfg.inferencer.type").columns(inf)
         missing = [c for c in inputs if c not in cols]
         if missing:
             raise ConfigError(
@@ -197,7 +180,7 @@ class BaseDataset(abc.ABC):
             )
         tmpl = self.infer_cfg.get("fewshot_template") or self.infer_cfg["prompt_template"]
         sep = few.get("separator", "\n\n")
-        return sep.join(str(fill_template(tmpl, r)) for r in pool[:k]) + sep
+        return sep.join(str(fill_prompt(tmpl, r)) for r in pool[:k]) + sep
 
     def build_samples(self, start: int, end: int) -> list[Sample]:
         """Samples for rows ``[start, end)`` of :meth:`rows` (ids are row indices)."""
@@ -206,51 +189,38 @@ class BaseDataset(abc.ABC):
         template = self.infer_cfg.get("prompt_template", default)
         prefix = self._fewshot_prefix()
         inf = self.inferencer
-        kind = inf.get("type", "gen")
+        where = f"dataset {self.abbr}"
+        kind = get_inferencer(inf["type"], f"{where}: infer_cfg.inferencer.type")
         samples: list[Sample] = []
         for idx in range(start, min(end, len(rows))):
             row = rows[idx]
-            prompt = fill_template(template, row)
+            prompt = fill_prompt(template, row)
             if prefix:
                 if isinstance(prompt, str):
                     prompt = prefix + prompt
                 else:
                     prompt = [dict(prompt[0], content=prefix + prompt[0]["content"]), *prompt[1:]]
-            gold = self.gold(row)
-            if kind == "gen":
-                req = GenRequest(
-                    prompt=prompt,
-                    max_out_len=int(inf.get("max_out_len", 256)),
-                    stop=tuple(inf.get("stop", ())),
-                    temperature=float(inf.get("temperature", 0.0)),
-                    top_p=float(inf.get("top_p", 1.0)),
-                    seed=inf.get("seed"),
-                )
-                samples.append(Sample(id=idx, kind=kind, gold=gold, gen=req))
-            elif kind == "loglik":
-                choices = row[inf["choices_column"]] if inf.get("choices_column") else inf.get("choices")
-                if not choices:
-                    raise ConfigError(
-                        f"dataset {self.abbr}: inferencer loglik needs choices_column or choices"
-                    )
-                cont_t = inf.get("continuation_template", " {choice}")
-                conts = tuple(cont_t.format(choice=c, **row) for c in choices)
-                samples.append(
-                    Sample(id=idx, kind=kind, gold=gold, loglik=LoglikRequest(context=prompt, continuations=conts))
-                )
-            elif kind == "chat":
-                turns = [str(t) for t in row[inf["turns_column"]]]
-                settings = GenRequest(
-                    prompt="",
-                    max_out_len=int(inf.get("max_out_len", 256)),
-                    stop=tuple(inf.get("stop", ())),
-                    temperature=float(inf.get("temperature", 0.0)),
-                    top_p=float(inf.get("top_p", 1.0)),
-                    seed=inf.get("seed"),
-                )
-                samples.append(Sample(id=idx, kind=kind, gold=gold, turns=turns, chat_template=settings))
-            else:
-                raise ConfigError(
-                    f"dataset {self.abbr}: infer_cfg.inferencer.type={kind!r}; valid: gen, loglik, chat"
-                )
+            samples.append(kind.build(inf, idx, row, prompt, self.gold(row), where))
         return samples
+
+
+_BUILT: dict[str, BaseDataset] = {}
+
+
+def build_dataset(cfg: dict[str, Any]) -> BaseDataset:
+    """The dataset object a config dict describes, one per config in a process.
+
+    Construction reads nothing; rows are read on first use and then kept, so the shards of
+    one dataset in a task (or in a warm worker) read the file once.
+    """
+    key = stable_hash(cfg)
+    if key not in _BUILT:
+        cls = DATASETS.resolve(cfg["type"], f"dataset {cfg.get('abbr')}")
+        kwargs = {k: v for k, v in cfg.items() if k != "type"}
+        try:
+            ds = cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"dataset {cfg.get('abbr')}: {exc}") from None
+        assert isinstance(ds, BaseDataset)
+        _BUILT[key] = ds
+    return _BUILT[key]

@@ -14,10 +14,9 @@ from typing import Any
 
 from filelock import FileLock
 
-from orchestra.datasets.base import BaseDataset
+from orchestra.datasets.base import BaseDataset, build_dataset, parse_range
 from orchestra.errors import ConfigError
-from orchestra.fileio import atomic_write_json, stable_hash
-from orchestra.registry import DATASETS
+from orchestra.fileio import atomic_write_json
 
 
 def cache_dir() -> str:
@@ -35,32 +34,6 @@ class DatasetInfo:
     kind: str  # inferencer type: gen | loglik | chat
     num_choices: float
     content_key: str
-
-
-_BUILT: dict[str, BaseDataset] = {}
-
-
-def build_dataset(cfg: dict[str, Any]) -> BaseDataset:
-    """The dataset object a config dict describes, one per config in a process.
-
-    Construction reads nothing; rows are read on first use and then kept, so the shards of
-    one dataset in a task (or in a warm worker) read the file once.
-    """
-    key = stable_hash(cfg)
-    if key not in _BUILT:
-        _BUILT[key] = _construct(cfg)
-    return _BUILT[key]
-
-
-def _construct(cfg: dict[str, Any]) -> BaseDataset:
-    cls = DATASETS.resolve(cfg["type"], f"dataset {cfg.get('abbr')}")
-    kwargs = {k: v for k, v in cfg.items() if k != "type"}
-    try:
-        ds = cls(**kwargs)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"dataset {cfg.get('abbr')}: {exc}") from None
-    assert isinstance(ds, BaseDataset)
-    return ds
 
 
 def _probe(ds: BaseDataset) -> dict[str, Any]:
@@ -100,8 +73,6 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = Tr
             raise ConfigError(f"{here}: {exc}") from None
         ds.check(facts["columns"], here)
         # test_range is applied to the probed size without reading the rows again.
-        from orchestra.datasets.base import parse_range
-
         lo, hi = parse_range(ds.reader_cfg.get("test_range"), f"{where}: datasets[{i}].reader_cfg")
         size = len(range(facts["num_rows"])[lo:hi])
         infos.append(

@@ -19,55 +19,21 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestra.datasets.base import Sample
-from orchestra.models.base import BaseModel, GenRequest, Message
+from orchestra.inferencers import get_inferencer
+from orchestra.models.base import BaseModel
+from orchestra.requests import Sample
 
 #: request counters of ``ModelStats`` reported as deltas over one engine run
 _COUNTERS = ("done", "rate_limited", "retries", "errors")
 
 
-def _serializable_prompt(prompt: Any) -> Any:
-    return prompt if isinstance(prompt, (str, list)) else str(prompt)
-
-
 async def run_sample(model: BaseModel, sample: Sample) -> dict[str, Any]:
-    """Run one sample to a prediction record."""
-    if sample.kind == "gen":
-        if sample.gen is None:
-            raise ValueError(f"sample {sample.id}: kind 'gen' without a request")
-        text = await model.generate(sample.gen)
-        return {"id": sample.id, "prompt": _serializable_prompt(sample.gen.prompt), "prediction": text,
-                "gold": sample.gold}
-    if sample.kind == "loglik":
-        if sample.loglik is None:
-            raise ValueError(f"sample {sample.id}: kind 'loglik' without a request")
-        lls = await model.loglikelihood(sample.loglik)
-        best = max(range(len(lls)), key=lls.__getitem__)
-        return {"id": sample.id, "prompt": _serializable_prompt(sample.loglik.context),
-                "continuations": list(sample.loglik.continuations), "logliks": lls, "prediction": best,
-                "gold": sample.gold}
-    if sample.kind == "chat":
-        return await run_conversation(model, sample)
-    raise ValueError(f"sample {sample.id}: unknown kind {sample.kind!r}")
-
-
-async def run_conversation(model: BaseModel, sample: Sample) -> dict[str, Any]:
-    """A multi-turn sample: each user turn is sent the moment the previous reply arrives."""
-    settings = sample.chat_template or GenRequest(prompt="")
-    messages: list[Message] = []
-    replies: list[str] = []
-    for turn in sample.turns:
-        messages.append({"role": "user", "content": turn})
-        req = GenRequest(prompt=list(messages), max_out_len=settings.max_out_len, stop=settings.stop,
-                         temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed)
-        reply = await model.generate(req)
-        messages.append({"role": "assistant", "content": reply})
-        replies.append(reply)
-    return {"id": sample.id, "turns": sample.turns, "prediction": replies, "gold": sample.gold}
+    """Run one sample to a prediction record, as its inferencer kind says."""
+    return await get_inferencer(sample.kind, f"sample {sample.id}: kind").run(model, sample)
 
 
 @dataclass(frozen=True)
-class Job:
+class SampleJob:
     """One sample to run and where its record goes (its unit's checkpoint)."""
 
     sample: Sample
@@ -140,7 +106,7 @@ class Engine:
         snap["elapsed_s"] = round(time.monotonic() - self._t0, 3)
         return snap
 
-    async def run(self, jobs: Iterable[Job]) -> EngineCounts:
+    async def run(self, jobs: Iterable[SampleJob]) -> EngineCounts:
         """Run every job; returns once each has a record (done or failed)."""
         todo = list(jobs)
         self.counts = EngineCounts(total=len(todo))
@@ -199,4 +165,4 @@ async def run_samples(
 ) -> EngineCounts:
     """Run ``samples`` with at most ``max_samples`` in progress; report each record as it ends."""
     engine = Engine(model, max_samples, on_progress, progress_interval_s)
-    return await engine.run(Job(s, on_record) for s in samples)
+    return await engine.run(SampleJob(s, on_record) for s in samples)

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestra.models.base import BaseModel, BatchedModel, GenRequest, LoglikRequest
+from orchestra.models.base import BaseModel, BatchedModel
 from orchestra.models.fake import DeterministicModel
+from orchestra.requests import GenRequest, LoglikRequest
 
 _LAZY = {
     "HFCausalLM": "orchestra.models.hf",

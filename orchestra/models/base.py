@@ -17,31 +17,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
-Message = dict[str, str]
-"""One chat message: ``{"role": "user" | "assistant" | "system", "content": "..."}``."""
-
-Prompt = str | list[Message]
-"""A plain-text prompt, or a list of chat messages."""
-
-
-@dataclass(frozen=True)
-class GenRequest:
-    """Generate a continuation of ``prompt``."""
-
-    prompt: Prompt
-    max_out_len: int = 256
-    stop: tuple[str, ...] = ()
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-
-
-@dataclass(frozen=True)
-class LoglikRequest:
-    """Score each continuation: the summed log-probability of its tokens after ``context``."""
-
-    context: Prompt
-    continuations: tuple[str, ...]
+from orchestra.fileio import stable_hash
+from orchestra.requests import GenRequest, LoglikRequest
 
 
 @dataclass
@@ -77,8 +54,10 @@ class BaseModel(abc.ABC):
         generation_kwargs: default sampling settings (``temperature``, ``top_p``, ``seed``).
     """
 
-    #: True for models behind a network API; they get high concurrency and no GPUs.
-    is_api: ClassVar[bool] = False
+    #: Config keys that change how fast or where a model runs, never what it answers.  They
+    #: are left out of :meth:`identity`, so changing them reuses earlier predictions.
+    #: Subclasses add their own (``batch_size``, ``max_connections``, ...).
+    speed_keys: ClassVar[frozenset[str]] = frozenset({"abbr", "run_cfg"})
     #: True when the constructor is cheap (no framework import, no weights, no network) and
     #: checks its values: the orchestrator then builds the model once while validating a
     #: config, so a missing checkpoint is a config error, not a failed task.
@@ -96,6 +75,38 @@ class BaseModel(abc.ABC):
         self.max_out_len = max_out_len
         self.generation_kwargs = dict(generation_kwargs or {})
         self.stats = ModelStats()
+
+    # -- what the model is and needs, asked of its config without building it -------------
+    @classmethod
+    def identity(cls, cfg: dict[str, Any]) -> str:
+        """A key of the settings that can change an answer: the content hash of predictions
+        covers it, and two configs with the same identity share predictions."""
+        return stable_hash({k: v for k, v in cfg.items() if k not in cls.speed_keys})
+
+    @classmethod
+    def instance_key(cls, cfg: dict[str, Any]) -> str:
+        """A key of everything the constructor gets: a process that built a model for one
+        config reuses the object for another config with this key (warm workers)."""
+        return stable_hash({k: v for k, v in cfg.items() if k != "run_cfg"})
+
+    @classmethod
+    def resources(cls, cfg: dict[str, Any]) -> dict[str, int]:
+        """What one task of this model occupies: ``num_gpus`` and ``num_procs`` (from
+        ``run_cfg``; a subclass may derive them from its own settings)."""
+        run_cfg = cfg.get("run_cfg") or {}
+        return {"num_gpus": int(run_cfg.get("num_gpus", 0)), "num_procs": int(run_cfg.get("num_procs", 1))}
+
+    def out_len(self, request: GenRequest) -> int:
+        """The generation length of ``request``: its own, else the model's ``max_out_len``."""
+        return request.max_out_len if request.max_out_len is not None else self.max_out_len
+
+    def sampling(self, request: GenRequest) -> dict[str, Any]:
+        """Sampling settings of ``request``; a greedy, unseeded one takes the model's
+        ``generation_kwargs`` as its settings."""
+        out: dict[str, Any] = {"temperature": request.temperature, "top_p": request.top_p, "seed": request.seed}
+        if request.is_default_sampling():
+            out.update(self.generation_kwargs)
+        return out
 
     @abc.abstractmethod
     async def generate(self, request: GenRequest) -> str:
@@ -177,6 +188,8 @@ class BatchedModel(BaseModel):
     ``loglikelihood`` calls from the engine are grouped into batches of up to
     ``batch_size`` (dynamic batching).  Only one batch runs at a time per model.
     """
+
+    speed_keys = BaseModel.speed_keys | {"batch_size"}
 
     def __init__(self, abbr: str, path: str = "", batch_size: int = 8, **kwargs: Any) -> None:
         super().__init__(abbr, path, **kwargs)

@@ -7,15 +7,11 @@ import re
 import time
 from typing import Any
 
-from orchestra.models.base import BatchedModel, GenRequest, LoglikRequest, Prompt
+from orchestra.models.base import BatchedModel
+from orchestra.requests import GenRequest, LoglikRequest, prompt_text
 
 _ARITH = re.compile(r"(-?\d+)\s*([-+*]|plus|minus|times)\s*(-?\d+)")
 
-
-def _text(prompt: Prompt) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(m["content"] for m in prompt)
 
 
 class DeterministicModel(BatchedModel):
@@ -63,7 +59,7 @@ class DeterministicModel(BatchedModel):
             time.sleep(load_s)
 
     def _answer(self, request: GenRequest) -> str:
-        text = _text(request.prompt)
+        text = prompt_text(request.prompt)
         found = _ARITH.findall(text)
         if found:
             a, op, b = found[-1]
@@ -76,7 +72,7 @@ class DeterministicModel(BatchedModel):
         for stop in request.stop:
             if stop and stop in out:
                 out = out[: out.index(stop)]
-        return out[: request.max_out_len]
+        return out[: self.out_len(request)]
 
     def generate_batch(self, requests: list[GenRequest]) -> list[str]:
         if self.delay_s:
@@ -88,6 +84,6 @@ class DeterministicModel(BatchedModel):
             time.sleep(self.delay_s)
         out = []
         for r in requests:
-            ctx = _text(r.context)
+            ctx = prompt_text(r.context)
             out.append([0.0 if c.strip() and c.strip() in ctx else -float(len(c)) for c in r.continuations])
         return out

@@ -21,7 +21,7 @@ from typing import Any
 
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models import weights_cache
-from orchestra.models.base import BatchedModel, GenRequest, LoglikRequest
+from orchestra.models.base import BatchedModel
 from orchestra.models.hf_common import (  # noqa: F401  (re-exported for callers of this module)
     DEVICES,
     DTYPES,
@@ -37,6 +37,7 @@ from orchestra.models.hf_common import (  # noqa: F401  (re-exported for callers
     split_context_continuation,
     truncate_at_stop,
 )
+from orchestra.requests import GenRequest, LoglikRequest
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,7 @@ class HFCausalLM(BatchedModel):
     """
 
     validate_by_construction = True
+    speed_keys = BatchedModel.speed_keys | {"num_threads", "cache_dir"}
 
     def __init__(
         self,
@@ -297,14 +299,9 @@ class HFCausalLM(BatchedModel):
 
     # -- generation ---------------------------------------------------------------------
     def _settings(self, req: GenRequest) -> dict[str, Any]:
-        """Sampling settings of a request; a greedy, unseeded request takes the model's defaults."""
-        out: dict[str, Any] = {
-            "temperature": req.temperature,
-            "top_p": req.top_p,
-            "seed": req.seed,
-        }
-        if req.temperature == 0.0 and req.seed is None and req.top_p == 1.0:
-            out.update(self.generation_kwargs)
+        """Sampling settings of a request (see :meth:`BaseModel.sampling`), with HF's neutral
+        values for what neither the request nor the model sets."""
+        out = self.sampling(req)
         out.setdefault("top_k", 0)
         out.setdefault("repetition_penalty", 1.0)
         return out
@@ -338,14 +335,14 @@ class HFCausalLM(BatchedModel):
         for req in requests:
             text, templated = render_prompt(tok, req.prompt, self.use_chat_template)
             ids = self._encode(text, templated)
-            room = max(1, max_len - req.max_out_len)
+            room = max(1, max_len - self.out_len(req))
             if len(ids) > room:
                 log.warning("%s: prompt of %d tokens cut to its last %d", self.abbr, len(ids), room)
                 ids = ids[-room:]
             prompts.append(ids)
         input_ids, mask, _ = self._left_pad(prompts)
         width = input_ids.shape[1]
-        limits = [req.max_out_len for req in requests]
+        limits = [self.out_len(req) for req in requests]
         stops = [tuple(req.stop) for req in requests]
 
         class _StopRows(transformers.StoppingCriteria):

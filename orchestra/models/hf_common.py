@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.errors import ConfigError
-from orchestra.models.base import Prompt
+from orchestra.requests import Prompt, prompt_text
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -108,27 +108,23 @@ def resolve_source(path: str, where: str) -> ModelSource:
 
 
 def auto_num_threads(explicit: int | None, uses_cuda: bool) -> int | None:
-    """Torch CPU threads for this worker; ``None`` leaves torch's default.
+    """Torch CPU threads for this process; ``None`` leaves torch's default.
 
-    An explicit value wins.  Otherwise, when the model runs on the CPU and the runner says
-    (env ``ORCHESTRA_NUM_WORKERS``) that several workers share this machine, each worker gets
-    ``max(1, cpus // workers)`` threads: oversubscribed cores made scoring 2-3x slower.
+    An explicit value wins.  Otherwise a model on the CPU takes ``OMP_NUM_THREADS``, the
+    standard variable through which a runner hands each task its share of the cores
+    (LocalRunner: ``cpus // max_num_workers`` when several tasks share the machine, since
+    oversubscribed cores made scoring 2-3x slower).  It is applied on the thread that runs
+    each batch, where torch keeps its own count.
     """
     if explicit is not None:
         return explicit
     if uses_cuda:
         return None
     try:
-        workers = int(os.environ.get("ORCHESTRA_NUM_WORKERS", "1"))
+        value = int(os.environ.get("OMP_NUM_THREADS", ""))
     except ValueError:
-        workers = 1
-    if workers <= 1:
         return None
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // workers)
+    return value if value >= 1 else None
 
 
 def render_prompt(tokenizer: Any, prompt: Prompt, use_chat_template: bool | None) -> tuple[str, bool]:
@@ -144,7 +140,7 @@ def render_prompt(tokenizer: Any, prompt: Prompt, use_chat_template: bool | None
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True), True
     if isinstance(prompt, str):
         return prompt, False
-    return "\n\n".join(m["content"] for m in prompt), False
+    return prompt_text(prompt), False
 
 
 def split_context_continuation(

@@ -22,15 +22,10 @@ from orchestra.errors import ModelError
 from orchestra.inference.concurrency import HostSlots, ProcessSlots, concurrency
 from orchestra.inference.ratelimit import AdaptiveRate
 from orchestra.inference.retry import RetryDecision, RetryPolicy, classify_exception, classify_status
-from orchestra.models.base import BaseModel, GenRequest, LoglikRequest, Message, Prompt
+from orchestra.models.base import BaseModel
+from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, prompt_text
 
 ENDPOINTS = ("chat", "completions")
-
-
-def _prompt_text(prompt: Prompt) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    return "\n".join(m["content"] for m in prompt)
 
 
 class _Secret:
@@ -72,8 +67,9 @@ class OpenAIAPI(BaseModel):
             limit from 429 answers only).
     """
 
-    is_api = True
     validate_by_construction = True  # the constructor only checks values: no network, no key
+    speed_keys = BaseModel.speed_keys | {"max_connections", "max_retries", "timeout_s", "attempt_timeout_s",
+                                         "key_env", "rate_limit"}
 
     def __init__(
         self,
@@ -274,8 +270,8 @@ class OpenAIAPI(BaseModel):
         if self.endpoint == "chat":
             body["messages"] = self._messages(request.prompt)
         else:
-            body["prompt"] = _prompt_text(request.prompt)
-        body["max_tokens"] = request.max_out_len
+            body["prompt"] = prompt_text(request.prompt)
+        body["max_tokens"] = self.out_len(request)
         body["temperature"] = request.temperature
         body["top_p"] = request.top_p
         if request.seed is not None:
@@ -311,7 +307,7 @@ class OpenAIAPI(BaseModel):
         """
         if self.endpoint != "completions":
             raise ModelError(f"model {self.abbr}: log-likelihoods need endpoint='completions' (echo + logprobs)")
-        context = _prompt_text(request.context)
+        context = prompt_text(request.context)
         results = await asyncio.gather(*(self._score(context, c) for c in request.continuations))
         return list(results)
 

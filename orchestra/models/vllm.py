@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestra.errors import ConfigError, ModelError
-from orchestra.models.base import BatchedModel, GenRequest, LoglikRequest
+from orchestra.models.base import BatchedModel
 from orchestra.models.hf_common import GENERATION_KEYS, render_prompt, split_context_continuation, truncate_at_stop
+from orchestra.requests import GenRequest, LoglikRequest
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -194,9 +195,10 @@ class VLLMModel(BatchedModel):
         self._replicas: list[tuple[Any, Any]] = []  # (process, connection)
 
     # -- what the model asks of the machine ---------------------------------------------
-    def run_cfg(self) -> dict[str, int]:
-        """Resources one task of this model needs."""
-        return {"num_gpus": gpus_needed(self.tensor_parallel_size, self.data_parallel_size), "num_procs": 1}
+    @classmethod
+    def resources(cls, cfg: dict[str, Any]) -> dict[str, int]:
+        """GPUs of one task: ``tensor_parallel_size * data_parallel_size`` unless ``run_cfg`` says."""
+        return run_cfg_for(cfg)
 
     def llm_kwargs(self) -> dict[str, Any]:
         """Arguments of ``vllm.LLM`` for one replica."""
@@ -218,11 +220,9 @@ class VLLMModel(BatchedModel):
 
         A greedy, unseeded request takes the model's ``generation_kwargs`` as defaults.
         """
-        settings: dict[str, Any] = {"temperature": req.temperature, "top_p": req.top_p, "seed": req.seed}
-        if req.temperature == 0.0 and req.seed is None and req.top_p == 1.0:
-            settings.update(self.generation_kwargs)
+        settings = self.sampling(req)
         kwargs: dict[str, Any] = {
-            "max_tokens": req.max_out_len,
+            "max_tokens": self.out_len(req),
             "temperature": float(settings["temperature"]),
             "top_p": float(settings["top_p"]) if settings["temperature"] else 1.0,
             "stop": list(req.stop),

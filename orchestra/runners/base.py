@@ -129,7 +129,12 @@ class BaseRunner(abc.ABC):
         self.poll_interval_s = poll_interval_s
         self.template = template
         if template is not None:
-            fill_template(template, ["true"], {k: "" for k in self.template_fields})  # validates now
+            self.check_template(template)
+
+    @classmethod
+    def check_template(cls, template: str | list[str]) -> None:
+        """Raise ``ConfigError`` if ``template`` cannot be filled with this runner's fields."""
+        fill_template(template, ["true"], {k: "" for k in cls.template_fields})
 
     # -- the backend's hooks ---------------------------------------------------------------
     @abc.abstractmethod
@@ -162,6 +167,12 @@ class BaseRunner(abc.ABC):
         """Called after each round of ``submit`` calls; a backend that batches submissions
         (e.g. one Slurm job array for every job submitted in the round) sends them here."""
 
+    def log_attempt(self, job: Job, text: str) -> None:
+        """Append the loop's own lines (attempt header, failure reason) to the task's log."""
+        os.makedirs(os.path.dirname(job.log_path), exist_ok=True)
+        with open(job.log_path, "a", encoding="utf-8") as log:
+            log.write(text)
+
     def command_fields(self, task: TaskSpec, resources: dict[str, Any], log_path: str) -> dict[str, Any]:
         return {
             "task_id": task.task_id,
@@ -175,7 +186,6 @@ class BaseRunner(abc.ABC):
         return {
             "ORCHESTRA_TASK_ID": task.task_id,
             "ORCHESTRA_ATTEMPT": str(attempt),
-            "ORCHESTRA_NUM_WORKERS": str(self.max_num_workers),
             "PYTHONUNBUFFERED": "1",
         }
 
@@ -198,10 +208,16 @@ class BaseRunner(abc.ABC):
         pending: deque[_Pending] = deque()
         for task in tasks:
             log_path = ctx.paths.task_log(task.stage, task.task_id)
-            reason = self.unfit_reason(task)
-            if reason:
-                results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, 0, log_path, reason)
-                ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=reason)
+            missing = task.missing_inputs()
+            if missing:  # a stage waits for its inputs: an eval task whose predictions failed
+                why = f"predictions missing: {os.path.relpath(missing[0], ctx.paths.root)}"
+                results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.SKIPPED, 0, log_path, why)
+                ctx.events.emit("skipped", task_id=task.task_id, stage=task.stage, reason=why)
+                continue
+            unfit = self.unfit_reason(task)
+            if unfit:
+                results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, 0, log_path, unfit)
+                ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit)
                 continue
             pending.append(_Pending(task, 1))
             ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost)
@@ -263,17 +279,13 @@ class BaseRunner(abc.ABC):
             pending.remove(entry)
             task = entry.task
             spec_path = ctx.paths.task_spec(task.task_id)
-            if not os.path.exists(spec_path):
+            if entry.attempt == 1:  # the one place a spec is written: what every attempt runs
                 task.dump(spec_path)
             log_path = ctx.paths.task_log(task.stage, task.task_id)
-            os.makedirs(os.path.dirname(log_path), exist_ok=True)
             command = self.get_command(task, spec_path, resources, entry.attempt, log_path)
             job = Job(task, entry.attempt, command, log_path, resources)
-            with open(log_path, "a", encoding="utf-8") as log:
-                log.write(
-                    f"===== orchestra: attempt {entry.attempt} of {task.task_id} at "
-                    f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {command.display()}\n"
-                )
+            self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} at "
+                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {command.display()}\n")
             job.started = time.monotonic()
             if not entry.first_started:
                 entry.first_started = job.started
@@ -301,8 +313,7 @@ class BaseRunner(abc.ABC):
             reason = f"exited 0 but did not write {os.path.relpath(missing[0], ctx.paths.root)}"
         else:
             reason = ended.reason or f"exit code {ended.code}"
-        with open(job.log_path, "a", encoding="utf-8") as log:
-            log.write(f"===== orchestra: attempt {job.attempt} failed: {reason}\n")
+        self.log_attempt(job, f"===== orchestra: attempt {job.attempt} failed: {reason}\n")
         if job.attempt <= self.retry and not ctx.stop.is_set():
             delay = self._backoff(job.attempt)
             ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,

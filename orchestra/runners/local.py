@@ -31,6 +31,17 @@ def detect_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
+def cpu_share(workers: int) -> int | None:
+    """Cores each of ``workers`` concurrent tasks gets (None: one task, all of them)."""
+    if workers <= 1:
+        return None
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // workers)
+
+
 class LocalRunner(BaseRunner):
     """One subprocess per task attempt, each in its own process group.
 
@@ -106,15 +117,17 @@ class LocalRunner(BaseRunner):
         env = super().task_env(task, resources, attempt)
         # A task without GPUs must not grab one by accident: hide them all.
         env["CUDA_VISIBLE_DEVICES"] = ",".join(resources.get("gpu_ids", []))
+        # CPU tasks sharing the machine each get their share of the cores, through the
+        # variable torch and BLAS libraries read (a user's own setting wins).
+        share = cpu_share(self.max_num_workers)
+        if share is not None and task.num_gpus == 0 and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = str(share)
         return env
 
     # -- backend -------------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
         if self._pool is not None:
-            from orchestra.plan import model_key
-
-            key = f"{job.task.stage}|{model_key(job.task.model) if job.task.stage == 'infer' else ''}|" \
-                  f"{job.command.env.get('CUDA_VISIBLE_DEVICES', '')}"
+            key = f"{job.task.worker_key}|{job.command.env.get('CUDA_VISIBLE_DEVICES', '')}"
             job.handle = self._pool.run(job, key, _die_with_parent)
             return
         with open(job.log_path, "ab") as log:

@@ -19,11 +19,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from orchestra.datasets.info import build_dataset
+from orchestra.datasets.base import build_dataset
 from orchestra.errors import TaskFailedError
 from orchestra.events import EventLog
 from orchestra.inference.checkpoint import Checkpoint
-from orchestra.inference.engine import Engine, Job
+from orchestra.inference.engine import Engine, SampleJob
 from orchestra.models.registry_cache import get_model
 from orchestra.paths import RunPaths
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
@@ -60,7 +60,7 @@ async def _run_units(spec: TaskSpec) -> None:
     tolerance = float(spec.task_cfg.get("error_tolerance", 0.0))
     max_samples = spec.task_cfg.get("max_samples")
     runs: list[_UnitRun] = []
-    jobs: list[Job] = []
+    jobs: list[SampleJob] = []
     already = 0
     try:
         for unit in spec.units:
@@ -76,7 +76,7 @@ async def _run_units(spec: TaskSpec) -> None:
             print(f"[{spec.task_id}] {unit.name}: {len(samples)} samples, {len(samples) - len(todo)} from "
                   f"checkpoint, {len(todo)} to run", flush=True)
             runs.append(_UnitRun(unit, ckpt, len(samples)))
-            jobs.extend(Job(s, ckpt.append) for s in todo)
+            jobs.extend(SampleJob(s, ckpt.append) for s in todo)
 
         last_log = time.monotonic()
 

@@ -1,12 +1,16 @@
 """The task kinds a runner's ``task=dict(type=...)`` names, with their options.
 
 These classes hold options only; the work is done by the scripts
-``python -m orchestra.tasks.infer SPEC`` and ``python -m orchestra.tasks.eval SPEC``.
+``python -m orchestra.tasks.infer SPEC`` and ``python -m orchestra.tasks.eval SPEC``, whose
+``run_task`` functions :func:`run_task` also calls in process (warm workers, ``--debug``).
 """
 
 from __future__ import annotations
 
+import importlib
 import sys
+
+from orchestra.tasks.spec import TaskSpec
 
 
 class InferTask:
@@ -44,3 +48,9 @@ TASK_MODULES = {"infer": InferTask.module, "eval": EvalTask.module}
 def task_argv(stage: str, spec_path: str) -> list[str]:
     """The command that runs one task: the current interpreter, the stage's module, the spec."""
     return [sys.executable, "-m", TASK_MODULES[stage], spec_path]
+
+
+def run_task(spec: TaskSpec) -> None:
+    """Run one task in this process (its stage's script, without a new interpreter); raises on failure."""
+    module = importlib.import_module(TASK_MODULES[spec.stage])
+    module.run_task(spec)

@@ -53,6 +53,8 @@ class TaskSpec:
     task_cfg: dict[str, Any] = field(default_factory=dict)  # options of InferTask / EvalTask
     num_gpus: int = 0
     num_procs: int = 1
+    #: what a warm worker must have loaded to run this task (tasks with equal keys share a worker)
+    worker_key: str = ""
 
     @property
     def cost(self) -> float:
@@ -61,6 +63,10 @@ class TaskSpec:
     @property
     def outputs(self) -> list[tuple[str, str]]:
         return [(u.output, u.hash) for u in self.units]
+
+    def missing_inputs(self) -> list[str]:
+        """Input files (an eval task's predictions) that are missing or from other settings."""
+        return [path for u in self.units for path, h in u.inputs if not output_done(path, h)]
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

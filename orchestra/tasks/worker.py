@@ -21,17 +21,12 @@ from orchestra.tasks.entry import task_main
 
 
 def _run_one(request: dict[str, object]) -> int:
-    from orchestra.tasks import eval as eval_task
-    from orchestra.tasks import infer as infer_task
-    from orchestra.tasks.spec import TaskSpec
+    from orchestra.tasks.kinds import run_task
 
     env = request.get("env", {})
     assert isinstance(env, dict)
     os.environ.update({str(k): str(v) for k, v in env.items()})
-    spec_path = str(request["spec"])
-    stage = TaskSpec.load(spec_path).stage
-    module = infer_task if stage == "infer" else eval_task
-    return task_main([spec_path], module.run_task)
+    return task_main([str(request["spec"])], run_task)
 
 
 def main() -> int:

@@ -174,7 +174,7 @@ def test_cfg_options_bad_item() -> None:
 
 
 def _num_workers_in_plan(stdout: str) -> set[str]:
-    return set(re.findall(r"ORCHESTRA_NUM_WORKERS=(\d+)", stdout))
+    return set(re.findall(r"max_num_workers=(\d+)", stdout))
 
 
 @pytest.mark.parametrize(

@@ -9,8 +9,8 @@ import asyncio
 import json
 import sys
 
-from orchestra.models.base import GenRequest
 from orchestra.models.openai_api import OpenAIAPI
+from orchestra.requests import GenRequest
 
 
 async def main(base_url: str, conns: int, tag: str, n: int, prompt: str) -> None:

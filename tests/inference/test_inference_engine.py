@@ -6,9 +6,9 @@ import asyncio
 import time
 from typing import Any
 
-from orchestra.datasets.base import Sample
-from orchestra.inference.engine import Engine, Job, run_samples
-from orchestra.models.base import BaseModel, GenRequest, LoglikRequest
+from orchestra.inference.engine import Engine, SampleJob, run_samples
+from orchestra.models.base import BaseModel
+from orchestra.requests import GenRequest, LoglikRequest, Sample
 
 
 class ScriptedModel(BaseModel):
@@ -86,7 +86,7 @@ def test_a_failing_sample_is_recorded_and_the_rest_finish() -> None:
     snaps: list[dict[str, Any]] = []
     engine = Engine(model, max_samples=4, on_progress=snaps.append, progress_interval_s=0.01, already_done=5)
     samples = [gen_sample(i, "boom" if i == 2 else f"p{i}") for i in range(6)]
-    counts = asyncio.run(engine.run(Job(s, records.append) for s in samples))
+    counts = asyncio.run(engine.run(SampleJob(s, records.append) for s in samples))
     assert counts.done == 5 and counts.failed == 1
     failed = [r for r in records if "error" in r]
     assert [r["id"] for r in failed] == [2] and failed[0]["error"] == "RuntimeError: exploded"
@@ -104,6 +104,6 @@ def test_a_record_is_written_before_the_sample_counts() -> None:
     def on_record(record: dict[str, Any]) -> None:
         seen.append(engine.counts.done)  # not yet counted while it is being written
 
-    asyncio.run(engine.run(Job(gen_sample(i, f"p{i}"), on_record) for i in range(5)))
+    asyncio.run(engine.run(SampleJob(gen_sample(i, f"p{i}"), on_record) for i in range(5)))
     assert seen == [0, 1, 2, 3, 4]  # each one counted only after its own write
     assert engine.counts.done == 5

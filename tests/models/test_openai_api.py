@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from orchestra.errors import ModelError
-from orchestra.models.base import GenRequest, LoglikRequest
 from orchestra.models.openai_api import OpenAIAPI
+from orchestra.requests import GenRequest, LoglikRequest
 
 
 @pytest.fixture(autouse=True)

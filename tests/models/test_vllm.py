@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestra.errors import ConfigError, ModelError
-from orchestra.models.base import GenRequest, LoglikRequest
 from orchestra.models.vllm import VLLMModel, replica_devices, run_cfg_for, split_evenly, visible_gpus
+from orchestra.requests import GenRequest, LoglikRequest
 
 FAKE_VLLM = textwrap.dedent(
     '''
@@ -98,7 +98,7 @@ def test_bad_arguments(kwargs: dict, key: str) -> None:
 
 
 def test_gpus_one_task_needs() -> None:
-    assert VLLMModel(abbr="v", path="/ckpt", tensor_parallel_size=2, data_parallel_size=4).run_cfg() == {
+    assert VLLMModel.resources(dict(abbr="v", path="/ckpt", tensor_parallel_size=2, data_parallel_size=4)) == {
         "num_gpus": 8,
         "num_procs": 1,
     }

@@ -416,13 +416,32 @@ def test_generation_setting_changes_infer_hashes(tmp_path: Path) -> None:
     ({"path": "other-weights"}, True),
     ({"batch_size": 64}, False),  # how fast, not what
     ({"run_cfg": {"num_gpus": 1}}, False),
-    ({"max_connections": 99}, False),
+    ({"abbr": "renamed"}, False),
 ])
 def test_model_settings_and_hashes(change: dict[str, Any], infer_changes: bool, tmp_path: Path) -> None:
     part = NaivePartitioner()
     infos = [info("a", 10)]
     base = infer_hashes(plan(tmp_path, infos, part))
     other = infer_hashes(plan(tmp_path, infos, part, models=[{**MODEL, **change}]))
+    assert (base != other) is infer_changes
+
+
+API_MODEL = {"type": "orchestra.models.openai_api.OpenAIAPI", "abbr": "api", "path": "m",
+             "base_url": "http://127.0.0.1:9/v1", "max_out_len": 32}
+
+
+@pytest.mark.parametrize(("change", "infer_changes"), [
+    ({"max_connections": 99}, False),  # each model class names the settings that only change speed
+    ({"rate_limit": 5.0}, False),
+    ({"key_env": "OTHER_KEY"}, False),
+    ({"max_out_len": 64}, True),
+    ({"system_prompt": "Be brief."}, True),
+])
+def test_api_model_settings_and_hashes(change: dict[str, Any], infer_changes: bool, tmp_path: Path) -> None:
+    part = NaivePartitioner()
+    infos = [info("a", 10)]
+    base = infer_hashes(plan(tmp_path, infos, part, models=[API_MODEL]))
+    other = infer_hashes(plan(tmp_path, infos, part, models=[{**API_MODEL, **change}]))
     assert (base != other) is infer_changes
 
 

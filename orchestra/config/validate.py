@@ -1,22 +1,22 @@
-"""Load, override, validate and save a run's config.
+"""Validate a loaded config: everything a user can get wrong, before anything runs.
 
-Everything a user can get wrong is checked here, before anything runs, and reported as a
-one-line ``ConfigError`` naming the file and the key.  Classes named by ``type`` are
-resolved and their constructor signatures are the single source of truth for which keys
-are valid.  Models are only checked, never built: building one may load weights.
+Each problem is one ``ConfigError`` line naming the file and the key.  Classes named by
+``type`` are resolved through the registries and their keys checked against their
+constructors; models whose constructor is cheap are built once to check their values
+(``validate_by_construction``); others are only checked, never built (building may load weights).
 """
 
 from __future__ import annotations
 
-import inspect
 import os
-import pprint
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestra.config.schema import build_component, check_kwargs
 from orchestra.errors import ConfigError
-from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS, Registry
+from orchestra.inferencers import get_inferencer, inferencer_cfg
+from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
 TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir")
 STAGE_KEYS = ("partitioner", "runner")
@@ -63,179 +63,7 @@ class RunConfig:
     resolved: dict[str, Any] = field(default_factory=dict)
 
 
-# --------------------------------------------------------------------------------------
-# loading
 
-
-def load_config(path: str, cfg_options: list[str] | None = None) -> dict[str, Any]:
-    """Read a ``.py`` / ``.yaml`` / ``.json`` config and apply ``a.b=value`` overrides."""
-    if not os.path.isfile(path):
-        raise ConfigError(f"{path}: config file not found")
-    ext = os.path.splitext(path)[1]
-    if ext not in (".py", ".yaml", ".yml", ".json"):
-        raise ConfigError(f"{path}: unsupported config type {ext!r}; use .py, .yaml or .json")
-    from mmengine.config import Config, DictAction
-
-    try:
-        cfg = Config.fromfile(path)
-    except SyntaxError as exc:
-        line = f" line {exc.lineno}" if exc.lineno else ""
-        raise ConfigError(f"{path}:{line} syntax error: {exc.msg}") from None
-    except Exception as exc:  # mmengine wraps user-code errors in many types
-        raise ConfigError(f"{_where_in_config(exc, path)}: cannot load config: {_load_problem(exc)}") from None
-    if cfg_options:
-        overrides: dict[str, Any] = {}
-        for item in cfg_options:
-            if "=" not in item:
-                raise ConfigError(f"--cfg-options {item!r}: expected KEY=VALUE")
-            key, value = item.split("=", 1)
-            overrides[key] = DictAction._parse_iterable(value)
-        try:
-            cfg.merge_from_dict(overrides)
-        except Exception as exc:
-            raise ConfigError(f"--cfg-options: {exc}") from None
-    return to_plain(cfg.to_dict())
-
-
-def _load_problem(exc: BaseException) -> str:
-    """What went wrong while a config file was executed, in one line."""
-    import traceback
-
-    frames = traceback.extract_tb(exc.__traceback__)
-    if (
-        isinstance(exc, RuntimeError)
-        and not str(exc)
-        and frames
-        and frames[-1].filename.endswith(os.path.join("mmengine", "config", "lazy.py"))
-    ):
-        # mmengine turns every import of a pure-Python config into a placeholder, and calling
-        # one raises a bare RuntimeError() that says nothing.
-        return (
-            "an imported name was called while the config loaded; in a .py config imports are "
-            "placeholders (mmengine lazy import) and cannot be called; use plain values"
-        )
-    return _one_line(exc)
-
-
-def _one_line(exc: BaseException) -> str:
-    lines = str(exc).strip().splitlines()
-    text = lines[-1].strip() if lines else ""
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def _where_in_config(exc: BaseException, path: str) -> str:
-    """``file:line`` of the deepest traceback frame in user code (not orchestra, not installed packages)."""
-    import traceback
-
-    own = os.path.dirname(os.path.abspath(__file__)) + os.sep
-    where = path
-    for frame in traceback.extract_tb(exc.__traceback__):
-        name = frame.filename
-        if "site-packages" in name or name.startswith("<") or os.path.abspath(name).startswith(own):
-            continue
-        where = f"{os.path.relpath(name)}:{frame.lineno}"
-    return where
-
-
-def to_plain(obj: Any) -> Any:
-    """Plain containers with classes replaced by their dotted import paths."""
-    if isinstance(obj, dict):
-        return {str(k): to_plain(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_plain(v) for v in obj]
-    if isinstance(obj, type):
-        return f"{obj.__module__}.{obj.__qualname__}"
-    if callable(obj) and hasattr(obj, "__module__") and hasattr(obj, "__qualname__"):
-        return f"{obj.__module__}.{obj.__qualname__}"
-    return obj
-
-
-# --------------------------------------------------------------------------------------
-# checking keys against constructor signatures
-
-
-def _signature_params(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Named constructor parameters of ``cls`` (following ``**kwargs`` up the MRO)."""
-    params: dict[str, inspect.Parameter] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is None:
-            continue
-        sig = inspect.signature(init)
-        has_var = False
-        for name, p in list(sig.parameters.items())[1:]:
-            if p.kind is p.VAR_KEYWORD:
-                has_var = True
-            elif p.kind is not p.VAR_POSITIONAL:
-                params.setdefault(name, p)
-        if not has_var:
-            return params, False
-    return params, True
-
-
-_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,),
-    "float": (int, float),
-    "str": (str,),
-    "bool": (bool,),
-    "list": (list, tuple),
-    "tuple": (list, tuple),
-    "dict": (dict,),
-    "None": (type(None),),
-}
-
-
-def _type_error(value: Any, annotation: Any) -> str | None:
-    """A message if ``value`` clearly does not fit a simple annotation, else None."""
-    if not isinstance(annotation, str):
-        return None
-    allowed: list[type] = []
-    for alt in annotation.split("|"):
-        base = alt.strip().split("[")[0].strip()
-        if base not in _SIMPLE_TYPES:
-            return None  # something we do not check (Any, a class, a Union[...])
-        allowed.extend(_SIMPLE_TYPES[base])
-    if isinstance(value, bool) and bool not in allowed:
-        return f"expected {annotation}, got {value!r}"
-    if not isinstance(value, tuple(allowed)):
-        return f"expected {annotation}, got {type(value).__name__} {value!r}"
-    return None
-
-
-def check_kwargs(cls: type, kwargs: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
-    """Raise ``ConfigError`` for unknown, missing or clearly mistyped constructor arguments."""
-    params, open_ended = _signature_params(cls)
-    valid = sorted([*params, *extra])
-    for key, value in kwargs.items():
-        if key in extra:
-            continue
-        if key not in params:
-            if open_ended:
-                continue
-            raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__}; valid keys: {', '.join(valid)}")
-        problem = _type_error(value, params[key].annotation)
-        if problem:
-            raise ConfigError(f"{where}.{key}: {problem}")
-    for name, p in params.items():
-        if p.default is p.empty and name not in kwargs:
-            raise ConfigError(f"{where}: missing required key {name!r} for {cls.__name__}")
-
-
-def _build(registry: Registry, cfg: Any, where: str, **defaults: Any) -> Any:
-    """Resolve and construct a light component (partitioner); errors name ``where``."""
-    if not isinstance(cfg, dict) or "type" not in cfg:
-        raise ConfigError(f"{where}: expected a dict with a 'type' key, got {cfg!r}")
-    cls = registry.resolve(cfg["type"], where)
-    kwargs = {k: v for k, v in cfg.items() if k != "type"}
-    check_kwargs(cls, kwargs, where)
-    try:
-        return cls(**{**defaults, **kwargs})
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: {exc}") from None
-
-
-# --------------------------------------------------------------------------------------
-# the whole config
 
 
 def _check_secrets(obj: Any, where: str, top: bool = False) -> None:
@@ -308,28 +136,12 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
         if not isinstance(few, dict):
             raise ConfigError(f"{where}.infer_cfg.fewshot: expected a dict such as dict(k=5), got {few!r}")
         _check_keys(few, FEWSHOT_KEYS, f"{where}.infer_cfg.fewshot")
-    from orchestra.datasets.base import INFERENCER_KEYS
-
-    inf = infer_cfg.get("inferencer", {"type": "gen"})
-    if isinstance(inf, str):
-        inf = {"type": inf}
-    if not isinstance(inf, dict):
-        raise ConfigError(f"{where}.infer_cfg.inferencer: expected a dict such as dict(type='gen'), got {inf!r}")
-    kind = inf.get("type", "gen")
-    if kind not in INFERENCER_KEYS:
-        raise ConfigError(
-            f"{where}.infer_cfg.inferencer.type: {kind!r} is not valid; valid: {', '.join(INFERENCER_KEYS)}"
-        )
-    for key in inf:
-        if key not in INFERENCER_KEYS[kind]:
-            raise ConfigError(
-                f"{where}.infer_cfg.inferencer: unknown key {key!r} for {kind}; "
-                f"valid keys: {', '.join(sorted(INFERENCER_KEYS[kind]))}"
-            )
-    if kind == "loglik" and not inf.get("choices_column") and not inf.get("choices"):
-        raise ConfigError(f"{where}.infer_cfg.inferencer: loglik needs choices_column (a column) or choices (a list)")
-    if kind == "chat" and not inf.get("turns_column"):
-        raise ConfigError(f"{where}.infer_cfg.inferencer: chat needs turns_column (a column of user turns)")
+    raw_inf = infer_cfg.get("inferencer")
+    if raw_inf is not None and not isinstance(raw_inf, (dict, str)):
+        raise ConfigError(f"{where}.infer_cfg.inferencer: expected a dict such as dict(type='gen'), got {raw_inf!r}")
+    inf = inferencer_cfg(raw_inf)
+    kind = get_inferencer(inf.get("type", "gen"), f"{where}.infer_cfg.inferencer.type")
+    kind.check(inf, f"{where}.infer_cfg.inferencer")
     evaluator = (cfg.get("eval_cfg") or {}).get("evaluator")
     if evaluator is not None:
         ev = evaluator if isinstance(evaluator, dict) else {"type": evaluator}
@@ -362,7 +174,7 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
         if key not in STAGE_KEYS:
             raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(STAGE_KEYS)}")
     part_cfg = cfg.get("partitioner") or DEFAULT_STAGES[name]["partitioner"]
-    partitioner = _build(PARTITIONERS, part_cfg, f"{where}.partitioner")
+    partitioner = build_component(PARTITIONERS, part_cfg, f"{where}.partitioner")
     runner_cfg = dict(cfg.get("runner") or DEFAULT_STAGES[name]["runner"])
     if "type" not in runner_cfg:
         raise ConfigError(f"{where}.runner: missing required key 'type'; valid: {', '.join(RUNNERS.names())}")
@@ -383,12 +195,9 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
         raise ConfigError(f"{where}.runner.task: {exc}") from None
     check_kwargs(runner_cls, runner_cfg, f"{where}.runner")
     template = runner_cfg.get("template")
-    if template is not None:
-        from orchestra.runners.command import fill_template
-
-        fields = getattr(runner_cls, "template_fields", ())
+    if template is not None and hasattr(runner_cls, "check_template"):
         try:
-            fill_template(template, ["true"], {k: "" for k in fields})
+            runner_cls.check_template(template)
         except ConfigError as exc:
             raise ConfigError(f"{where}.runner.template: {exc}") from None
     return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs)
@@ -446,20 +255,3 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
     return RunConfig(source, models, datasets, stages, work_dir, resolved)
 
 
-def redact(obj: Any) -> Any:
-    """A copy with secret-looking values replaced (defence in depth for dumps and logs)."""
-    if isinstance(obj, dict):
-        return {k: ("<redacted>" if SECRET_KEY.search(str(k)) else redact(v)) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [redact(v) for v in obj]
-    return obj
-
-
-def dump_config(resolved: dict[str, Any], path: str) -> None:
-    """Save the resolved config as a readable Python file in the run folder."""
-    from orchestra.fileio import atomic_write_text
-
-    parts = ["# Resolved config of this run, written by orchestra. Secrets are never written.\n"]
-    for key, value in redact(to_plain(resolved)).items():
-        parts.append(f"{key} = {pprint.pformat(value, width=100, sort_dicts=False)}\n")
-    atomic_write_text(path, "\n".join(parts))

@@ -1,0 +1,96 @@
+"""Check a config dict's keys against the constructor of the class it configures.
+
+A class's constructor signature is the single source of truth for which keys are valid:
+unknown keys name the valid ones, missing required keys and clearly mistyped values are
+errors, and a class whose ``__init__`` takes ``**kwargs`` is followed up its MRO.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+from orchestra.errors import ConfigError
+from orchestra.registry import Registry
+
+
+def _signature_params(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
+    """Named constructor parameters of ``cls`` (following ``**kwargs`` up the MRO)."""
+    params: dict[str, inspect.Parameter] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        sig = inspect.signature(init)
+        has_var = False
+        for name, p in list(sig.parameters.items())[1:]:
+            if p.kind is p.VAR_KEYWORD:
+                has_var = True
+            elif p.kind is not p.VAR_POSITIONAL:
+                params.setdefault(name, p)
+        if not has_var:
+            return params, False
+    return params, True
+
+
+_SIMPLE_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "str": (str,),
+    "bool": (bool,),
+    "list": (list, tuple),
+    "tuple": (list, tuple),
+    "dict": (dict,),
+    "None": (type(None),),
+}
+
+
+def _type_error(value: Any, annotation: Any) -> str | None:
+    """A message if ``value`` clearly does not fit a simple annotation, else None."""
+    if not isinstance(annotation, str):
+        return None
+    allowed: list[type] = []
+    for alt in annotation.split("|"):
+        base = alt.strip().split("[")[0].strip()
+        if base not in _SIMPLE_TYPES:
+            return None  # something we do not check (Any, a class, a Union[...])
+        allowed.extend(_SIMPLE_TYPES[base])
+    if isinstance(value, bool) and bool not in allowed:
+        return f"expected {annotation}, got {value!r}"
+    if not isinstance(value, tuple(allowed)):
+        return f"expected {annotation}, got {type(value).__name__} {value!r}"
+    return None
+
+
+def check_kwargs(cls: type, kwargs: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
+    """Raise ``ConfigError`` for unknown, missing or clearly mistyped constructor arguments."""
+    params, open_ended = _signature_params(cls)
+    valid = sorted([*params, *extra])
+    for key, value in kwargs.items():
+        if key in extra:
+            continue
+        if key not in params:
+            if open_ended:
+                continue
+            raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__}; valid keys: {', '.join(valid)}")
+        problem = _type_error(value, params[key].annotation)
+        if problem:
+            raise ConfigError(f"{where}.{key}: {problem}")
+    for name, p in params.items():
+        if p.default is p.empty and name not in kwargs:
+            raise ConfigError(f"{where}: missing required key {name!r} for {cls.__name__}")
+
+
+def build_component(registry: Registry, cfg: Any, where: str, **defaults: Any) -> Any:
+    """Resolve and construct a light component (partitioner); errors name ``where``."""
+    if not isinstance(cfg, dict) or "type" not in cfg:
+        raise ConfigError(f"{where}: expected a dict with a 'type' key, got {cfg!r}")
+    cls = registry.resolve(cfg["type"], where)
+    kwargs = {k: v for k, v in cfg.items() if k != "type"}
+    check_kwargs(cls, kwargs, where)
+    try:
+        return cls(**{**defaults, **kwargs})
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+

@@ -1,0 +1,170 @@
+"""Inferencer kinds: how a dataset row becomes a request, how it is run, what is recorded.
+
+A dataset's ``infer_cfg.inferencer`` names a kind (``dict(type='gen', max_out_len=16)``).  Each
+kind is one object that knows its config keys, checks them, builds a :class:`Sample` from a
+row and its prompt, and runs the sample against a model into a prediction record.  Config
+validation, datasets and the engine all ask the kind; adding a kind is one class here and one
+entry in :data:`INFERENCERS`.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from orchestra.errors import ConfigError
+from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, Sample
+
+if TYPE_CHECKING:
+    from orchestra.models.base import BaseModel
+
+
+def _serializable_prompt(prompt: Any) -> Any:
+    return prompt if isinstance(prompt, (str, list)) else str(prompt)
+
+
+class Inferencer(abc.ABC):
+    """One kind of inference work."""
+
+    name: ClassVar[str]
+    #: config keys of ``infer_cfg.inferencer`` this kind accepts (``type`` included)
+    keys: ClassVar[frozenset[str]]
+
+    def check(self, cfg: dict[str, Any], where: str) -> None:
+        """Raise ``ConfigError`` for an unknown key or a missing setting; ``where`` names the config."""
+        for key in cfg:
+            if key not in self.keys:
+                raise ConfigError(
+                    f"{where}: unknown key {key!r} for {self.name}; valid keys: {', '.join(sorted(self.keys))}"
+                )
+
+    def columns(self, cfg: dict[str, Any]) -> list[str]:
+        """Columns of a row this kind reads besides the prompt's input columns."""
+        return []
+
+    @abc.abstractmethod
+    def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
+              where: str) -> Sample:
+        """The sample of row ``idx`` whose filled prompt is ``prompt``."""
+
+    @abc.abstractmethod
+    async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
+        """Run ``sample`` on ``model``; the prediction record (``id``, ``prediction``, ``gold``, ...)."""
+
+
+def _gen_settings(cfg: dict[str, Any], prompt: Prompt) -> GenRequest:
+    max_out_len = cfg.get("max_out_len")
+    return GenRequest(
+        prompt=prompt,
+        max_out_len=int(max_out_len) if max_out_len is not None else None,
+        stop=tuple(cfg.get("stop", ())),
+        temperature=float(cfg.get("temperature", 0.0)),
+        top_p=float(cfg.get("top_p", 1.0)),
+        seed=cfg.get("seed"),
+    )
+
+
+class GenInferencer(Inferencer):
+    """Generate one answer per row (``max_out_len`` unset: the model's own)."""
+
+    name = "gen"
+    keys = frozenset({"type", "max_out_len", "stop", "temperature", "top_p", "seed"})
+
+    def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
+              where: str) -> Sample:
+        return Sample(id=idx, kind=self.name, gold=gold, gen=_gen_settings(cfg, prompt))
+
+    async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
+        if sample.gen is None:
+            raise ValueError(f"sample {sample.id}: kind 'gen' without a request")
+        text = await model.generate(sample.gen)
+        return {"id": sample.id, "prompt": _serializable_prompt(sample.gen.prompt), "prediction": text,
+                "gold": sample.gold}
+
+
+class LoglikInferencer(Inferencer):
+    """Score every choice of a row as a continuation of its prompt; the prediction is the best."""
+
+    name = "loglik"
+    keys = frozenset({"type", "choices_column", "choices", "continuation_template"})
+
+    def check(self, cfg: dict[str, Any], where: str) -> None:
+        super().check(cfg, where)
+        if not cfg.get("choices_column") and not cfg.get("choices"):
+            raise ConfigError(f"{where}: loglik needs choices_column (a column) or choices (a list)")
+
+    def columns(self, cfg: dict[str, Any]) -> list[str]:
+        return [cfg["choices_column"]] if cfg.get("choices_column") else []
+
+    def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
+              where: str) -> Sample:
+        choices = row[cfg["choices_column"]] if cfg.get("choices_column") else cfg.get("choices")
+        if not choices:
+            raise ConfigError(f"{where}: inferencer loglik needs choices_column or choices")
+        template = cfg.get("continuation_template", " {choice}")
+        continuations = tuple(template.format(choice=c, **row) for c in choices)
+        return Sample(id=idx, kind=self.name, gold=gold,
+                      loglik=LoglikRequest(context=prompt, continuations=continuations))
+
+    async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
+        if sample.loglik is None:
+            raise ValueError(f"sample {sample.id}: kind 'loglik' without a request")
+        lls = await model.loglikelihood(sample.loglik)
+        best = max(range(len(lls)), key=lls.__getitem__)
+        return {"id": sample.id, "prompt": _serializable_prompt(sample.loglik.context),
+                "continuations": list(sample.loglik.continuations), "logliks": lls, "prediction": best,
+                "gold": sample.gold}
+
+
+class ChatInferencer(Inferencer):
+    """A multi-turn conversation: one user turn per element of ``turns_column``, each sent the
+    moment the previous reply arrives (no barrier across conversations)."""
+
+    name = "chat"
+    keys = frozenset({"type", "turns_column", "max_out_len", "stop", "temperature", "top_p", "seed"})
+
+    def check(self, cfg: dict[str, Any], where: str) -> None:
+        super().check(cfg, where)
+        if not cfg.get("turns_column"):
+            raise ConfigError(f"{where}: chat needs turns_column (a column of user turns)")
+
+    def columns(self, cfg: dict[str, Any]) -> list[str]:
+        return [cfg["turns_column"]]
+
+    def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
+              where: str) -> Sample:
+        turns = [str(t) for t in row[cfg["turns_column"]]]
+        return Sample(id=idx, kind=self.name, gold=gold, turns=turns, chat_template=_gen_settings(cfg, ""))
+
+    async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
+        settings = sample.chat_template or GenRequest(prompt="")
+        messages: list[Message] = []
+        replies: list[str] = []
+        for turn in sample.turns:
+            messages.append({"role": "user", "content": turn})
+            req = GenRequest(prompt=list(messages), max_out_len=settings.max_out_len, stop=settings.stop,
+                             temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed)
+            reply = await model.generate(req)
+            messages.append({"role": "assistant", "content": reply})
+            replies.append(reply)
+        return {"id": sample.id, "turns": sample.turns, "prediction": replies, "gold": sample.gold}
+
+
+INFERENCERS: dict[str, Inferencer] = {k.name: k for k in (GenInferencer(), LoglikInferencer(), ChatInferencer())}
+
+
+def inferencer_cfg(raw: Any) -> dict[str, Any]:
+    """``infer_cfg.inferencer`` as a dict (a bare name ``'gen'`` is ``dict(type='gen')``)."""
+    if raw is None:
+        return {"type": "gen"}
+    if isinstance(raw, str):
+        return {"type": raw}
+    return dict(raw)
+
+
+def get_inferencer(name: Any, where: str) -> Inferencer:
+    """The kind called ``name``; ``ConfigError`` naming ``where`` and the valid kinds if none is."""
+    kind = INFERENCERS.get(name) if isinstance(name, str) else None
+    if kind is None:
+        raise ConfigError(f"{where}: {name!r} is not valid; valid: {', '.join(INFERENCERS)}")
+    return kind
