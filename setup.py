@@ -17,7 +17,7 @@ setup(
     install_requires=_requirements("requirements.txt"),
     extras_require={
         "hf": ["torch", "transformers", "gguf", "accelerate"],
-        "test": ["pytest", "aiohttp", "ruff", "mypy"],
+        "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},
 )

@@ -40,6 +40,11 @@ class RunPaths:
     def task_spec(self, task_id: str) -> str:
         return os.path.join(self.root, "tasks", f"{task_id}.py")
 
+    @property
+    def worker_logs(self) -> str:
+        """Folder of warm workers' own output (their tasks' output goes to the task logs)."""
+        return os.path.join(self.root, "logs", "workers")
+
     def task_log(self, stage: str, task_id: str) -> str:
         return os.path.join(self.root, "logs", stage, f"{task_id}.log")
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestra.fileio import stable_hash
 from orchestra.models.base import BaseModel
 from orchestra.registry import MODELS
 
@@ -12,14 +11,17 @@ _LOADED: dict[str, BaseModel] = {}
 
 
 def get_model(cfg: dict[str, Any]) -> BaseModel:
-    """The model a config describes, built and loaded on first use, kept for this process."""
-    key = stable_hash(cfg)
+    """The model a config describes, built and loaded on first use, kept for this process.
+
+    Keyed by the model class's :meth:`~BaseModel.instance_key`, the same key the planner gives
+    warm workers, so a worker chosen for a task finds that task's model already loaded.
+    """
+    cls = MODELS.resolve(cfg["type"], f"model {cfg.get('abbr')}")
+    assert issubclass(cls, BaseModel)
+    key = cls.instance_key(cfg)
     model = _LOADED.get(key)
     if model is None:
-        cls = MODELS.resolve(cfg["type"], f"model {cfg.get('abbr')}")
-        kwargs = {k: v for k, v in cfg.items() if k not in ("type", "run_cfg")}
-        model = cls(**kwargs)
-        assert isinstance(model, BaseModel)
+        model = cls(**{k: v for k, v in cfg.items() if k not in ("type", "run_cfg")})
         model.load()
         _LOADED[key] = model
     return model

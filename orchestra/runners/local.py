@@ -8,12 +8,10 @@ import signal
 import subprocess
 from typing import Any
 
-from orchestra.runners.base import BaseRunner, Exit, Job
-from orchestra.runners.proc import die_with_parent, stop_groups
+from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
+from orchestra.runners.proc import start_group, stop_groups
 from orchestra.runners.warm import WarmPool, Worker
 from orchestra.tasks.spec import TaskSpec
-
-_die_with_parent = die_with_parent(signal.SIGKILL)
 
 
 def detect_gpus() -> list[str]:
@@ -83,7 +81,13 @@ class LocalRunner(BaseRunner):
         self._gpu_use = {g: 0 for g in self.gpus}
         if reuse_workers and template is not None:
             raise ValueError("reuse_workers=True cannot be combined with a template")
-        self._pool = WarmPool(max_num_workers, kill_grace_s) if reuse_workers else None
+        self.reuse_workers = reuse_workers
+        self._pool: WarmPool | None = None  # started by launch, closed by close
+
+    def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
+        if self.reuse_workers:
+            self._pool = WarmPool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs)
+        return super().launch(tasks, ctx)
 
     # -- resources ---------------------------------------------------------------------------
     def unfit_reason(self, task: TaskSpec) -> str | None:
@@ -128,18 +132,9 @@ class LocalRunner(BaseRunner):
     def submit(self, job: Job) -> None:
         if self._pool is not None:
             key = f"{job.task.worker_key}|{job.command.env.get('CUDA_VISIBLE_DEVICES', '')}"
-            job.handle = self._pool.run(job, key, _die_with_parent)
+            job.handle = self._pool.run(job, key)
             return
-        with open(job.log_path, "ab") as log:
-            job.handle = subprocess.Popen(
-                list(job.command.argv),
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env={**os.environ, **job.command.env},
-                start_new_session=True,  # own process group: Ctrl-C is ours to pass on
-                preexec_fn=_die_with_parent,
-            )
+        job.handle = start_group(job.command.argv, job.command.env, job.log_path)
 
     def poll(self, job: Job) -> Exit | None:
         if isinstance(job.handle, Worker):
@@ -156,6 +151,7 @@ class LocalRunner(BaseRunner):
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+        self._pool = None
 
     def cancel(self, jobs: list[Job]) -> None:
         if self._pool is not None:

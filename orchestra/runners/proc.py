@@ -24,6 +24,33 @@ def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
     return setup
 
 
+def start_group(
+    argv: Sequence[str],
+    env: dict[str, str],
+    log_path: str,
+    parent_death_signal: signal.Signals = signal.SIGKILL,
+    stdin: int | None = subprocess.DEVNULL,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen[bytes]:
+    """Start ``argv`` with ``env`` added to ours, its output appended to ``log_path``.
+
+    The child leads its own process group (Ctrl-C is the orchestrator's to pass on, and a
+    whole group can be stopped at once) and gets ``parent_death_signal`` if the orchestrator
+    dies, even by SIGKILL.  Every backend that starts a local process starts it here.
+    """
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            list(argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=stdin,
+            env={**os.environ, **env},
+            pass_fds=tuple(pass_fds),
+            start_new_session=True,
+            preexec_fn=die_with_parent(parent_death_signal),
+        )
+
+
 def signal_group(pid: int, sig: signal.Signals) -> None:
     """Send ``sig`` to the process group led by ``pid``, if it still exists."""
     try:

@@ -14,10 +14,9 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any
 
 from orchestra.runners.base import Exit, Job
-from orchestra.runners.proc import stop_groups
+from orchestra.runners.proc import start_group, stop_groups
 
 
 @dataclass
@@ -36,17 +35,18 @@ class Worker:
 class WarmPool:
     """At most ``max_workers`` warm workers, handed out by key."""
 
-    def __init__(self, max_workers: int, kill_grace_s: float) -> None:
+    def __init__(self, max_workers: int, kill_grace_s: float, log_dir: str) -> None:
         self.max_workers = max_workers
+        self.log_dir = log_dir  # where each worker's own output goes (its tasks' go to their logs)
         self.kill_grace_s = kill_grace_s
         self.workers: list[Worker] = []
 
-    def run(self, job: Job, key: str, preexec: Any) -> Worker:
+    def run(self, job: Job, key: str) -> Worker:
         """Send ``job`` to a warm worker of ``key``, starting one if needed."""
         worker = next((w for w in self.workers if not w.busy and w.key == key and w.proc.poll() is None), None)
         if worker is None:
             self._make_room()
-            worker = self._spawn(job, key, preexec)
+            worker = self._spawn(job, key)
         request = {"spec": job.command.argv[-1], "log": job.log_path, "env": job.command.env}
         assert worker.proc.stdin is not None
         worker.proc.stdin.write((json.dumps(request) + "\n").encode())
@@ -62,22 +62,14 @@ class WarmPool:
         while len(self.workers) >= self.max_workers and idle:
             self.stop([idle.pop(0)])
 
-    def _spawn(self, job: Job, key: str, preexec: Any) -> Worker:
+    def _spawn(self, job: Job, key: str) -> Worker:
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
-        log_dir = os.path.join(os.path.dirname(os.path.dirname(job.log_path)), "workers")
-        os.makedirs(log_dir, exist_ok=True)
-        with open(os.path.join(log_dir, f"worker-{os.getpid()}-{len(self.workers)}-{time.time_ns()}.log"), "ab") as log:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "orchestra.tasks.worker"],
-                stdin=subprocess.PIPE,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **job.command.env, "ORCHESTRA_WORKER_FD": str(write_fd)},
-                pass_fds=(write_fd,),
-                start_new_session=True,
-                preexec_fn=preexec,
-            )
+        log = os.path.join(self.log_dir, f"worker-{os.getpid()}-{len(self.workers)}-{time.time_ns()}.log")
+        os.makedirs(self.log_dir, exist_ok=True)
+        proc = start_group([sys.executable, "-m", "orchestra.tasks.worker"],
+                           {**job.command.env, "ORCHESTRA_WORKER_FD": str(write_fd)}, log,
+                           stdin=subprocess.PIPE, pass_fds=(write_fd,))
         os.close(write_fd)
         worker = Worker(key, proc, read_fd)
         self.workers.append(worker)
