@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
 from typing import Any
+
+from orchestra.fileio import append_line, read_jsonl
 
 
 class EventLog:
@@ -26,17 +29,17 @@ class EventLog:
         record = {"ts": round(time.time(), 3), "event": event, **fields}
         line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
         with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line)
-            finally:
-                os.close(fd)
+            append_line(self.path, line)
 
 
 def read_events(path: str) -> list[dict[str, Any]]:
-    """All events of a run, oldest first (a torn last line is ignored)."""
-    from orchestra.fileio import read_jsonl
-
+    """All events of a run, oldest first; lines torn by a crash or a full disk are skipped
+    with one warning on stderr."""
     if not os.path.exists(path):
         return []
-    return read_jsonl(path)
+    damaged: list[int] = []
+    events = read_jsonl(path, lambda lineno, text: damaged.append(lineno))
+    if damaged:
+        print(f"orchestra: warning: {path}: skipped {len(damaged)} damaged line(s) "
+              f"(first: line {damaged[0]}), left by a crash or a full disk", file=sys.stderr)
+    return [e for e in events if isinstance(e, dict)]

@@ -2,17 +2,37 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import sys
+import time
 from dataclasses import dataclass
 
+from orchestra.errors import UserError
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+RUN_MARKER = ".orchestra-run"
+_RUN_NAME = re.compile(r"\d{8}_\d{6}(_\d+)?")
 
 
 def safe_name(name: str) -> str:
-    """A file-name-safe form of a model or dataset abbreviation."""
+    """A file-name-safe form of a model or dataset abbreviation, distinct for distinct names.
+
+    A name of letters, digits and ``._+-`` is kept as it is; any other name is cleaned and
+    gets a short hash of the original (``数学`` -> ``_-1c3e...``, ``a/b`` and ``a b`` differ).
+    """
     cleaned = _UNSAFE.sub("_", name).strip("._")
-    return cleaned or "_"
+    if cleaned == name:
+        return name
+    digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
+    return f"{cleaned or '_'}-{digest}"
+
+
+def shard_file_stem(name: str) -> tuple[str, int] | None:
+    """``('arith', 1)`` if a file-safe dataset name looks like dataset ``arith``'s shard 1."""
+    m = re.fullmatch(r"(.+)_(\d+)", name)
+    return (m.group(1), int(m.group(2))) if m else None
 
 
 @dataclass(frozen=True)
@@ -28,6 +48,11 @@ class RunPaths:
     @property
     def events(self) -> str:
         return os.path.join(self.root, "events.jsonl")
+
+    @property
+    def marker(self) -> str:
+        """An empty file that says: this folder is a run folder of orchestra."""
+        return os.path.join(self.root, RUN_MARKER)
 
     @property
     def lock(self) -> str:
@@ -69,3 +94,59 @@ class RunPaths:
     def make_dirs(self) -> None:
         for sub in ("tasks", "logs", "predictions", "results", "summary"):
             os.makedirs(os.path.join(self.root, sub), exist_ok=True)
+
+
+def is_run_folder(root: str, work_dir: str) -> bool:
+    """Whether ``root`` is a run folder orchestra made: it holds the marker, or (folders made
+    before the marker existed) it is a timestamp-named folder of ``work_dir`` with a config."""
+    if os.path.isfile(os.path.join(root, RUN_MARKER)):
+        return True
+    named = os.path.dirname(os.path.abspath(root)) == os.path.abspath(work_dir) and _RUN_NAME.fullmatch(
+        os.path.basename(root)) is not None
+    return named and os.path.isfile(os.path.join(root, "config.py"))
+
+
+def choose_run_folder(work_dir: str, reuse: str | None, allow_new: bool = True,
+                      create: bool = True) -> tuple[str, bool]:
+    """The run folder to use and whether it already existed.
+
+    ``reuse=None`` claims a new timestamped folder (created, with its marker, unless
+    ``create`` is false as for ``--dry-run``); ``'latest'`` takes the newest run folder of
+    ``work_dir``; anything else names one, by timestamp or path, and must be a run folder.
+    """
+    work_dir = os.path.abspath(work_dir)
+    if os.path.exists(work_dir) and not os.path.isdir(work_dir):
+        raise UserError(f"work dir {work_dir} is a file, not a folder; give -w a folder")
+    if reuse is None:
+        stamp = time.strftime("%Y%m%d_%H%M%S")
+        root = os.path.join(work_dir, stamp)
+        n = 1
+        while True:
+            try:
+                if create:
+                    os.makedirs(work_dir, exist_ok=True)
+                    os.mkdir(root)  # claims the name: two runs started in one second never share it
+                    with open(os.path.join(root, RUN_MARKER), "w", encoding="utf-8"):
+                        pass
+                elif os.path.exists(root):
+                    raise FileExistsError(root)
+                return root, False
+            except FileExistsError:
+                root = os.path.join(work_dir, f"{stamp}_{n}")
+                n += 1
+    if reuse == "latest":
+        runs = sorted(d for d in os.listdir(work_dir) if _RUN_NAME.fullmatch(d)
+                      and os.path.isdir(os.path.join(work_dir, d))) if os.path.isdir(work_dir) else []
+        if not runs and not allow_new:
+            raise UserError(f"no run folder in {work_dir} to reuse")
+        if not runs:
+            print(f"orchestra: no earlier run in {work_dir}; starting a new one", file=sys.stderr)
+            return choose_run_folder(work_dir, None, create=create)
+        return os.path.join(work_dir, runs[-1]), True
+    root = os.path.abspath(os.path.join(work_dir, reuse))
+    if not os.path.isdir(root):
+        raise UserError(f"-r {reuse}: no run folder {root}")
+    if not is_run_folder(root, work_dir):
+        raise UserError(f"-r {reuse}: {root} is not a run folder of orchestra (no {RUN_MARKER} marker); "
+                        f"give the timestamp of a run in {work_dir} or the path of a run folder")
+    return root, True

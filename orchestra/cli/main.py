@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import signal
 import sys
-import time
 from types import FrameType
 from typing import Any
 
@@ -86,55 +84,32 @@ def _is_slurm_runner(runner_type: Any) -> bool:
     return name.replace(":", ".").rsplit(".", 1)[-1] == "SlurmRunner"
 
 
-_RUN_NAME = re.compile(r"\d{8}_\d{6}(_\d+)?")
-
-
-def _run_folder(work_dir: str, reuse: str | None, allow_new: bool = True, create: bool = True) -> tuple[str, bool]:
-    """The run folder to use and whether it already existed (a new one is created unless
-    ``create`` is false, as for ``--dry-run``)."""
-    work_dir = os.path.abspath(work_dir)
-    if reuse is None:
-        stamp = time.strftime("%Y%m%d_%H%M%S")
-        root = os.path.join(work_dir, stamp)
-        n = 1
-        while True:
-            try:
-                if create:
-                    os.makedirs(work_dir, exist_ok=True)
-                    os.mkdir(root)  # claims the name: two runs started in one second never share it
-                elif os.path.exists(root):
-                    raise FileExistsError(root)
-                return root, False
-            except FileExistsError:
-                root = os.path.join(work_dir, f"{stamp}_{n}")
-                n += 1
-    if reuse == "latest":
-        runs = sorted(d for d in os.listdir(work_dir) if _RUN_NAME.fullmatch(d)
-                      and os.path.isdir(os.path.join(work_dir, d))) if os.path.isdir(work_dir) else []
-        if not runs and not allow_new:
-            raise UserError(f"no run folder in {work_dir} to reuse")
-        if not runs:
-            print(f"orchestra: no earlier run in {work_dir}; starting a new one", file=sys.stderr)
-            return _run_folder(work_dir, None, create=create)
-        return os.path.join(work_dir, runs[-1]), True
-    root = os.path.join(work_dir, reuse)
-    if not os.path.isdir(root):
-        raise UserError(f"-r {reuse}: no run folder {root}")
-    return root, True
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
-    except BrokenPipeError:  # e.g. `--dry-run | head`: the reader left, nothing is wrong
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_OK
     except UserError as exc:
         if args.debug:
             raise
         print(f"orchestra: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except OSError as exc:  # a full disk, a read-only folder, a permission: one line, no traceback
+        if args.debug:
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"orchestra: error:{where}: {exc.strerror or exc} (check that the folder exists, is writable "
+              "and its disk has room; --debug shows the traceback)", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _print(*values: Any, file: Any = None) -> None:
+    """``print`` that survives a reader who left (``orchestra ... | head``): the run goes on
+    and its exit code still says how it went."""
+    stream = file or sys.stdout
+    try:
+        print(*values, file=stream, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 def _main(args: argparse.Namespace) -> int:
@@ -148,7 +123,7 @@ def _main(args: argparse.Namespace) -> int:
     cfg = validate(raw, args.config)
 
     from orchestra.datasets.info import dataset_infos
-    from orchestra.paths import RunPaths
+    from orchestra.paths import RunPaths, choose_run_folder
     from orchestra.plan import make_plan
 
     infos = dataset_infos(cfg.datasets, args.config, write_cache=not args.dry_run)
@@ -157,13 +132,13 @@ def _main(args: argparse.Namespace) -> int:
     reuse = args.reuse
     if reuse is None and args.mode in ("eval", "viz"):
         reuse = "latest"  # scoring or summarising a new, empty folder would do nothing
-    root, existed = _run_folder(cfg.work_dir, reuse, allow_new=args.mode != "viz", create=not args.dry_run)
+    root, existed = choose_run_folder(cfg.work_dir, reuse, allow_new=args.mode != "viz", create=not args.dry_run)
     paths = RunPaths(root)
     if args.dry_run:
         return _print_plan(make_plan(cfg, infos, paths), runners, paths, existed)
 
     if args.mode == "viz":
-        return _viz(cfg, paths, infos)
+        return _viz(paths)
 
     from filelock import FileLock, Timeout
 
@@ -179,18 +154,23 @@ def _main(args: argparse.Namespace) -> int:
         lock.release()
 
 
-def _viz(cfg: Any, paths: Any, infos: Any) -> int:
-    """Rebuild the summary of a run folder; nothing else in it changes."""
+def _viz(paths: Any) -> int:
+    """Rebuild the summary of a run folder from the config that run saved (not the config
+    file as it is now); nothing else in the folder changes."""
+    from orchestra.config import load_config, validate
+    from orchestra.datasets.info import dataset_infos
     from orchestra.plan import make_plan
     from orchestra.summary.table import build_summary, render_text, write_summary
 
-    if not os.path.isdir(paths.root):
-        raise UserError(f"--mode viz: no run folder {paths.root}")
+    if not os.path.isfile(paths.config):
+        raise UserError(f"--mode viz: {paths.root} holds no config.py (not a run folder of orchestra)")
+    cfg = validate(load_config(paths.config), paths.config)
+    infos = dataset_infos(cfg.datasets, paths.config, write_cache=False)
     plan = make_plan(cfg, infos, paths)
     summary = build_summary(paths, [m["abbr"] for m in cfg.models], plan.all_units["eval"])
     write_summary(summary, paths)
-    print(render_text(summary))
-    print(f"run folder: {paths.root}", file=sys.stderr)
+    _print(render_text(summary))
+    _print(f"run folder: {paths.root}", file=sys.stderr)
     return EXIT_FAILED if summary.missing else EXIT_OK
 
 
@@ -209,20 +189,20 @@ def _build_runners(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_plan(plan: Any, runners: dict[str, Any], paths: Any, existed: bool) -> int:
-    print(f"run folder: {paths.root}{' (reused)' if existed else ' (new; nothing is written by --dry-run)'}")
+    _print(f"run folder: {paths.root}{' (reused)' if existed else ' (new; nothing is written by --dry-run)'}")
     for stage in ("infer", "eval"):
         tasks = plan.tasks[stage]
         reused = len(plan.reused[stage])
         runner = runners[stage]
-        print(f"\n[{stage}] {len(tasks)} task(s) to run, {reused} output(s) reused, "
+        _print(f"\n[{stage}] {len(tasks)} task(s) to run, {reused} output(s) reused, "
               f"runner {type(runner).__name__} (max_num_workers={runner.max_num_workers}, retry={runner.retry})")
         for task in tasks:
             resources = {"gpu_ids": ["<gpu>"] * task.num_gpus}
             cmd = runners[stage].get_command(task, paths.task_spec(task.task_id), resources, 1,
                                              paths.task_log(stage, task.task_id))
             units = ", ".join(f"{u.name}[{u.start}:{u.end}]" for u in task.units)
-            print(f"  {task.task_id}  cost={task.cost:g}  gpus={task.num_gpus}  units: {units}")
-            print(f"    $ {cmd.display()}")
+            _print(f"  {task.task_id}  cost={task.cost:g}  gpus={task.num_gpus}  units: {units}")
+            _print(f"    $ {cmd.display()}")
     return EXIT_OK
 
 
@@ -238,12 +218,13 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
     dump_config(cfg.resolved, paths.config)
     events = EventLog(paths.events)
     ctx = RunContext(paths, events)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+    received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         if not ctx.stop.is_set():
-            print(f"\norchestra: {signal.Signals(signum).name} received, stopping every task...",
-                  file=sys.stderr, flush=True)
+            received.append(signum)
+            _print(f"\norchestra: {signal.Signals(signum).name} received, stopping every task...", file=sys.stderr)
         ctx.stop.set()
 
     for sig in previous:
@@ -260,11 +241,11 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
             tasks = plan.tasks[stage]
             if not tasks:
                 continue
-            print(f"[{stage}] {len(tasks)} task(s), {len(plan.reused[stage])} output(s) reused", file=sys.stderr)
+            _print(f"[{stage}] {len(tasks)} task(s), {len(plan.reused[stage])} output(s) reused", file=sys.stderr)
             ctx.on_change = None if args.debug else StageProgress(stage, len(tasks), paths.events)
             results += runners[stage].launch(tasks, ctx)
             if not args.debug:
-                print(file=sys.stderr)
+                _print(file=sys.stderr)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -273,14 +254,15 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
                 failed=[r.task_id for r in results if r.state is not TaskState.DONE])
     summary = build_summary(paths, [m["abbr"] for m in cfg.models], plan.all_units["eval"])
     write_summary(summary, paths)
-    print(render_text(summary))
+    _print(render_text(summary))
     bad = [r for r in results if r.state is not TaskState.DONE]
     for r in bad:
         log = f"; log: {r.log_path}" if os.path.exists(r.log_path) else ""
-        print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({r.reason}){log}", file=sys.stderr)
-    print(f"run folder: {paths.root}", file=sys.stderr)
+        _print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({r.reason}){log}", file=sys.stderr)
+    _print(f"run folder: {paths.root}", file=sys.stderr)
     if interrupted:
-        return EXIT_INTERRUPTED
+        # 128 + the signal, as shells report it (Ctrl-C 130, SIGHUP 129, SIGTERM 130 as before)
+        return 129 if received and received[0] == signal.SIGHUP else EXIT_INTERRUPTED
     return EXIT_FAILED if bad else EXIT_OK
 
 

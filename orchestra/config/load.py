@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import ast
 import os
+import re
 from typing import Any
 
 from orchestra.errors import ConfigError
@@ -16,7 +18,9 @@ def load_config(path: str, cfg_options: list[str] | None = None) -> dict[str, An
     ext = os.path.splitext(path)[1]
     if ext not in (".py", ".yaml", ".yml", ".json"):
         raise ConfigError(f"{path}: unsupported config type {ext!r}; use .py, .yaml or .json")
-    from mmengine.config import Config, DictAction
+    if ext != ".py":
+        _check_data_file(path)
+    from mmengine.config import Config
 
     try:
         cfg = Config.fromfile(path)
@@ -26,17 +30,71 @@ def load_config(path: str, cfg_options: list[str] | None = None) -> dict[str, An
     except Exception as exc:  # mmengine wraps user-code errors in many types
         raise ConfigError(f"{_where_in_config(exc, path)}: cannot load config: {_load_problem(exc)}") from None
     if cfg_options:
-        overrides: dict[str, Any] = {}
-        for item in cfg_options:
-            if "=" not in item:
-                raise ConfigError(f"--cfg-options {item!r}: expected KEY=VALUE")
-            key, value = item.split("=", 1)
-            overrides[key] = DictAction._parse_iterable(value)
+        overrides = dict(parse_override(item) for item in cfg_options)
         try:
             cfg.merge_from_dict(overrides)
         except Exception as exc:
             raise ConfigError(f"--cfg-options: {exc}") from None
     return to_plain(cfg.to_dict())
+
+
+def _check_data_file(path: str, seen: tuple[str, ...] = ()) -> None:
+    """Parse a ``.yaml`` / ``.json`` config (and its ``_base_`` files) safely first: a syntax
+    error names the file and line, and a YAML ``!!python`` tag, which would run code when
+    mmengine loads the file, is refused."""
+    import json
+
+    import yaml
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from None
+    try:
+        data = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}:{exc.lineno}: JSON syntax error: {exc.msg}") from None
+    except yaml.constructor.ConstructorError as exc:
+        line = f":{exc.problem_mark.line + 1}" if exc.problem_mark else ""
+        raise ConfigError(f"{path}{line}: YAML tag not allowed ({exc.problem}); a config holds plain values "
+                          "(tags such as !!python/object would run code)") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: YAML syntax error: {getattr(exc, 'problem', None) or exc}") from None
+    bases = data.get("_base_") if isinstance(data, dict) else None
+    for base in [bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []:
+        full = os.path.join(os.path.dirname(path), str(base))
+        if full not in seen and os.path.splitext(full)[1] in (".yaml", ".yml", ".json") and os.path.isfile(full):
+            _check_data_file(full, (*seen, path))
+
+
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|\d+))*")
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    """One ``--cfg-options`` item ``KEY=VALUE`` as (dotted key, value).
+
+    The value is a Python literal when it reads as one (``4``, ``0.5``, ``True``, ``None``,
+    ``'text'``, ``[1, 2]``, ``dict(...)`` is not: write ``{'a': 1}``); otherwise it is the text
+    exactly as typed, spaces and commas included.  Text that starts like a literal (a quote,
+    ``[``, ``(`` or ``{``) but does not parse is an error, not silently a string.
+    """
+    key, eq, text = item.partition("=")
+    if not eq:
+        raise ConfigError(f"--cfg-options {item!r}: expected KEY=VALUE (e.g. infer.runner.max_num_workers=4)")
+    if not _KEY.fullmatch(key):
+        raise ConfigError(f"--cfg-options {item!r}: {key!r} is not a dotted key such as infer.runner.retry "
+                          "or models.0.batch_size")
+    try:
+        return key, ast.literal_eval(text)
+    except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
+        if text.lstrip()[:1] in ("'", '"', "[", "(", "{"):
+            problem = exc.msg if isinstance(exc, SyntaxError) else "text inside it is not quoted"
+            raise ConfigError(f"--cfg-options {item!r}: the value is not a valid Python literal ({problem}); "
+                              "quote text as 'text'") from None
+        return key, text
 
 
 def _load_problem(exc: BaseException) -> str:

@@ -16,6 +16,7 @@ from typing import Any
 from orchestra.config.schema import build_component, check_kwargs
 from orchestra.errors import ConfigError
 from orchestra.inferencers import get_inferencer, inferencer_cfg
+from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
 TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir")
@@ -27,6 +28,7 @@ READER_CFG_KEYS = ("input_columns", "output_column", "test_range")
 INFER_CFG_KEYS = ("prompt_template", "inferencer", "fewshot", "fewshot_template")
 EVAL_CFG_KEYS = ("evaluator",)
 FEWSHOT_KEYS = ("k", "source", "separator")
+URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.IGNORECASE)
 SECRET_KEY = re.compile(r"(^|_)(api_?key|token|secret|password)$", re.IGNORECASE)
 DEFAULT_STAGES: dict[str, dict[str, Any]] = {
     "infer": {
@@ -79,6 +81,11 @@ def _check_secrets(obj: Any, where: str, top: bool = False) -> None:
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
             _check_secrets(v, f"{where}[{i}]")
+    elif isinstance(obj, str) and URL_CREDENTIALS.search(obj):
+        raise ConfigError(
+            f"{where}: a URL with a user and password in it; credentials do not belong in a config (it is "
+            "saved in the run folder and in task specs): give the key through an environment variable (key_env)"
+        )
 
 
 def _check_model(cfg: Any, where: str) -> dict[str, Any]:
@@ -136,6 +143,13 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
         if not isinstance(few, dict):
             raise ConfigError(f"{where}.infer_cfg.fewshot: expected a dict such as dict(k=5), got {few!r}")
         _check_keys(few, FEWSHOT_KEYS, f"{where}.infer_cfg.fewshot")
+    for key in ("prompt_template", "fewshot_template"):
+        tmpl = infer_cfg.get(key)
+        chat = isinstance(tmpl, (list, tuple)) and all(
+            isinstance(m, dict) and set(m) == {"role", "content"} and isinstance(m["content"], str) for m in tmpl)
+        if tmpl is not None and not isinstance(tmpl, str) and not chat:
+            raise ConfigError(f"{where}.infer_cfg.{key}: expected a string such as 'Q: {{question}}' or a list of "
+                              f"dict(role=..., content=...) messages, got {tmpl!r}")
     raw_inf = infer_cfg.get("inferencer")
     if raw_inf is not None and not isinstance(raw_inf, (dict, str)):
         raise ConfigError(f"{where}.infer_cfg.inferencer: expected a dict such as dict(type='gen'), got {raw_inf!r}")
@@ -162,6 +176,20 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
                 resolved["path"] = os.path.abspath(candidate)
                 break
     return resolved
+
+
+def _check_file_names(datasets: list[dict[str, Any]], source: str) -> None:
+    """Reject a dataset whose files would be taken for another dataset's shard files
+    (``arith_1.jsonl`` is dataset ``arith_1``, or shard 1 of ``arith``)."""
+    index = {safe_name(d["abbr"]): i for i, d in enumerate(datasets)}
+    for name, i in index.items():
+        split = shard_file_stem(name)
+        if split and split[0] in index:
+            j = index[split[0]]
+            raise ConfigError(
+                f"{source}: datasets[{i}].abbr {datasets[i]['abbr']!r} would share file names with the shards of "
+                f"datasets[{j}].abbr {datasets[j]['abbr']!r}; rename one (e.g. without the '_<number>' ending)"
+            )
 
 
 def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
@@ -233,6 +261,7 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
             if abbr in seen:
                 raise ConfigError(f"{source}: {kind}[{i}].abbr {abbr!r} is also used by {kind}[{seen[abbr]}]")
             seen[abbr] = i
+    _check_file_names(datasets, source)
     work_dir = raw.get("work_dir", "outputs/default")
     if not isinstance(work_dir, str) or not work_dir:
         raise ConfigError(f"{source}: work_dir must be a path string, got {work_dir!r}")

@@ -16,13 +16,12 @@ turn per element of ``turns_column``, each sent when the previous reply arrives)
 from __future__ import annotations
 
 import abc
-import hashlib
-import json
 import os
 import re
 import string
 from typing import Any
 
+from orchestra.datasets.digest import files_stamp, stamped_key
 from orchestra.errors import ConfigError
 from orchestra.fileio import stable_hash
 from orchestra.inferencers import get_inferencer, inferencer_cfg
@@ -107,14 +106,9 @@ class BaseDataset(abc.ABC):
         """Read every row of the underlying data, before ``test_range``."""
 
     def content_key(self) -> str:
-        """A key that changes when the data may have changed (for the size cache)."""
-        try:
-            st = os.stat(self.path)
-            stamp = f"{os.path.abspath(self.path)}|{st.st_size}|{st.st_mtime_ns}"
-        except OSError:
-            stamp = str(self.path)
-        blob = json.dumps([type(self).__name__, stamp, self.reader_cfg], sort_keys=True, default=str)
-        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+        """A key of the data's content and the reader settings: it changes exactly when the
+        rows may have changed (a copied or restored file keeps it, an edit changes it)."""
+        return stamped_key(type(self).__name__, files_stamp([os.path.expanduser(self.path)]), self.reader_cfg)
 
     # -- shared behaviour ---------------------------------------------------------------
     @property
@@ -138,16 +132,18 @@ class BaseDataset(abc.ABC):
         rows = self.all_rows()
         return sorted(rows[0].keys()) if rows else []
 
+    def needed_columns(self) -> list[str]:
+        """Columns every row must have: inputs, the answer, and what the inferencer kind reads."""
+        inputs = list(self.reader_cfg.get("input_columns", []))
+        if self.reader_cfg.get("output_column") is not None:
+            inputs.append(self.reader_cfg["output_column"])
+        inf = self.inferencer
+        return inputs + get_inferencer(inf["type"], f"dataset {self.abbr}: infer_cfg.inferencer.type").columns(inf)
+
     def check(self, columns: list[str], where: str) -> None:
         """Raise ``ConfigError`` if the reader or prompt settings do not fit the data's columns."""
         cols = set(columns)
-        inputs = list(self.reader_cfg.get("input_columns", []))
-        for key in ("output_column",):
-            if self.reader_cfg.get(key) is not None:
-                inputs.append(self.reader_cfg[key])
-        inf = self.inferencer
-        inputs += get_inferencer(inf["type"], f"{where}: infer_cfg.inferencer.type").columns(inf)
-        missing = [c for c in inputs if c not in cols]
+        missing = [c for c in self.needed_columns() if c not in cols]
         if missing:
             raise ConfigError(
                 f"{where}: column {missing[0]!r} not in {self.path}; columns are: {', '.join(sorted(cols))}"
@@ -155,7 +151,11 @@ class BaseDataset(abc.ABC):
         allowed = set(self.reader_cfg.get("input_columns", [])) or cols
         allowed |= {"choice"}
         for key in ("prompt_template", "fewshot_template"):
-            unknown = sorted(template_fields(self.infer_cfg.get(key, "")) - allowed)
+            try:
+                used = template_fields(self.infer_cfg.get(key, ""))
+            except ValueError as exc:
+                raise ConfigError(f"{where}: infer_cfg.{key}: {exc} (write {{{{ and }}}} for a brace)") from None
+            unknown = sorted(used - allowed)
             if unknown:
                 raise ConfigError(
                     f"{where}: infer_cfg.{key} uses unknown field {{{unknown[0]}}}; "

@@ -7,6 +7,7 @@ import os
 from typing import Any
 
 from orchestra.datasets.base import BaseDataset
+from orchestra.datasets.digest import shared_rows
 from orchestra.errors import ConfigError
 
 
@@ -19,9 +20,17 @@ class JsonlDataset(BaseDataset):
     def load_rows(self) -> list[dict[str, Any]]:
         if not os.path.isfile(self.path):
             raise ConfigError(f"dataset {self.abbr}: path {self.path!r} does not exist")
+        return shared_rows(self.path, "jsonl", self._read)
+
+    def _read(self) -> list[dict[str, Any]]:
         rows = []
-        with open(self.path, encoding="utf-8") as f:
-            for lineno, line in enumerate(f, 1):
+        with open(self.path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ConfigError(f"{self.path}:{lineno}: not valid UTF-8 (byte {exc.start}); "
+                                      "save the file as UTF-8") from None
                 if not line.strip():
                     continue
                 try:

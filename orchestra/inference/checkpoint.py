@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from orchestra.errors import TaskFailedError
-from orchestra.fileio import atomic_write_jsonl
+from orchestra.fileio import write_sealed_jsonl
 
 
 class _Syncer:
@@ -182,7 +182,7 @@ class Checkpoint:
         """Write the complete prediction file atomically, then drop the checkpoint."""
         self.close()
         records = [self.records[i] for i in sorted(self.records)]
-        atomic_write_jsonl(output, [{"_meta": {**meta, "hash": self.hash}}, *records])
+        write_sealed_jsonl(output, {**meta, "hash": self.hash}, records)
         for path in (self.path, self.path + ".lock"):
             if os.path.exists(path):
                 os.unlink(path)

@@ -58,10 +58,11 @@ class BaseModel(abc.ABC):
     #: are left out of :meth:`identity`, so changing them reuses earlier predictions.
     #: Subclasses add their own (``batch_size``, ``max_connections``, ...).
     speed_keys: ClassVar[frozenset[str]] = frozenset({"abbr", "run_cfg"})
-    #: True when the constructor is cheap (no framework import, no weights, no network) and
-    #: checks its values: the orchestrator then builds the model once while validating a
-    #: config, so a missing checkpoint is a config error, not a failed task.
-    validate_by_construction: ClassVar[bool] = False
+    #: The orchestrator builds every model once while validating a config, so a bad value
+    #: (``batch_size=0``, a missing checkpoint) is a config error, not a failed task.  A
+    #: constructor must therefore be cheap (no framework import, no weights, no network: that
+    #: belongs in :meth:`load`); a model that cannot promise it sets this to False.
+    validate_by_construction: ClassVar[bool] = True
 
     def __init__(
         self,

@@ -47,16 +47,24 @@ class DeterministicModel(BatchedModel):
     ) -> None:
         super().__init__(abbr, path, batch_size=batch_size, max_out_len=max_out_len,
                          generation_kwargs=generation_kwargs)
+        if delay_s < 0 or load_s < 0 or fail_attempts < 0:
+            raise ValueError("delay_s, load_s and fail_attempts must be >= 0")
         self.delay_s = delay_s
+        self.load_s = load_s
+        self.fail_attempts = fail_attempts
+        self.fail_always = fail_always
+        self.hang = hang
+
+    def load(self) -> None:
         attempt = int(os.environ.get("ORCHESTRA_ATTEMPT", "1"))
-        if fail_always:
-            raise RuntimeError(f"model {abbr}: configured to fail (fail_always=True)")
-        if attempt <= fail_attempts:
-            raise RuntimeError(f"model {abbr}: configured to fail on attempt {attempt} of {fail_attempts}")
-        if hang:
+        if self.fail_always:
+            raise RuntimeError(f"model {self.abbr}: configured to fail (fail_always=True)")
+        if attempt <= self.fail_attempts:
+            raise RuntimeError(f"model {self.abbr}: configured to fail on attempt {attempt} of {self.fail_attempts}")
+        if self.hang:
             time.sleep(3600)
-        if load_s:
-            time.sleep(load_s)
+        if self.load_s:
+            time.sleep(self.load_s)
 
     def _answer(self, request: GenRequest) -> str:
         text = prompt_text(request.prompt)

@@ -48,7 +48,7 @@ class LocalRunner(BaseRunner):
         retry: extra attempts for a failed task.
         retry_backoff_s: first retry delay (doubles, with jitter).
         timeout_s: limit of one attempt; the task's process group is killed after it.
-        gpus: GPU ids to hand out (default: detected); ``[]`` means no GPUs.
+        gpus: GPU ids to hand out, a list or ``'0,1'`` (default: detected); ``[]`` means no GPUs.
         max_workers_per_gpu: tasks that may share one GPU.
         reuse_workers: keep warm worker processes that run task after task, so a model is
             loaded once per worker instead of once per task (no ``template`` then).
@@ -65,7 +65,7 @@ class LocalRunner(BaseRunner):
         retry: int = 0,
         retry_backoff_s: float = 1.0,
         timeout_s: float | None = None,
-        gpus: list[int | str] | None = None,
+        gpus: list[int | str] | str | None = None,
         max_workers_per_gpu: int = 1,
         reuse_workers: bool = False,
         kill_grace_s: float = 3.0,
@@ -75,6 +75,10 @@ class LocalRunner(BaseRunner):
         super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
         if not isinstance(max_workers_per_gpu, int) or max_workers_per_gpu < 1:
             raise ValueError(f"max_workers_per_gpu must be an integer >= 1, got {max_workers_per_gpu!r}")
+        if kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s}")
+        if isinstance(gpus, str):  # '0,1' as CUDA_VISIBLE_DEVICES writes it
+            gpus = [g.strip() for g in gpus.split(",") if g.strip()]
         self.gpus = [str(g) for g in gpus] if gpus is not None else detect_gpus()
         self.max_workers_per_gpu = max_workers_per_gpu
         self.kill_grace_s = kill_grace_s

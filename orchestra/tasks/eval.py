@@ -12,7 +12,7 @@ from typing import Any
 
 from orchestra.errors import TaskFailedError
 from orchestra.evaluators import build_evaluator
-from orchestra.fileio import atomic_write_json, atomic_write_jsonl, read_jsonl
+from orchestra.fileio import atomic_write_json, atomic_write_jsonl, read_sealed_jsonl
 from orchestra.paths import RunPaths
 from orchestra.tasks.spec import TaskSpec, output_done
 
@@ -28,7 +28,10 @@ def run_task(spec: TaskSpec) -> None:
                     f"{unit.dataset_abbr}: predictions {os.path.relpath(path, spec.run_dir)} are missing or "
                     "from other settings (did its infer task fail?)"
                 )
-            records.extend(r for r in read_jsonl(path)[1:])
+            sealed = read_sealed_jsonl(path)
+            if sealed is None:  # damaged since it was checked
+                raise TaskFailedError(f"{unit.dataset_abbr}: predictions {path} are damaged; run infer again")
+            records.extend(sealed[1])
         evaluator_cfg = unit.dataset.get("eval_cfg", {}).get("evaluator", "accuracy")
         evaluator = build_evaluator(evaluator_cfg)
         metrics, details = evaluator.score(records)

@@ -17,7 +17,7 @@ import pprint
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from orchestra.fileio import atomic_write_text
+from orchestra.fileio import atomic_write_text, read_sealed_jsonl
 
 
 @dataclass(frozen=True)
@@ -94,17 +94,18 @@ class TaskSpec:
 
 
 def output_hash(path: str) -> str | None:
-    """The content hash an output file carries, or None if it is missing or unreadable.
+    """The content hash an output file carries, or None if it is missing, unreadable or not
+    whole.
 
-    Prediction files (``.jsonl``) carry it in a first ``{"_meta": {...}}`` line, results
-    files (``.json``) in a top-level ``"hash"`` key.
+    Prediction files (``.jsonl``) carry it in a first ``{"_meta": {...}}`` line that also seals
+    the records (count and checksum, :func:`~orchestra.fileio.write_sealed_jsonl`): a
+    truncated or damaged file carries no hash, so its shard is redone.  Results files
+    (``.json``) carry it in a top-level ``"hash"`` key.
     """
+    if path.endswith(".jsonl"):
+        sealed = read_sealed_jsonl(path)
+        return sealed[0].get("hash") if sealed else None
     try:
-        if path.endswith(".jsonl"):
-            with open(path, encoding="utf-8") as f:
-                first = f.readline()
-            meta = json.loads(first).get("_meta", {})
-            return meta.get("hash")
         with open(path, encoding="utf-8") as f:
             return json.load(f).get("hash")
     except (OSError, ValueError, AttributeError):

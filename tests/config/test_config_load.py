@@ -223,6 +223,8 @@ from orchestra.models.fake import DeterministicModel
 class KeyModel(DeterministicModel):
     """The deterministic model, but it needs an API key from the environment variable ``key_env``."""
 
+    validate_by_construction = False  # reads the key when built: only inside the task
+
     def __init__(self, abbr, key_env="OPENAI_API_KEY", **kwargs):
         super().__init__(abbr, **kwargs)
         if not os.environ.get(key_env):

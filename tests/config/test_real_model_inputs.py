@@ -20,7 +20,7 @@ def _not_gguf(tmp_path: Path) -> str:
 CASES = [
     (lambda t: [f"models.0.path={t / 'missing' / 'model.gguf'}"], "models[0]: model smollm2-135m: model path"),
     (lambda t: [f"models.0.path={_not_gguf(t)}"], "is not a GGUF file"),
-    (lambda t: ["datasets.0.reader_cfg.input_columns=[questionz]"], "column 'questionz' not in arc_easy"),
+    (lambda t: ["datasets.0.reader_cfg.input_columns=['questionz']"], "column 'questionz' not in arc_easy"),
     (lambda t: ["datasets.0.infer_cfg.prompt_template=Q: {nope}"], "uses unknown field {nope}"),
     (lambda t: ["models.0.torch_dtype=bf16"], "torch_dtype='bf16' is not valid"),
 ]

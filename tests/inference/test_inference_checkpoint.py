@@ -28,7 +28,7 @@ def test_append_resume_and_finalize(tmp_path: Any) -> None:
     out = tmp_path / "p.jsonl"
     again.finalize(str(out), {"model": "m"})
     got = lines(out)
-    assert got[0]["_meta"] == {"model": "m", "hash": "h1"}
+    assert {k: got[0]["_meta"][k] for k in ("model", "hash", "count")} == {"model": "m", "hash": "h1", "count": 2}
     assert got[1:] == [{"id": 0, "prediction": "a"}, {"id": 1, "prediction": "b"}]
     assert not path.exists() and not os.path.exists(str(path) + ".lock")
 
@@ -80,3 +80,23 @@ def test_fsync_every_line_mode(tmp_path: Any) -> None:
     ck.append({"id": 3, "prediction": "x"})
     ck.close()
     assert Checkpoint(str(tmp_path / "p.ckpt"), "h").done_ids() == {3}
+
+
+def test_a_truncated_or_damaged_prediction_file_is_not_done(tmp_path: Any) -> None:
+    """Regression (issue 15.1): only the first line's hash used to be checked, so a cut file
+    counted as complete and a damaged middle line broke its eval on every retry."""
+    from orchestra.fileio import write_sealed_jsonl
+    from orchestra.tasks.spec import output_done
+
+    path = tmp_path / "p.jsonl"
+    write_sealed_jsonl(str(path), {"hash": "h"}, [{"id": i, "prediction": str(i)} for i in range(50)])
+    assert output_done(str(path), "h")
+    whole = path.read_bytes()
+    path.write_bytes(whole[: len(whole) * 2 // 3])  # cut mid-file
+    assert not output_done(str(path), "h")
+    path.write_bytes(whole.replace(b'"prediction": "7"', b'"prediction": "x"'))  # same length, other bytes
+    assert not output_done(str(path), "h")
+    path.write_bytes(whole.replace(b'{"id": 7,', b'{"id"::7,'))  # a damaged middle line
+    assert not output_done(str(path), "h")
+    path.write_bytes(whole)
+    assert output_done(str(path), "h")

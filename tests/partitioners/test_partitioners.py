@@ -4,7 +4,6 @@ a next-fit baseline) and how content hashes follow the settings they cover."""
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ import pytest
 
 from orchestra.config import RunConfig, StageConfig
 from orchestra.datasets.info import DatasetInfo
+from orchestra.fileio import write_sealed_jsonl
 from orchestra.partitioners import BasePartitioner, NaivePartitioner, NumWorkerPartitioner, SizePartitioner
 from orchestra.partitioners.base import balanced_bins, num_bins_for
 from orchestra.paths import RunPaths
@@ -487,9 +487,9 @@ def test_done_outputs_are_reused_not_planned(tmp_path: Path) -> None:
     done = [u for _, u in first.all_units["infer"] if u.name in ("a_1", "b")]
     for u in done:
         Path(u.output).parent.mkdir(parents=True, exist_ok=True)
-        Path(u.output).write_text(json.dumps({"_meta": {"hash": u.hash}}) + "\n")
+        write_sealed_jsonl(u.output, {"hash": u.hash}, [{"id": 0}])
     stale = next(u for _, u in first.all_units["infer"] if u.name == "a_2")
-    Path(stale.output).write_text(json.dumps({"_meta": {"hash": "old-hash"}}) + "\n")
+    write_sealed_jsonl(stale.output, {"hash": "old-hash"}, [{"id": 0}])
     second = plan(tmp_path, infos, part)
     assert sorted(u.name for u in second.reused["infer"]) == ["a_1", "b"]
     planned = sorted(u.name for t in second.tasks["infer"] for u in t.units)

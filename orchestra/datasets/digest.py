@@ -1,0 +1,122 @@
+"""Content digests of data files, and the one copy of each file's rows in a process.
+
+A dataset's content key (which the planner puts into prediction hashes and the size cache)
+is made from the SHA-256 of its files, not their path or mtime: a file restored or copied
+with new timestamps is not redone, an edit that keeps the size is.  Hashing is cached by
+(path, size, mtime, inode) in this process and in ``<cache>/file_digests.json``, so an
+unchanged file is read once per machine.  Rows read from a file are kept per process, so
+2,000 datasets slicing one file read it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from collections.abc import Callable
+from typing import Any
+
+_LOCK = threading.Lock()
+_DIGESTS: dict[str, str] = {}
+_ROWS: dict[tuple[str, str], Any] = {}
+_PERSIST = [True]
+
+
+def persist_digests(enabled: bool) -> None:
+    """Whether new digests go to the on-disk cache (``--dry-run`` writes nothing)."""
+    _PERSIST[0] = enabled
+
+
+def cache_dir() -> str:
+    """The per-machine cache folder (``ORCHESTRA_CACHE_DIR`` or ``~/.cache/orchestra``)."""
+    return os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
+
+
+def _stamp(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return f"{os.path.abspath(path)}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}"
+
+
+def _stored() -> dict[str, str]:
+    try:
+        with open(os.path.join(cache_dir(), "file_digests.json"), encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def _store(stamp: str, digest: str) -> None:
+    """Remember a digest on disk; a cache that cannot be written is only slower, not wrong."""
+    from filelock import FileLock
+
+    from orchestra.fileio import atomic_write_json
+
+    path = os.path.join(cache_dir(), "file_digests.json")
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with FileLock(path + ".lock", timeout=30):
+            data = _stored()
+            data[stamp] = digest
+            if len(data) > 20000:  # keep the file small: drop the oldest entries
+                data = dict(list(data.items())[-10000:])
+            atomic_write_json(path, data)
+    except OSError:
+        pass
+
+
+def file_digest(path: str) -> str | None:
+    """SHA-256 of a file's bytes (None if it cannot be read)."""
+    stamp = _stamp(path)
+    if stamp is None:
+        return None
+    with _LOCK:
+        if stamp in _DIGESTS:
+            return _DIGESTS[stamp]
+    digest = _stored().get(stamp)
+    if digest is None:
+        h = hashlib.sha256()
+        try:
+            with open(path, "rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    h.update(block)
+        except OSError:
+            return None
+        digest = h.hexdigest()
+        if _PERSIST[0]:
+            _store(stamp, digest)
+    with _LOCK:
+        _DIGESTS[stamp] = digest
+    return digest
+
+
+def files_stamp(files: list[str]) -> list[Any]:
+    """The content digest of each file (its path where it cannot be read): what a content key
+    is made of."""
+    return [file_digest(f) or f"unreadable:{f}" for f in files]
+
+
+def stamped_key(kind: str, stamp: Any, reader_cfg: dict[str, Any]) -> str:
+    """A dataset's content key from its kind, its files' stamp and its reader settings."""
+    blob = json.dumps([kind, stamp, reader_cfg], sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+def shared_rows(path: str, options: Any, read: Callable[[], Any]) -> Any:
+    """``read()``'s rows of ``path``, read once per process for each file version and reader
+    ``options``; callers must not change the rows they get."""
+    stamp = _stamp(path)
+    if stamp is None:
+        return read()
+    key = (stamp, json.dumps(options, sort_keys=True, default=str))
+    with _LOCK:
+        if key in _ROWS:
+            return _ROWS[key]
+    rows = read()
+    with _LOCK:
+        _ROWS[key] = rows
+    return rows
