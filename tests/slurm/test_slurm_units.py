@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import pytest
 
 from orchestra.errors import ConfigError
 from orchestra.runners.slurm import SlurmRunner, job_name, run_tag, time_limit_minutes
-from orchestra.runners.slurm_batch import extra_sbatch_parameters
+from orchestra.runners.slurm_batch import sbatch_long_options
 from orchestra.runners.slurm_state import JobInfo, describe_status, exit_of, parse_squeue, srun_exit
 from orchestra.tasks.spec import TaskSpec
 
@@ -24,6 +25,7 @@ def spec(task_id: str = "infer_m_a", num_gpus: int = 0) -> TaskSpec:
 
 
 def command(runner: SlurmRunner, task: TaskSpec, root: Path, attempt: int = 1) -> tuple[list[str], dict[str, str]]:
+    task = dataclasses.replace(task, run_dir=str(root))  # the run folder the task's spec is in
     cmd = runner.get_command(task, str(root / "tasks" / f"{task.task_id}.py"), {}, attempt,
                              str(root / "logs" / "infer" / f"{task.task_id}.log"))
     return list(cmd.argv), cmd.env
@@ -155,9 +157,9 @@ def test_srun_exit_reads_what_slurm_wrote() -> None:
     assert srun_exit(1, plain, None).reason == "exit code 1 (Slurm job 9)"
 
 
-def test_extra_sbatch_args_become_submitit_parameters() -> None:
-    assert extra_sbatch_parameters(["--account=x", "--exclusive", "--constraint", "a100", "--mail-type=END"]) == {
-        "account": "x", "exclusive": True, "constraint": "a100", "mail-type": "END"}
+def test_extra_sbatch_args_become_one_argument_per_long_option() -> None:
+    assert sbatch_long_options(["--account=x", "--exclusive", "--constraint", "a100", "--mail-type=END"]) == [
+        "--account=x", "--exclusive", "--constraint=a100", "--mail-type=END"]
 
 
 def test_dry_run_shows_the_srun_line(tmp_path: Path) -> None:
