@@ -284,3 +284,7 @@ def test_job_over_its_time_limit_is_reported(time_limit_runs: dict, launcher: st
                             text=True, timeout=30, check=True).stdout.split()
     assert states == ["TIMEOUT"]
     assert squeue_jobs(job_prefix(run)) == []
+    if launcher == "sbatch":  # the batch job's own output (--output, slurmstepd's words) joins the log
+        log = (run / "logs/infer/infer_det_pick.log").read_text()
+        assert f"===== slurm: the batch job's own output ({run / 'slurm' / job_id}.out):" in log
+        assert "DUE TO TIME LIMIT" in log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import shlex
 import subprocess
@@ -182,3 +183,16 @@ work_dir = {str(tmp_path / 'out')!r}
     line = next(ln for ln in res.stdout.splitlines() if "$ " in ln and "srun --job-name" in ln)
     argv = shlex.split(line.strip().removeprefix("$ "))
     assert "--partition=gpu" in argv and "--qos=high" in argv and "--gres=gpu:1" in argv
+
+
+def test_slurm_modules_import_one_way() -> None:
+    # runner -> launchers -> shared modules, lazy imports inside functions included (no cycle)
+    layers = [{"slurm"}, {"slurm_batch", "slurm_srun"}, {"slurm_common", "slurm_state"}]
+    level = {name: i for i, names in enumerate(layers) for name in names}
+    for name, i in level.items():
+        tree = ast.parse((REPO / "orchestra" / "runners" / f"{name}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        for module in imported:
+            other = module.removeprefix("orchestra.runners.")
+            if other in level:
+                assert level[other] > i, f"{name} imports {module}, which is not below it"
