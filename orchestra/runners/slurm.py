@@ -184,10 +184,6 @@ class SlurmRunner(BaseRunner):
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
         return {"num_gpus": task.num_gpus}
 
-    def name_of(self, job: Job) -> str:
-        """The Slurm job name of ``job`` (see ``job_name``)."""
-        return job_name(self._tag, job.task.task_id, job.attempt)
-
     def _active(self) -> SlurmLauncher:
         if self._launcher is None:
             raise RuntimeError("SlurmRunner: submit/poll/cancel called outside launch()")
