@@ -62,6 +62,11 @@ class RunPaths:
     def summary_dir(self) -> str:
         return os.path.join(self.root, "summary")
 
+    @property
+    def slurm_dir(self) -> str:
+        """Batch job scripts and Slurm's own job output (``SlurmRunner(launcher='sbatch')``)."""
+        return os.path.join(self.root, "slurm")
+
     def task_spec(self, task_id: str) -> str:
         return os.path.join(self.root, "tasks", f"{task_id}.py")
 

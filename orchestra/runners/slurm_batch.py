@@ -1,19 +1,19 @@
-"""``SlurmRunner(launcher='sbatch')``: batch jobs and job arrays, submitted through submitit.
+"""``SlurmRunner(launcher='sbatch')``: batch jobs and job arrays, submitted with plain ``sbatch``.
 
-submitit's ``SlurmExecutor`` writes the sbatch script (every flag ``shlex.quote``d at the edge,
-its option names validated with the list of valid ones), submits it and parses the job id; a
-round's jobs that need the same resources go as one job array (``--array=0-N``, one sbatch call).
-What runs in the job is orchestra's own few lines of bash (``job_script``): pick this array
-index's task, append a header to ``logs/<stage>/<task_id>.log``, run the task's argv (quoted
-with ``shlex.quote``, never re-parsed) with its output appended to that log, append a footer
-with its exit code and leave with that code.  No Python wrapper runs in the job: submitit's
-pickled-function runner would add ~0.25 s of CPU per job (it imports numpy and submitit) and
-its ``result()`` needs ``sacct`` to learn that a job died.
+A round's jobs that need the same resources go as one job array: one
+``sbatch --parsable --array=0-N <options> <script>`` call (an argv list, never a shell string;
+no value is quoted because none passes through a shell), whose output is the array's job id
+(``jobid`` or ``jobid;cluster``).  The script (``job_script``) is written atomically to
+``<run>/slurm/`` first and renamed ``<job id>.sh`` once sbatch answered; it picks this array
+index's task, appends a header to ``logs/<stage>/<task_id>.log``, runs the task's argv (quoted
+with ``shlex.quote``, never re-parsed) with its output appended to that log, appends a footer
+with its exit code and leaves with that code.  No Python wrapper runs in the job.
 
 State: one ``squeue -t all -j IDS`` per poll round for every live job; a job squeue forgot is
 looked up in ``sacct`` (clusters with accounting), then in the footer of its task log, and is
-counted lost after a few rounds.  A failed job's Slurm-side output (submitit's ``*_log.out`` in
-``<run>/slurm/``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is appended to the log.
+counted lost after a few rounds.  A failed job's Slurm-side output (``--output``,
+``<run>/slurm/<job id>.out``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is
+appended to the log.  Cancelling is ``slurm_state.cancel_and_wait``.
 """
 
 from __future__ import annotations
@@ -21,14 +21,23 @@ from __future__ import annotations
 import os
 import re
 import shlex
-import sys
-import time
+import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
+from orchestra.fileio import atomic_write_text
 from orchestra.runners.base import Exit, Job
-from orchestra.runners.slurm import SlurmLauncher, SlurmRunner, _mem_arg, job_header
-from orchestra.runners.slurm_state import JobInfo, SlurmCommandError, exit_of, sacct, scancel, squeue
+from orchestra.runners.slurm_common import SlurmLauncher, SlurmOptions, job_header, log_offset
+from orchestra.runners.slurm_state import (
+    JobInfo,
+    SlurmCommandError,
+    cancel_and_wait,
+    exit_of,
+    run_client,
+    sacct,
+    squeue,
+)
+from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
 LOST_AFTER_MISSES = 3  # poll rounds in which neither squeue nor sacct knows a job
@@ -36,10 +45,14 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FOOTER = re.compile(r"===== slurm: job (\S+) ended with exit code (\d+)")
 
 
-def extra_sbatch_parameters(extra_args: list[str]) -> dict[str, Any]:
-    """``['--account=x', '--exclusive', '--constraint', 'a100']`` as submitit's
-    ``additional_parameters`` (``{'account': 'x', 'exclusive': True, 'constraint': 'a100'}``)."""
-    params: dict[str, Any] = {}
+class SbatchError(RuntimeError):
+    """sbatch refused a submission, or answered something that is not a job id."""
+
+
+def sbatch_long_options(extra_args: Sequence[str]) -> list[str]:
+    """``['--account=x', '--exclusive', '--constraint', 'a100']`` as one argument per option
+    (``['--account=x', '--exclusive', '--constraint=a100']``); anything but a long option is refused."""
+    options: list[str] = []
     i = 0
     while i < len(extra_args):
         arg = extra_args[i]
@@ -48,21 +61,52 @@ def extra_sbatch_parameters(extra_args: list[str]) -> dict[str, Any]:
                 f"extra_args {arg!r}: with launcher='sbatch' give sbatch options in long form "
                 "('--account=x', '--exclusive')"
             )
-        key, eq, value = arg[2:].partition("=")
-        if eq:
-            params[key] = value
-        elif i + 1 < len(extra_args) and not extra_args[i + 1].startswith("-"):
-            params[key] = extra_args[i + 1]
+        if "=" not in arg and i + 1 < len(extra_args) and not extra_args[i + 1].startswith("-"):
+            options.append(f"{arg}={extra_args[i + 1]}")
             i += 1
         else:
-            params[key] = True
+            options.append(arg)
         i += 1
-    return params
+    return options
 
 
-def job_script(jobs: list[Job]) -> str:
-    """The bash that runs array index ``i`` (0 for a single job) as ``jobs[i]``'s command."""
-    lines = ['case "${SLURM_ARRAY_TASK_ID:-0}" in']
+def parse_parsable(stdout: str) -> tuple[str, str | None]:
+    """``sbatch --parsable``'s answer as ``(job id, cluster or None)``: ``"123"`` or ``"123;c1"``.
+
+    Raises ``SbatchError`` when the last line is not a job id.
+    """
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    job_id, sep, cluster = (lines[-1] if lines else "").partition(";")
+    if not job_id.isdigit() or (sep and not cluster):
+        raise SbatchError(f"unexpected sbatch --parsable output {stdout.strip()[:200]!r}")
+    return job_id, cluster or None
+
+
+def output_pattern(folder: str, array: bool) -> str:
+    """sbatch's ``--output`` for a job's own output: ``<folder>/<job id>.out`` with ``<job id>``
+    ``A_i`` for array task ``i`` of array ``A``.  A ``%`` in ``folder`` is escaped (``%%``)."""
+    # (A backslash anywhere turns every replacement off in Slurm: the jobs then share one file.)
+    return os.path.join(folder.replace("%", "%%"), "%A_%a.out" if array else "%j.out")
+
+
+def submit_batch(argv: list[str]) -> tuple[str, str | None]:
+    """Run ``sbatch --parsable ...`` (argv) and return the job id (and cluster) it printed."""
+    try:
+        res = run_client(argv)
+    except SlurmCommandError as exc:
+        raise SbatchError(str(exc)) from None
+    if res.returncode != 0:
+        raise SbatchError(" ".join((res.stderr or res.stdout).split()) or f"exit code {res.returncode}")
+    return parse_parsable(res.stdout)
+
+
+def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:
+    """The batch script that runs array index ``i`` (0 for a single job) as ``jobs[i]``'s command.
+
+    ``sbatch_args`` are recorded in a comment (they are passed on sbatch's command line).
+    """
+    lines = ["#!/bin/bash", f"# submitted by orchestra: sbatch {shlex.join(sbatch_args)} <this script>",
+             'case "${SLURM_ARRAY_TASK_ID:-0}" in']
     for i, job in enumerate(jobs):
         bad = [name for name in job.command.env if not _ENV_NAME.fullmatch(name)]
         if bad:
@@ -85,7 +129,7 @@ def job_script(jobs: list[Job]) -> str:
         '"${EPOCHREALTIME-?}" >>"$orc_log"',
         'exit "$orc_code"',
     ]
-    return "\n".join(lines)
+    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -101,24 +145,28 @@ class BatchHandle:
 
 
 class SbatchLauncher(SlurmLauncher):
-    """Queue a round's jobs, submit them in ``flush`` (arrays by resources), watch them with squeue."""
+    """Queue a round's jobs, submit them in ``flush`` (arrays by resources), watch them with squeue.
 
-    def __init__(self, runner: SlurmRunner, folder: str) -> None:
-        super().__init__(runner)
-        import submitit
+    Args:
+        options: what every job asks for.
+        tag: the run tag (``run_tag``) in every job name.
+        folder: where job scripts and Slurm's own job output go (``RunPaths.slurm_dir``).
+        array: submit a round's jobs with the same resources as one job array (False: one by one).
+    """
 
+    def __init__(self, options: SlurmOptions, tag: str, folder: str, array: bool = True) -> None:
+        super().__init__(options, tag)
         os.makedirs(folder, exist_ok=True)
         self.folder = folder
-        self.executor = submitit.SlurmExecutor(folder=folder, python=shlex.quote(sys.executable))
-        self.extra = extra_sbatch_parameters(runner.extra_args)
+        self.array = array
+        self.extra = sbatch_long_options(options.extra_args)
         self.queued: list[Job] = []
         self.live: dict[str, Job] = {}
         self.states: dict[str, JobInfo] = {}
 
     # -- submitting -----------------------------------------------------------------------------
     def submit(self, job: Job) -> None:
-        offset = os.path.getsize(job.log_path) if os.path.exists(job.log_path) else 0
-        job.handle = BatchHandle(self.runner.name_of(job), offset)
+        job.handle = BatchHandle(self.name_of(job), log_offset(job.log_path))
         self.queued.append(job)
 
     def flush(self) -> None:
@@ -126,61 +174,49 @@ class SbatchLauncher(SlurmLauncher):
             batch, self.queued = self.queued, []
             groups: dict[str | None, list[Job]] = {}
             for job in batch:
-                groups.setdefault(self.runner.gres_for(job.task), []).append(job)
+                groups.setdefault(self.options.gres_for(job.task), []).append(job)
             for group in groups.values():
-                size = MAX_ARRAY_SIZE if self.runner.array else 1
+                size = MAX_ARRAY_SIZE if self.array else 1
                 for start in range(0, len(group), size):
                     self._send(group[start : start + size])
         self._refresh()
 
-    def parameters(self, job: Job, count: int) -> dict[str, Any]:
-        """submitit ``SlurmExecutor`` parameters for ``count`` jobs like ``job`` (one array)."""
-        runner = self.runner
-        return {
-            "job_name": job.handle.name if count == 1 else f"orc-{runner._tag}-{job.task.stage}",
-            "partition": runner.partition,
-            "qos": runner.qos,
-            "gres": runner.gres_for(job.task),
-            "cpus_per_task": runner.cpus_per_task,
-            "mem": _mem_arg(runner.mem_gb) if runner.mem_gb else None,
-            "time": runner.time_minutes,  # None: no --time line, the partition's default applies
-            "nodes": 1,
-            "use_srun": False,  # the batch step runs the task: no srun step per job
-            "stderr_to_stdout": True,
-            "wckey": None,
-            "array_parallelism": MAX_ARRAY_SIZE,  # max_num_workers already caps jobs in flight
-            # submitit always asks for a pre-timeout signal (USR2 by default, to every process of
-            # the job: it would kill a task).  SIGURG to the batch shell only is ignored.
-            "additional_parameters": {"signal": "B:URG@60", **self.extra},
-        }
+    def sbatch_args(self, task: TaskSpec, name: str, count: int) -> list[str]:
+        """sbatch's options (without the script) for ``count`` jobs like ``task``, as one array if > 1."""
+        args = ["--parsable", f"--job-name={name}", "--nodes=1", "--open-mode=append",
+                f"--output={output_pattern(self.folder, count > 1)}"]
+        if count > 1:
+            args.append(f"--array=0-{count - 1}")
+        # No --signal: Slurm sends nothing before the time limit, so an over-limit job ends TIMEOUT.
+        return [*args, *self.options.resource_args(task), *self.extra]
 
     def _send(self, jobs: list[Job]) -> None:
-        params = self.parameters(jobs[0], len(jobs))
+        first = jobs[0]
+        name = first.handle.name if len(jobs) == 1 else f"orc-{self.tag}-{first.task.stage}"
+        args = self.sbatch_args(first.task, name, len(jobs))
+        pending = os.path.join(self.folder, f"submit-{uuid.uuid4().hex[:12]}.sh")
         try:
-            self.executor.update_parameters(**params)
-            # submitit's own array path pickles Python calls; ours is the script above.  Like
-            # that path, set the array size directly (it is not a user parameter).
-            if len(jobs) > 1:
-                self.executor.parameters["map_count"] = len(jobs)
-            else:
-                self.executor.parameters.pop("map_count", None)
-            sjob = self.executor._submit_command(job_script(jobs))
-        except Exception as exc:  # submitit raises FailedJobError (sbatch's stderr), ValueError, OSError...
+            atomic_write_text(pending, job_script(jobs, args))
+            job_id, _ = submit_batch(["sbatch", *args, pending])
+        except (SbatchError, OSError, ValueError) as exc:
             message = " ".join(str(exc).split())[:500]
             for job in jobs:
                 job.handle.submit_error = f"sbatch failed: {message}"
+                _append(job.log_path, f"===== slurm: sbatch did not take {pending}\n")
             return
-        from submitit.core.utils import JobPaths
-
+        script = os.path.join(self.folder, f"{job_id}.sh")
+        try:
+            os.replace(pending, script)  # sbatch has sent the script to slurmctld: renaming is safe
+        except OSError:
+            script = pending
+        kind = f"array of {len(jobs)}" if len(jobs) > 1 else "single job"
         for i, job in enumerate(jobs):
             handle: BatchHandle = job.handle
-            handle.job_id = f"{sjob.job_id}_{i}" if len(jobs) > 1 else str(sjob.job_id)
-            handle.slurm_log = str(JobPaths(self.folder, handle.job_id, 0).stdout)
+            handle.job_id = f"{job_id}_{i}" if len(jobs) > 1 else job_id
+            handle.slurm_log = os.path.join(self.folder, f"{handle.job_id}.out")
             self.live[handle.job_id] = job
-            kind = f"array of {len(jobs)}" if len(jobs) > 1 else "single job"
-            script = JobPaths(self.folder, handle.job_id).submission_file
-            _append(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, name "
-                                  f"{params['job_name']}, script {script})\n")
+            _append(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, name {name}, "
+                                  f"script {script})\n")
 
     # -- watching -------------------------------------------------------------------------------
     def _refresh(self) -> None:
@@ -219,7 +255,7 @@ class SbatchLauncher(SlurmLauncher):
                                 "and its log has no end")
             return None
         self._forget(handle.job_id)
-        ended = exit_of(info, self.runner.time_limit, self.runner.mem_gb)
+        ended = exit_of(info, self.options.time_limit, self.options.mem_gb)
         if ended.code != 0:
             self._append_slurm_log(job)
         return ended
@@ -243,41 +279,21 @@ class SbatchLauncher(SlurmLauncher):
     def cancel(self, jobs: list[Job]) -> None:
         self.queued = [job for job in self.queued if job not in jobs]  # never submitted
         ids = [job.handle.job_id for job in jobs if isinstance(job.handle, BatchHandle) and job.handle.job_id]
-        self._cancel_ids(ids)
+        cancel_and_wait(ids, self.options.cancel_timeout_s)
         for job_id in ids:
             self._forget(job_id)
-
-    def _cancel_ids(self, ids: list[str]) -> None:
-        """scancel ``ids``; wait until squeue shows each of them ended (or forgotten), bounded."""
-        if not ids:
-            return
-        scancel(ids)
-        deadline = time.monotonic() + self.runner.cancel_timeout_s
-        last_scancel = time.monotonic()
-        while time.monotonic() < deadline:
-            try:
-                states = squeue(ids)  # asks by array id: other tasks of an array may be listed too
-            except SlurmCommandError:
-                time.sleep(0.2)
-                continue
-            alive = [job_id for job_id in ids if job_id in states and not states[job_id].terminal]
-            if not alive:
-                return
-            if time.monotonic() - last_scancel > 2.0:
-                scancel([job_id for job_id in alive if states[job_id].state != "COMPLETING"])
-                last_scancel = time.monotonic()
-            time.sleep(0.2)
 
     def close(self) -> None:
         # Every job ended or was cancelled by the loop; this is the net under an unexpected exit.
         leftover = list(self.live)
         self.queued = []
-        self._cancel_ids(leftover)
+        cancel_and_wait(leftover, self.options.cancel_timeout_s)
         self.live.clear()
         self.states.clear()
 
 
 def _append(path: str, text: str) -> None:
+    """Append a line of our own to a task log; a log we cannot write must not stop the run."""
     try:
         with open(path, "a", encoding="utf-8") as f:
             f.write(text)

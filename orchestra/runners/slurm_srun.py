@@ -3,7 +3,8 @@
 srun runs in its own process group (Ctrl-C is the orchestrator's to handle), its output (the
 task's, plus srun's and slurmstepd's messages) is appended to the task log, and its exit code
 is the task's.  A non-zero exit is explained from what Slurm wrote to the log (time limit,
-scancel, preemption, allocation errors).  Cancelling finds the jobs by their unique names.
+scancel, preemption, allocation errors).  Cancelling finds the jobs by their unique names and
+hands them to ``slurm_state.cancel_and_wait``, the one cancel path of the Slurm backend.
 """
 
 from __future__ import annotations
@@ -11,18 +12,17 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 
 from orchestra.runners.base import Exit, Job
 from orchestra.runners.proc import die_with_parent, signal_group
-from orchestra.runners.slurm import SlurmLauncher
+from orchestra.runners.slurm_common import SlurmLauncher, log_offset
 from orchestra.runners.slurm_state import (
     HEADER_JOB,
     TERMINAL_STATES,
     SlurmCommandError,
+    cancel_and_wait,
     exit_of,
-    scancel,
     squeue,
     squeue_by_name,
     srun_exit,
@@ -56,7 +56,7 @@ class SrunLauncher(SlurmLauncher):
     """Each attempt is ``srun ... <task argv>``, a local process in its own process group."""
 
     def submit(self, job: Job) -> None:
-        offset = os.path.getsize(job.log_path) if os.path.exists(job.log_path) else 0
+        offset = log_offset(job.log_path)
         with open(job.log_path, "ab") as log:
             proc = subprocess.Popen(
                 list(job.command.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -64,7 +64,7 @@ class SrunLauncher(SlurmLauncher):
                 start_new_session=True,  # Ctrl-C is the orchestrator's to handle, not srun's
                 preexec_fn=_term_with_parent,
             )
-        job.handle = SrunHandle(proc, self.runner.name_of(job), offset)
+        job.handle = SrunHandle(proc, self.name_of(job), offset)
 
     def poll(self, job: Job) -> Exit | None:
         handle: SrunHandle = job.handle
@@ -74,7 +74,7 @@ class SrunLauncher(SlurmLauncher):
         if code == 0:
             return Exit(0)
         tail = _read_from(job.log_path, handle.log_offset)
-        ended = srun_exit(code, tail, self.runner.time_limit)
+        ended = srun_exit(code, tail, self.options.time_limit)
         header = HEADER_JOB.search(tail)
         if header and ended.reason.startswith("exit code"):
             # srun can exit before slurmstepd's "CANCELLED AT ..." line reaches the log: ask
@@ -85,7 +85,7 @@ class SrunLauncher(SlurmLauncher):
                 info = None
             if info is not None and info.state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
                                                    "OUT_OF_MEMORY"):
-                return exit_of(info, self.runner.time_limit, self.runner.mem_gb)
+                return exit_of(info, self.options.time_limit, self.options.mem_gb)
         return ended
 
     def cancel(self, jobs: list[Job]) -> None:
@@ -93,32 +93,19 @@ class SrunLauncher(SlurmLauncher):
         if not handles:
             return
         names = {h.name for h in handles}
-        deadline = time.monotonic() + self.runner.cancel_timeout_s
-        cancelled: set[str] = set()
-        signalled = False
-        while True:
-            try:
-                found = squeue_by_name(names)
-            except SlurmCommandError:
-                found = None
-            alive = {jid: name for jid, (name, state) in (found or {}).items() if state not in TERMINAL_STATES}
-            fresh = set(alive) - cancelled
-            if fresh:
-                scancel(fresh)
-                cancelled |= fresh
-            if not signalled:
-                # An srun whose job squeue does not show yet is still asking for an allocation:
-                # SIGTERM makes it withdraw the request (and cancel the job, had it just started).
-                for h in handles:
-                    if h.name not in alive.values() and h.proc.poll() is None:
-                        signal_group(h.proc.pid, signal.SIGTERM)
-                signalled = True
-            procs_done = all(h.proc.poll() is not None for h in handles)
-            if found is not None and not alive and procs_done:
-                break
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.2)
+        try:
+            found = squeue_by_name(names)
+        except SlurmCommandError:
+            found = {}
+        alive = {jid: name for jid, (name, state) in found.items() if state not in TERMINAL_STATES}
+        # An srun whose job squeue does not show yet is still asking for an allocation: SIGTERM
+        # makes it withdraw the request (and cancel the job, had it just started).  The others'
+        # jobs are scancelled, so that Slurm records them CANCELLED.
+        for h in handles:
+            if h.name not in alive.values() and h.proc.poll() is None:
+                signal_group(h.proc.pid, signal.SIGTERM)
+        cancel_and_wait(alive, self.options.cancel_timeout_s, names=names,
+                        busy=lambda: any(h.proc.poll() is None for h in handles))
         for h in handles:
             if h.proc.poll() is None:
                 signal_group(h.proc.pid, signal.SIGKILL)

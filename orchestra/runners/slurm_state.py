@@ -1,15 +1,17 @@
-"""What Slurm says about jobs, without an accounting database: squeue first, sacct as a fallback.
+"""What Slurm says about jobs, without an accounting database, and the one way to cancel them.
 
 One ``squeue -h -t all -j IDS`` call answers for every job of a poll round (finished jobs stay
 visible for ``MinJobAge`` seconds).  ``sacct`` is asked only about jobs that squeue no longer
 knows, and its failure ("accounting storage is disabled") is an answer, not an error.
+``cancel_and_wait`` is how both launchers stop jobs: scancel, then wait for squeue to agree.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Iterable
+import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from orchestra.runners.base import Exit
@@ -51,7 +53,11 @@ class SlurmCommandError(RuntimeError):
     """A Slurm client command failed in a way that says nothing about the jobs."""
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+def run_client(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command (argv, no shell), bounded by ``SLURM_CALL_TIMEOUT_S``.
+
+    Raises ``SlurmCommandError`` when it cannot be started or does not answer in time.
+    """
     try:
         return subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_CALL_TIMEOUT_S,
                               stdin=subprocess.DEVNULL, check=False)
@@ -95,7 +101,7 @@ def squeue(job_ids: Iterable[str]) -> dict[str, JobInfo]:
     bases = sorted({j.split("_", 1)[0] for j in job_ids})
     if not bases:
         return {}
-    res = _run(["squeue", "-h", "-t", "all", "-j", ",".join(bases), "-O", _SQUEUE_FORMAT])
+    res = run_client(["squeue", "-h", "-t", "all", "-j", ",".join(bases), "-O", _SQUEUE_FORMAT])
     if res.returncode != 0:
         if "Invalid job id" in res.stderr:  # every id asked about is unknown: none to report
             return {}
@@ -108,7 +114,7 @@ def squeue_by_name(names: Iterable[str]) -> dict[str, tuple[str, str]]:
     wanted = sorted(set(names))
     if not wanted:
         return {}
-    res = _run(["squeue", "-h", "-t", "all", "--name", ",".join(wanted), "-o", "%i|%j|%T"])
+    res = run_client(["squeue", "-h", "-t", "all", "--name", ",".join(wanted), "-o", "%i|%j|%T"])
     if res.returncode != 0:
         raise SlurmCommandError(f"squeue failed (exit {res.returncode}): {res.stderr.strip()}")
     out = {}
@@ -126,7 +132,7 @@ def sacct(job_ids: Iterable[str]) -> dict[str, JobInfo]:
     if not ids:
         return {}
     try:
-        res = _run(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
+        res = run_client(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
     except SlurmCommandError:
         return {}
     if res.returncode != 0:
@@ -147,9 +153,62 @@ def scancel(job_ids: Iterable[str]) -> None:
     ids = sorted(set(job_ids))
     if ids:
         try:
-            _run(["scancel", *ids])
+            run_client(["scancel", *ids])
         except SlurmCommandError:
             pass  # the caller waits and checks squeue; a failed scancel shows there
+
+
+RESCANCEL_AFTER_S = 2.0  # a job still alive this long after its scancel is sent another one
+_CANCEL_POLL_S = 0.2
+
+
+def _alive(job_ids: set[str], names: set[str]) -> dict[str, str] | None:
+    """``{job id: state}`` of the jobs still alive, by name when names are given; None: no answer."""
+    try:
+        if names:
+            found = squeue_by_name(names)
+            return {jid: state for jid, (_, state) in found.items() if state not in TERMINAL_STATES}
+        states = squeue(job_ids)  # asks by array id: other tasks of an array may be listed too
+    except SlurmCommandError:
+        return None
+    return {jid: states[jid].state for jid in job_ids if jid in states and not states[jid].terminal}
+
+
+def cancel_and_wait(job_ids: Iterable[str], timeout_s: float, *, names: Iterable[str] = (),
+                    busy: Callable[[], bool] | None = None) -> bool:
+    """scancel jobs and return once squeue shows none of them alive, or after ``timeout_s``.
+
+    Args:
+        job_ids: jobs to cancel now (``"123"``, ``"123_4"``).
+        timeout_s: the longest this waits.
+        names: also find jobs by these (unique) job names, each round: a job that appears
+            under one of them later, e.g. an srun allocation granted meanwhile, is cancelled too.
+        busy: while it returns True the wait goes on (e.g. local srun processes not yet exited).
+
+    Returns:
+        True when squeue showed every job gone (and ``busy`` was False) in time.
+    """
+    ids, wanted = set(job_ids), set(names)
+    deadline = time.monotonic() + timeout_s
+    sent: dict[str, float] = {}  # job id -> when its last scancel was sent
+    if ids:
+        scancel(ids)
+        sent.update(dict.fromkeys(ids, time.monotonic()))
+    while True:
+        alive = _alive(ids, wanted) if ids or wanted else {}
+        if alive is not None:
+            now = time.monotonic()
+            # COMPLETING jobs are already ending: a second scancel would only add noise.
+            again = [j for j, state in alive.items()
+                     if j not in sent or (now - sent[j] > RESCANCEL_AFTER_S and state != "COMPLETING")]
+            if again:
+                scancel(again)
+                sent.update(dict.fromkeys(again, now))
+            if not alive and not (busy is not None and busy()):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_CANCEL_POLL_S)
 
 
 def describe_status(wait_status: int | None) -> tuple[int, str]:

@@ -151,7 +151,8 @@ def test_sbatch_config_runs_like_local_with_job_arrays(tmp_path: Path, shared_da
         assert "(array of 3," in line
         arrays.add(line.split("submitted as job ")[1].split("_")[0])
     assert len(arrays) == 2
-    assert list((run / "slurm").glob("*_submission.sh"))  # submitit's files stay in the run folder
+    scripts = {p.stem for p in (run / "slurm").glob("*.sh")}  # every job script stays in the run folder
+    assert arrays <= scripts and not [name for name in scripts if name.startswith("submit-")]
     assert squeue_jobs(job_prefix(run)) == []
 
 
@@ -283,3 +284,7 @@ def test_job_over_its_time_limit_is_reported(time_limit_runs: dict, launcher: st
                             text=True, timeout=30, check=True).stdout.split()
     assert states == ["TIMEOUT"]
     assert squeue_jobs(job_prefix(run)) == []
+    if launcher == "sbatch":  # the batch job's own output (--output, slurmstepd's words) joins the log
+        log = (run / "logs/infer/infer_det_pick.log").read_text()
+        assert f"===== slurm: the batch job's own output ({run / 'slurm' / job_id}.out):" in log
+        assert "DUE TO TIME LIMIT" in log

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -94,8 +95,17 @@ def test_gpu_and_cpu_tasks_of_one_round_go_as_two_arrays(slurm_cluster: SlurmClu
     arrays = {job.split("_")[0] for job in submitted.values()}
     assert len(arrays) == 2
     assert {submitted["infer_m_t0"].split("_")[0]} == {submitted["infer_m_t1"].split("_")[0]}
-    script = (Path(ctx.paths.root) / "slurm" / f"{submitted['infer_m_t0_gpu'].split('_')[0]}_submission.sh")
-    assert "#SBATCH --gres=gpu:1" in script.read_text()
+    gpu_array, cpu_array = submitted["infer_m_t0_gpu"].split("_")[0], submitted["infer_m_t0"].split("_")[0]
+    script = Path(ctx.paths.slurm_dir) / f"{gpu_array}.sh"  # named by the array's job id
+    assert script.read_text().startswith("#!/bin/bash\n# submitted by orchestra: sbatch --parsable ")
+    assert " --gres=gpu:1 " in script.read_text().splitlines()[1]
+    assert "--gres" not in (Path(ctx.paths.slurm_dir) / f"{cpu_array}.sh").read_text().splitlines()[1]
+    # what Slurm itself recorded for each array: one GPU per GPU task, none for the others
+    argv = ["squeue", "-h", "-t", "all", "-j", f"{gpu_array},{cpu_array}", "-O", "JobArrayID:|,tres-per-node:|"]
+    rows = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()
+    tres = {row.split("|")[0]: row.split("|")[1] for row in rows}
+    assert tres == {f"{gpu_array}_0": "gres:gpu:1", f"{gpu_array}_1": "gres:gpu:1", f"{cpu_array}_0": "N/A",
+                    f"{cpu_array}_1": "N/A"}
 
 
 def test_sbatch_failure_is_a_task_failure_with_sbatchs_message(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:

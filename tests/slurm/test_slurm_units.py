@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import shlex
 import subprocess
 import sys
@@ -11,7 +13,7 @@ import pytest
 
 from orchestra.errors import ConfigError
 from orchestra.runners.slurm import SlurmRunner, job_name, run_tag, time_limit_minutes
-from orchestra.runners.slurm_batch import extra_sbatch_parameters
+from orchestra.runners.slurm_batch import sbatch_long_options
 from orchestra.runners.slurm_state import JobInfo, describe_status, exit_of, parse_squeue, srun_exit
 from orchestra.tasks.spec import TaskSpec
 
@@ -24,6 +26,7 @@ def spec(task_id: str = "infer_m_a", num_gpus: int = 0) -> TaskSpec:
 
 
 def command(runner: SlurmRunner, task: TaskSpec, root: Path, attempt: int = 1) -> tuple[list[str], dict[str, str]]:
+    task = dataclasses.replace(task, run_dir=str(root))  # the run folder the task's spec is in
     cmd = runner.get_command(task, str(root / "tasks" / f"{task.task_id}.py"), {}, attempt,
                              str(root / "logs" / "infer" / f"{task.task_id}.log"))
     return list(cmd.argv), cmd.env
@@ -155,9 +158,9 @@ def test_srun_exit_reads_what_slurm_wrote() -> None:
     assert srun_exit(1, plain, None).reason == "exit code 1 (Slurm job 9)"
 
 
-def test_extra_sbatch_args_become_submitit_parameters() -> None:
-    assert extra_sbatch_parameters(["--account=x", "--exclusive", "--constraint", "a100", "--mail-type=END"]) == {
-        "account": "x", "exclusive": True, "constraint": "a100", "mail-type": "END"}
+def test_extra_sbatch_args_become_one_argument_per_long_option() -> None:
+    assert sbatch_long_options(["--account=x", "--exclusive", "--constraint", "a100", "--mail-type=END"]) == [
+        "--account=x", "--exclusive", "--constraint=a100", "--mail-type=END"]
 
 
 def test_dry_run_shows_the_srun_line(tmp_path: Path) -> None:
@@ -180,3 +183,16 @@ work_dir = {str(tmp_path / 'out')!r}
     line = next(ln for ln in res.stdout.splitlines() if "$ " in ln and "srun --job-name" in ln)
     argv = shlex.split(line.strip().removeprefix("$ "))
     assert "--partition=gpu" in argv and "--qos=high" in argv and "--gres=gpu:1" in argv
+
+
+def test_slurm_modules_import_one_way() -> None:
+    # runner -> launchers -> shared modules, lazy imports inside functions included (no cycle)
+    layers = [{"slurm"}, {"slurm_batch", "slurm_srun"}, {"slurm_common", "slurm_state"}]
+    level = {name: i for i, names in enumerate(layers) for name in names}
+    for name, i in level.items():
+        tree = ast.parse((REPO / "orchestra" / "runners" / f"{name}.py").read_text())
+        imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+        for module in imported:
+            other = module.removeprefix("orchestra.runners.")
+            if other in level:
+                assert level[other] > i, f"{name} imports {module}, which is not below it"
