@@ -20,6 +20,7 @@ from typing import Any
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models.base import BatchedModel
 from orchestra.models.hf_common import GENERATION_KEYS, render_prompt, split_context_continuation, truncate_at_stop
+from orchestra.ranges import even_ranges
 from orchestra.requests import GenRequest, LoglikRequest
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -63,17 +64,6 @@ def replica_devices(visible: Sequence[str], tensor_parallel_size: int, data_para
         )
     tp = tensor_parallel_size
     return [",".join(visible[i * tp : (i + 1) * tp]) for i in range(data_parallel_size)]
-
-
-def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ``[start, end)`` ranges covering ``range(n)``, sizes differing by at most one."""
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def _import_vllm(abbr: str) -> Any:
@@ -282,7 +272,7 @@ class VLLMModel(BatchedModel):
 
     def _fan_out(self, kind: str, requests: list[Any]) -> list[Any]:
         self._start_replicas()
-        ranges = split_evenly(len(requests), len(self._replicas))
+        ranges = even_ranges(len(requests), len(self._replicas))
         used = [(i, lo, hi) for i, (lo, hi) in enumerate(ranges) if hi > lo]
         for i, lo, hi in used:
             self._replicas[i][1].send((kind, requests[lo:hi]))

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestra.errors import ConfigError, ModelError
-from orchestra.models.vllm import VLLMModel, replica_devices, run_cfg_for, split_evenly, visible_gpus
+from orchestra.models.vllm import VLLMModel, replica_devices, run_cfg_for, visible_gpus
+from orchestra.ranges import even_ranges
 from orchestra.requests import GenRequest, LoglikRequest
 
 FAKE_VLLM = textwrap.dedent(
@@ -122,9 +123,9 @@ def test_visible_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     assert visible_gpus(2) == ["3", "5"]
 
 
-def test_split_evenly() -> None:
-    assert split_evenly(5, 2) == [(0, 3), (3, 5)]
-    assert split_evenly(1, 3) == [(0, 1), (1, 1), (1, 1)]
+def test_batches_split_evenly_across_replicas() -> None:
+    assert even_ranges(5, 2) == [(0, 3), (3, 5)]
+    assert even_ranges(1, 3) == [(0, 1), (1, 1), (1, 1)]
 
 
 def test_sampling_kwargs() -> None:
