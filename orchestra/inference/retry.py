@@ -14,6 +14,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from orchestra.backoff import exponential_backoff
+
 #: statuses worth another attempt besides 429 and 5xx
 TRANSIENT_STATUSES = frozenset({408, 409, 425})
 
@@ -28,7 +30,8 @@ class RetryPolicy:
         timeout_s: total time for one request, all attempts and waits included, counted
             from its first send (None: no limit).
         attempt_timeout_s: limit of one attempt.
-        backoff_base_s: wait before the first retry (doubles each time, with jitter).
+        backoff_base_s: wait before the first retry (doubles each time, times a random factor
+            in [0.5, 1]; :func:`orchestra.backoff.exponential_backoff`).
         backoff_max_s: the longest wait between two attempts (a longer ``Retry-After`` wins).
     """
 
@@ -58,8 +61,7 @@ class RetryPolicy:
         r = rng or random
         if retry_after_s is not None and rate_limited:
             return retry_after_s * r.uniform(1.0, 1.1)
-        exp = min(self.backoff_max_s, self.backoff_base_s * (2 ** (retry - 1)))
-        delay = exp * r.uniform(0.5, 1.0)  # "equal jitter": spread out, never near zero
+        delay = exponential_backoff(retry, self.backoff_base_s, self.backoff_max_s, rng, jitter=(0.5, 1.0))
         if retry_after_s is not None:
             delay = max(delay, retry_after_s * r.uniform(1.0, 1.1))
         return delay
