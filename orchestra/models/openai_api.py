@@ -61,10 +61,13 @@ class OpenAIAPI(BaseModel):
         endpoint: ``"chat"`` (``/chat/completions``) or ``"completions"`` (``/completions``;
             needed for log-likelihoods, which use ``echo`` + ``logprobs``).
         system_prompt: a system message put before every chat prompt.
-        max_out_len: default generation length (a dataset's ``max_out_len`` wins).
-        generation_kwargs: extra body fields sent with every generation request
-            (``frequency_penalty``, ``max_completion_tokens``, ...); the dataset's own settings
-            (temperature, top_p, seed, stop, max_out_len) win over same-named keys.
+        max_out_len: generation length (``max_tokens``) of requests whose dataset sets none.
+        generation_kwargs: body fields of every generation request (``frequency_penalty``,
+            ``max_completion_tokens``, ...).  Sampling follows :meth:`BaseModel.sampling`, as
+            for local models: a greedy, unseeded request (the default) sends the model's
+            ``temperature`` / ``top_p`` / ``seed`` from here; a request that sets its own
+            sampling sends its own (and no ``seed`` unless it has one).  A request's ``stop``
+            and length always win over same-named keys.
         max_connections: requests in flight at once, for all tasks of this endpoint and
             model on this host together.
         max_retries: retries after errors (5xx, connection errors, timeouts) per request;
@@ -226,16 +229,18 @@ class OpenAIAPI(BaseModel):
     def request_body(self, request: GenRequest) -> dict[str, Any]:
         """The JSON body of a generation request."""
         body: dict[str, Any] = dict(self.generation_kwargs)
+        settings = self.sampling(request)  # greedy and unseeded: the model's generation_kwargs
+        body["temperature"], body["top_p"] = settings["temperature"], settings["top_p"]
+        if settings["seed"] is not None:
+            body["seed"] = settings["seed"]
+        else:
+            body.pop("seed", None)
         body["model"] = self.path
         if self.endpoint == "chat":
             body["messages"] = self._messages(request.prompt)
         else:
             body["prompt"] = prompt_text(request.prompt)
         body["max_tokens"] = self.out_len(request)
-        body["temperature"] = request.temperature
-        body["top_p"] = request.top_p
-        if request.seed is not None:
-            body["seed"] = request.seed
         if request.stop:
             body["stop"] = list(request.stop)
         return body
