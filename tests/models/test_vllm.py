@@ -189,6 +189,9 @@ def test_one_replica_in_process(fake_vllm, monkeypatch: pytest.MonkeyPatch) -> N
     # char-level tokens, every prompt token scored -1: the sum counts continuation tokens
     scores = model.loglikelihood_batch([LoglikRequest("Answer:", (" yes", " no", "")), LoglikRequest("", ("xy",))])
     assert scores == [[-4.0, -3.0, 0.0], [-2.0]]
+    # a row longer than max_model_len - 1 (room for the token vLLM generates) loses its left end
+    cut = VLLMModel(abbr="v", path="/ckpt", max_model_len=8)
+    assert cut.loglikelihood_batch([LoglikRequest("a" * 20, ("b" * 10, "c"))]) == [[-6.0, -1.0]]
 
 
 def test_data_parallel_replicas_get_their_own_gpus(fake_vllm, monkeypatch: pytest.MonkeyPatch) -> None:
