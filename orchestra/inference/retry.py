@@ -1,18 +1,29 @@
-"""Retry policy as data, and the one classifier that decides what an HTTP outcome means.
+"""Retry policy as data, the one classifier of HTTP outcomes, and the one retry loop.
 
 Every failed attempt is classified once, here: a 429 is a rate limit (retry, and tell the
 adaptive rate), 408/409/425 and 5xx, connection errors and timeouts are transient (retry with
 backoff), and every other 4xx is final (the sample fails with the server's message).
+
+:func:`send_with_retries` is the loop every HTTP model runs a request through: a model
+supplies one attempt (send a body, classify what came back) and gets slots, pacing,
+backoff, deadlines and counters from here.
 """
 
 from __future__ import annotations
 
+import asyncio
 import email.utils
 import json
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol
+
+from orchestra.backoff import exponential_backoff
+from orchestra.errors import ModelError
+from orchestra.inference.concurrency import Slots
+from orchestra.inference.ratelimit import AdaptiveRate
 
 #: statuses worth another attempt besides 429 and 5xx
 TRANSIENT_STATUSES = frozenset({408, 409, 425})
@@ -28,7 +39,8 @@ class RetryPolicy:
         timeout_s: total time for one request, all attempts and waits included, counted
             from its first send (None: no limit).
         attempt_timeout_s: limit of one attempt.
-        backoff_base_s: wait before the first retry (doubles each time, with jitter).
+        backoff_base_s: wait before the first retry (doubles each time, times a random factor
+            in [0.5, 1]; :func:`orchestra.backoff.exponential_backoff`).
         backoff_max_s: the longest wait between two attempts (a longer ``Retry-After`` wins).
     """
 
@@ -58,8 +70,7 @@ class RetryPolicy:
         r = rng or random
         if retry_after_s is not None and rate_limited:
             return retry_after_s * r.uniform(1.0, 1.1)
-        exp = min(self.backoff_max_s, self.backoff_base_s * (2 ** (retry - 1)))
-        delay = exp * r.uniform(0.5, 1.0)  # "equal jitter": spread out, never near zero
+        delay = exponential_backoff(retry, self.backoff_base_s, self.backoff_max_s, rng, jitter=(0.5, 1.0))
         if retry_after_s is not None:
             delay = max(delay, retry_after_s * r.uniform(1.0, 1.1))
         return delay
@@ -138,8 +149,6 @@ def classify_status(status: int, headers: Mapping[str, str], body: bytes) -> Ret
 
 def classify_exception(exc: BaseException) -> RetryDecision:
     """Classify an exception raised while sending or reading (connection errors, timeouts)."""
-    import asyncio
-
     if isinstance(exc, (asyncio.TimeoutError, TimeoutError)):
         return RetryDecision.transient(f"timed out ({type(exc).__name__})")
     text = str(exc).strip()
@@ -153,3 +162,102 @@ def classify_exception(exc: BaseException) -> RetryDecision:
     if isinstance(exc, (ConnectionError, OSError)):
         return RetryDecision.transient(reason)
     return RetryDecision.no(reason)
+
+
+# --------------------------------------------------------------------------------------
+# the loop
+
+
+class Outcome(NamedTuple):
+    """What one attempt gave: done (``decision`` is None, the answer in ``data``) or a
+    classified failure."""
+
+    status: int  # the HTTP status; 0 when no answer came (connection error, timeout)
+    data: Any = None
+    decision: RetryDecision | None = None
+
+
+class RetryStats(Protocol):
+    """Counters the loop keeps (:class:`orchestra.models.base.ModelStats` has them all)."""
+
+    in_flight: int
+    done: int
+    rate_limited: int
+    retries: int
+    errors: int
+    extra: dict[str, float]
+
+
+def _note_rate(rate: AdaptiveRate, stats: RetryStats) -> None:
+    learned = rate.learned_rate()
+    if learned is not None:
+        stats.extra["rate_limit_rps"] = learned
+
+
+async def send_with_retries(
+    attempt: Callable[[float], Awaitable[Outcome]],
+    policy: RetryPolicy,
+    slots: Slots,
+    rate: AdaptiveRate,
+    stats: RetryStats,
+    explain: Callable[[int, str], str] | None = None,
+) -> Any:
+    """Run ``attempt(budget_s)`` until it is done or ``policy`` gives up; its ``data``.
+
+    Each attempt takes a slot of ``slots`` first and then waits for ``rate`` (a request the
+    pacer releases goes out at once, so sends really are spaced), runs within
+    ``min(attempt_timeout_s, what is left of timeout_s)``, and gives the slot back before
+    its failure is looked at.  Then: a 429 tells ``rate`` and does not count against
+    ``max_retries``; a final failure, one retry too many, or a wait that would end after
+    the deadline raises :class:`ModelError`; otherwise the loop backs off *without* a slot.
+    ``explain(status, reason)`` turns a failure's reason into the error text (to scrub
+    secrets, or add a hint).  ``stats`` counts requests in flight, done, 429s, retries and
+    requests that failed for good.
+    """
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
+    errors = 0  # failed attempts that count against max_retries (429s do not)
+    n = 0
+    while True:
+        n += 1
+        slot = await slots.acquire()
+        try:
+            ticket = await rate.acquire(retry=n > 1)
+            if deadline is None and policy.timeout_s is not None:
+                deadline = loop.time() + policy.timeout_s
+            budget = policy.attempt_timeout_s
+            if deadline is not None:
+                budget = min(budget, deadline - loop.time())
+            stats.in_flight += 1
+            try:
+                status, data, decision = await attempt(budget)
+            finally:
+                stats.in_flight -= 1
+        finally:
+            slots.release(slot)
+        if decision is None:
+            stats.done += 1
+            if rate.adjustments:
+                _note_rate(rate, stats)
+            return data
+        if decision.rate_limited:
+            stats.rate_limited += 1
+            rate.on_rate_limited(ticket)
+            _note_rate(rate, stats)
+        else:
+            errors += 1
+        reason = explain(status, decision.reason) if explain is not None else decision.reason
+        if not decision.retry:
+            stats.errors += 1
+            raise ModelError(reason)
+        if errors > policy.max_retries:
+            stats.errors += 1
+            raise ModelError(f"gave up after {n} attempts ({policy.max_retries} retries): {reason}")
+        delay = policy.backoff_s(errors if not decision.rate_limited else max(1, n - errors),
+                                 decision.retry_after_s, decision.rate_limited)
+        if deadline is not None and loop.time() + delay >= deadline:
+            stats.errors += 1
+            raise ModelError(f"gave up after {n} attempts: timeout_s={policy.timeout_s:g} "
+                             f"would pass before the next one; last error: {reason}")
+        stats.retries += 1
+        await asyncio.sleep(delay)  # no slot is held while waiting

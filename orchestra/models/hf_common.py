@@ -1,19 +1,21 @@
-"""What HFCausalLM and VLLMModel share: where weights come from, prompts, stop strings.
+"""What HFCausalLM and VLLMModel share: where weights come from, argument checks, prompts,
+stop strings and log-likelihood rows.
 
 Nothing here imports torch or transformers; tokenizers are passed in.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from orchestra.errors import ConfigError
-from orchestra.requests import Prompt, prompt_text
+from orchestra.requests import LoglikRequest, Prompt, prompt_text
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DEVICES = ("auto", "cpu", "cuda")
@@ -180,5 +182,92 @@ def truncate_at_stop(text: str, stops: Sequence[str]) -> str:
     return text[:cut]
 
 
+
 # --------------------------------------------------------------------------------------
-# the model
+# constructor checks
+
+
+def _one_of(where: str, name: str, value: Any, valid: Sequence[str]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{where}: {name}={value!r} is not valid; valid: {', '.join(valid)}")
+
+
+def check_local_model_args(
+    where: str,
+    generation_kwargs: Mapping[str, Any] | None,
+    *,
+    dtype: str,
+    dtype_arg: str = "dtype",
+    device: str | None = None,
+) -> None:
+    """The argument checks HFCausalLM and VLLMModel share; ``ConfigError`` naming the key.
+
+    ``dtype`` (called ``dtype_arg`` in the model's signature) must be one of ``DTYPES``,
+    ``device`` (when the model has one) one of ``DEVICES``, and every ``generation_kwargs``
+    key one of ``GENERATION_KEYS``.
+    """
+    _one_of(where, dtype_arg, dtype, DTYPES)
+    if device is not None:
+        _one_of(where, "device", device, DEVICES)
+    unknown = sorted(set(generation_kwargs or {}) - set(GENERATION_KEYS))
+    if unknown:
+        raise ConfigError(
+            f"{where}: generation_kwargs key {unknown[0]!r} is not supported; valid: {', '.join(GENERATION_KEYS)}"
+        )
+
+
+# --------------------------------------------------------------------------------------
+# log-likelihood rows
+
+
+def encode(tokenizer: Any, text: str, templated: bool) -> list[int]:
+    """Token ids of ``text``; templated text already holds the special tokens the template wants."""
+    return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
+
+
+class LoglikRow(NamedTuple):
+    """One sequence to score: a request's context followed by one of its continuations."""
+
+    request: int  # index of the request in the batch
+    choice: int  # index of the continuation in the request
+    ids: list[int]  # context + continuation token ids
+    n: int  # the last ``n`` ids are the continuation's: their log-probabilities are summed
+
+
+def loglik_rows(
+    tokenizer: Any, requests: Sequence[LoglikRequest], use_chat_template: bool | None, max_len: int | None = None
+) -> list[LoglikRow]:
+    """The rows to score for a batch, in order: one per (request, continuation) with tokens.
+
+    The context is rendered as :func:`render_prompt` does and split from each continuation
+    by :func:`split_context_continuation`.  An empty context is prefixed with BOS (EOS if
+    there is none), since the first token needs something to be predicted from.  A row
+    longer than ``max_len`` loses tokens from the left (and at most ``max_len - 1``
+    continuation tokens are scored).  A continuation without tokens gets no row (it scores
+    0, see :func:`loglik_scores`).
+    """
+    prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    rows: list[LoglikRow] = []
+    for ri, req in enumerate(requests):
+        text, templated = render_prompt(tokenizer, req.context, use_chat_template)
+        encode_part = functools.partial(encode, tokenizer, templated=templated)
+        for ci, cont in enumerate(req.continuations):
+            ctx_ids, cont_ids = split_context_continuation(encode_part, text, cont, move_space=not templated)
+            ids = (ctx_ids or [prefix]) + cont_ids
+            if max_len is not None:
+                ids = ids[-max_len:]
+            n = min(len(cont_ids), len(ids) - 1)
+            if n > 0:
+                rows.append(LoglikRow(ri, ci, ids, n))
+    return rows
+
+
+def loglik_scores(
+    requests: Sequence[LoglikRequest], rows: Sequence[LoglikRow], values: Sequence[float]
+) -> list[list[float]]:
+    """One list per request, one summed log-probability per continuation: ``values[i]``
+    belongs to ``rows[i]`` (in any order); a continuation without a row scores 0."""
+    scores = [[0.0] * len(req.continuations) for req in requests]
+    for row, value in zip(rows, values, strict=True):
+        scores[row.request][row.choice] = value
+    return scores

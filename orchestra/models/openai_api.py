@@ -5,15 +5,16 @@ spent ~18 ms of CPU per request on this project's 2-core machines and aiohttp ~0
 docs/api.md).  aiohttp is imported on first use, so that importing this module to validate
 a config stays cheap.
 
-Each request: take a connection slot (host-wide, :mod:`orchestra.inference.concurrency`),
-wait for the adaptive rate (:mod:`orchestra.inference.ratelimit`), send, release the slot,
-and on failure classify once (:mod:`orchestra.inference.retry`), back off *without* the
-slot, and try again within ``max_retries`` and ``timeout_s``.
+This module builds request bodies, sends one attempt and parses answers.  The retry loop
+around each attempt (host-wide connection slots, the adaptive rate, classification, backoff
+without the slot, ``max_retries`` and ``timeout_s``, counters) is
+:func:`orchestra.inference.retry.send_with_retries`, shared with any other HTTP model.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
 from typing import Any
@@ -21,7 +22,14 @@ from typing import Any
 from orchestra.errors import ModelError
 from orchestra.inference.concurrency import HostSlots, ProcessSlots, concurrency
 from orchestra.inference.ratelimit import AdaptiveRate
-from orchestra.inference.retry import RetryDecision, RetryPolicy, classify_exception, classify_status
+from orchestra.inference.retry import (
+    Outcome,
+    RetryDecision,
+    RetryPolicy,
+    classify_exception,
+    classify_status,
+    send_with_retries,
+)
 from orchestra.models.base import BaseModel
 from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, prompt_text
 
@@ -53,10 +61,13 @@ class OpenAIAPI(BaseModel):
         endpoint: ``"chat"`` (``/chat/completions``) or ``"completions"`` (``/completions``;
             needed for log-likelihoods, which use ``echo`` + ``logprobs``).
         system_prompt: a system message put before every chat prompt.
-        max_out_len: default generation length (a dataset's ``max_out_len`` wins).
-        generation_kwargs: extra body fields sent with every generation request
-            (``frequency_penalty``, ``max_completion_tokens``, ...); the dataset's own settings
-            (temperature, top_p, seed, stop, max_out_len) win over same-named keys.
+        max_out_len: generation length (``max_tokens``) of requests whose dataset sets none.
+        generation_kwargs: body fields of every generation request (``frequency_penalty``,
+            ``max_completion_tokens``, ...).  Sampling follows :meth:`BaseModel.sampling`, as
+            for local models: a greedy, unseeded request (the default) sends the model's
+            ``temperature`` / ``top_p`` / ``seed`` from here; a request that sets its own
+            sampling sends its own (and no ``seed`` unless it has one).  A request's ``stop``
+            and length always win over same-named keys.
         max_connections: requests in flight at once, for all tasks of this endpoint and
             model on this host together.
         max_retries: retries after errors (5xx, connection errors, timeouts) per request;
@@ -173,14 +184,9 @@ class OpenAIAPI(BaseModel):
             self._slots.close()  # leave the host's membership; slots reopen lazily
         self._slots = None
 
-    def _update_rate_stat(self) -> None:
-        rate = self.rate.learned_rate()
-        if rate is not None:
-            self.stats.extra["rate_limit_rps"] = rate
-
-    # -- one request, with retries ------------------------------------------------------------
-    async def _attempt(self, url: str, payload: bytes, budget_s: float) -> tuple[int, Any, RetryDecision | None]:
-        """One HTTP attempt: (status, decoded JSON object or None, None if done else a decision)."""
+    # -- one request: an attempt, run by the retry loop ------------------------------------
+    async def _attempt(self, url: str, payload: bytes, budget_s: float) -> Outcome:
+        """One HTTP attempt, its failure (if any) classified."""
         import aiohttp
 
         try:
@@ -188,73 +194,30 @@ class OpenAIAPI(BaseModel):
                                            timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
-                    return resp.status, None, classify_status(resp.status, resp.headers, raw)
+                    return Outcome(resp.status, None, classify_status(resp.status, resp.headers, raw))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
-            return 0, None, classify_exception(exc)
+            return Outcome(0, None, classify_exception(exc))
         try:
             data = json.loads(raw)
         except ValueError:
-            return 200, None, RetryDecision.transient(f"HTTP 200 with a body that is not JSON: {raw[:200]!r}")
+            return Outcome(200, None, RetryDecision.transient(f"HTTP 200 with a body that is not JSON: {raw[:200]!r}"))
         if not isinstance(data, dict):
-            return 200, None, RetryDecision.no(f"HTTP 200 with unexpected JSON: {str(data)[:200]}")
-        return 200, data, None
+            return Outcome(200, None, RetryDecision.no(f"HTTP 200 with unexpected JSON: {str(data)[:200]}"))
+        return Outcome(200, data)
+
+    def _explain(self, status: int, reason: str) -> str:
+        """A failure's text: without the key, and naming an unset key variable on 401/403."""
+        reason = self._scrub(reason)
+        if status in (401, 403) and not self._secret().value and self.key_env:
+            reason += f" (environment variable {self.key_env} is not set)"
+        return reason
 
     async def post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
-        """POST ``body`` as JSON and return the decoded answer, retrying what is worth it."""
-        slots = self._scope()
+        """POST ``body`` as JSON and return the decoded answer, retrying what is worth it
+        (:func:`~orchestra.inference.retry.send_with_retries`)."""
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
-        loop = asyncio.get_running_loop()
-        policy = self.policy
-        deadline: float | None = None
-        errors = 0  # failed attempts that count against max_retries (429s do not)
-        attempt = 0
-        while True:
-            attempt += 1
-            # The slot first, then the pace: a request the pacer releases goes out at once,
-            # so sends really are spaced (released requests never pile up behind slots).
-            slot = await slots.acquire()
-            try:
-                ticket = await self.rate.acquire(retry=attempt > 1)
-                if deadline is None and policy.timeout_s is not None:
-                    deadline = loop.time() + policy.timeout_s
-                budget = policy.attempt_timeout_s
-                if deadline is not None:
-                    budget = min(budget, deadline - loop.time())
-                self.stats.in_flight += 1
-                try:
-                    status, data, decision = await self._attempt(url, payload, budget)
-                finally:
-                    self.stats.in_flight -= 1
-            finally:
-                slots.release(slot)
-            if decision is None:
-                self.stats.done += 1
-                if self.rate.adjustments:
-                    self._update_rate_stat()
-                return data
-            if decision.rate_limited:
-                self.stats.rate_limited += 1
-                self.rate.on_rate_limited(ticket)
-                self._update_rate_stat()
-            else:
-                errors += 1
-            reason = self._scrub(decision.reason)
-            if status in (401, 403) and not self._secret().value and self.key_env:
-                reason += f" (environment variable {self.key_env} is not set)"
-            if not decision.retry:
-                self.stats.errors += 1
-                raise ModelError(reason)
-            if errors > policy.max_retries:
-                self.stats.errors += 1
-                raise ModelError(f"gave up after {attempt} attempts ({policy.max_retries} retries): {reason}")
-            delay = policy.backoff_s(errors if not decision.rate_limited else max(1, attempt - errors),
-                                     decision.retry_after_s, decision.rate_limited)
-            if deadline is not None and loop.time() + delay >= deadline:
-                self.stats.errors += 1
-                raise ModelError(f"gave up after {attempt} attempts: timeout_s={policy.timeout_s:g} "
-                                 f"would pass before the next one; last error: {reason}")
-            self.stats.retries += 1
-            await asyncio.sleep(delay)  # no connection slot is held while waiting
+        return await send_with_retries(functools.partial(self._attempt, url, payload), self.policy,
+                                       self._scope(), self.rate, self.stats, self._explain)
 
     # -- the BaseModel contract -----------------------------------------------------------------
     def _messages(self, prompt: Prompt) -> list[Message]:
@@ -266,16 +229,18 @@ class OpenAIAPI(BaseModel):
     def request_body(self, request: GenRequest) -> dict[str, Any]:
         """The JSON body of a generation request."""
         body: dict[str, Any] = dict(self.generation_kwargs)
+        settings = self.sampling(request)  # greedy and unseeded: the model's generation_kwargs
+        body["temperature"], body["top_p"] = settings["temperature"], settings["top_p"]
+        if settings["seed"] is not None:
+            body["seed"] = settings["seed"]
+        else:
+            body.pop("seed", None)
         body["model"] = self.path
         if self.endpoint == "chat":
             body["messages"] = self._messages(request.prompt)
         else:
             body["prompt"] = prompt_text(request.prompt)
         body["max_tokens"] = self.out_len(request)
-        body["temperature"] = request.temperature
-        body["top_p"] = request.top_p
-        if request.seed is not None:
-            body["seed"] = request.seed
         if request.stop:
             body["stop"] = list(request.stop)
         return body

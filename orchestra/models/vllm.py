@@ -4,7 +4,7 @@
 engines (replicas).  With one replica the engine lives in the task process; with several,
 each replica is a spawned process whose ``CUDA_VISIBLE_DEVICES`` is its own slice of the
 task's GPUs, and every batch is split evenly across them.  One task therefore needs
-``tensor_parallel_size * data_parallel_size`` GPUs (:meth:`VLLMModel.run_cfg`).
+``tensor_parallel_size * data_parallel_size`` GPUs (:meth:`VLLMModel.resources`).
 
 vllm is imported inside methods only; without it, the first request fails with a
 one-line :class:`~orchestra.errors.ModelError`.
@@ -19,10 +19,16 @@ from typing import Any
 
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models.base import BatchedModel
-from orchestra.models.hf_common import GENERATION_KEYS, render_prompt, split_context_continuation, truncate_at_stop
+from orchestra.models.hf_common import (
+    check_local_model_args,
+    encode,
+    loglik_rows,
+    loglik_scores,
+    render_prompt,
+    truncate_at_stop,
+)
+from orchestra.ranges import even_ranges
 from orchestra.requests import GenRequest, LoglikRequest
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def gpus_needed(tensor_parallel_size: int = 1, data_parallel_size: int = 1) -> int:
@@ -63,17 +69,6 @@ def replica_devices(visible: Sequence[str], tensor_parallel_size: int, data_para
         )
     tp = tensor_parallel_size
     return [",".join(visible[i * tp : (i + 1) * tp]) for i in range(data_parallel_size)]
-
-
-def split_evenly(n: int, parts: int) -> list[tuple[int, int]]:
-    """``parts`` contiguous ``[start, end)`` ranges covering ``range(n)``, sizes differing by at most one."""
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        out.append((start, end))
-        start = end
-    return out
 
 
 def _import_vllm(abbr: str) -> Any:
@@ -118,14 +113,15 @@ class VLLMModel(BatchedModel):
     Args:
         abbr: short name in the run folder and the summary.
         path: a checkpoint folder or hub id vLLM can load.
-        max_out_len: kept for the engine; each request's own ``max_out_len`` is used.
+        max_out_len: generation length of requests whose dataset sets none.
         batch_size: requests handed to vLLM at once (split across replicas); vLLM
             schedules them itself, so this can be large.
         generation_kwargs: defaults for greedy, unseeded requests: ``temperature``,
             ``top_p``, ``top_k``, ``seed``, ``repetition_penalty``.
         tensor_parallel_size: GPUs one engine spans.
         data_parallel_size: engines (replicas), each in its own process with its own GPUs.
-        max_model_len: longest sequence vLLM plans memory for (``None``: the model's).
+        max_model_len: longest sequence vLLM plans memory for (``None``: the model's); a
+            longer log-likelihood context loses tokens from the left.
         gpu_memory_utilization: fraction of each GPU vLLM may claim.
         dtype: ``auto``, ``float32``, ``bfloat16`` or ``float16``.
         use_chat_template: as for :class:`~orchestra.models.hf.HFCausalLM`.
@@ -157,13 +153,7 @@ class VLLMModel(BatchedModel):
                 raise ConfigError(f"{where}: {name} must be >= 1, got {value}")
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise ConfigError(f"{where}: gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        if dtype not in DTYPES:
-            raise ConfigError(f"{where}: dtype={dtype!r} is not valid; valid: {', '.join(DTYPES)}")
-        unknown = sorted(set(generation_kwargs or {}) - set(GENERATION_KEYS))
-        if unknown:
-            raise ConfigError(
-                f"{where}: generation_kwargs key {unknown[0]!r} is not supported; valid: {', '.join(GENERATION_KEYS)}"
-            )
+        check_local_model_args(where, generation_kwargs, dtype=dtype)
         super().__init__(
             abbr, path, batch_size=batch_size, max_out_len=max_out_len, generation_kwargs=generation_kwargs
         )
@@ -282,7 +272,7 @@ class VLLMModel(BatchedModel):
 
     def _fan_out(self, kind: str, requests: list[Any]) -> list[Any]:
         self._start_replicas()
-        ranges = split_evenly(len(requests), len(self._replicas))
+        ranges = even_ranges(len(requests), len(self._replicas))
         used = [(i, lo, hi) for i, (lo, hi) in enumerate(ranges) if hi > lo]
         for i, lo, hi in used:
             self._replicas[i][1].send((kind, requests[lo:hi]))
@@ -308,7 +298,7 @@ class VLLMModel(BatchedModel):
         prompts = []
         for req in requests:
             text, templated = render_prompt(tok, req.prompt, self.use_chat_template)
-            prompts.append({"prompt_token_ids": list(tok(text, add_special_tokens=not templated)["input_ids"])})
+            prompts.append({"prompt_token_ids": encode(tok, text, templated)})
         params = [vllm.SamplingParams(**self.sampling_kwargs(req)) for req in requests]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return [truncate_at_stop(out.outputs[0].text, req.stop) for out, req in zip(outputs, requests)]
@@ -318,24 +308,15 @@ class VLLMModel(BatchedModel):
             return self._fan_out("loglik", requests)
         vllm = _import_vllm(self.abbr)
         llm = self.engine()
-        tok = llm.get_tokenizer()
-        prefix = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-        rows: list[tuple[int, int, list[int], int]] = []
-        for ri, req in enumerate(requests):
-            text, templated = render_prompt(tok, req.context, self.use_chat_template)
-
-            def encode(s: str, special: bool = not templated) -> list[int]:
-                return list(tok(s, add_special_tokens=special)["input_ids"])
-
-            for ci, cont in enumerate(req.continuations):
-                ctx_ids, cont_ids = split_context_continuation(encode, text, cont, move_space=not templated)
-                if cont_ids:
-                    rows.append((ri, ci, (ctx_ids or [prefix]) + cont_ids, len(cont_ids)))
-        scores = [[0.0] * len(req.continuations) for req in requests]
+        # vLLM wants room for the one token it generates: prompt + max_tokens <= max_model_len.
+        max_len = self.max_model_len - 1 if self.max_model_len else None
+        rows = loglik_rows(llm.get_tokenizer(), requests, self.use_chat_template, max_len)
+        values: list[float] = []
         if rows:
             params = vllm.SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1, detokenize=False)
-            outputs = llm.generate([{"prompt_token_ids": r[2]} for r in rows], params, use_tqdm=False)
-            for (ri, ci, ids, n), out in zip(rows, outputs):
+            outputs = llm.generate([{"prompt_token_ids": r.ids} for r in rows], params, use_tqdm=False)
+            for row, out in zip(rows, outputs):
                 per_pos = out.prompt_logprobs  # position 0 is None: nothing predicts it
-                scores[ri][ci] = float(sum(per_pos[j][ids[j]].logprob for j in range(len(ids) - n, len(ids))))
-        return scores
+                scored = range(len(row.ids) - row.n, len(row.ids))
+                values.append(float(sum(per_pos[j][row.ids[j]].logprob for j in scored)))
+        return loglik_scores(requests, rows, values)

@@ -53,18 +53,6 @@ class BasePartitioner(abc.ABC):
         """Group unit indices (of one model) into tasks, given each unit's cost."""
 
 
-def even_shards(size: int, parts: int) -> list[Shard]:
-    """``parts`` contiguous shards of ``size`` rows whose lengths differ by at most one."""
-    parts = max(1, min(parts, size)) if size else 1
-    base, extra = divmod(size, parts)
-    shards, start = [], 0
-    for i in range(parts):
-        end = start + base + (1 if i < extra else 0)
-        shards.append((start, end))
-        start = end
-    return shards
-
-
 def balanced_bins(costs: Sequence[float], bins: int, improve_rounds: int = 200) -> list[list[int]]:
     """Pack items into ``bins`` groups, minimising the largest group's total cost.
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestra.datasets.info import DatasetInfo
-from orchestra.partitioners.base import BasePartitioner, Shard, balanced_bins, even_shards
+from orchestra.partitioners.base import BasePartitioner, Shard, balanced_bins
+from orchestra.ranges import even_ranges
 
 
 class NumWorkerPartitioner(BasePartitioner):
@@ -32,7 +33,7 @@ class NumWorkerPartitioner(BasePartitioner):
         self.num_split = num_split or num_worker
 
     def split(self, info: DatasetInfo) -> list[Shard]:
-        return even_shards(info.size, self.num_split)
+        return even_ranges(info.size, self.num_split, nonempty=True)
 
     def pack(self, costs: Sequence[float]) -> list[list[int]]:
         return balanced_bins(costs, self.num_worker)

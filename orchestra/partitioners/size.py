@@ -6,7 +6,8 @@ import math
 from collections.abc import Sequence
 
 from orchestra.datasets.info import DatasetInfo
-from orchestra.partitioners.base import BasePartitioner, Shard, balanced_bins, even_shards, num_bins_for
+from orchestra.partitioners.base import BasePartitioner, Shard, balanced_bins, num_bins_for
+from orchestra.ranges import even_ranges
 
 
 class SizePartitioner(BasePartitioner):
@@ -51,7 +52,7 @@ class SizePartitioner(BasePartitioner):
     def split(self, info: DatasetInfo) -> list[Shard]:
         cost = info.size * self.row_cost(info)
         shard_cost = self.max_task_size / self.granularity
-        return even_shards(info.size, math.ceil(cost / shard_cost) if cost else 1)
+        return even_ranges(info.size, math.ceil(cost / shard_cost) if cost else 1, nonempty=True)
 
     def pack(self, costs: Sequence[float]) -> list[list[int]]:
         if not costs:

@@ -1,4 +1,5 @@
-"""The retry classifier and backoff policy (pure functions)."""
+"""The retry classifier and backoff policy (pure functions), and the retry loop with a
+scripted attempt (what any HTTP model plugs in; OpenAIAPI runs it against a real server)."""
 
 from __future__ import annotations
 
@@ -6,17 +7,25 @@ import asyncio
 import email.utils
 import random
 import time
+from collections.abc import Awaitable, Callable
 
 import aiohttp
 import pytest
 
+from orchestra.errors import ModelError
+from orchestra.inference.concurrency import ProcessSlots
+from orchestra.inference.ratelimit import AdaptiveRate
 from orchestra.inference.retry import (
+    Outcome,
+    RetryDecision,
     RetryPolicy,
     classify_exception,
     classify_status,
     parse_retry_after,
+    send_with_retries,
     server_message,
 )
+from orchestra.models.base import ModelStats
 
 
 def test_statuses_are_classified_once() -> None:
@@ -70,3 +79,46 @@ def test_policy_validates() -> None:
         RetryPolicy(max_retries=-1)
     with pytest.raises(ValueError):
         RetryPolicy(attempt_timeout_s=0)
+
+
+def _scripted(outcomes: list[Outcome], slots: ProcessSlots,
+              seen: list[tuple[float, int]]) -> Callable[[float], Awaitable[Outcome]]:
+    """An attempt that answers from a script and records its budget and the slots in use."""
+
+    async def attempt(budget_s: float) -> Outcome:
+        seen.append((budget_s, slots.in_use()))
+        return outcomes.pop(0)
+
+    return attempt
+
+
+def test_the_loop_retries_backs_off_without_the_slot_and_counts() -> None:
+    slots, stats = ProcessSlots("scripted", 1), ModelStats()
+    seen: list[tuple[float, int]] = []
+    script = [Outcome(500, None, RetryDecision.transient("HTTP 500")),
+              Outcome(429, None, RetryDecision.rate_limit("HTTP 429", retry_after_s=0.01)),
+              Outcome(200, {"ok": True})]
+    policy = RetryPolicy(max_retries=1, timeout_s=5.0, attempt_timeout_s=2.0, backoff_base_s=0.01)
+
+    async def main() -> object:
+        return await send_with_retries(_scripted(script, slots, seen), policy, slots, AdaptiveRate(), stats)
+
+    assert asyncio.run(main()) == {"ok": True}
+    assert [n for _, n in seen] == [1, 1, 1] and slots.in_use() == 0  # held while sending only
+    assert all(0 < b <= 2.0 for b, _ in seen)
+    assert (stats.done, stats.retries, stats.rate_limited, stats.errors, stats.in_flight) == (1, 2, 1, 0, 0)
+
+
+def test_the_loop_gives_up_with_an_explained_reason() -> None:
+    slots, stats = ProcessSlots("scripted-final", 2), ModelStats()
+    policy = RetryPolicy(max_retries=1, backoff_base_s=0.01)
+
+    async def main(script: list[Outcome]) -> None:
+        await send_with_retries(_scripted(script, slots, []), policy, slots, AdaptiveRate(), stats,
+                                explain=lambda status, reason: f"{reason} [status {status}]")
+
+    with pytest.raises(ModelError, match=r"^HTTP 400 \[status 400\]$"):
+        asyncio.run(main([Outcome(400, None, RetryDecision.no("HTTP 400"))]))
+    with pytest.raises(ModelError, match="gave up after 2 attempts"):
+        asyncio.run(main([Outcome(0, None, RetryDecision.transient("timed out"))] * 2))
+    assert (stats.errors, stats.retries, stats.done) == (2, 1, 0) and slots.in_use() == 0

@@ -16,9 +16,12 @@ import pytest
 
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models import weights_cache
-from orchestra.models.hf import (
-    HFCausalLM,
+from orchestra.models.hf import HFCausalLM
+from orchestra.models.hf_common import (
+    LoglikRow,
     auto_num_threads,
+    loglik_rows,
+    loglik_scores,
     render_prompt,
     resolve_source,
     split_context_continuation,
@@ -175,6 +178,38 @@ def test_context_continuation_boundary() -> None:
     assert (ctx2, cont2) == (ctx, cont)
     # an empty continuation has no tokens
     assert split_context_continuation(encode, "The capital is", "")[1] == []
+
+
+class _CharTokenizer:
+    """One token per character; ``add_special_tokens`` puts BOS (1) first."""
+
+    bos_token_id: int | None = 1
+    eos_token_id = 2
+    chat_template = None
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        ids = [ord(c) for c in text]
+        return {"input_ids": ([self.bos_token_id] if add_special_tokens and self.bos_token_id else []) + ids}
+
+
+def test_loglik_rows_split_prefix_truncate_and_skip() -> None:
+    """The rows both local models score: one per (request, continuation) with tokens."""
+    tok = _CharTokenizer()
+    reqs = [LoglikRequest("ab ", ("c",)), LoglikRequest("ab", ("", "d")), LoglikRequest("", ("xy",))]
+    rows = loglik_rows(tok, reqs, None)
+    assert rows == [
+        LoglikRow(0, 0, [1, 97, 98, 32, 99], 2),  # the context's trailing space moved into the continuation
+        LoglikRow(1, 1, [1, 97, 98, 100], 1),  # an empty continuation has no tokens, so no row
+        LoglikRow(2, 0, [1, 120, 121], 2),
+    ]
+    assert loglik_scores(reqs, rows[::-1], [-3.0, -2.0, -1.0]) == [[-1.0], [0.0, -2.0], [-3.0]]
+    tok.bos_token_id = None  # no BOS: an empty context is then EOS, so the first token is scored
+    assert loglik_rows(tok, [LoglikRequest("", ("xy",))], None) == [LoglikRow(0, 0, [2, 120, 121], 2)]
+    # longer than max_len: cut from the left; at most max_len - 1 tokens are scored
+    assert loglik_rows(tok, [LoglikRequest("abcdef", ("ghij",))], None, max_len=6) == [
+        LoglikRow(0, 0, list(map(ord, "efghij")), 4)
+    ]
+    assert loglik_rows(tok, [LoglikRequest("a", ("ghij",))], None, max_len=3)[0].n == 2
 
 
 def test_truncate_at_stop() -> None:

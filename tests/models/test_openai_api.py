@@ -61,6 +61,29 @@ def test_system_prompt_and_settings_reach_the_body(server: Any) -> None:
     assert run(model, model.generate(gen("say hello")))[0] == "HELLO"
 
 
+def test_greedy_unseeded_requests_take_the_models_sampling_settings(server: Any) -> None:
+    """As for local models (BaseModel.sampling): the model's generation_kwargs are the
+    settings of a greedy, unseeded request; a request with its own sampling keeps it."""
+    model = make(server, generation_kwargs={"temperature": 0.6, "top_p": 0.9, "seed": 5, "frequency_penalty": 0.5})
+    default = model.request_body(gen("hi"))
+    assert (default["temperature"], default["top_p"], default["seed"]) == (0.6, 0.9, 5)
+    own = model.request_body(gen("hi", temperature=0.3))
+    assert (own["temperature"], own["top_p"], "seed" in own) == (0.3, 1.0, False)
+    assert default["frequency_penalty"] == own["frequency_penalty"] == 0.5
+    plain = make(server).request_body(gen("hi"))
+    assert (plain["temperature"], plain["top_p"], "seed" in plain) == (0.0, 1.0, False)
+
+
+def test_a_request_without_max_out_len_gets_the_models(server: Any) -> None:
+    """The test server cuts its answer to ``max_tokens`` characters: what it got is visible."""
+    model = make(server, max_out_len=3, generation_kwargs={"max_tokens": 1000})
+    assert model.request_body(GenRequest(prompt="say hello"))["max_tokens"] == 3
+    assert run(model, model.generate(GenRequest(prompt="say hello")),
+               model.generate(GenRequest(prompt="say hello", max_out_len=4))) == ["HEL", "HELL"]
+    default = make(server)
+    assert run(default, default.generate(GenRequest(prompt="say hello"))) == ["HELLO"]
+
+
 def test_completions_endpoint_and_loglikelihood(server: Any) -> None:
     model = make(server, endpoint="completions")
     text, lls = run(model, model.generate(gen("7 - 10")),

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from orchestra.errors import ConfigError, ModelError
-from orchestra.models.vllm import VLLMModel, replica_devices, run_cfg_for, split_evenly, visible_gpus
+from orchestra.models.vllm import VLLMModel, replica_devices, run_cfg_for, visible_gpus
+from orchestra.ranges import even_ranges
 from orchestra.requests import GenRequest, LoglikRequest
 
 FAKE_VLLM = textwrap.dedent(
@@ -122,9 +123,9 @@ def test_visible_gpus(monkeypatch: pytest.MonkeyPatch) -> None:
     assert visible_gpus(2) == ["3", "5"]
 
 
-def test_split_evenly() -> None:
-    assert split_evenly(5, 2) == [(0, 3), (3, 5)]
-    assert split_evenly(1, 3) == [(0, 1), (1, 1), (1, 1)]
+def test_batches_split_evenly_across_replicas() -> None:
+    assert even_ranges(5, 2) == [(0, 3), (3, 5)]
+    assert even_ranges(1, 3) == [(0, 1), (1, 1), (1, 1)]
 
 
 def test_sampling_kwargs() -> None:
@@ -188,6 +189,9 @@ def test_one_replica_in_process(fake_vllm, monkeypatch: pytest.MonkeyPatch) -> N
     # char-level tokens, every prompt token scored -1: the sum counts continuation tokens
     scores = model.loglikelihood_batch([LoglikRequest("Answer:", (" yes", " no", "")), LoglikRequest("", ("xy",))])
     assert scores == [[-4.0, -3.0, 0.0], [-2.0]]
+    # a row longer than max_model_len - 1 (room for the token vLLM generates) loses its left end
+    cut = VLLMModel(abbr="v", path="/ckpt", max_model_len=8)
+    assert cut.loglikelihood_batch([LoglikRequest("a" * 20, ("b" * 10, "c"))]) == [[-6.0, -1.0]]
 
 
 def test_data_parallel_replicas_get_their_own_gpus(fake_vllm, monkeypatch: pytest.MonkeyPatch) -> None:
