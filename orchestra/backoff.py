@@ -1,7 +1,7 @@
 """The wait before a retry: exponential backoff with jitter, written once.
 
 A bottom-layer module (pure, no imports from the rest of orchestra) used by the HTTP retry
-policy (:class:`orchestra.inference.retry.RetryPolicy`) and meant for the runner's task
+policy (:class:`orchestra.limits.retry.RetryPolicy`) and meant for the runner's task
 retries too.
 """
 

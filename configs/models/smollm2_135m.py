@@ -14,7 +14,7 @@ models = [
         batch_size=4,  # fastest for log-likelihood scoring with one thread per worker
         torch_dtype='float32',
         device='cpu',
-        # num_threads=None: one worker uses torch's default; with ORCHESTRA_NUM_WORKERS=N
-        # workers on this machine each gets cpus // N threads.
+        # num_threads=None: alone, torch's default; when LocalRunner runs N tasks at once it
+        # gives each cpus // N cores through OMP_NUM_THREADS.
     )
 ]

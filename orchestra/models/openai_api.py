@@ -8,7 +8,7 @@ a config stays cheap.
 This module builds request bodies, sends one attempt and parses answers.  The retry loop
 around each attempt (host-wide connection slots, the adaptive rate, classification, backoff
 without the slot, ``max_retries`` and ``timeout_s``, counters) is
-:func:`orchestra.inference.retry.send_with_retries`, shared with any other HTTP model.
+:func:`orchestra.limits.retry.send_with_retries`, shared with any other HTTP model.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ import os
 from typing import Any
 
 from orchestra.errors import ModelError
-from orchestra.inference.concurrency import HostSlots, ProcessSlots, concurrency
-from orchestra.inference.ratelimit import AdaptiveRate
-from orchestra.inference.retry import (
+from orchestra.limits.concurrency import HostSlots, ProcessSlots, concurrency
+from orchestra.limits.ratelimit import AdaptiveRate
+from orchestra.limits.retry import (
     Outcome,
     RetryDecision,
     RetryPolicy,
@@ -214,7 +214,7 @@ class OpenAIAPI(BaseModel):
 
     async def post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` as JSON and return the decoded answer, retrying what is worth it
-        (:func:`~orchestra.inference.retry.send_with_retries`)."""
+        (:func:`~orchestra.limits.retry.send_with_retries`)."""
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
         return await send_with_retries(functools.partial(self._attempt, url, payload), self.policy,
                                        self._scope(), self.rate, self.stats, self._explain)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import abc
 import enum
 import os
-import random
 import threading
 import time
 from collections import deque
@@ -19,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestra.backoff import exponential_backoff
 from orchestra.events import EventLog
 from orchestra.paths import RunPaths
 from orchestra.runners.command import Command, fill_template
@@ -199,8 +199,7 @@ class BaseRunner(abc.ABC):
 
     # -- the loop ----------------------------------------------------------------------------
     def _backoff(self, attempt: int) -> float:
-        base = self.retry_backoff_s * (2 ** (attempt - 1))
-        return min(base, 60.0) * random.uniform(0.8, 1.2)
+        return exponential_backoff(attempt, self.retry_backoff_s, 60.0, jitter=(0.8, 1.2))
 
     def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""

@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 
 from orchestra.runners.base import Exit, Job
-from orchestra.runners.proc import die_with_parent, signal_group
+from orchestra.runners.proc import signal_group, start_group
 from orchestra.runners.slurm_common import SlurmLauncher, log_offset
 from orchestra.runners.slurm_state import (
     HEADER_JOB,
@@ -27,10 +27,6 @@ from orchestra.runners.slurm_state import (
     squeue_by_name,
     srun_exit,
 )
-
-# srun gets SIGTERM if the orchestrator dies (even by SIGKILL); srun then cancels its job
-# (or its pending allocation request) instead of leaving it running.
-_term_with_parent = die_with_parent(signal.SIGTERM)
 
 
 def _read_from(path: str, offset: int, limit: int = 65536) -> str:
@@ -57,13 +53,9 @@ class SrunLauncher(SlurmLauncher):
 
     def submit(self, job: Job) -> None:
         offset = log_offset(job.log_path)
-        with open(job.log_path, "ab") as log:
-            proc = subprocess.Popen(
-                list(job.command.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, **job.command.env},
-                start_new_session=True,  # Ctrl-C is the orchestrator's to handle, not srun's
-                preexec_fn=_term_with_parent,
-            )
+        # Its own process group (Ctrl-C is the orchestrator's to handle, not srun's); SIGTERM,
+        # not SIGKILL, if the orchestrator dies, so that srun cancels its job.
+        proc = start_group(job.command.argv, job.command.env, job.log_path, parent_death_signal=signal.SIGTERM)
         job.handle = SrunHandle(proc, self.name_of(job), offset)
 
     def poll(self, job: Job) -> Exit | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from orchestra.inference.concurrency import HostSlots, ProcessSlots, concurrency, drop_scope
+from orchestra.limits.concurrency import HostSlots, ProcessSlots, concurrency, drop_scope
 
 CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "slot_client.py")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from orchestra.inference.engine import run_samples
-from orchestra.inference.ratelimit import AdaptiveRate
+from orchestra.limits.ratelimit import AdaptiveRate
 from orchestra.models.openai_api import OpenAIAPI
 from orchestra.requests import GenRequest, Sample
 

@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 
 from orchestra.errors import ModelError
-from orchestra.inference.concurrency import ProcessSlots
-from orchestra.inference.ratelimit import AdaptiveRate
-from orchestra.inference.retry import (
+from orchestra.limits.concurrency import ProcessSlots
+from orchestra.limits.ratelimit import AdaptiveRate
+from orchestra.limits.retry import (
     Outcome,
     RetryDecision,
     RetryPolicy,

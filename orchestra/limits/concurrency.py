@@ -4,7 +4,7 @@
 of that name, and ``async with scope() as slot: ...`` holds one of its 50 slots for the block.
 Code that must give a slot back before it is done takes it by hand, ``slot = await
 scope.acquire()`` ... ``scope.release(slot)``: the HTTP retry loop
-(:func:`orchestra.inference.retry.send_with_retries`) does, so that no slot is held while a
+(:func:`orchestra.limits.retry.send_with_retries`) does, so that no slot is held while a
 request backs off.  Scopes are looked up by name, so every model object, task and coroutine
 that names the same scope shares it.  A host-wide scope is backed by lock files (see
 :class:`HostSlots`): the kernel releases a slot when its holder dies, even by SIGKILL.

@@ -22,8 +22,8 @@ from typing import Any, NamedTuple, Protocol
 
 from orchestra.backoff import exponential_backoff
 from orchestra.errors import ModelError
-from orchestra.inference.concurrency import Slots
-from orchestra.inference.ratelimit import AdaptiveRate
+from orchestra.limits.concurrency import Slots
+from orchestra.limits.ratelimit import AdaptiveRate
 
 #: statuses worth another attempt besides 429 and 5xx
 TRANSIENT_STATUSES = frozenset({408, 409, 425})
