@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.events import EventLog
+from orchestra.fileio import write_sealed_jsonl
 from orchestra.paths import RunPaths
 from orchestra.runners.base import BaseRunner, Exit, Job, RunContext
 from orchestra.tasks.spec import TaskSpec, Unit
@@ -62,12 +63,11 @@ def submit_fails(message: str) -> Outcome:
 def write_output(path: str, expected_hash: str) -> None:
     """Write ``path`` the way a task does: carrying ``expected_hash`` where ``output_done`` reads it."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
+    if path.endswith(".jsonl"):
+        write_sealed_jsonl(path, {"hash": expected_hash}, [{"prediction": "x"}])
+        return
     with open(path, "w", encoding="utf-8") as f:
-        if path.endswith(".jsonl"):
-            f.write(json.dumps({"_meta": {"hash": expected_hash}}) + "\n")
-            f.write(json.dumps({"prediction": "x"}) + "\n")
-        else:
-            json.dump({"hash": expected_hash, "accuracy": 1.0}, f)
+        json.dump({"hash": expected_hash, "accuracy": 1.0}, f)
 
 
 class BackendFailure(RuntimeError):
