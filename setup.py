@@ -17,6 +17,8 @@ setup(
     install_requires=_requirements("requirements.txt"),
     extras_require={
         "hf": ["torch", "transformers", "gguf", "accelerate"],
+        # RayRunner; a ray:// address (Ray Client) also needs ray[client] on both sides
+        "ray": ["ray>=2.50"],
         "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},

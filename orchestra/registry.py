@@ -117,6 +117,7 @@ RUNNERS = Registry(
     {
         "LocalRunner": "orchestra.runners.local.LocalRunner",
         "SlurmRunner": "orchestra.runners.slurm.SlurmRunner",
+        "RayRunner": "orchestra.runners.ray.RayRunner",
     },
     base="orchestra.runners.base.BaseRunner",
 )

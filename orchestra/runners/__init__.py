@@ -2,6 +2,7 @@
 
 from orchestra.runners.base import BaseRunner, TaskResult, TaskState
 from orchestra.runners.local import LocalRunner
+from orchestra.runners.ray import RayRunner
 from orchestra.runners.slurm import SlurmRunner
 
-__all__ = ["BaseRunner", "LocalRunner", "SlurmRunner", "TaskResult", "TaskState"]
+__all__ = ["BaseRunner", "LocalRunner", "RayRunner", "SlurmRunner", "TaskResult", "TaskState"]

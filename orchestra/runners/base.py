@@ -37,10 +37,17 @@ class TaskState(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Exit:
-    """How a job ended: its exit code and, when the backend knows more, why."""
+    """How a job ended: its exit code and, when the backend knows more, why.
+
+    ``infra`` says the attempt was lost with the machinery under it (its worker process,
+    node or allocation died or was preempted), not ended by the task: the loop reruns it
+    without spending the task's ``retry`` budget, up to ``BaseRunner.max_infra_retries``
+    times per task.
+    """
 
     code: int
     reason: str = ""
+    infra: bool = False
 
 
 @dataclass
@@ -86,6 +93,7 @@ class _Pending:
     attempt: int
     not_before: float = 0.0
     first_started: float = 0.0
+    infra_losses: int = 0  # earlier attempts of this task lost to the infrastructure (Exit.infra)
 
 
 class BaseRunner(abc.ABC):
@@ -102,6 +110,10 @@ class BaseRunner(abc.ABC):
 
     #: names this backend adds to the template's fields (for error messages and docs)
     template_fields: tuple[str, ...] = ("task_id", "stage", "num_gpus", "num_procs", "log_path")
+    #: attempts of one task lost to the infrastructure (``Exit.infra``) that are rerun at once
+    #: without spending its ``retry``; each further loss counts as an ordinary failure, so a task
+    #: that keeps killing its workers still ends, with the loss as its reason
+    max_infra_retries: int = 3
 
     def __init__(
         self,
@@ -327,12 +339,23 @@ class BaseRunner(abc.ABC):
             reason = f"exited 0 but did not write {os.path.relpath(missing[0], ctx.paths.root)}"
         else:
             reason = ended.reason or f"exit code {ended.code}"
+        losses = entry.infra_losses + (1 if ended.code != 0 and ended.infra else 0)
+        if losses > entry.infra_losses and not ctx.stop.is_set():
+            if losses <= self.max_infra_retries:  # not the task's doing: rerun now, retries untouched
+                self.log_attempt(job, f"===== orchestra: attempt {job.attempt} lost: {reason}; "
+                                      "rerun without spending a retry\n")
+                ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
+                                reason=reason, delay_s=0.0, infra=True)
+                pending.appendleft(_Pending(task, job.attempt + 1, 0.0, entry.first_started, losses))  # first
+                return
+            reason = f"{reason} (this task has lost its worker {losses} times)"
         self.log_attempt(job, f"===== orchestra: attempt {job.attempt} failed: {reason}\n")
-        if job.attempt <= self.retry and not ctx.stop.is_set():
-            delay = self._backoff(job.attempt)
+        spent = job.attempt - min(entry.infra_losses, self.max_infra_retries)  # attempts counted against retry
+        if spent <= self.retry and not ctx.stop.is_set():
+            delay = self._backoff(spent)
             ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
                             reason=reason, delay_s=round(delay, 3))
-            pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started))
+            pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started, losses))
             return
         results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, job.attempt,
                                            job.log_path, reason, time.monotonic() - entry.first_started)
