@@ -112,11 +112,11 @@ class RayRunner(BaseRunner):
         self.idle_timeout_s = idle_timeout_s
         self.max_infra_retries = max_worker_losses
         self._pool: Any = None  # a RayPool while a launch runs
-        self._connected_here = False
         self._in_flight: dict[Any, Job] = {}  # ObjectRef of a task's call -> its job
         self._ended: set[Any] = set()  # refs that ended by this round's check
         self._lost: dict[Any, BaseException] = {}  # refs whose worker died under them
         self._unroute: Any = None  # undoes route_cluster_messages
+        self._kinds: dict[str, Any] = {}  # task id -> WorkerKind
 
     # -- connecting ---------------------------------------------------------------------------------
     def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
@@ -127,7 +127,7 @@ class RayRunner(BaseRunner):
             from orchestra.runners.ray_pool import RayPool, connect, route_cluster_messages  # imports ray
         except ImportError as exc:
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
-        self._connected_here = connect(self.address, self.runtime_env)
+        connect(self.address, self.runtime_env)
         self._unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
         stage = tasks[0].stage if tasks else "run"
         prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
@@ -155,21 +155,33 @@ class RayRunner(BaseRunner):
 
     # -- resources ----------------------------------------------------------------------------------
     def worker_kind(self, task: TaskSpec) -> Any:
-        from orchestra.runners.ray_pool import WorkerKind
+        """The :class:`~orchestra.runners.ray_pool.WorkerKind` of the actors that can run ``task``."""
+        kind = self._kinds.get(task.task_id)
+        if kind is None:
+            from orchestra.runners.ray_pool import WorkerKind
 
-        cpus = self.cpus_per_task if self.cpus_per_task is not None else max(1, task.num_procs)
-        memory = int(self.mem_gb * 1024**3) if self.mem_gb else 0
-        return WorkerKind(task.worker_key or task.stage, float(cpus), float(task.num_gpus), memory)
+            cpus = self.cpus_per_task if self.cpus_per_task is not None else max(1, task.num_procs)
+            memory = int(self.mem_gb * 1024**3) if self.mem_gb else 0
+            kind = self._kinds[task.task_id] = WorkerKind(task.worker_key or task.stage, float(cpus),
+                                                          float(task.num_gpus), memory)
+        return kind
 
     def unfit_reason(self, task: TaskSpec) -> str | None:
-        needs = {k: v for k, v in self.worker_kind(task).needs().items() if v}
-        nodes = [n.get("Resources", {}) for n in self._pool.nodes()] + self._pool.node_types()
-        if any(all(res.get(k, 0.0) >= v for k, v in needs.items()) for res in nodes):
+        kind = self.worker_kind(task)
+        if self._pool.could_ever_hold(kind):
             return None
-        largest = ", ".join(f"{max((r.get(k, 0.0) for r in nodes), default=0):g} {k}" for k in needs)
+        needs = {k: v for k, v in kind.needs().items() if v}
+        known = self._pool.node_resources + self._pool.node_type_resources
+        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
         want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
         return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
                 f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
+
+    def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
+        env = super().task_env(task, resources, attempt)
+        if task.num_gpus == 0:  # Ray sets CUDA_VISIBLE_DEVICES for GPU workers only: hide them from the rest
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
 
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
         kind = self.worker_kind(task)
@@ -179,7 +191,8 @@ class RayRunner(BaseRunner):
         actor = self._pool.take(kind)
         if actor is None:
             return None
-        return {"actor_id": actor.actor_id, **actor.where, "num_cpus": kind.num_cpus, "num_gpus": kind.num_gpus}
+        return {"actor_id": actor.actor_id, **self._pool.place(actor), "num_cpus": kind.num_cpus,
+                "num_gpus": kind.num_gpus}
 
     def release(self, job: Job) -> None:
         error = self._lost.pop(job.handle, None)
@@ -228,21 +241,21 @@ class RayRunner(BaseRunner):
         self._pool.ended([job.handle for job in jobs if job.handle is not None], wait_s=CANCEL_WAIT_S)
 
     def close(self) -> None:
+        if self._pool is None:
+            return
         try:
-            if self._pool is not None:
-                self._pool.close()
+            self._pool.close()
         finally:
             self._pool = None
             self._in_flight.clear()
             self._lost.clear()
+            self._kinds.clear()
             if self._unroute is not None:
                 self._unroute()
                 self._unroute = None
-            if self._connected_here:
-                from orchestra.runners.ray_pool import disconnect
+            from orchestra.runners.ray_pool import disconnect
 
-                disconnect()
-                self._connected_here = False
+            disconnect()
 
 
 __all__ = ["RayRunner", "ray_missing"]

@@ -46,22 +46,36 @@ from orchestra.tasks.worker import run_request
 NODES_EVERY_S = 1.0
 #: a node that stopped answering is kept out of placement for at most this long
 SUSPECT_FOR_S = 60.0
-#: starts of one kind that fail in the actor itself (its ``__init__``, its runtime_env) before
-#: tasks of that kind fail instead of waiting for a worker that cannot start
+#: starts of one kind in a row that fail in the actor itself (its ``__init__``, its runtime_env),
+#: or otherwise (its node lost while it started), before tasks of that kind fail instead of
+#: waiting for a worker that cannot start
 MAX_START_FAILURES = 3
+MAX_LOST_STARTS = 10
 
 
-def connect(address: str | None, runtime_env: dict[str, Any] | None) -> bool:
-    """Connect this process to Ray: a new local Ray (``address=None``) or a cluster.  False if it
-    was already connected (a caller's own ``ray.init``: used as it is, and left open)."""
+#: what this process's Ray connection was made for by :func:`connect` (None: not by it)
+_connected_for: tuple[str, str] | None = None
+
+
+def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
+    """Connect this process to Ray: a new local Ray (``address=None``) or a cluster.
+
+    A connection the caller made (a notebook's ``ray.init``) is used as it is.  One this function
+    made for the same address and runtime_env is kept (a local Ray then serves every stage and
+    run of the process; Ray stops it when the process exits); another is replaced.
+    """
+    global _connected_for
+    wanted = ("local" if address is None else address, repr(sorted((runtime_env or {}).items())))
     if ray.is_initialized():
-        return False
+        if _connected_for is None or _connected_for == wanted:
+            return
+        ray.shutdown()
+        _connected_for = None
     # ray.init installs its own SIGTERM handler; the run's (stop every task, then exit) must stay
     main = threading.current_thread() is threading.main_thread()
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
     try:
-        ray.init(address="local" if address is None else address, runtime_env=runtime_env, log_to_driver=False,
-                 logging_level=logging.WARNING)
+        ray.init(address=wanted[0], runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError, rex.RayError) as exc:
         what = "start a local Ray" if address is None else f"connect to the Ray cluster at {address}"
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
@@ -70,12 +84,16 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None) -> bool:
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)
-    return True
+    _connected_for = wanted
 
 
 def disconnect() -> None:
-    """Leave Ray (a local Ray started by :func:`connect` stops with it)."""
-    ray.shutdown()
+    """After a launch: leave a cluster :func:`connect` joined (a driver that stays would keep its
+    job open there); a local Ray it started stays for the next launch of this process."""
+    global _connected_for
+    if _connected_for is not None and _connected_for[0] != "local":
+        ray.shutdown()
+        _connected_for = None
 
 
 def route_cluster_messages(log_path: str) -> Callable[[], None]:
@@ -113,7 +131,7 @@ class TaskWorker:
         """Where this actor runs (answered once it is up; the pool waits for it)."""
         context = ray.get_runtime_context()
         return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
-                "pid": os.getpid(), "actor_id": context.get_actor_id()}
+                "pid": os.getpid(), "up_since": self.started}
 
     def run(self, request: dict[str, Any]) -> int:
         """Run one task request (spec, log, env) in this process; its exit code."""
@@ -150,7 +168,7 @@ class Actor:
     name: str
     requested: float  # time.monotonic() of its creation
     hello: Any = None  # the ObjectRef of ``hello`` while it starts
-    where: dict[str, Any] = field(default_factory=dict)  # node_id, node_ip, pid, actor_id once up
+    where: dict[str, Any] = field(default_factory=dict)  # node_id, node_ip, pid, up_since once up
     busy: bool = False
     idle_since: float = 0.0
     tasks_run: int = 0
@@ -197,11 +215,15 @@ class RayPool:
         self._started = 0
         self._wanted: Counter[WorkerKind] = Counter()  # tasks that waited for a kind this round
         self._last_wanted: dict[WorkerKind, float] = {}
-        self._start_failures: Counter[WorkerKind] = Counter()
+        self._start_failures: Counter[WorkerKind] = Counter()  # in a row, by the actor itself
+        self._lost_starts: Counter[WorkerKind] = Counter()  # in a row, by anything else
         self._broken: dict[WorkerKind, str] = {}
         self._nodes: dict[str, str] = {}  # alive node id -> ip
         self._nodes_read = 0.0  # 0: never read
         self._suspects: dict[str, float] = {}  # node id -> when it stopped answering
+        #: total resources of each alive node, and of each node type an autoscaler may add
+        self.node_resources: list[dict[str, float]] = []
+        self.node_type_resources: list[dict[str, float]] = []
 
     # -- handing out -----------------------------------------------------------------------------
     def take(self, kind: WorkerKind) -> Actor | None:
@@ -260,24 +282,31 @@ class RayPool:
                 continue
             actor.idle_since = time.monotonic()
             self._start_failures.pop(actor.kind, None)
-            self.events.emit("worker_ready", actor_id=actor.actor_id, name=actor.name, **self._place(actor),
-                             start_s=round(time.monotonic() - actor.requested, 3))
+            self._lost_starts.pop(actor.kind, None)
+            # start_s: from the request to its answer (queueing for a node, process start, imports);
+            # up_since: the actor process's own start, from which the worker holds its resources
+            self.events.emit("worker_ready", actor_id=actor.actor_id, name=actor.name, **self.place(actor),
+                             start_s=round(time.monotonic() - actor.requested, 3),
+                             up_since=round(actor.where.get("up_since", 0.0), 3))
 
     def _start_failed(self, actor: Actor, exc: BaseException) -> None:
-        # The actor's own start failed (its __init__, its runtime_env): that repeats on every node.
-        # Anything else (a node lost while it started) is the cluster's doing: start another.
+        # The actor's own start failed (its __init__, its runtime_env): that repeats on every node,
+        # so a few in a row end the wait of its kind's tasks.  Anything else (a node lost while it
+        # started) is the cluster's doing: another is started, unless it keeps happening.
         own = isinstance(exc, rex.RuntimeEnvSetupError) or getattr(exc, "actor_init_failed", False)
         self.stop([actor], f"could not start: {describe(exc)}")
-        if own:
-            self._start_failures[actor.kind] += 1
-            if self._start_failures[actor.kind] >= MAX_START_FAILURES:
-                self._broken[actor.kind] = f"a Ray worker could not start ({MAX_START_FAILURES} tries): {describe(exc)}"
+        self._start_failures[actor.kind] += 1 if own else 0
+        self._lost_starts[actor.kind] += 0 if own else 1
+        tries = self._start_failures[actor.kind] if own else self._lost_starts[actor.kind]
+        if tries >= (MAX_START_FAILURES if own else MAX_LOST_STARTS):
+            self._broken[actor.kind] = f"a Ray worker could not start ({tries} tries): {describe(exc)}"
 
     def _grow(self) -> None:
         for kind, waiting in self._wanted.items():
             if kind in self._broken:
                 continue
-            need = waiting - sum(1 for a in self.actors.values() if a.kind == kind and not a.ready)
+            # those starting, and those that came up during this tick, serve the next round
+            need = waiting - sum(1 for a in self.actors.values() if a.kind == kind and not a.busy)
             while need > 0 and (len(self.actors) < self.max_workers or self._evict_one()):
                 self._start(kind)
                 need -= 1
@@ -310,7 +339,11 @@ class RayPool:
         suspects = self._live_suspects()
         if suspects:  # keep off nodes that stopped answering until Ray declares them dead
             options["label_selector"] = {"ray.io/node-id": f"!in({','.join(sorted(suspects))})"}
-        handle: Any = self._remote.options(**options).remote()
+        try:
+            handle: Any = self._remote.options(**options).remote()
+        except (TypeError, ValueError):  # a Ray without label selectors: placement as Ray sees fit
+            options.pop("label_selector", None)
+            handle = self._remote.options(**options).remote()
         actor = Actor(kind, handle, handle._actor_id.hex(), name, time.monotonic())  # the id Ray reports it by
         self.actors[actor.actor_id] = actor
         # recorded before it is relied on: the run folder names every actor this run started
@@ -335,6 +368,12 @@ class RayPool:
             return exc
 
     # -- the cluster -----------------------------------------------------------------------------
+    def could_ever_hold(self, kind: WorkerKind) -> bool:
+        """Whether a node of the cluster, or one an autoscaler may add, can hold an actor of ``kind``."""
+        needs = {k: v for k, v in kind.needs().items() if v}
+        return any(all(res.get(k, 0.0) >= v for k, v in needs.items())
+                   for res in self.node_resources + self.node_type_resources)
+
     @staticmethod
     def nodes() -> list[dict[str, Any]]:
         """The alive nodes: ``NodeID``, ``NodeManagerAddress``, ``Resources`` (totals)."""
@@ -360,13 +399,19 @@ class RayPool:
             alive = {n["NodeID"]: n for n in self.nodes()}
         except (rex.RayError, ConnectionError, OSError):
             return  # the head did not answer this time; the calls in flight tell what matters
+        self.node_resources = [dict(n.get("Resources", {})) for n in alive.values()]
         if first:
             self._nodes = {node_id: n.get("NodeManagerAddress", "") for node_id, n in alive.items()}
+            self.node_type_resources = self.node_types()
             total = Counter[str]()
-            for n in alive.values():
-                total.update({k: v for k, v in n.get("Resources", {}).items() if k in ("CPU", "GPU")})
-            self.events.emit("ray_cluster", nodes=len(alive), resources=dict(total),
-                             node_types=self.node_types())
+            for resources in self.node_resources:
+                total.update({k: v for k, v in resources.items() if k in ("CPU", "GPU")})
+            try:
+                gcs = ray.get_runtime_context().gcs_address
+            except (AttributeError, rex.RayError):
+                gcs = ""
+            self.events.emit("ray_cluster", gcs_address=gcs, nodes=len(alive), resources=dict(total),
+                             node_types=self.node_type_resources)
             return
         for node_id in alive.keys() - self._nodes.keys():
             node = alive[node_id]
@@ -407,12 +452,13 @@ class RayPool:
             except (rex.RayError, ValueError, ConnectionError):
                 pass  # already gone
             self.events.emit("worker_stopped", actor_id=actor.actor_id, name=actor.name, reason=reason,
-                             tasks_run=actor.tasks_run, **self._place(actor))
+                             tasks_run=actor.tasks_run, **self.place(actor))
 
     def close(self) -> None:
         """Kill every actor of the pool."""
         self.stop(list(self.actors.values()), "the launch ended")
 
     @staticmethod
-    def _place(actor: Actor) -> dict[str, Any]:
+    def place(actor: Actor) -> dict[str, Any]:
+        """Where ``actor`` runs: ``node_id``, ``node_ip``, ``pid`` (nothing before it is up)."""
         return {k: actor.where[k] for k in ("node_id", "node_ip", "pid") if k in actor.where}

@@ -8,7 +8,8 @@ per shard.  The runner sends one JSON line per task on stdin::
 
 The task's output goes to its log file (file descriptors 1 and 2 are pointed at it while
 the task runs) and the worker answers ``{"code": N}`` on the descriptor named by
-``ORCHESTRA_WORKER_FD``.  End of input means: exit.
+``ORCHESTRA_WORKER_FD``.  End of input means: exit.  RayRunner's actors serve the same requests
+through :func:`run_request`, one actor call per request instead of one line.
 """
 
 from __future__ import annotations

@@ -156,7 +156,8 @@ def test_task_that_keeps_killing_its_worker_fails_with_that_reason(cluster: RayC
     assert "FAILED: infer task" in res.stderr and "lost its worker 2 times" in res.stderr
 
 
-def test_ctrl_c_kills_every_worker_within_seconds(cluster: RayCluster, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["ctrl-c", "sigterm"])
+def test_interrupt_kills_every_worker_within_seconds(cluster: RayCluster, tmp_path: Path, how: str) -> None:
     cluster.add_node(cpus=2)
     cfg = write_config(tmp_path, ray_runner(cluster, ", max_num_workers=2"), model=", delay_s=5")
     proc = start_cli(cfg)
@@ -165,17 +166,39 @@ def test_ctrl_c_kills_every_worker_within_seconds(cluster: RayCluster, tmp_path:
         time.sleep(0.5)
         assert len(cluster.live_actors()) >= 1
         t0 = time.monotonic()
-        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        if how == "ctrl-c":
+            os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole group
+        else:
+            proc.terminate()  # `kill PID`: the orchestrator's own handler, not the one ray.init installs
         out, err = proc.communicate(timeout=30)
         took = time.monotonic() - t0
     finally:
         proc.kill()
     assert proc.returncode == 130, err[-3000:]
+    assert f"{'SIGINT' if how == 'ctrl-c' else 'SIGTERM'} received, stopping every task" in err
     assert took < 10, took
     assert cluster.wait_no_actors(timeout_s=5) == []
     run = run_dir(tmp_path)
     assert stage_events(run, "infer", "cancelled")
     assert all(e["reason"] in ("cancelled", "the launch ended") for e in events(run) if e["event"] == "worker_stopped")
+
+
+def test_orchestrator_killed_outright_leaves_no_worker_behind(cluster: RayCluster, tmp_path: Path) -> None:
+    cluster.add_node(cpus=2)
+    cfg = write_config(tmp_path, ray_runner(cluster, ", max_num_workers=2"), model=", delay_s=5")
+    proc = start_cli(cfg)
+    try:
+        wait_for_event(tmp_path, lambda e: e["event"] == "started", proc=proc)
+        assert cluster.live_actors()
+        os.killpg(proc.pid, signal.SIGKILL)  # no clean-up of its own: Ray ends what its driver owned
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    assert cluster.wait_no_actors(timeout_s=30) == []
+    # the run folder named every worker before it was used, for whoever looks afterwards
+    requested = {e["actor_id"] for e in events(run_dir(tmp_path)) if e["event"] == "worker_requested"}
+    started = {e["resources"]["actor_id"] for e in stage_events(run_dir(tmp_path), "infer", "started")}
+    assert started and started <= requested
 
 
 def test_attempt_over_its_timeout_kills_its_worker(cluster: RayCluster, tmp_path: Path) -> None:

@@ -65,21 +65,25 @@ def test_missing_ray_is_one_line_naming_the_extra(tmp_path: Path, no_ray: dict[s
     assert run_cli(local, "--dry-run", env=no_ray).returncode == 0
 
 
-def test_launch_without_ray_is_a_user_error_naming_the_extra(tmp_path: Path, no_ray: dict[str, str]) -> None:
-    # RayRunner built where Ray was found, launched where it is not (e.g. a pickled runner)
+def test_launch_without_ray_is_a_user_error_naming_the_extra() -> None:
+    # built where Ray is found, launched where it is not (it went away, or a broken install)
     res = python(
         "import sys\n"
-        "from orchestra.runners.ray import RayRunner\n"
         "from orchestra.errors import UserError\n"
-        "runner = object.__new__(RayRunner)\n"
+        "from orchestra.runners.ray import RayRunner\n"
+        "runner = RayRunner(address='auto')\n"
+        "class NoRay:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoRay())\n"
         "try:\n"
-        "    RayRunner.launch(runner, [], None)\n"
+        "    runner.launch([], None)\n"
         "except UserError as exc:\n"
-        "    print(exc)\n",
-        env=no_ray,
+        "    print(exc)\n"
     )
     assert res.returncode == 0, res.stderr
-    assert res.stdout.startswith("RayRunner needs Ray: pip install 'orchestra[ray]'")
+    assert res.stdout.startswith("RayRunner needs Ray: pip install 'orchestra[ray]'"), res.stdout
 
 
 @pytest.mark.parametrize("option, message", [
@@ -115,8 +119,10 @@ def test_unreachable_cluster_is_one_line_at_once(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_local_default_runs_the_evaluation_and_stops_its_ray(tmp_path: Path) -> None:
-    """``address=None``: a Ray started for the run on this machine, gone when the run ends."""
-    on_ray = write_config(tmp_path / "ray", "type=RayRunner, max_num_workers=2", model=", load_s=0.2")
+    """``address=None``: a Ray started on this machine for the run, shared by both stages, gone
+    when the run ends."""
+    on_ray = write_config(tmp_path / "ray", "type=RayRunner, max_num_workers=2", model=", load_s=0.2",
+                          eval_runner="dict(type=RayRunner, task=dict(type=EvalTask))")
     local = write_config(tmp_path / "local", "type=LocalRunner, max_num_workers=2", model=", load_s=0.2")
     proc = subprocess.Popen([sys.executable, "run.py", str(on_ray)], cwd=REPO, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=ray_env(), start_new_session=True)
@@ -125,13 +131,13 @@ def test_local_default_runs_the_evaluation_and_stops_its_ray(tmp_path: Path) -> 
     assert run_cli(local).returncode == 0
     run = run_dir(tmp_path / "ray")
     assert outputs(run) == outputs(run_dir(tmp_path / "local"))
-    (cluster,) = [e for e in events(run) if e["event"] == "ray_cluster"]
-    assert cluster["nodes"] == 1
+    assert len(stage_events(run, "infer", "done")) == 5 and len(stage_events(run, "eval", "done")) == 2
+    clusters = [e for e in events(run) if e["event"] == "ray_cluster"]
+    assert [c["nodes"] for c in clusters] == [1, 1]
+    assert clusters[0]["gcs_address"] and clusters[0]["gcs_address"] == clusters[1]["gcs_address"]  # one Ray
     # nothing of the run's Ray outlives it: not its workers, not Ray's own processes (they share
     # the orchestrator's process group)
     pids = {e["pid"] for e in events(run) if e["event"] == "worker_ready"}
     assert pids and not [p for p in pids if os.path.exists(f"/proc/{p}")]
     group = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
     assert group.strip() == "", group
-    assert len(stage_events(run, "infer", "done")) == 5
-
