@@ -83,7 +83,7 @@ class RayRunner(BaseRunner):
         forward_env: list[str] | tuple[str, ...] = (),
         idle_timeout_s: float = 2.0,
         max_worker_losses: int = 3,
-        poll_interval_s: float = 0.05,
+        poll_interval_s: float = 0.02,
     ) -> None:
         super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s)
         missing = ray_missing()
@@ -123,9 +123,12 @@ class RayRunner(BaseRunner):
         unreachable = self._unreachable()
         if unreachable:
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
-        try:
-            from orchestra.runners.ray_pool import RayPool, connect, route_cluster_messages  # imports ray
-        except ImportError as exc:
+        try:  # the modules that import ray
+            from orchestra.runners.ray_pool import RayPool
+            from orchestra.runners.ray_session import connect, route_cluster_messages
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray" and not (exc.name or "").startswith("ray."):
+                raise  # not Ray missing: a real error, with its traceback
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
         connect(self.address, self.runtime_env)
         self._unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
@@ -253,7 +256,7 @@ class RayRunner(BaseRunner):
             if self._unroute is not None:
                 self._unroute()
                 self._unroute = None
-            from orchestra.runners.ray_pool import disconnect
+            from orchestra.runners.ray_session import disconnect
 
             disconnect()
 
