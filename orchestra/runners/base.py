@@ -313,6 +313,7 @@ class BaseRunner(abc.ABC):
                 self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} at "
                                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                                       f"===== command: {job.command.display()}\n")
+                job.started = time.monotonic()  # the attempt's clock (timeout, duration): from its submission
                 self.submit(job)
             except OSError as exc:
                 self.release(job)
