@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import heapq
 import os
 import threading
 import time
@@ -55,6 +56,7 @@ class Job:
     started: float = 0.0
     handle: Any = None  # the backend's own state (a Popen, a Slurm job id, ...)
     timed_out: bool = False
+    slot: int = 0  # the loop's worker slot (0 .. max_num_workers-1) this attempt holds
 
 
 @dataclass
@@ -160,6 +162,11 @@ class BaseRunner(abc.ABC):
     def release(self, job: Job) -> None:
         """Give back what ``acquire`` reserved."""
 
+    def placement(self, job: Job) -> dict[str, Any]:
+        """Where a submitted attempt runs, as this backend knows it (host, pid, job id, node),
+        recorded in its ``started`` event for the report's timeline.  Default: nothing known."""
+        return {}
+
     def close(self) -> None:
         """Called once after ``launch`` (e.g. to stop warm workers)."""
 
@@ -205,6 +212,7 @@ class BaseRunner(abc.ABC):
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
         results: dict[str, TaskResult] = {}
         pending: deque[_Pending] = deque()
+        self._free_slots = list(range(self.max_num_workers))  # a heap: the lowest free slot first
         for task in tasks:
             log_path = ctx.paths.task_log(task.stage, task.task_id)
             missing = task.missing_inputs()
@@ -219,7 +227,7 @@ class BaseRunner(abc.ABC):
                 ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit)
                 continue
             pending.append(_Pending(task, 1))
-            ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost)
+            ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost, name=task.display_name)
         running: list[tuple[Job, _Pending]] = []
         try:
             while pending or running:
@@ -239,6 +247,7 @@ class BaseRunner(abc.ABC):
                             continue
                     running.remove((job, entry))
                     self.release(job)
+                    heapq.heappush(self._free_slots, job.slot)
                     self._finish(job, entry, ended, pending, results, ctx)
                 self._report(ctx, pending, running, results)
                 if pending or running:
@@ -254,7 +263,8 @@ class BaseRunner(abc.ABC):
                         job.task.task_id, job.task.stage, TaskState.CANCELLED, job.attempt, job.log_path,
                         "cancelled", time.monotonic() - entry.first_started,
                     )
-                    ctx.events.emit("cancelled", task_id=job.task.task_id, stage=job.task.stage)
+                    ctx.events.emit("cancelled", task_id=job.task.task_id, stage=job.task.stage, attempt=job.attempt,
+                                    slot=job.slot, duration_s=round(time.monotonic() - job.started, 3))
                 for entry in pending:
                     log_path = ctx.paths.task_log(entry.task.stage, entry.task.task_id)
                     results[entry.task.task_id] = TaskResult(
@@ -282,9 +292,9 @@ class BaseRunner(abc.ABC):
                 task.dump(spec_path)
             log_path = ctx.paths.task_log(task.stage, task.task_id)
             command = self.get_command(task, spec_path, resources, entry.attempt, log_path)
-            job = Job(task, entry.attempt, command, log_path, resources)
-            self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} at "
-                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {command.display()}\n")
+            job = Job(task, entry.attempt, command, log_path, resources, slot=heapq.heappop(self._free_slots))
+            self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} ({task.display_name}) "
+                                  f"at {time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {command.display()}\n")
             job.started = time.monotonic()
             if not entry.first_started:
                 entry.first_started = job.started
@@ -292,11 +302,13 @@ class BaseRunner(abc.ABC):
                 self.submit(job)
             except OSError as exc:
                 self.release(job)
+                heapq.heappush(self._free_slots, job.slot)
                 self._finish(job, entry, Exit(-1, f"could not start: {exc}"), pending, results, ctx)
                 continue
             running.append((job, entry))
             ctx.events.emit("started", task_id=task.task_id, stage=task.stage, attempt=entry.attempt,
-                            resources=resources, log=log_path)
+                            resources=resources, log=log_path, name=task.display_name, slot=job.slot,
+                            runner=type(self).__name__, where=self.placement(job))
 
     def _finish(self, job: Job, entry: _Pending, ended: Exit, pending: deque[_Pending],
                 results: dict[str, TaskResult], ctx: RunContext) -> None:
@@ -307,22 +319,24 @@ class BaseRunner(abc.ABC):
                 results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.DONE, job.attempt,
                                                    job.log_path, "", time.monotonic() - entry.first_started)
                 ctx.events.emit("done", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
-                                duration_s=round(time.monotonic() - job.started, 3))
+                                duration_s=round(time.monotonic() - job.started, 3), exit_code=0, slot=job.slot)
                 return
             reason = f"exited 0 but did not write {os.path.relpath(missing[0], ctx.paths.root)}"
         else:
             reason = ended.reason or f"exit code {ended.code}"
         self.log_attempt(job, f"===== orchestra: attempt {job.attempt} failed: {reason}\n")
+        how = {"exit_code": ended.code, "timed_out": job.timed_out, "slot": job.slot,
+               "duration_s": round(time.monotonic() - job.started, 3)}
         if job.attempt <= self.retry and not ctx.stop.is_set():
             delay = self._backoff(job.attempt)
             ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
-                            reason=reason, delay_s=round(delay, 3))
+                            reason=reason, delay_s=round(delay, 3), **how)
             pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started))
             return
         results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, job.attempt,
                                            job.log_path, reason, time.monotonic() - entry.first_started)
         ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, attempt=job.attempt, reason=reason,
-                        log=job.log_path)
+                        log=job.log_path, **how)
 
     def _report(self, ctx: RunContext, pending: deque[_Pending], running: list[tuple[Job, _Pending]],
                 results: dict[str, TaskResult]) -> None:
