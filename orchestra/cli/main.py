@@ -211,7 +211,8 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
     from orchestra.events import EventLog
     from orchestra.plan import make_plan
     from orchestra.runners.base import RunContext, TaskResult, TaskState
-    from orchestra.summary.progress import StageProgress
+    from orchestra.summary.logs import with_excerpt
+    from orchestra.summary.progress import StageProgress, api_model_abbrs
     from orchestra.summary.table import build_summary, render_text, write_summary
 
     paths.make_dirs()
@@ -242,10 +243,14 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
             if not tasks:
                 continue
             _print(f"[{stage}] {len(tasks)} task(s), {len(plan.reused[stage])} output(s) reused", file=sys.stderr)
-            ctx.on_change = None if args.debug else StageProgress(stage, len(tasks), paths.events)
-            results += runners[stage].launch(tasks, ctx)
-            if not args.debug:
-                _print(file=sys.stderr)
+            progress = None if args.debug else StageProgress(
+                stage, tasks, paths.events, api_model_abbrs(cfg.models), len(getattr(runners[stage], "gpus", ())))
+            ctx.on_change = progress
+            try:
+                results += runners[stage].launch(tasks, ctx)
+            finally:
+                if progress is not None:
+                    progress.close()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -258,7 +263,8 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
     bad = [r for r in results if r.state is not TaskState.DONE]
     for r in bad:
         log = f"; log: {r.log_path}" if os.path.exists(r.log_path) else ""
-        _print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({r.reason}){log}", file=sys.stderr)
+        reason = with_excerpt(r.reason, r.log_path) if r.state is TaskState.FAILED else r.reason
+        _print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({reason}){log}", file=sys.stderr)
     _print(f"run folder: {paths.root}", file=sys.stderr)
     if interrupted:
         # 128 + the signal, as shells report it (Ctrl-C 130, SIGHUP 129, SIGTERM 130 as before)
