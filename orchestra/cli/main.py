@@ -38,6 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm", action="store_true", help="run every stage with SlurmRunner")
     p.add_argument("-p", "--partition", help="Slurm partition (with --slurm)")
     p.add_argument("-q", "--qos", help="Slurm QOS (with --slurm)")
+    p.add_argument("--trace", metavar="PATH",
+                   help="also write the run's timeline as a Chrome/Perfetto trace to PATH "
+                        "(always written to <run>/summary/trace.json)")
     p.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override config values, e.g. infer.runner.max_num_workers=4")
     return p
@@ -120,7 +123,11 @@ def _main(args: argparse.Namespace) -> int:
             raise UserError(f"{flag} {value}: must be >= {1 if flag == '--max-num-workers' else 0}")
     raw = load_config(args.config, args.cfg_options)
     _apply_cli_overrides(raw, args)
+    raw_prices = raw.pop("prices", None)  # the report's price table (orchestra/summary/costs.py)
     cfg = validate(raw, args.config)
+    from orchestra.summary.costs import check_prices
+
+    prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], args.config)
 
     from orchestra.datasets.info import dataset_infos
     from orchestra.paths import RunPaths, choose_run_folder
@@ -138,7 +145,7 @@ def _main(args: argparse.Namespace) -> int:
         return _print_plan(make_plan(cfg, infos, paths), runners, paths, existed)
 
     if args.mode == "viz":
-        return _viz(paths)
+        return _viz(paths, args, prices)
 
     from filelock import FileLock, Timeout
 
@@ -149,12 +156,12 @@ def _main(args: argparse.Namespace) -> int:
     except Timeout:
         raise RunFolderBusyError(f"{root} is in use by another orchestrator (lock {paths.lock})") from None
     try:
-        return _run(cfg, args, paths, infos, runners)
+        return _run(cfg, args, paths, infos, runners, prices)
     finally:
         lock.release()
 
 
-def _viz(paths: Any) -> int:
+def _viz(paths: Any, args: argparse.Namespace, prices: dict[str, Any]) -> int:
     """Rebuild the summary of a run folder from the config that run saved (not the config
     file as it is now); nothing else in the folder changes."""
     from orchestra.config import load_config, validate
@@ -171,7 +178,31 @@ def _viz(paths: Any) -> int:
     write_summary(summary, paths)
     _print(render_text(summary))
     _print(f"run folder: {paths.root}", file=sys.stderr)
+    _write_report(paths, cfg, summary, plan, args, prices)
     return EXIT_FAILED if summary.missing else EXIT_OK
+
+
+def _write_report(paths: Any, cfg: Any, summary: Any, plan: Any, args: argparse.Namespace,
+                  prices: dict[str, Any]) -> None:
+    """Write the HTML report and the trace, and name them on the last line; a report that
+    cannot be written is a warning (the run's results and exit code stand)."""
+    from orchestra.summary.costs import load_prices, save_prices
+    from orchestra.summary.progress import api_model_abbrs
+    from orchestra.summary.report import write_report
+
+    try:
+        if prices:
+            save_prices(paths, prices)  # --mode viz later finds them even if the config drops them
+        else:
+            prices = load_prices(paths)
+        files = write_report(paths, summary, plan.all_units["eval"], api_model_abbrs(cfg.models), prices, args.trace)
+    except Exception as exc:  # a bug here must not hide the run's own outcome
+        if args.debug:
+            raise
+        _print(f"orchestra: warning: could not write the report: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return
+    trace = f" (trace: {args.trace})" if args.trace else ""
+    _print(f"report: {files.report}{trace}", file=sys.stderr)
 
 
 def _build_runners(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -206,7 +237,8 @@ def _print_plan(plan: Any, runners: dict[str, Any], paths: Any, existed: bool) -
     return EXIT_OK
 
 
-def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: dict[str, Any]) -> int:
+def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: dict[str, Any],
+         prices: dict[str, Any]) -> int:
     from orchestra.config import dump_config
     from orchestra.events import EventLog
     from orchestra.plan import make_plan
@@ -266,6 +298,7 @@ def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: di
         reason = with_excerpt(r.reason, r.log_path) if r.state is TaskState.FAILED else r.reason
         _print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({reason}){log}", file=sys.stderr)
     _print(f"run folder: {paths.root}", file=sys.stderr)
+    _write_report(paths, cfg, summary, plan, args, prices)
     if interrupted:
         # 128 + the signal, as shells report it (Ctrl-C 130, SIGHUP 129, SIGTERM 130 as before)
         return 129 if received and received[0] == signal.SIGHUP else EXIT_INTERRUPTED

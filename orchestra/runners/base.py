@@ -219,15 +219,18 @@ class BaseRunner(abc.ABC):
             if missing:  # a stage waits for its inputs: an eval task whose predictions failed
                 why = f"predictions missing: {os.path.relpath(missing[0], ctx.paths.root)}"
                 results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.SKIPPED, 0, log_path, why)
-                ctx.events.emit("skipped", task_id=task.task_id, stage=task.stage, reason=why)
+                ctx.events.emit("skipped", task_id=task.task_id, stage=task.stage, reason=why, name=task.display_name,
+                                model=task.model_abbr)
                 continue
             unfit = self.unfit_reason(task)
             if unfit:
                 results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, 0, log_path, unfit)
-                ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit)
+                ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit, name=task.display_name,
+                                model=task.model_abbr)
                 continue
             pending.append(_Pending(task, 1))
-            ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost, name=task.display_name)
+            ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost, name=task.display_name,
+                            model=task.model_abbr, samples=task.num_samples, num_gpus=task.num_gpus)
         running: list[tuple[Job, _Pending]] = []
         try:
             while pending or running:

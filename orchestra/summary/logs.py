@@ -31,9 +31,16 @@ class AttemptLog:
     slurm: dict[str, str] = field(default_factory=dict)  # job id, node, GPUs, when Slurm wrote its header
 
     def tail(self, lines: int = 12, width: int = 240) -> str:
-        """The last ``lines`` lines of the task's own output (the loop's header lines left out)."""
+        """The last ``lines`` lines of the task's own output (the loop's header lines left
+        out); when it ends in a traceback, from the traceback's first line, its middle cut."""
         own = [ln[:width] for ln in self.text.splitlines() if ln.strip() and not ln.startswith("===== ")]
-        return "\n".join(own[-lines:])
+        start = max((i for i, ln in enumerate(own) if ln.startswith("Traceback (most recent call last)")),
+                    default=None)
+        if start is None or len(own) - start <= lines:
+            return "\n".join(own[-lines:])
+        keep = own[start:]
+        cut = len(keep) - lines
+        return "\n".join([keep[0], f"  … {cut} lines …", *keep[-(lines - 1):]])
 
     def explanation(self) -> str:
         """The line that says why this attempt failed, or ``""`` when its log shows none."""
@@ -57,9 +64,9 @@ def explain(text: str) -> str:
     return ""
 
 
-def read_attempts(log_path: str) -> dict[int, AttemptLog]:
-    """Each attempt's section of a task log, by attempt number (of the latest run that wrote
-    that attempt: a ``-r`` rerun starts again at attempt 1 and its section wins)."""
+def read_sections(log_path: str) -> list[AttemptLog]:
+    """Every attempt's section of a task log, oldest first (a ``-r`` rerun starts again at
+    attempt 1, so numbers may repeat; only the last :data:`MAX_READ_BYTES` are read)."""
     try:
         size = os.path.getsize(log_path)
         with open(log_path, "rb") as f:
@@ -67,18 +74,23 @@ def read_attempts(log_path: str) -> dict[int, AttemptLog]:
                 f.seek(size - MAX_READ_BYTES)
             text = f.read().decode("utf-8", "replace")
     except OSError:
-        return {}
-    out: dict[int, AttemptLog] = {}
+        return []
+    out: list[AttemptLog] = []
     heads = list(_HEADER.finditer(text))
     for i, m in enumerate(heads):
         end = heads[i + 1].start() if i + 1 < len(heads) else len(text)
         section = text[m.start():end]
         slurm = _SLURM.search(section)
         info = {"job_id": slurm.group(1), "node": slurm.group(2), "gpus": slurm.group(3)} if slurm else {}
-        out[int(m.group(1))] = AttemptLog(int(m.group(1)), section, info)
+        out.append(AttemptLog(int(m.group(1)), section, info))
     if not heads and text.strip():  # a log without headers (e.g. written by hand): one section
-        out[1] = AttemptLog(1, text)
+        out.append(AttemptLog(1, text))
     return out
+
+
+def read_attempts(log_path: str) -> dict[int, AttemptLog]:
+    """The latest section of each attempt number in a task log."""
+    return {section.attempt: section for section in read_sections(log_path)}
 
 
 def failure_excerpt(log_path: str, attempt: int | None = None) -> str:
