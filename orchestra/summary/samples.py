@@ -67,7 +67,7 @@ def _cut(text: str, limit: int) -> str:
 
 
 def _encode(obj: Any) -> str:
-    comp = zlib.compressobj(9, zlib.DEFLATED, -15)
+    comp = zlib.compressobj(6, zlib.DEFLATED, -15)
     raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     return base64.b64encode(comp.compress(raw) + comp.flush()).decode("ascii")
 
