@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 #: how much of a log is read from its end (older attempts of a huge log are then not shown)
 MAX_READ_BYTES = 1 << 20
 _HEADER = re.compile(r"^===== orchestra: attempt (\d+) of ", re.MULTILINE)
-_SLURM = re.compile(r"^===== slurm: job (\S+) on (\S+), CUDA_VISIBLE_DEVICES=(\S*)", re.MULTILINE)
+_SLURM = re.compile(r"^===== slurm: job (\S+) on (\S+?), CUDA_VISIBLE_DEVICES=(.*?), started", re.MULTILINE)
 # ``RuntimeError: msg``, ``ValueError``, ``torch.cuda.OutOfMemoryError: ...``, ``KeyboardInterrupt``
 _EXCEPTION = re.compile(r"^(?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Exit|Interrupt|Fault)\b(?::.*)?$")
 _TASK_FAILED = re.compile(r"\] FAILED: (.+)$")

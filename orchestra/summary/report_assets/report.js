@@ -107,6 +107,9 @@
     renderDrill();
   }
 
+  // a long prompt shows its end (the question, after any few-shot examples) until its row is opened
+  function promptEnd(t) { return t.length > 360 ? "… " + t.slice(-360) : t; }
+
   function renderDrill() {
     var body = $("drill-body"), n = drill.shown.length, pages = Math.max(1, Math.ceil(n / drill.pageSize));
     drill.page = Math.min(drill.page, pages - 1);
@@ -115,9 +118,11 @@
     var frag = document.createDocumentFragment();
     drill.shown.slice(from, to).forEach(function (s) {
       var tr = document.createElement("tr");
+      var promptDiv = null;
       [s.id, s.prompt, s.prediction, s.gold].forEach(function (v, k) {
         var td = document.createElement("td"), div = document.createElement("div");
-        div.className = k ? "txt" : ""; div.textContent = text(v);
+        div.className = k ? "txt" : ""; div.textContent = k === 1 ? promptEnd(text(v)) : text(v);
+        if (k === 1) promptDiv = div;
         td.appendChild(div); tr.appendChild(td);
       });
       var sc = document.createElement("td");
@@ -127,6 +132,7 @@
       tr.appendChild(sc);
       tr.addEventListener("click", function () {
         tr.classList.toggle("expanded");
+        promptDiv.textContent = tr.classList.contains("expanded") ? text(s.prompt) : promptEnd(text(s.prompt));
         var next = tr.nextSibling;
         if (next && next.classList && next.classList.contains("other")) { next.remove(); return; }
         if (!s.other) return;
@@ -217,7 +223,7 @@
       groups[k].ends.forEach(function (_, s) { lanes.push(s ? k + " (" + (s + 1) + ")" : k); });
     });
     var wrap = $("tl-wrap"), plotW = Math.max(400, (wrap.clientWidth || 1000) - LABEL_W - 24) * tl.zoom;
-    var W = LABEL_W + plotW + 16, H = AXIS_H + lanes.length * LANE_H + 6, k = plotW / span;
+    var W = LABEL_W + plotW + 44, H = AXIS_H + lanes.length * LANE_H + 6, k = plotW / span;
     var out = [];
     lanes.forEach(function (name, n) {
       var y = AXIS_H + n * LANE_H;
