@@ -109,7 +109,7 @@ def synthesize(cfg_path: Path, rng: random.Random) -> tuple[Any, Any, Any]:
     from orchestra.events import EventLog
     from orchestra.fileio import atomic_write_json, atomic_write_jsonl, write_sealed_jsonl
     from orchestra.paths import RunPaths, choose_run_folder
-    from orchestra.plan import make_plan
+    from orchestra.planner import make_plan
 
     cfg = validate(load_config(str(cfg_path), []), str(cfg_path))
     infos = dataset_infos(cfg.datasets, str(cfg_path), write_cache=False)

@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.config.schema import build_component, check_kwargs
+from orchestra.config.sweep import SweepInfo, expand_sweep
 from orchestra.errors import ConfigError
 from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
-TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir")
+TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep")
 STAGE_KEYS = ("partitioner", "runner")
 RUN_CFG_KEYS = ("num_gpus", "num_procs")
 # Keys of a dataset's sub-configs; a dataset class may widen them with class attributes of
@@ -63,6 +64,7 @@ class RunConfig:
     stages: dict[str, StageConfig]
     work_dir: str
     resolved: dict[str, Any] = field(default_factory=dict)
+    sweep: SweepInfo | None = None  # what a sweep expanded to (None: no sweep)
 
 
 
@@ -244,14 +246,20 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
             "(and lists named *_datasets or *_models)"
         )
     _check_secrets(raw, source, top=True)
+    sweep = expand_sweep(raw, source)
     for key in ("models", "datasets"):
         if key not in raw:
             raise ConfigError(f"{source}: missing required key {key!r}")
         if not isinstance(raw[key], list) or not raw[key]:
             raise ConfigError(f"{source}: {key} must be a non-empty list, got {raw[key]!r}")
-    models = [_check_model(m, f"{source}: models[{i}]") for i, m in enumerate(raw["models"])]
+    def where(kind: str, i: int, item: Any) -> str:
+        abbr = item.get("abbr") if isinstance(item, dict) else None
+        swept = sweep is not None and abbr in sweep.variants.get(kind, {})
+        return f"{source}: {kind}[{i}]" + (f" (sweep variant {abbr!r})" if swept else "")
+
+    models = [_check_model(m, where("models", i, m)) for i, m in enumerate(raw["models"])]
     config_dir = os.path.dirname(os.path.abspath(source))
-    datasets = [_check_dataset(d, f"{source}: datasets[{i}]", config_dir) for i, d in enumerate(raw["datasets"])]
+    datasets = [_check_dataset(d, where("datasets", i, d), config_dir) for i, d in enumerate(raw["datasets"])]
     for kind, items in (("models", models), ("datasets", datasets)):
         seen: dict[str, int] = {}
         for i, item in enumerate(items):
@@ -281,6 +289,8 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
         "eval": raw.get("eval") or DEFAULT_STAGES["eval"],
         "work_dir": work_dir,
     }
-    return RunConfig(source, models, datasets, stages, work_dir, resolved)
+    if sweep is not None:
+        resolved["sweep"] = sweep.to_dict()
+    return RunConfig(source, models, datasets, stages, work_dir, resolved, sweep)
 
 

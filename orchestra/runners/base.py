@@ -256,33 +256,44 @@ class BaseRunner(abc.ABC):
                 if pending or running:
                     ctx.stop.wait(self.poll_interval_s)
         finally:
-            if running or (ctx.stop.is_set() and pending):
-                jobs = [job for job, _ in running]
-                if jobs:
-                    self.cancel(jobs)
-                for job, entry in running:
+            try:
+                if running or (ctx.stop.is_set() and pending):
+                    self._cancel_all(running, pending, results, ctx)
+            finally:
+                self.close()  # whatever the clean-up met: nothing the backend started may outlive the launch
+        return [results[t.task_id] for t in tasks if t.task_id in results]
+
+    def _cancel_all(self, running: list[tuple[Job, _Pending]], pending: deque[_Pending],
+                    results: dict[str, TaskResult], ctx: RunContext) -> None:
+        """Stop every running job (one ``cancel`` call) and record running and pending tasks as cancelled."""
+        try:
+            jobs = [job for job, _ in running]
+            if jobs:
+                self.cancel(jobs)
+        finally:
+            for job, entry in running:
+                try:
                     self.release(job)
+                finally:
                     results[job.task.task_id] = TaskResult(
                         job.task.task_id, job.task.stage, TaskState.CANCELLED, job.attempt, job.log_path,
                         "cancelled", time.monotonic() - entry.first_started,
                     )
                     ctx.events.emit("cancelled", task_id=job.task.task_id, stage=job.task.stage, attempt=job.attempt,
                                     slot=job.slot, duration_s=round(time.monotonic() - job.started, 3))
-                for entry in pending:
-                    log_path = ctx.paths.task_log(entry.task.stage, entry.task.task_id)
-                    results[entry.task.task_id] = TaskResult(
-                        entry.task.task_id, entry.task.stage, TaskState.CANCELLED, entry.attempt - 1, log_path,
-                        "cancelled before it started",
-                    )
-                    ctx.events.emit("cancelled", task_id=entry.task.task_id, stage=entry.task.stage)
-            self.close()
-        return [results[t.task_id] for t in tasks if t.task_id in results]
+            for entry in pending:
+                log_path = ctx.paths.task_log(entry.task.stage, entry.task.task_id)
+                results[entry.task.task_id] = TaskResult(
+                    entry.task.task_id, entry.task.stage, TaskState.CANCELLED, entry.attempt - 1, log_path,
+                    "cancelled before it started",
+                )
+                ctx.events.emit("cancelled", task_id=entry.task.task_id, stage=entry.task.stage)
 
     def _start_ready(self, pending: deque[_Pending], running: list[tuple[Job, _Pending]],
                      results: dict[str, TaskResult], ctx: RunContext, now: float) -> None:
         for entry in list(pending):
-            if len(running) >= self.max_num_workers:
-                return
+            if len(running) >= self.max_num_workers or ctx.stop.is_set():
+                return  # a stop that came during the last submit launches nothing more
             if entry.not_before > now:
                 continue
             resources = self.acquire(entry.task)
@@ -290,24 +301,29 @@ class BaseRunner(abc.ABC):
                 continue
             pending.remove(entry)
             task = entry.task
-            spec_path = ctx.paths.task_spec(task.task_id)
-            if entry.attempt == 1:  # the one place a spec is written: what every attempt runs
-                task.dump(spec_path)
             log_path = ctx.paths.task_log(task.stage, task.task_id)
-            command = self.get_command(task, spec_path, resources, entry.attempt, log_path)
-            job = Job(task, entry.attempt, command, log_path, resources, slot=heapq.heappop(self._free_slots))
-            self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} ({task.display_name}) "
-                                  f"at {time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {command.display()}\n")
+            job = Job(task, entry.attempt, Command(()), log_path, resources, slot=heapq.heappop(self._free_slots))
             job.started = time.monotonic()
             if not entry.first_started:
                 entry.first_started = job.started
             try:
+                spec_path = ctx.paths.task_spec(task.task_id)
+                if entry.attempt == 1:  # the one place a spec is written: what every attempt runs
+                    task.dump(spec_path)
+                job.command = self.get_command(task, spec_path, resources, entry.attempt, log_path)
+                self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} "
+                                      f"({task.display_name}) at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                                      f"===== command: {job.command.display()}\n")
                 self.submit(job)
             except OSError as exc:
                 self.release(job)
                 heapq.heappush(self._free_slots, job.slot)
                 self._finish(job, entry, Exit(-1, f"could not start: {exc}"), pending, results, ctx)
                 continue
+            except BaseException:
+                self.release(job)  # its slot comes back; the error ends the launch (cancelling the rest)
+                heapq.heappush(self._free_slots, job.slot)
+                raise
             running.append((job, entry))
             ctx.events.emit("started", task_id=task.task_id, stage=task.stage, attempt=entry.attempt,
                             resources=resources, log=log_path, name=task.display_name, slot=job.slot,

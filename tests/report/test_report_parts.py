@@ -113,7 +113,7 @@ def test_progress_counts_samples_shows_api_counters_for_api_models_and_busy_gpus
 def test_sample_packs_fit_their_budget_by_shortening_texts(failed_run: RunResult) -> None:
     from orchestra.config import load_config, validate
     from orchestra.datasets.info import dataset_infos
-    from orchestra.plan import make_plan
+    from orchestra.planner import make_plan
 
     cfg = validate(load_config(str(failed_run.run / "config.py")), str(failed_run.run / "config.py"))
     paths = RunPaths(str(failed_run.run))

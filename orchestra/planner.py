@@ -28,6 +28,9 @@ class Plan:
     tasks: dict[str, list[TaskSpec]]
     reused: dict[str, list[Unit]] = field(default_factory=dict)
     all_units: dict[str, list[tuple[str, Unit]]] = field(default_factory=dict)  # (model, unit)
+    #: infer units another unit with the same hash already makes (sweep variants whose
+    #: predictions cannot differ): (model abbr, unit, the output they share)
+    shared: list[tuple[str, Unit, str]] = field(default_factory=list)
 
 
 def model_class(model: dict[str, Any]) -> type[BaseModel]:
@@ -84,6 +87,14 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
     infer_stage, eval_stage = cfg.stages["infer"], cfg.stages["eval"]
     plan = Plan(tasks={"infer": [], "eval": []}, reused={"infer": [], "eval": []},
                 all_units={"infer": [], "eval": []})
+    # (prediction hash, base model, base dataset) -> the unit that makes it.  Only variants of one
+    # sweep base share: two models a user listed apart (repeated sampling runs, say) never do.
+    makers: dict[tuple[str, str, str], Unit] = {}
+    bases = cfg.sweep.variants if cfg.sweep is not None else {}
+
+    def base(kind: str, abbr: str) -> str:
+        return str(bases.get(kind, {}).get(abbr, {}).get("base", abbr))
+
     for model in cfg.models:
         mkey = model_class(model).identity(model)
         todo: dict[str, list[Unit]] = {"infer": [], "eval": []}
@@ -107,6 +118,11 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                         cost=(end - start) * row_cost,
                     )
                 )
+            for n, unit in enumerate(shard_units):
+                first = makers.setdefault((unit.hash, base("models", model["abbr"]), base("datasets", info.abbr)), unit)
+                if first is not unit:  # same predictions as another variant: made once, read by both
+                    plan.shared.append((model["abbr"], unit, first.output))
+                    shard_units[n] = first
             eval_unit = Unit(
                 dataset=info.cfg,
                 dataset_abbr=info.abbr,
@@ -119,7 +135,8 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                 cost=float(info.size),
                 inputs=tuple((u.output, u.hash) for u in shard_units),
             )
-            for stage, units in (("infer", shard_units), ("eval", [eval_unit])):
+            own = [u for u in shard_units if u.output == paths.predictions(model["abbr"], info.abbr, u.shard)]
+            for stage, units in (("infer", own), ("eval", [eval_unit])):
                 for unit in units:
                     plan.all_units[stage].append((model["abbr"], unit))
                     if output_done(unit.output, unit.hash):
