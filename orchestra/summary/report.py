@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from orchestra import __version__
 from orchestra.fileio import atomic_write_text
 from orchestra.paths import RunPaths
 from orchestra.summary.costs import cost_of
@@ -30,6 +29,17 @@ from orchestra.tasks.spec import Unit
 
 ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_assets")
 _BAD_STATES = ("failed", "cancelled", "skipped")
+
+
+def _version() -> str:
+    """orchestra's installed version (not ``orchestra.__version__``: importing the package
+    root reaches the API layer above this one)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("orchestra")
+    except PackageNotFoundError:
+        return "?"
 
 
 @dataclass
@@ -195,7 +205,7 @@ def render_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str,
     with open(os.path.join(ASSETS, "report.js"), encoding="utf-8") as f:
         js = f.read()
     return env.get_template("report.html.j2").render(
-        title=os.path.basename(paths.root.rstrip(os.sep)), root=paths.root, version=__version__,
+        title=os.path.basename(paths.root.rstrip(os.sep)), root=paths.root, version=_version(),
         generated=time.strftime("%Y-%m-%d %H:%M:%S"), overview=_overview(run, summary, costs),
         results=_results(summary, samples), failures=_failures(run, report_dir), costs=costs,
         prices=prices or {}, samples=samples, css=css, js=js.replace("</", "<\\/"),
