@@ -303,7 +303,7 @@ class BaseRunner(abc.ABC):
             task = entry.task
             log_path = ctx.paths.task_log(task.stage, task.task_id)
             job = Job(task, entry.attempt, Command(()), log_path, resources, slot=heapq.heappop(self._free_slots))
-            job.started = time.monotonic()
+            job.started = time.monotonic()  # set again at the submit: a timeout counts from there
             if not entry.first_started:
                 entry.first_started = job.started
             try:
@@ -314,6 +314,7 @@ class BaseRunner(abc.ABC):
                 self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} "
                                       f"({task.display_name}) at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                                       f"===== command: {job.command.display()}\n")
+                job.started = time.monotonic()
                 self.submit(job)
             except OSError as exc:
                 self.release(job)
