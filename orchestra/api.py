@@ -329,6 +329,67 @@ def _pivot(cfg: Any, summary: Any, paths: Any, quiet: bool) -> Any:
     return pivot
 
 
+class _LineStream:
+    """A stream that says it is no terminal, so a progress display writes lines to it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        return int(self.stream.write(text) or 0)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+class _EvalAlongside:
+    """The eval stage run beside the infer stage (``eval=dict(overlap=True)``, the default): each
+    eval task starts as soon as its predictions are done, in a thread of its own with its own
+    runner; it shares the run's stop flag, so Ctrl-C stops both."""
+
+    def __init__(self, runner: Any, tasks: list[Any], ctx: Any, quiet: bool) -> None:
+        from orchestra.runners.base import RunContext
+        from orchestra.summary.progress import StageProgress
+
+        self.upstream = threading.Event()
+        self.upstream.set()
+        # Progress as lines, never a second bar: the infer stage's bar owns the terminal.
+        lines: Any = _LineStream(sys.stderr)
+        self.progress = None if quiet else StageProgress("eval", tasks, ctx.paths.events, stream=lines)
+        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream)
+        self.runner, self.tasks, self.quiet = runner, tasks, quiet
+        self.results: list[Any] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="orchestra-eval", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.results = self.runner.launch(self.tasks, self.ctx)
+        except BaseException as exc:  # re-raised in the main thread by join()
+            self.error = exc
+            self.ctx.stop.set()  # a broken stage stops the run, as it would without overlap
+        finally:
+            if self.progress is not None:
+                self.progress.close()
+
+    def start(self) -> None:
+        say(f"[eval] {len(self.tasks)} task(s), each starting as soon as its predictions are done",
+            file=sys.stderr, quiet=self.quiet)
+        self.thread.start()
+
+    def join(self) -> list[Any]:
+        """Wait for the eval stage: inference is over, so tasks still missing predictions are skipped."""
+        self.upstream.clear()
+        while self.thread.is_alive():
+            self.thread.join(0.2)  # short waits: Ctrl-C still reaches the main thread's handler
+        if self.error is not None:
+            raise self.error
+        return self.results
+
+
 def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, trace: str | None = None) -> Run:
     from orchestra.config import dump_config
     from orchestra.events import EventLog
@@ -359,8 +420,15 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     events.emit("run_started", mode=mode, pid=os.getpid(),
                 tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
     results: list[TaskResult] = []
+    stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
+    overlap = (stages == ["infer", "eval"] and cfg.stages["eval"].overlap and not debug
+               and made.tasks["infer"] and made.tasks["eval"])
+    eval_side = _EvalAlongside(runners["eval"], made.tasks["eval"], ctx, quiet) if overlap else None
     try:
-        for stage in {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]:
+        if eval_side is not None:
+            eval_side.start()
+            stages = ["infer"]
+        for stage in stages:
             if ctx.stop.is_set():
                 break
             tasks = made.tasks[stage]
@@ -377,6 +445,8 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
                 if progress is not None:
                     progress.close()
     finally:
+        if eval_side is not None:
+            results += eval_side.join()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     interrupted = ctx.stop.is_set()

@@ -80,6 +80,13 @@ class RunContext:
     events: EventLog
     stop: threading.Event = field(default_factory=threading.Event)
     on_change: Callable[[dict[str, int]], None] | None = None  # progress display hook
+    #: set while an upstream stage still runs and may write this launch's inputs: a task
+    #: whose inputs are missing then waits (the eval of a (model, dataset) starts as soon as
+    #: its predictions are done); once cleared, a task still missing inputs is skipped
+    upstream: threading.Event | None = None
+
+    def inputs_may_come(self) -> bool:
+        return self.upstream is not None and self.upstream.is_set()
 
 
 @dataclass
@@ -88,6 +95,8 @@ class _Pending:
     attempt: int
     not_before: float = 0.0
     first_started: float = 0.0
+    inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
+    inputs_checked: float = 0.0  # when they were last looked for
 
 
 class BaseRunner(abc.ABC):
@@ -216,11 +225,9 @@ class BaseRunner(abc.ABC):
         for task in tasks:
             log_path = ctx.paths.task_log(task.stage, task.task_id)
             missing = task.missing_inputs()
-            if missing:  # a stage waits for its inputs: an eval task whose predictions failed
-                why = f"predictions missing: {os.path.relpath(missing[0], ctx.paths.root)}"
-                results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.SKIPPED, 0, log_path, why)
-                ctx.events.emit("skipped", task_id=task.task_id, stage=task.stage, reason=why, name=task.display_name,
-                                model=task.model_abbr)
+            waits = bool(missing) and ctx.inputs_may_come()
+            if missing and not waits:  # a stage waits for its inputs: an eval task whose predictions failed
+                self._skip(task, missing, results, ctx)
                 continue
             unfit = self.unfit_reason(task)
             if unfit:
@@ -228,7 +235,7 @@ class BaseRunner(abc.ABC):
                 ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit, name=task.display_name,
                                 model=task.model_abbr)
                 continue
-            pending.append(_Pending(task, 1))
+            pending.append(_Pending(task, 1, inputs_ready=not waits, inputs_checked=time.monotonic()))
             ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost, name=task.display_name,
                             model=task.model_abbr, samples=task.num_samples, num_gpus=task.num_gpus)
         running: list[tuple[Job, _Pending]] = []
@@ -237,6 +244,7 @@ class BaseRunner(abc.ABC):
                 if ctx.stop.is_set():
                     break
                 now = time.monotonic()
+                self._look_for_inputs(pending, results, ctx, now)
                 self._start_ready(pending, running, results, ctx, now)
                 self.flush()
                 for job, entry in list(running):
@@ -262,6 +270,31 @@ class BaseRunner(abc.ABC):
             finally:
                 self.close()  # whatever the clean-up met: nothing the backend started may outlive the launch
         return [results[t.task_id] for t in tasks if t.task_id in results]
+
+    def _skip(self, task: TaskSpec, missing: list[str], results: dict[str, TaskResult], ctx: RunContext) -> None:
+        why = f"predictions missing: {os.path.relpath(missing[0], ctx.paths.root)}"
+        log_path = ctx.paths.task_log(task.stage, task.task_id)
+        results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.SKIPPED, 0, log_path, why)
+        ctx.events.emit("skipped", task_id=task.task_id, stage=task.stage, reason=why, name=task.display_name,
+                        model=task.model_abbr)
+
+    #: how often a task waiting for its inputs looks for them (each look reads and checks files)
+    INPUT_CHECK_S = 0.5
+
+    def _look_for_inputs(self, pending: deque[_Pending], results: dict[str, TaskResult], ctx: RunContext,
+                         now: float) -> None:
+        """Release waiting tasks whose inputs now exist; skip those whose inputs can no longer come."""
+        may_come = ctx.inputs_may_come()
+        for entry in [e for e in pending if not e.inputs_ready]:
+            if may_come and now - entry.inputs_checked < self.INPUT_CHECK_S:
+                continue
+            entry.inputs_checked = now
+            missing = entry.task.missing_inputs()
+            if not missing:
+                entry.inputs_ready = True
+            elif not may_come:
+                pending.remove(entry)
+                self._skip(entry.task, missing, results, ctx)
 
     def _cancel_all(self, running: list[tuple[Job, _Pending]], pending: deque[_Pending],
                     results: dict[str, TaskResult], ctx: RunContext) -> None:
@@ -294,7 +327,7 @@ class BaseRunner(abc.ABC):
         for entry in list(pending):
             if len(running) >= self.max_num_workers or ctx.stop.is_set():
                 return  # a stop that came during the last submit launches nothing more
-            if entry.not_before > now:
+            if entry.not_before > now or not entry.inputs_ready:
                 continue
             resources = self.acquire(entry.task)
             if resources is None:
