@@ -56,14 +56,16 @@ class SweepInfo:
     variants: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     baseline: dict[str, str] = field(default_factory=dict)
     max_variants: int = DEFAULT_MAX_VARIANTS
+    num_models: int = 0  # models and datasets after expansion (variants and unswept ones)
+    num_datasets: int = 0
 
     def count(self) -> int:
-        """Variants of the product: model variants times dataset variants."""
-        return max(1, len(self.variants.get("models", {}))) * max(1, len(self.variants.get("datasets", {})))
+        """(model, dataset) pairs the sweep makes: what ``max_variants`` bounds."""
+        return self.num_models * self.num_datasets
 
     def to_dict(self) -> dict[str, Any]:
         return {"expanded": True, "axes": self.axes, "variants": self.variants, "baseline": self.baseline,
-                "max_variants": self.max_variants}
+                "max_variants": self.max_variants, "num_models": self.num_models, "num_datasets": self.num_datasets}
 
 
 def _label(value: Any) -> str:
@@ -147,7 +149,8 @@ def expand_sweep(raw: dict[str, Any], source: str) -> SweepInfo | None:
         raise ConfigError(f"{where}: expected a dict with {', '.join(SWEEP_KEYS)}, got {sweep!r}")
     if sweep.get("expanded"):
         return SweepInfo(list(sweep.get("axes", [])), dict(sweep.get("variants", {})), dict(sweep.get("baseline", {})),
-                         int(sweep.get("max_variants", DEFAULT_MAX_VARIANTS)))
+                         int(sweep.get("max_variants", DEFAULT_MAX_VARIANTS)), int(sweep.get("num_models", 0)),
+                         int(sweep.get("num_datasets", 0)))
     for key in sweep:
         if key not in SWEEP_KEYS:
             raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(SWEEP_KEYS)}")
@@ -161,6 +164,7 @@ def expand_sweep(raw: dict[str, Any], source: str) -> SweepInfo | None:
         if not isinstance(bases, list) or not bases:
             raise ConfigError(f"{where}: {kind} must be a non-empty list (in the sweep or the config), got {bases!r}")
         raw[kind] = _expand(kind, bases, axes, where, info.variants[kind])
+    info.num_models, info.num_datasets = len(raw["models"]), len(raw["datasets"])
     baseline = sweep.get("baseline") or {}
     if not isinstance(baseline, dict):
         raise ConfigError(f"{where}.baseline: expected a dict of axis name -> value name, got {baseline!r}")

@@ -52,6 +52,9 @@ class StageConfig:
     runner_cls: type
     runner_kwargs: dict[str, Any]
     task_cfg: dict[str, Any]
+    #: eval only: a (model, dataset)'s eval starts as soon as its predictions are done, while
+    #: other inference still runs (False: after the whole infer stage)
+    overlap: bool = True
 
 
 @dataclass
@@ -200,9 +203,13 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
         cfg = {}
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: expected a dict with {', '.join(STAGE_KEYS)}, got {cfg!r}")
+    valid = (*STAGE_KEYS, "overlap") if name == "eval" else STAGE_KEYS
     for key in cfg:
-        if key not in STAGE_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(STAGE_KEYS)}")
+        if key not in valid:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(valid)}")
+    overlap = cfg.get("overlap", True)
+    if not isinstance(overlap, bool):
+        raise ConfigError(f"{where}.overlap: expected True or False, got {overlap!r}")
     part_cfg = cfg.get("partitioner") or DEFAULT_STAGES[name]["partitioner"]
     partitioner = build_component(PARTITIONERS, part_cfg, f"{where}.partitioner")
     runner_cfg = dict(cfg.get("runner") or DEFAULT_STAGES[name]["runner"])
@@ -230,7 +237,7 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
             runner_cls.check_template(template)
         except ConfigError as exc:
             raise ConfigError(f"{where}.runner.template: {exc}") from None
-    return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs)
+    return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs, overlap)
 
 
 def validate(raw: dict[str, Any], source: str) -> RunConfig:

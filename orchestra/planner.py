@@ -87,7 +87,14 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
     infer_stage, eval_stage = cfg.stages["infer"], cfg.stages["eval"]
     plan = Plan(tasks={"infer": [], "eval": []}, reused={"infer": [], "eval": []},
                 all_units={"infer": [], "eval": []})
-    makers: dict[str, Unit] = {}  # prediction hash -> the unit that makes it
+    # (prediction hash, base model, base dataset) -> the unit that makes it.  Only variants of one
+    # sweep base share: two models a user listed apart (repeated sampling runs, say) never do.
+    makers: dict[tuple[str, str, str], Unit] = {}
+    bases = cfg.sweep.variants if cfg.sweep is not None else {}
+
+    def base(kind: str, abbr: str) -> str:
+        return str(bases.get(kind, {}).get(abbr, {}).get("base", abbr))
+
     for model in cfg.models:
         mkey = model_class(model).identity(model)
         todo: dict[str, list[Unit]] = {"infer": [], "eval": []}
@@ -112,7 +119,7 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                     )
                 )
             for n, unit in enumerate(shard_units):
-                first = makers.setdefault(unit.hash, unit)
+                first = makers.setdefault((unit.hash, base("models", model["abbr"]), base("datasets", info.abbr)), unit)
                 if first is not unit:  # same predictions as another variant: made once, read by both
                     plan.shared.append((model["abbr"], unit, first.output))
                     shard_units[n] = first
