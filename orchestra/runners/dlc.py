@@ -153,7 +153,9 @@ class DLCRunner(BaseRunner):
         self._pool = ThreadPoolExecutor(self.cli_concurrency, thread_name_prefix="dlc")
         try:
             if self._unfit is None:
-                self._recover(tasks)
+                for rec in self._active().ledger.jobs().values():  # job names count on from every earlier one
+                    self._name_base[rec.task_id] = max(self._name_base.get(rec.task_id, 0), rec.seq)
+                self._recover(tasks, tasks[0].stage if tasks else None)
         except BaseException:
             self.close()
             raise
@@ -192,6 +194,13 @@ class DLCRunner(BaseRunner):
         job.handle = handle
         self._live[handle.name] = handle
 
+    def placement(self, job: Job) -> dict[str, Any]:
+        handle: DLCJob = job.handle
+        where: dict[str, Any] = {"dlc_job_name": handle.name, "workspace_id": self.cfg.workspace_id}
+        if handle.job_id:  # an adopted job (a new one gets its id once its submission went through)
+            where["dlc_job_id"] = handle.job_id
+        return where
+
     def flush(self) -> None:
         """Hand every job that is due (a submission, a check, a last log read) to the threads."""
         assert self._pool is not None
@@ -221,12 +230,7 @@ class DLCRunner(BaseRunner):
     def cancel(self, jobs: list[Job]) -> None:
         handles = [job.handle for job in jobs if isinstance(job.handle, DLCJob)]
         why = {id(job.handle): ("timeout_s" if job.timed_out else self._stop_cause()) for job in jobs}
-        for h in handles:
-            h.cancelled = True
-        # A submission in flight is waited for: its job must be stopped, not left without an owner.
-        deadline = time.monotonic() + self.cli_timeout_s + 5
-        while any(h.busy and h.job_id is None for h in handles) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        self._settle(handles)
         groups: dict[str, list[DLCJob]] = {}
         for h in handles:
             self._live.pop(h.name, None)
@@ -234,6 +238,15 @@ class DLCRunner(BaseRunner):
                 groups.setdefault(why[id(h)], []).append(h)
         for reason, group in groups.items():
             self._active().stop(group, reason)
+
+    def _settle(self, handles: list[DLCJob]) -> None:
+        """Mark these jobs cancelled and wait for their submissions in flight: a job created meanwhile
+        must be stopped, not left without an owner (bounded by one call's timeout)."""
+        for h in handles:
+            h.cancelled = True
+        deadline = time.monotonic() + self.cli_timeout_s + 5
+        while any(h.busy and h.job_id is None for h in handles) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
     def _stop_cause(self) -> str:
         if self._ctx is not None and self._ctx.stop.is_set():
@@ -245,13 +258,14 @@ class DLCRunner(BaseRunner):
     def close(self) -> None:
         # The loop stopped or finished every job it knows; this is the net under an unexpected exit.
         try:
+            self._settle(list(self._live.values()))
             leftover = [h for h in self._live.values() if h.job_id and not h.over]
-            for h in self._live.values():
-                h.cancelled = True
             # kept for a task that never started (skipped, stopped): stopped, not left running
             leftover += [orphan(record) for record, _ in self._adopt.values()]
             if leftover and self._worker is not None:
                 self._worker.stop(leftover, self._stop_cause())
+            if self._worker is not None and self._unfit is None and self._pool is not None:
+                self._recover([], None)  # what earlier orchestrators left of a stage no launch here took
         finally:
             self._live.clear()
             self._adopt.clear()
@@ -265,19 +279,22 @@ class DLCRunner(BaseRunner):
         return self._worker
 
     # -- what an earlier orchestrator left (-r) -----------------------------------------------------------
-    def _recover(self, tasks: list[TaskSpec]) -> None:
-        """Adopt or stop every job the ledger shows possibly alive; note submissions without an id."""
+    def _recover(self, tasks: list[TaskSpec], stage: str | None) -> None:
+        """Adopt or stop the jobs of ``stage`` (None: of every stage) that the ledger shows possibly
+        alive and no launch of this process handles: an earlier orchestrator's.  A job still running
+        the spec of one of ``tasks`` is kept for that task's first attempt; any other is stopped."""
         assert self.client is not None and self._pool is not None
         worker = self._active()
-        records = worker.ledger.jobs()
-        for rec in records.values():  # names stay unique: this orchestrator's attempts count on
-            self._name_base[rec.task_id] = max(self._name_base.get(rec.task_id, 0), rec.seq)
-        for rec in records.values():
-            if rec.state == "submitting":  # killed mid-call: the service may hold a job we have no id for
-                worker.ledger.record("submit_unknown", rec.name, task_id=rec.task_id)
+        records = worker.ledger.unclaimed(worker.ledger.jobs())
+        mine = [r for r in records.values() if (stage is None or r.stage == stage)
+                and (r.state == "submitting" or (r.job_id and r.state in MAYBE_ALIVE))]
+        claimed = set(worker.ledger.claim([r.name for r in mine]))
+        for rec in mine:
+            if rec.name in claimed and rec.state == "submitting":  # killed inside dlc submit: the id is unknown
+                worker.ledger.record("submit_unknown", rec.name, task_id=rec.task_id, stage=rec.stage)
                 print(f"orchestra: warning: the submission of DLC job {rec.name} was interrupted before its id "
                       "was known; if DLC created it, stop it in the console", file=sys.stderr)
-        alive = [r for r in records.values() if r.job_id and r.state in MAYBE_ALIVE]
+        alive = [r for r in mine if r.name in claimed and r.state != "submitting"]
         if not alive:
             return
         client = self.client
@@ -295,5 +312,6 @@ class DLCRunner(BaseRunner):
         self._adopt.update({rec.task_id: (rec, info) for rec, info in adopt})
         if to_stop:
             worker.stop([orphan(r) for r in to_stop], "left by an earlier orchestrator of this run folder, not needed")
+
 
 __all__ = ["AliyunConfig", "DLCJob", "DLCRunner", "dlc_job_name", "spec_digest"]

@@ -156,6 +156,19 @@ class RateLimiter:
             time.sleep(wait)
 
 
+_limiters: dict[tuple[str, str | None, float], RateLimiter] = {}
+_limiters_lock = threading.Lock()
+
+
+def shared_limiter(dlc_bin: str, config_path: str | None, rate: float) -> RateLimiter:
+    """One rate for every client of one account in this process (the infer and eval stages run at once)."""
+    with _limiters_lock:
+        key = (dlc_bin, config_path, rate)
+        if key not in _limiters:
+            _limiters[key] = RateLimiter(rate, burst=max(5, int(rate)))
+        return _limiters[key]
+
+
 class DLCClient:
     """The ``dlc`` calls of one launch, counted by verb (``submit``, ``get``, ``logs``, ``stop``).
 
@@ -170,7 +183,7 @@ class DLCClient:
         self.dlc_bin = dlc_bin
         self.config = ["--config", config_path] if config_path else []
         self.timeout_s = timeout_s
-        self.limiter = RateLimiter(max_calls_per_s, burst=max(5, int(max_calls_per_s)))
+        self.limiter = shared_limiter(dlc_bin, config_path, max_calls_per_s)
         self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()
 

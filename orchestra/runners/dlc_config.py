@@ -154,7 +154,7 @@ def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str
     q = shlex.quote
     lines = []
     if cfg.pre_cmd:
-        lines.append(cfg.pre_cmd)  # the user's own shell, as in OpenCompass
+        lines.append(cfg.pre_cmd.strip().rstrip(";"))  # the user's own shell, as in OpenCompass
     if cfg.bashrc_path:
         lines.append(f". {q(cfg.bashrc_path)}; conda activate {q(cfg.conda_env_name or '')}")
     if cfg.python_env_path:
@@ -188,7 +188,9 @@ def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str
     lines.append(f'mkdir -p {q(exit_dir)} && printf "%s\\n" "$orc_rc" > {q(exit_file + ".tmp")} '
                  f"&& mv -f {q(exit_file + '.tmp')} {q(exit_file)}")
     lines.append('exit "$orc_rc"')
-    return "\n".join(lines)
+    # One line (task logs and --dry-run show it as one); a pre_cmd ending in '&' needs no ';'.
+    return "".join(line + ("" if i == len(lines) - 1 else " " if line.rstrip().endswith("&") else "; ")
+                   for i, line in enumerate(lines))
 
 
 def submit_argv(dlc_bin: str, cfg: AliyunConfig, name: str, command: str, num_gpus: int) -> list[str]:

@@ -5,6 +5,10 @@ before the ``dlc submit`` call, ``submitted`` with the job id before the id is u
 ``stop_sent`` before a stop, then ``stopped`` / ``ended`` once the service shows the job over.  A
 later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the lines into one
 state per job name (:meth:`Ledger.jobs`) and stops or adopts every job not known to be over.
+
+Within one process several launches may share a run folder at once (the eval stage runs beside the
+infer stage): each job name is *claimed* (:meth:`Ledger.claim`) by the launch that submits, adopts
+or stops it, and a launch only ever handles jobs no launch of this process has claimed.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from orchestra.fileio import read_jsonl
 OVER = frozenset({"stopped", "ended", "submit_failed", "submit_unknown"})
 #: states of a job that may still be alive on DLC (it has an id and was not seen over)
 MAYBE_ALIVE = frozenset({"submitted", "adopted", "stop_sent", "stop_acknowledged", "stop_unconfirmed"})
+
+_claimed: dict[str, set[str]] = {}  # ledger path -> job names some launch of this process handles
+_claim_lock = threading.Lock()
 
 
 @dataclass
@@ -58,6 +65,20 @@ class Ledger:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def claim(self, names: list[str]) -> list[str]:
+        """Claim these job names for the caller; the ones no launch of this process had claimed yet."""
+        with _claim_lock:
+            mine = _claimed.setdefault(os.path.realpath(self.path), set())
+            new = [n for n in dict.fromkeys(names) if n not in mine]
+            mine.update(new)
+            return new
+
+    def unclaimed(self, records: dict[str, JobRecord]) -> dict[str, JobRecord]:
+        """The records whose jobs no launch of this process handles (an earlier orchestrator's)."""
+        with _claim_lock:
+            mine = _claimed.get(os.path.realpath(self.path), set())
+            return {n: r for n, r in records.items() if n not in mine}
 
     def jobs(self) -> dict[str, JobRecord]:
         """Every job name's latest state (fields carried over from its earlier lines)."""

@@ -58,8 +58,13 @@ class JobWorker:
                 self._conclude(h, h.info)
             else:
                 self._check(h)
-        except Exception as exc:  # a bug here must end the attempt, not hang it
+        except Exception as exc:  # a bug (or a full disk) here must end the attempt, not hang it
             self.log(h, ["===== dlc: internal error", *traceback.format_exc().splitlines()])
+            if h.job_id and not h.over:
+                try:  # the attempt ends here: so does its job
+                    self.stop([h], f"internal error: {type(exc).__name__}")
+                except Exception:
+                    pass
             h.result = Exit(-1, f"DLCRunner internal error: {type(exc).__name__}: {exc}")
         finally:
             h.busy = False
@@ -69,6 +74,7 @@ class JobWorker:
         if h.cancelled:  # stopped while it waited for its turn: nothing was created
             h.over = True
             return
+        self.ledger.claim([h.name])  # this launch's job: no other launch of this process touches it
         self.record("submitting", h)
         try:
             job_id = self.client.submit(h.argv, urgent=True)  # (its turn was taken above)
@@ -184,6 +190,14 @@ class JobWorker:
         self.ledger.record(state, h.name, task_id=h.task_id, stage=h.stage, attempt=h.attempt, seq=h.seq,
                             digest=h.digest, job_id=h.job_id or "", **fields)
 
+    def _record_anyway(self, state: str, h: DLCJob, **fields: Any) -> None:
+        """A stop goes out even when the ledger cannot be written (a full disk): say so, go on."""
+        try:
+            self.record(state, h, **fields)
+        except OSError as exc:
+            print(f"orchestra: warning: cannot record {state} of DLC job {h.job_id} in {self.ledger.path}: {exc}",
+                  file=sys.stderr)
+
     def emit(self, event: str, h: DLCJob, **fields: Any) -> None:
         self.events.emit(event, task_id=h.task_id, stage=h.stage, attempt=h.attempt, name=h.name, **fields)
 
@@ -191,12 +205,12 @@ class JobWorker:
         """Stop these jobs, wait for the service to show them over, record it all."""
         for h in handles:
             h.stop_reason = reason
-            self.record("stop_sent", h, reason=reason)
+            self._record_anyway("stop_sent", h, reason=reason)
         outcome = stop_jobs(self.client, [h.job_id or "" for h in handles], self.t.cancel_timeout_s)
         for h in handles:
             status, state = outcome.get(h.job_id or "", ("unknown", "stop_unconfirmed"))
             h.over = state == "stopped"
-            self.record(state, h, status=status, reason=reason)
+            self._record_anyway(state, h, status=status, reason=reason)
             self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=status, confirmed=state == "stopped")
             self.log(h, [f"===== dlc: stopped job {h.job_id} ({reason}); the service shows it {status}"])
         unconfirmed = [h.job_id for h in handles if outcome.get(h.job_id or "", ("", ""))[1] == "stop_unconfirmed"]

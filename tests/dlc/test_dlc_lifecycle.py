@@ -138,8 +138,8 @@ def test_an_interrupted_submission_is_reported_once(double: Double, tmp_path: Pa
     assert res.returncode == 0, res.stderr[-3000:]
     (run,) = run_dirs(tmp_path / "out")
     task = TaskSpec(stage="eval", task_id="eval_det_rows", run_dir=str(run), model={}, model_abbr="m", units=())
-    Ledger(str(run / "dlc")).record("submitting", dlc_job_name(task, 1), task_id="eval_det_rows", attempt=1, seq=1,
-                                    digest=spec_digest(task))
+    Ledger(str(run / "dlc")).record("submitting", dlc_job_name(task, 1), task_id="eval_det_rows", stage="eval",
+                                    attempt=1, seq=1, digest=spec_digest(task))
     first = run_cli(double.state, cfg, "-r")
     assert first.returncode == 0, first.stderr[-3000:]
     assert first.stderr.count("was interrupted before its id was known") == 1
@@ -148,3 +148,28 @@ def test_an_interrupted_submission_is_reported_once(double: Double, tmp_path: Pa
     assert [r["state"] for r in ledger(run) if r["name"] == dlc_job_name(task, 1)][:2] == \
         ["submitting", "submit_unknown"]
 
+
+
+def test_a_job_whose_record_cannot_be_written_is_stopped(double: Double, tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The disk fills between ``dlc submit`` and recording its id: the attempt fails and its job,
+    which the ledger could not record, is stopped at once rather than left running."""
+    write_config(tmp_path, dlc_runner(tmp_path), tasks=1)  # for the aliyun.json
+    paths = RunPaths(str(tmp_path / "run"))
+    paths.make_dirs()
+    ctx = RunContext(paths, EventLog(paths.events))
+    task = TaskSpec(stage="infer", task_id="t0", run_dir=paths.root, model={}, model_abbr="m", units=())
+    real = Ledger.record
+
+    def record(self: Ledger, state: str, name: str, **fields: object) -> None:
+        if state == "submitted":
+            raise OSError(28, "No space left on device")
+        real(self, state, name, **fields)
+
+    monkeypatch.setattr(Ledger, "record", record)
+    runner = DLCRunner(str(tmp_path / "aliyun.json"), poll_interval_s=0.1, max_calls_per_s=100,
+                       template=["bash", "-c", "sleep 600", "x", "{task_cmd}"])
+    (result,) = runner.launch([task], ctx)
+    assert result.state.value == "failed" and "internal error: OSError" in result.reason
+    (job,) = double.job_ids()
+    assert double.status(job)["Status"] == "Stopped"

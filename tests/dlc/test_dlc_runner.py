@@ -48,8 +48,10 @@ def test_demo_through_dlc_equals_local_runner(double: Double, tmp_path: Path) ->
     assert predictions(dlc_run) == predictions(local_run)
     names = double.names()
     assert len(names) == 4 and all(n.startswith("orc-") for n in names.values())  # 2 infer + 2 eval jobs
-    assert not double.alive()
+    assert not double.alive() and not double.calls("stop")  # the eval stage beside infer stopped nothing
     assert {e["state"] for e in ledger(dlc_run)} == {"submitting", "submitted", "ended"}
+    started = [e for e in events(dlc_run) if e["event"] == "started"]
+    assert all(e["where"]["dlc_job_name"] in names.values() for e in started)
     for spec in map(double.spec, double.job_ids()):
         flags = spec["flags"]
         assert (flags["workspace_id"], flags["resource_id"], flags["data_sources"]) == ("ws1", "quota1", "d-shared")

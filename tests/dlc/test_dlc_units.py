@@ -209,10 +209,11 @@ def test_container_command_runs_in_a_bare_shell_with_hostile_paths(tmp_path: Pat
 def test_conda_setup_comes_first_and_pre_cmd_before_it() -> None:
     cfg = AliyunConfig.create({**BASE, "bashrc_path": "/home/u s/.bashrc", "conda_env_name": "oc env",
                                "pre_cmd": "echo pre"})
-    lines = container_command(cfg, ["python", "-m", "x"], {}, "/w", "/r/dlc/exit/n", "n").splitlines()
-    assert lines[0] == "echo pre"
-    assert lines[1] == ". '/home/u s/.bashrc'; conda activate 'oc env'"
-    assert cfg.python() == "python"
+    command = container_command(cfg, ["python", "-m", "x"], {}, "/w", "/r/dlc/exit/n", "n")
+    assert command.startswith("echo pre; . '/home/u s/.bashrc'; conda activate 'oc env'; ")
+    assert "\n" not in command and cfg.python() == "python"
+    background = AliyunConfig.create({**BASE, "pre_cmd": "sleep 1 &"})
+    assert container_command(background, ["true"], {}, "/w", "/r/n", "n").startswith("sleep 1 & export ")
 
 
 # -- the runner's surface -------------------------------------------------------------------------------
