@@ -7,8 +7,10 @@ call on the dev VM; Alibaba's client, a Go binary talking HTTPS, takes longer), 
 Creating -> Queuing -> EnvPreparing in 3 x 0.05 s and then really run the task.
 
 1. **Overhead**: ``--tasks`` trivial tasks (deterministic model, one row each, ~0.5 s of Python
-   start-up) through LocalRunner and through DLCRunner (``max_num_workers`` = tasks), timed by the
-   real CLI.  For DLCRunner, each task's time is cut in three from the double's own record of when
+   start-up) through LocalRunner and through DLCRunner (``max_num_workers`` = tasks), each run by
+   ``orchestra.run`` in a process of its own that reports its own CPU time (threads included;
+   tasks and ``dlc`` calls, its children, not): the orchestration's cost per task whatever else
+   loads the machine.  For DLCRunner, each task's time is cut in three from the double's record of when
    the command ran: *start latency* (``started`` event -> command starts: submit call, the job's
    three passing states, nothing else), the command, and *end latency* (command ends -> ``done``
    event: the exit code file seen, the ``get job`` that sees the job over, the last log read).  Run
@@ -53,19 +55,34 @@ def aliyun_file(folder: Path) -> Path:
     return path
 
 
-def run(folder: Path, name: str, tasks: int, runner: str, env: dict[str, str], model: str = "") -> tuple[float, Path]:
+# The orchestrator in a process of its own, reporting its own CPU time (threads included, children
+# such as tasks and dlc calls not): what orchestration costs, whatever else loads the machine.
+_DRIVER = """
+import json, resource, sys
+import orchestra
+run = orchestra.run(sys.argv[1], mode='infer', quiet=True)
+use = resource.getrusage(resource.RUSAGE_SELF)
+print(json.dumps({"exit_code": run.exit_code, "cpu_s": use.ru_utime + use.ru_stime}))
+"""
+
+
+def run(folder: Path, name: str, tasks: int, runner: str, env: dict[str, str],
+        model: str = "") -> tuple[float, float, Path]:
+    """``(whole run wall, orchestrator CPU seconds, run folder)`` of the infer stage of one config."""
     imports = "from orchestra.runners import DLCRunner, LocalRunner"
     cfg = trivial_config(folder, name, tasks, imports, runner, folder / f"out_{name}")
     if model:
         cfg.write_text(cfg.read_text().replace("abbr='det')", f"abbr='det'{model})"))
     t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, "run.py", str(cfg), "--mode", "infer"], cwd=REPO, capture_output=True,
-                         text=True, env=env)
+    res = subprocess.run([sys.executable, "-c", _DRIVER, str(cfg)], cwd=REPO, capture_output=True, text=True,
+                         env=env)
     total = time.perf_counter() - t0
-    if res.returncode != 0:
-        raise SystemExit(f"{name} failed:\n{res.stderr[-3000:]}")
+    last = res.stdout.strip().splitlines()[-1] if res.stdout.strip() else "{}"
+    report = json.loads(last) if last.startswith("{") else {}
+    if res.returncode != 0 or report.get("exit_code") != 0:
+        raise SystemExit(f"{name} failed:\n{res.stdout[-2000:]}{res.stderr[-3000:]}")
     (out,) = [p for p in (folder / f"out_{name}").iterdir() if p.is_dir()]
-    return total, out
+    return total, report["cpu_s"], out
 
 
 def latencies(out: Path, cloud: Path) -> tuple[list[float], list[float]]:
@@ -106,7 +123,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--steady-s", type=float, default=40.0, help="length of each steady-state job")
     args = parser.parse_args()
-    rows: dict[str, list[tuple[float, float, list[float], list[float], Counter[str]]]] = {}
+    rows: dict[str, list[tuple[float, float, float, list[float], list[float], Counter[str]]]] = {}
     steady: Counter[str] = Counter()
     steady_jobs = min(args.tasks, 20)  # few enough that the policy, not the rate cap, sets the calls
     steady_window = 0.0
@@ -125,12 +142,13 @@ def main() -> int:
             for i, (what, runner) in enumerate(configs.items()):
                 cloud = folder / f"cloud{i}"
                 env = double_env(cloud)
-                total, out = run(folder, f"b{i}", args.tasks, runner, env)
+                total, cpu, out = run(folder, f"b{i}", args.tasks, runner, env)
                 wall, done = stage_wall(out, "infer")
                 if done != args.tasks:
                     raise SystemExit(f"{what}: {done} of {args.tasks} tasks done")
                 lat = latencies(out, cloud) if cloud.exists() else ([], [])
-                rows.setdefault(what, []).append((wall, total, *lat, calls(cloud) if cloud.exists() else Counter()))
+                rows.setdefault(what, []).append((wall, total, cpu, *lat,
+                                                  calls(cloud) if cloud.exists() else Counter()))
                 print(f"round {r + 1}: {what}: infer stage {wall:.2f} s, whole run {total:.2f} s", file=sys.stderr)
             if r == 0:  # the steady state of long jobs, time-compressed 10x
                 cloud = folder / "cloud_steady"
@@ -139,6 +157,7 @@ def main() -> int:
                           "poll_interval_s=1, max_poll_interval_s=6, log_settle_s=1, max_calls_per_s=100")
                 t0 = time.time()
                 run(folder, "steady", steady_jobs, runner, env, model=f", load_s={args.steady_s}")
+                t0 = min(json.loads(line)["ts"] for line in (cloud / "calls.jsonl").read_text().splitlines())
                 since, until = t0 + 15, t0 + args.steady_s - 2  # every job running, intervals at their cap
                 steady = calls(cloud, since, until)
                 steady_window = until - since
@@ -147,20 +166,21 @@ def main() -> int:
     base_wall = statistics.median(x[0] for x in rows["LocalRunner"])
     width = max(len(k) for k in rows) + 2
     print(f"{args.tasks} trivial tasks, max_num_workers={args.tasks}, median of {args.repeat}")
-    print(f"{'runner':<{width}}  infer stage  whole run  vs local  start lat. (med/p90)  end lat. (med/p90)")
-    print(f"{'-' * width}  -----------  ---------  --------  --------------------  ------------------")
+    print(f"{'runner':<{width}}  infer stage  vs local  orchestrator CPU/task  start lat. (med/p90)  "
+          "end lat. (med/p90)")
+    print(f"{'-' * width}  -----------  --------  ---------------------  --------------------  ------------------")
     for what, samples in rows.items():
         wall = statistics.median(s[0] for s in samples)
-        total = statistics.median(s[1] for s in samples)
-        start = [x for s in samples for x in s[2]]
-        end = [x for s in samples for x in s[3]]
-        print(f"{what:<{width}}  {wall:9.2f} s  {total:7.2f} s  {wall / base_wall:7.2f}x  {med(start)} / {p90(start)}"
-              f"     {med(end)} / {p90(end)}")
+        cpu = statistics.median(s[2] for s in samples) / args.tasks
+        start = [x for s in samples for x in s[3]]
+        end = [x for s in samples for x in s[4]]
+        print(f"{what:<{width}}  {wall:9.2f} s  {wall / base_wall:7.2f}x  {cpu * 1000:16.0f} ms    "
+              f"{med(start)} / {p90(start)}     {med(end)} / {p90(end)}")
     print(f"\n{'dlc calls per task':<{width}}  submit   get  logs  stop  total")
     for what, samples in rows.items():
         if what == "LocalRunner":
             continue
-        c = samples[0][4]
+        c = samples[0][5]
         n = args.tasks
         print(f"{what:<{width}}  {c['submit'] / n:6.2f} {c['get'] / n:5.2f} {c['logs'] / n:5.2f} {c['stop'] / n:5.2f}"
               f" {sum(c.values()) / n:6.2f}")
@@ -170,7 +190,8 @@ def main() -> int:
     per_min = per_job_per_max * 1000  # max_poll_interval_s=60 s by default: per job per minute
     print(f"1,000 running jobs at the defaults (max_poll_interval_s=60): {per_min:.0f} calls/min wanted, "
           f"capped by max_calls_per_s=10 at 600/min")
-    print(f"\n(machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]}; the dlc double is a Python script)")
+    print(f"\n(machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at the end, python "
+          f"{sys.version.split()[0]}; each dlc call and each job's driver is a Python process of the double)")
     return 0
 
 
