@@ -14,7 +14,8 @@ the task that started it, even by SIGKILL.
   and ``/dev``, and a size-limited tmpfs as its work folder; ``no_new_privs``.
 * ``unshare`` (util-linux, root only): new PID, network, IPC, UTS and mount namespaces; every
   mount of the host is remounted read-only in its mount namespace (the host's files are
-  visible where their permissions allow), a fresh ``/proc``, a size-limited tmpfs work folder.
+  visible where their permissions allow), a fresh ``/proc``, and a size-limited tmpfs on
+  ``/tmp`` as its work folder.
 * ``none``: no namespaces.  The network is reachable and the host's filesystem is visible
   (writable where it is world-writable); only the limits and the user id apply.  Refused
   unless the user opts in.
@@ -36,6 +37,8 @@ from orchestra.sandbox.limits import SandboxLimits
 LAUNCHER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "launch.py")
 #: Where the program's files and work folder appear inside a bwrap sandbox.
 BWRAP_WORK = "/sandbox"
+#: The work folder of an ``unshare`` sandbox: a fresh tmpfs mounted on /tmp.
+UNSHARE_WORK = "/tmp"
 #: Folders a bwrap sandbox sees (read-only) when they exist; symlinks are recreated.
 SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
 
@@ -79,7 +82,8 @@ class Command:
 
 
 def _tool(name: str) -> str | None:
-    return shutil.which(name, path="/usr/bin:/bin:/usr/sbin:/sbin:" + os.environ.get("PATH", ""))
+    """The absolute path of a program on ``PATH`` (the sandbox's own tools are found there)."""
+    return shutil.which(name, path=os.environ.get("PATH", os.defpath))
 
 
 def prlimit_args(limits: SandboxLimits, nproc: int) -> list[str]:
@@ -202,10 +206,13 @@ class UnshareIsolation(Isolation):
                 return line.decode("utf-8", "replace")
         return super().setup_error(job, returncode, stderr)
 
+    def work_dir(self, slot_dir: str) -> str:
+        return UNSHARE_WORK
+
     def command(self, job: Job) -> Command:
         assert job.uid is not None  # needs_root
         rlimits = {**job.limits.rlimits(), "NPROC": (job.nproc, job.nproc)}
-        spec: dict[str, Any] = {"uid": job.uid, "gid": job.uid, "work": job.work, "src": job.src,
+        spec: dict[str, Any] = {"uid": job.uid, "gid": job.uid, "work": UNSHARE_WORK, "src": job.src,
                                 "disk_bytes": job.limits.disk_mb * 1024 * 1024, "rlimits": rlimits,
                                 "argv": list(job.argv), "env": job.env, "nonce": job.nonce}
         spec_path = os.path.join(job.slot_dir, "spec.json")
@@ -219,8 +226,8 @@ class UnshareIsolation(Isolation):
 
     def describe(self, limits: SandboxLimits) -> str:
         return (f"unshare: own PID/network/IPC/UTS/mount namespaces, loopback only and down; every host mount "
-                f"read-only (host files visible where permissions allow); private {limits.disk_mb} MB tmpfs work "
-                "folder; no_new_privs")
+                f"read-only (host files visible where permissions allow); private {limits.disk_mb} MB tmpfs on /tmp as "
+                "work folder; no_new_privs")
 
 
 class NoIsolation(Isolation):

@@ -5,8 +5,8 @@ The ``unshare`` isolation method starts ``unshare --net --pid --mount --ipc --ut
 namespace, in a private mount namespace, still root.  It
 
 1. remounts every mount read-only (keeping each mount's nosuid/nodev/noexec flags),
-2. mounts a size-limited tmpfs, owned by the sandbox user, on the work folder and copies
-   the program's files into it,
+2. mounts a size-limited tmpfs, owned by the sandbox user, on ``/tmp`` (its work folder)
+   and copies the program's files into it,
 3. forks the program: resource limits, no supplementary groups, the sandbox user's gid and
    uid, ``no_new_privs``, then ``execve`` with exactly the given environment,
 4. reaps every process until the program exits and exits with its status (``128 + signal``
@@ -23,7 +23,6 @@ import ctypes
 import json
 import os
 import resource
-import shutil
 import sys
 from typing import Any
 
@@ -95,6 +94,7 @@ def read_only_everywhere() -> None:
 
 
 def run_child(spec: dict[str, Any]) -> None:
+    os.chdir(spec["work"])
     for name, (soft, hard) in spec["rlimits"].items():
         resource.setrlimit(getattr(resource, "RLIMIT_" + name), (soft, hard))
     os.setgroups([])
@@ -102,7 +102,6 @@ def run_child(spec: dict[str, Any]) -> None:
     os.setresuid(spec["uid"], spec["uid"], spec["uid"])
     if _LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
-    os.chdir(spec["work"])
     argv = spec["argv"]
     os.execve(argv[0], argv, spec["env"])
 
@@ -113,11 +112,18 @@ def main() -> None:
     _NONCE[0] = spec["nonce"]
     try:
         read_only_everywhere()
+        files = {}
+        for name in os.listdir(spec["src"]):
+            with open(os.path.join(spec["src"], name), "rb") as f:
+                files[name] = f.read()
+        # The work folder is a fresh tmpfs on /tmp (world-traversable, hiding the host's
+        # /tmp); the source folder may lie under it, so the files were read first.
         work = spec["work"]
         opts = f"size={spec['disk_bytes']},mode=0700,uid={spec['uid']},gid={spec['gid']}"
         mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, opts)
-        for name in os.listdir(spec["src"]):
-            shutil.copyfile(os.path.join(spec["src"], name), os.path.join(work, name))
+        for name, data in files.items():
+            with open(os.path.join(work, name), "wb") as f:
+                f.write(data)
             os.chmod(os.path.join(work, name), 0o444)
     except OSError as exc:
         fail(str(exc))

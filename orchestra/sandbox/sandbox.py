@@ -2,18 +2,21 @@
 
 A run holds one slot of the host-wide scope (:func:`~orchestra.sandbox.process.subprocess_slots`)
 from before its folder is prepared until after it is removed.  The slot number picks the
-run's folder (``<scope dir>/box-<slot>``, wiped before use, so a run killed with its task
-leaves nothing that the next run of that slot does not remove) and, as root, its user id
+run's folder (``<temp>/orchestra-sandbox-<uid>/<scope key>/box-<slot>``, see :func:`boxes_dir`;
+wiped before use, so a run killed with its task leaves nothing that the next run of that
+slot does not remove) and, as root, its user id
 (``uid_base + <offset of the lock folder> + slot``): two programs never share a user, so
 one program's fork bomb cannot use up another's process limit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 import shutil
 import signal
+import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +36,29 @@ AUTO_ORDER = ("bwrap", "unshare")
 _FILE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
 # Checked once per process and method: method name -> None (works) or why not.
 _PROBED: dict[str, str | None] = {}
+
+
+def boxes_dir(scope_dir: str) -> str:
+    """Where the sandbox folders of the host-wide scope kept in ``scope_dir`` live:
+    ``$ORCHESTRA_SANDBOX_DIR`` or ``<temp>/orchestra-sandbox-<uid>``, then a key of the scope
+    (the folders must be reachable by the sandbox users, so not under a private lock folder)."""
+    root = os.environ.get("ORCHESTRA_SANDBOX_DIR") or os.path.join(tempfile.gettempdir(),
+                                                                    f"orchestra-sandbox-{os.geteuid()}")
+    return os.path.join(root, hashlib.sha256(scope_dir.encode("utf-8")).hexdigest()[:16])
+
+
+def _make_open_dirs(path: str) -> None:
+    """Create ``path`` and its missing parents as 0711 folders (traversable, not listable)."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for folder in reversed(missing):
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            continue
+        os.chmod(folder, 0o711)  # whatever the umask
 
 
 class IsolationUnavailable(UserError):
@@ -149,19 +175,21 @@ class Sandbox:
         return self._method
 
     async def _probe(self, method: Isolation) -> str | None:
-        if method.name not in _PROBED:
-            reason = method.missing()
-            if reason is None:
-                self._method = method
-                try:
-                    result = await self.run({}, ["/bin/sh", "-c", "exit 0"])
-                    if not result.ok:
-                        reason = f"isolation {method.name!r} does not work here: a trivial program ended " \
-                                 f"{result.status} ({result.stderr.strip()[:200]})"
-                except SandboxError as exc:
-                    reason = f"isolation {method.name!r} does not work here: {exc}"
-                finally:
-                    self._method = None
+        missing = method.missing()
+        if missing is not None:
+            return missing
+        if method.name not in _PROBED:  # a trial run, once per process
+            reason = None
+            self._method = method
+            try:
+                result = await self.run({}, ["/bin/sh", "-c", "exit 0"])
+                if not result.ok:
+                    reason = (f"isolation {method.name!r} does not work here: a trivial program ended "
+                              f"{result.status} ({result.stderr.strip()[:200]})")
+            except SandboxError as exc:
+                reason = f"isolation {method.name!r} does not work here: {exc}"
+            finally:
+                self._method = None
             _PROBED[method.name] = reason
         return _PROBED[method.name]
 
@@ -239,9 +267,11 @@ class Sandbox:
             raise ValueError(f"argv[0] must be an absolute path, got {list(argv)[:1]}")
         scope = self._slot_scope()
         slot = await scope.acquire()
-        slot_dir = os.path.join(getattr(scope, "dir", "/tmp"), f"box-{slot}")
+        boxes = boxes_dir(getattr(scope, "dir", scope.name))
+        slot_dir = os.path.join(boxes, f"box-{slot}")
         self.running += 1
         try:
+            _make_open_dirs(boxes)
             uid = self._uid(scope, slot)
             self._prepare(slot_dir, files, uid, method)
             work = method.work_dir(slot_dir)
