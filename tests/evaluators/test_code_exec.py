@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -56,25 +57,70 @@ def hostile_programs(tmp_path: Path, port: int, secret: str) -> dict[str, str]:
     """Completions whose test passes only if the attack worked (contained means scored 0)."""
     outside = [str(tmp_path / "escape"), "/var/tmp/orchestra-escape", "/dev/shm/orchestra-escape",
                "/root/orchestra-escape", "/etc/orchestra-escape", "/orchestra-escape"]
-    return {
-        "infinite loop": "def attack():\n    while True:\n        pass\n",
-        "8 GB allocation": "def attack():\n    block = bytearray(8 << 30)\n    return len(block) > 0\n",
-        "fork bomb": ("def attack():\n    import os\n    while True:\n        try:\n            os.fork()\n"
-                      "        except OSError:\n            pass\n"),
-        "write outside": (f"def attack():\n    done = False\n    for path in {outside!r}:\n        try:\n"
-                          "            with open(path, 'w') as f:\n                f.write('x')\n"
-                          "            done = True\n        except OSError:\n            pass\n    return done\n"),
-        "connect to 127.0.0.1": (f"def attack():\n    import socket\n    socket.create_connection(('127.0.0.1', {port}),"
-                                 " timeout=3).close()\n    return True\n"),
-        "read the API key": (f"def attack():\n    import os\n    if any({secret!r} in v for v in os.environ.values()):\n"
-                             "        return True\n    for pid in os.listdir('/proc'):\n        try:\n"
-                             f"            if {secret!r}.encode() in open(f'/proc/{{pid}}/environ', 'rb').read():\n"
-                             "                return True\n        except OSError:\n            pass\n"
-                             "    return False\n"),
-        "kill its parent": ("def attack():\n    import os, signal\n    os.kill(os.getppid(), signal.SIGKILL)\n"
-                            "    return True\n"),
-        "correct": "def attack():\n    return True\n",
+    programs = {
+        "infinite loop": """
+            def attack():
+                while True:
+                    pass
+        """,
+        "8 GB allocation": """
+            def attack():
+                block = bytearray(8 << 30)
+                return len(block) > 0
+        """,
+        "fork bomb": """
+            def attack():
+                import os
+                while True:
+                    try:
+                        os.fork()
+                    except OSError:
+                        pass
+        """,
+        "write outside": f"""
+            def attack():
+                done = False
+                for path in {outside!r}:
+                    try:
+                        with open(path, "w") as f:
+                            f.write("x")
+                        done = True
+                    except OSError:
+                        pass
+                return done
+        """,
+        "connect to 127.0.0.1": f"""
+            def attack():
+                import socket
+                socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+                return True
+        """,
+        "read the API key": f"""
+            def attack():
+                import os
+                if any({secret!r} in v for v in os.environ.values()):
+                    return True
+                for pid in os.listdir("/proc"):
+                    try:
+                        with open(f"/proc/{{pid}}/environ", "rb") as f:
+                            if {secret!r}.encode() in f.read():
+                                return True
+                    except OSError:
+                        pass
+                return False
+        """,
+        "kill its parent": """
+            def attack():
+                import os, signal
+                os.kill(os.getppid(), signal.SIGKILL)
+                return True
+        """,
+        "correct": """
+            def attack():
+                return True
+        """,
     }
+    return {name: textwrap.dedent(code).lstrip("\n") for name, code in programs.items()}
 
 
 @pytest.mark.parametrize("isolation", ["bwrap", "unshare"])

@@ -10,7 +10,7 @@ import pytest
 
 from orchestra.limits.concurrency import HostSlots, drop_scope
 from orchestra.sandbox.process import SCOPE_NAME
-from orchestra.sandbox.sandbox import DEFAULT_UID_BASE, MAX_SLOTS, _OFFSETS, boxes_dir
+from orchestra.sandbox.sandbox import _OFFSETS, DEFAULT_UID_BASE, MAX_SLOTS, boxes_dir
 
 
 def sandbox_processes() -> list[tuple[int, int, str]]:
