@@ -64,6 +64,19 @@ def kill_group(pid: int) -> None:
         pass
 
 
+class _Protocol(asyncio.subprocess.SubprocessStreamProtocol):
+    """Stream protocol that also says when the process itself exited (``Process.wait()``
+    waits for its pipes too, which a daemon it left behind may hold open)."""
+
+    def __init__(self, limit: int, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=limit, loop=loop)
+        self.exited = asyncio.Event()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        self.exited.set()
+
+
 async def run_process(
     argv: Sequence[str],
     *,
@@ -79,7 +92,9 @@ async def run_process(
     drained (a caller that can reach processes that left the group kills them there).
     """
     t0 = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
+    loop = asyncio.get_running_loop()
+    transport, protocol = await loop.subprocess_exec(
+        lambda: _Protocol(_READ_CHUNK, loop),
         *argv,
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
@@ -89,6 +104,7 @@ async def run_process(
         start_new_session=True,
         close_fds=True,
     )
+    proc = asyncio.subprocess.Process(transport, protocol, loop)
     exceeded = False
     buffers = (bytearray(), bytearray())
 
@@ -111,7 +127,7 @@ async def run_process(
     timed_out = False
     try:
         try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
+            await asyncio.wait_for(protocol.exited.wait(), timeout_s)
         except (asyncio.TimeoutError, TimeoutError):
             timed_out = True
     finally:
@@ -123,11 +139,12 @@ async def run_process(
         _, pending = await asyncio.wait(pumps, timeout=_DRAIN_S)
         for task in pending:
             task.cancel()
-        if proc.returncode is None:
-            await proc.wait()
-    assert proc.returncode is not None
+        await protocol.exited.wait()
+        transport.close()  # our ends of pipes that something out of reach still holds
+    returncode = transport.get_returncode()
+    assert returncode is not None
     return ProcessResult(
-        returncode=proc.returncode,
+        returncode=returncode,
         stdout=bytes(buffers[0]),
         stderr=bytes(buffers[1]),
         duration_s=time.monotonic() - t0,

@@ -155,6 +155,7 @@ class Sandbox:
         self.started = 0
         self._method: Isolation | None = None
         self._slots: HostSlots | ProcessSlots | None = None
+        self._swept: set[int] = set()  # slots whose user was cleared before this object's first use
 
     # -- which isolation ------------------------------------------------------------------
     def _slot_scope(self) -> HostSlots | ProcessSlots:
@@ -287,8 +288,9 @@ class Sandbox:
                 extra_paths=self.extra_paths,
                 nonce=secrets.token_hex(8),
             )
-            if uid is not None and method.name == "none":
+            if uid is not None and method.name == "none" and slot not in self._swept:
                 method.after_exit(job)  # leftovers of a run that was killed with its task
+                self._swept.add(slot)
             cmd = method.command(job)
             self.started += 1
             res = await run_process(cmd.argv, env=cmd.env, cwd=cmd.cwd, timeout_s=self.limits.timeout_s,

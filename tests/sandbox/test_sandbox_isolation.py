@@ -252,9 +252,9 @@ def test_killing_its_parent_and_everything_fails(method: str, nothing_left: None
     assert "killed" not in res.stdout and res.stdout.count("refused") == 2
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", [*METHODS, "none"])
 def test_daemons_and_fork_bombs_die_with_the_program(method: str, nothing_left: None) -> None:
-    daemon = run(Sandbox(method), """
+    daemon = run(Sandbox(method, allow_unisolated=True), """
         import os, time
         if os.fork() == 0:
             os.setsid()
@@ -264,7 +264,7 @@ def test_daemons_and_fork_bombs_die_with_the_program(method: str, nothing_left: 
         print("started a daemon")
     """)
     assert daemon.status == "ok"
-    bomb = run(Sandbox(method, limits=dict(timeout_s=2, max_processes=16)), """
+    bomb = run(Sandbox(method, limits=dict(timeout_s=2, max_processes=16), allow_unisolated=True), """
         import os
         while True:
             try:

@@ -90,3 +90,21 @@ def test_after_exit_runs_once_the_program_ended() -> None:
     res = asyncio.run(run_process([PY, "-c", "pass"], env={}, timeout_s=30, max_output_bytes=100,
                                   after_exit=lambda: calls.append(time.monotonic())))
     assert res.returncode == 0 and len(calls) == 1
+
+
+def test_a_daemon_holding_the_pipes_does_not_keep_the_helper_waiting(tmp_path: Path) -> None:
+    pidfile = tmp_path / "daemon.pid"
+    # The daemon leaves the process group (setsid) and keeps stdout and stderr open.
+    code = (f"import subprocess; p = subprocess.Popen(['sleep', '300'], start_new_session=True); "
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); print('bye')")
+    killed: list[int] = []
+
+    def kill_daemon() -> None:  # what a caller that can reach escaped processes does
+        pid = int(_wait_file(pidfile))
+        os.kill(pid, 9)
+        killed.append(pid)
+
+    res = asyncio.run(run_process([PY, "-c", code], env={"PATH": os.environ["PATH"]}, timeout_s=120,
+                                  max_output_bytes=1000, after_exit=kill_daemon))
+    assert res.returncode == 0 and not res.timed_out and res.stdout == b"bye\n"
+    _wait_dead(killed[0])
