@@ -1,6 +1,6 @@
 """Sandboxed code execution: HumanEval's 164 canonical solutions, sandboxed vs not.
 
-    python benchmarks/sandbox_bench.py [--caps 1 2 4] [--methods bwrap unshare none] [--starts 30]
+    python benchmarks/sandbox_bench.py [--caps 1 2 4] [--methods bwrap unshare none] [--repeat 3] [--starts 30]
 
 For each host-wide cap (``max_sandboxes``) it runs the 164 programs (solution + tests) once
 unsandboxed - the same helper (:func:`orchestra.sandbox.run_process`) and the same cap, a
@@ -95,6 +95,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--caps", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--methods", nargs="+", default=["bwrap", "unshare", "none"])
+    ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--starts", type=int, default=30)
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -108,11 +109,18 @@ def main() -> int:
     print("| max_sandboxes | method | wall s | programs/s | x unsandboxed | pass@1 |")
     print("|---:|---|---:|---:|---:|---:|")
     for cap in args.caps:
-        base_wall, base_pass = asyncio.run(run_all("baseline", progs, cap))
-        print(f"| {cap} | unsandboxed | {base_wall:.2f} | {len(progs) / base_wall:.1f} | 1.00 | {base_pass:.3f} |")
-        for method in args.methods:
-            wall, p1 = asyncio.run(run_all(method, progs, cap))
-            print(f"| {cap} | {method} | {wall:.2f} | {len(progs) / wall:.1f} | {wall / base_wall:.2f} | {p1:.3f} |")
+        walls: dict[str, list[float]] = {m: [] for m in ("baseline", *args.methods)}
+        passes: dict[str, float] = {}
+        for _ in range(args.repeat):
+            for method in walls:
+                wall, passes[method] = asyncio.run(run_all(method, progs, cap))
+                walls[method].append(wall)
+        base_wall = statistics.median(walls["baseline"])
+        for method, samples in walls.items():
+            wall = statistics.median(samples)
+            name = "unsandboxed" if method == "baseline" else method
+            print(f"| {cap} | {name} | {wall:.2f} | {len(progs) / wall:.1f} | {wall / base_wall:.2f} | "
+                  f"{passes[method]:.3f} |")
     print()
     print(f"Start cost of one sandbox (/bin/true, one at a time, median of {args.starts}):")
     print()

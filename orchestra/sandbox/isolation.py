@@ -190,6 +190,12 @@ class BwrapIsolation(Isolation):
                 "folder; no_new_privs")
 
 
+def _launcher_python() -> str:
+    """The interpreter of the launcher: the system one when there is one (it starts in half
+    the time of a typical virtualenv's), else ours."""
+    return "/usr/bin/python3" if os.access("/usr/bin/python3", os.X_OK) else sys.executable
+
+
 class UnshareIsolation(Isolation):
     """util-linux ``unshare`` and a small launcher: namespaces, every mount read-only."""
 
@@ -221,7 +227,7 @@ class UnshareIsolation(Isolation):
             json.dump(spec, f)
         argv = [_setpriv(), "--pdeathsig", "KILL", "--", _tool("unshare") or "unshare", "--net", "--pid", "--mount",
                 "--ipc", "--uts", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--propagation", "private", "--",
-                sys.executable, "-I", "-S", LAUNCHER, spec_path]
+                _launcher_python(), "-I", "-S", LAUNCHER, spec_path]
         return Command(argv, {"PATH": "/usr/bin:/bin"})
 
     def describe(self, limits: SandboxLimits) -> str:

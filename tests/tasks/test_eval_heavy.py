@@ -283,3 +283,20 @@ def test_judge_settings_are_part_of_the_results_hash(tmp_path: Path, server: Any
     res = orchestra(cfg, "-r", "--cfg-options", "datasets.0.eval_cfg.evaluator.judge.path=another-judge")
     assert res.returncode == 0 and eval_starts() == 2, res.stderr
     assert [e["task_id"] for e in events(run) if e["event"] == "started"].count("infer_api_q") == 1
+
+
+def test_several_answers_per_row_give_pass_at_k(tmp_path: Path) -> None:
+    cfg = code_config(tmp_path, answer_rows(4, right=3), evaluator="dict(type='code_exec', k=[1, 2, 3])")
+    cfg.write_text(cfg.read_text().replace("inferencer=dict(type='gen', max_out_len=16)",
+                                           "inferencer=dict(type='gen', max_out_len=16, n=2, seed=7)"))
+    res = orchestra(cfg)
+    assert res.returncode == 0, res.stderr
+    run = only_run(tmp_path)
+    preds = [json.loads(line) for line in (run / "predictions/det/code.jsonl").read_text().splitlines()[1:]]
+    assert [p["prediction"] for p in preds] == [["1", "1"], ["2", "2"], ["3", "3"], ["4", "4"]]
+    results = json.loads((run / "results/det/code.json").read_text())
+    assert results["metrics"] == {"pass@1": 0.75, "pass@2": 0.75}  # 2 answers each: no pass@3
+    bad = code_config(tmp_path, answer_rows(1, right=1))
+    bad.write_text(bad.read_text().replace("max_out_len=16)", "max_out_len=16, n=0)"))
+    res = orchestra(bad)
+    assert res.returncode == 2 and "infer_cfg.inferencer.n: expected an integer >= 1" in res.stderr
