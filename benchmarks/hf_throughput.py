@@ -219,8 +219,9 @@ def main() -> int:
             rows.append((f"{label}: max |loglik new - base| / new - plain", f"{diff:.1e} / {diff_p:.1e} nats"))
             rows.append((f"{label}: same choice as base", f"{same}/{n}"))
         else:
-            rows.append((f"{label}: answers equal to base / to plain",
-                         f"{sum(a == b for a, b in zip(new, base))}/{n} / {sum(a == b for a, b in zip(new, plain))}/{n}"))
+            same_base = sum(a == b for a, b in zip(new, base))
+            same_plain = sum(a == b for a, b in zip(new, plain))
+            rows.append((f"{label}: answers equal to base / to plain", f"{same_base}/{n} / {same_plain}/{n}"))
     print_table(rows)
     print(f"(base: {args.base_ref} with batch_size={args.base_batch}; new: batch_size={args.new_batch}; "
           f"plain: {args.plain_batch} per pass; {args.threads} torch thread(s) each; median of {args.repeats})")

@@ -64,9 +64,12 @@ class RoundState:
     """What one round of ``generate`` knows about its rows, on the host.
 
     A row is done once it emits an end-of-sequence token, reaches its length, or its text
-    holds one of its stop strings.  The round itself is cut short (every row reported done)
-    once at least half the rows are done and the steps left for the done rows would cost
-    more than reading the open rows again in a new round (one token read ~ one row-step).
+    holds one of its stop strings.  A stop string can only first appear with a token whose
+    text holds its last character (or a byte of one), so the tail is decoded only after
+    such a token; what each token's text holds is looked up once.  The round itself is cut
+    short (every row reported done) once at least half the rows are done and the steps left
+    for the done rows would cost more than reading the open rows again in a new round (one
+    token read ~ one row-step).
     """
 
     def __init__(
@@ -84,6 +87,17 @@ class RoundState:
         self.tail = _TAIL_TOKENS_PER_CHAR * longest + _TAIL_MARGIN
         self.done = [False] * len(limits)
         self.cut = False
+        self._ends = {s[-1] for row in self.stops for s in row}
+        self._may_end: dict[int, bool] = {}
+
+    def _could_end_a_stop(self, token: int) -> bool:
+        hit = self._may_end.get(token)
+        if hit is None:
+            text = self.decode([token])
+            # a lone byte of a multi-byte character decodes to U+FFFD: decode the tail to be sure
+            hit = "\ufffd" in text or any(c in text for c in self._ends)
+            self._may_end[token] = hit
+        return hit
 
     def step(self, new: int, tails: list[list[int]]) -> list[bool]:
         """Mark rows done after ``new`` tokens; ``tails`` are each row's newest tokens."""
@@ -92,7 +106,7 @@ class RoundState:
                 continue
             if ids[-1] in self.eos_ids or new >= self.limits[r]:
                 self.done[r] = True
-            elif self.stops[r]:
+            elif self.stops[r] and self._could_end_a_stop(ids[-1]):
                 text = self.decode(ids[-min(self.tail, new) :])
                 self.done[r] = any(s in text for s in self.stops[r])
         if self.may_cut and not all(self.done):

@@ -216,6 +216,14 @@ def test_each_row_stops_on_its_own() -> None:
     st = _state([50], [("Question:",)], may_cut=False)
     text = [ord(c) for c in "so 4. Question:"]
     assert st.tail >= len("Question:") and st.step(len(text), [text[-st.tail:]]) == [True]
+    # the tail is decoded only after a token that holds the last character of a stop string
+    calls: list[list[int]] = []
+    st = RoundState(lambda ids: calls.append(ids) or "".join(map(chr, ids)), width=0, limits=[99], stops=[("ab:",)],
+                    eos_ids={0}, lengths=[5], may_cut=False)
+    for i in range(1, 21):
+        assert st.step(i, [[ord("b")] * i]) == [False]
+    assert calls == [[ord("b")]]  # one look at the token itself, no tail
+    assert st.step(21, [[ord("a"), ord("b"), ord(":")]]) == [True] and calls[-1] == [ord(c) for c in "ab:"]
 
 
 def test_a_round_ends_when_most_rows_are_done_and_rereading_is_cheaper() -> None:
@@ -263,8 +271,8 @@ def test_loglik_requests_are_taken_by_the_token_budget(tmp_path: Path) -> None:
     gguf = tmp_path / "m.gguf"
     gguf.write_bytes(b"GGUF")
     m = HFCausalLM(abbr="m", path=str(gguf), batch_size=4, max_batch_tokens=4096)
-    assert m.requests_per_batch("loglik") == 128 and m.requests_per_batch("gen") == 4
-    assert m.max_concurrency() == 256
+    assert m.requests_per_batch("loglik") == 256 and m.requests_per_batch("gen") == 4
+    assert m.max_concurrency() == 512
 
 
 # --------------------------------------------------------------------------------------
