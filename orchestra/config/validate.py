@@ -162,11 +162,22 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
     kind = get_inferencer(inf.get("type", "gen"), f"{where}.infer_cfg.inferencer.type")
     kind.check(inf, f"{where}.infer_cfg.inferencer")
     evaluator = (cfg.get("eval_cfg") or {}).get("evaluator")
-    if evaluator is not None:
-        ev = evaluator if isinstance(evaluator, dict) else {"type": evaluator}
-        ev_cls = EVALUATORS.resolve(ev.get("type"), f"{where}.eval_cfg.evaluator")
-        check_kwargs(ev_cls, {k: v for k, v in ev.items() if k != "type"}, f"{where}.eval_cfg.evaluator")
     resolved = {**cfg, "type": f"{cls.__module__}.{cls.__qualname__}"}
+    if evaluator is not None:
+        ev = dict(evaluator) if isinstance(evaluator, dict) else {"type": evaluator}
+        ev_where = f"{where}.eval_cfg.evaluator"
+        ev_cls = EVALUATORS.resolve(ev.get("type"), ev_where)
+        check_kwargs(ev_cls, {k: v for k, v in ev.items() if k != "type"}, ev_where)
+        # Keys that hold a model (a judge) are checked as models are, and resolved the same way.
+        model_keys = [key for key in getattr(ev_cls, "model_keys", ()) if key in ev]
+        for key in model_keys:
+            ev[key] = _check_model({"abbr": key, **ev[key]} if isinstance(ev[key], dict) else ev[key],
+                                   f"{ev_where}.{key}")
+        check = getattr(ev_cls, "check_config", None)
+        if callable(check):
+            check(ev, cfg, ev_where)
+        if model_keys:
+            resolved["eval_cfg"] = {**cfg["eval_cfg"], "evaluator": ev}
     path = cfg.get("path")
     if isinstance(path, str) and path and not os.path.isabs(path):
         # Relative data paths: from where orchestra runs (as OpenCompass users expect), else
