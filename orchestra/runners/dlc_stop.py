@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from orchestra.runners.dlc_cli import TERMINAL, DLCClient, DLCError
 
 RESTOP_AFTER_S = 5.0
+STOP_CONCURRENCY = 64  # stop (and confirm) calls in flight at once: a Ctrl-C on a big run ends fast
 _CONFIRM_POLL_S = 0.25
 
 
@@ -25,7 +26,7 @@ def stop_jobs(client: DLCClient, job_ids: list[str], timeout_s: float) -> dict[s
     if not ids:
         return {}
     status = dict.fromkeys(ids, "unknown")
-    with ThreadPoolExecutor(min(16, len(ids)), thread_name_prefix="dlc-stop") as pool:
+    with ThreadPoolExecutor(min(STOP_CONCURRENCY, len(ids)), thread_name_prefix="dlc-stop") as pool:
 
         def send(job_id: str) -> None:
             try:
