@@ -54,6 +54,7 @@ class Run:
     results: list[Any] = field(default_factory=list)  # TaskResult of every task that was launched
     summary: Any = None  # orchestra.summary.table.Summary
     pivot: Any = None  # orchestra.summary.pivot.Pivot, for a sweep
+    report: str | None = None  # summary/report.html, once written
 
     @property
     def status(self) -> str:
@@ -139,6 +140,7 @@ class _Prepared:
     infos: Any
     runners: dict[str, Any]
     source: str
+    prices: dict[str, Any] = field(default_factory=dict)  # the report's price table
 
 
 def _split_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
@@ -179,7 +181,11 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
     raw, source = _load(config, cfg_options, overrides)
     if edit_raw is not None:
         edit_raw(raw)
+    raw_prices = raw.pop("prices", None)  # the report's, checked by orchestra/summary/costs.py
     cfg = validate(raw, source)
+    from orchestra.summary.costs import check_prices
+
+    prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], source)
     if cfg.sweep is not None and cfg.sweep.count() > cfg.sweep.max_variants and not yes:
         raise UserError(f"{source}: the sweep expands to {cfg.sweep.count()} (model, dataset) pairs, more than "
                         f"sweep.max_variants={cfg.sweep.max_variants}; check it with --dry-run and pass --yes "
@@ -195,7 +201,7 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
         from orchestra.runners.inprocess import InProcessRunner
 
         runners = {name: InProcessRunner() for name in runners}
-    return _Prepared(cfg, infos, runners, source)
+    return _Prepared(cfg, infos, runners, source, prices)
 
 
 def plan(config: Any, *, work_dir: str | None = None, reuse: str | None = None, mode: str = "all",
@@ -229,12 +235,14 @@ def _with_work_dir(edit: Callable[[dict[str, Any]], None] | None,
 
 def run(config: Any, *, work_dir: str | None = None, mode: str = "all", reuse: str | None = None,
         debug: bool = False, yes: bool = False, quiet: bool = False, cfg_options: list[str] | None = None,
-        _edit_raw: Callable[[dict[str, Any]], None] | None = None, **overrides: Any) -> Run:
+        trace: str | None = None, _edit_raw: Callable[[dict[str, Any]], None] | None = None,
+        **overrides: Any) -> Run:
     """Run (or continue, with ``reuse='latest'`` or a run folder) an evaluation; see the module doc.
 
     ``mode``: ``all``, ``infer``, ``eval`` or ``viz`` (only rebuild the summary).  Raises
     ``UserError`` (``ConfigError``) for bad input before anything runs; a failed task does not
-    raise: it is in ``Run.failed`` and ``Run.exit_code`` is 1.
+    raise: it is in ``Run.failed`` and ``Run.exit_code`` is 1.  Every run ends by writing
+    ``summary/report.html`` (``Run.report``) and ``summary/trace.json`` (and ``trace``, if given).
     """
     from orchestra.paths import RunPaths, choose_run_folder
 
@@ -248,7 +256,7 @@ def run(config: Any, *, work_dir: str | None = None, mode: str = "all", reuse: s
     root, _ = choose_run_folder(prep.cfg.work_dir, reuse, allow_new=mode != "viz")
     paths = RunPaths(root)
     if mode == "viz":
-        return viz(paths.root, quiet=quiet)
+        return viz(paths.root, quiet=quiet, trace=trace, prices=prep.prices)
 
     from filelock import FileLock, Timeout
 
@@ -258,14 +266,14 @@ def run(config: Any, *, work_dir: str | None = None, mode: str = "all", reuse: s
     except Timeout:
         raise RunFolderBusyError(f"{root} is in use by another orchestrator (lock {paths.lock})") from None
     try:
-        return _execute(prep, mode, paths, debug, quiet)
+        return _execute(prep, mode, paths, debug, quiet, trace)
     finally:
         lock.release()
 
 
-def viz(run_dir: str, quiet: bool = False) -> Run:
-    """Rebuild the summary of a run folder from the config that run saved (not the config file
-    as it is now); nothing else in the folder changes."""
+def viz(run_dir: str, quiet: bool = False, trace: str | None = None, prices: dict[str, Any] | None = None) -> Run:
+    """Rebuild the summary and the report of a run folder from the config that run saved (not
+    the config file as it is now); nothing else in the folder changes."""
     from orchestra.config import load_config, validate
     from orchestra.datasets.info import dataset_infos
     from orchestra.paths import RunPaths
@@ -283,7 +291,31 @@ def viz(run_dir: str, quiet: bool = False) -> Run:
     say(render_text(summary), quiet=quiet)
     pivot = _pivot(cfg, summary, paths, quiet)
     say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
-    return Run(paths.root, EXIT_FAILED if summary.missing else EXIT_OK, [], summary, pivot)
+    report = _report(paths, cfg, summary, made, prices or {}, trace, quiet, debug=False)
+    return Run(paths.root, EXIT_FAILED if summary.missing else EXIT_OK, [], summary, pivot, report)
+
+
+def _report(paths: Any, cfg: Any, summary: Any, made: Any, prices: dict[str, Any], trace: str | None, quiet: bool,
+            debug: bool) -> str | None:
+    """Write the HTML report and the trace and name them on the last line; a report that
+    cannot be written is a warning (the run's results and exit code stand)."""
+    from orchestra.summary.costs import load_prices, save_prices
+    from orchestra.summary.progress import api_model_abbrs
+    from orchestra.summary.report import write_report
+
+    try:
+        if prices:
+            save_prices(paths, prices)  # a later viz finds them: the saved config.py leaves them out
+        else:
+            prices = load_prices(paths)
+        files = write_report(paths, summary, made.all_units["eval"], api_model_abbrs(cfg.models), prices, trace)
+    except Exception as exc:  # a bug here must not hide the run's own outcome
+        if debug:
+            raise
+        say(f"orchestra: warning: could not write the report: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    say(f"report: {files.report}{f' (trace: {trace})' if trace else ''}", file=sys.stderr, quiet=quiet)
+    return files.report
 
 
 def _pivot(cfg: Any, summary: Any, paths: Any, quiet: bool) -> Any:
@@ -297,12 +329,74 @@ def _pivot(cfg: Any, summary: Any, paths: Any, quiet: bool) -> Any:
     return pivot
 
 
-def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool) -> Run:
+class _LineStream:
+    """A stream that says it is no terminal, so a progress display writes lines to it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        return int(self.stream.write(text) or 0)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+class _EvalAlongside:
+    """The eval stage run beside the infer stage (``eval=dict(overlap=True)``, the default): each
+    eval task starts as soon as its predictions are done, in a thread of its own with its own
+    runner; it shares the run's stop flag, so Ctrl-C stops both."""
+
+    def __init__(self, runner: Any, tasks: list[Any], ctx: Any, quiet: bool) -> None:
+        from orchestra.runners.base import RunContext
+        from orchestra.summary.progress import StageProgress
+
+        self.upstream = threading.Event()
+        self.upstream.set()
+        # Progress as lines, never a second bar: the infer stage's bar owns the terminal.
+        lines: Any = _LineStream(sys.stderr)
+        self.progress = None if quiet else StageProgress("eval", tasks, ctx.paths.events, stream=lines)
+        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream)
+        self.runner, self.tasks, self.quiet = runner, tasks, quiet
+        self.results: list[Any] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="orchestra-eval", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.results = self.runner.launch(self.tasks, self.ctx)
+        except BaseException as exc:  # re-raised in the main thread by join()
+            self.error = exc
+            self.ctx.stop.set()  # a broken stage stops the run, as it would without overlap
+        finally:
+            if self.progress is not None:
+                self.progress.close()
+
+    def start(self) -> None:
+        say(f"[eval] {len(self.tasks)} task(s), each starting as soon as its predictions are done",
+            file=sys.stderr, quiet=self.quiet)
+        self.thread.start()
+
+    def join(self) -> list[Any]:
+        """Wait for the eval stage: inference is over, so tasks still missing predictions are skipped."""
+        self.upstream.clear()
+        while self.thread.is_alive():
+            self.thread.join(0.2)  # short waits: Ctrl-C still reaches the main thread's handler
+        if self.error is not None:
+            raise self.error
+        return self.results
+
+
+def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, trace: str | None = None) -> Run:
     from orchestra.config import dump_config
     from orchestra.events import EventLog
     from orchestra.planner import make_plan
     from orchestra.runners.base import RunContext, TaskResult, TaskState
-    from orchestra.summary.progress import StageProgress
+    from orchestra.summary.logs import with_excerpt
+    from orchestra.summary.progress import StageProgress, api_model_abbrs
     from orchestra.summary.table import build_summary, render_text, write_summary
 
     cfg, runners = prep.cfg, prep.runners
@@ -326,8 +420,15 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool) -
     events.emit("run_started", mode=mode, pid=os.getpid(),
                 tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
     results: list[TaskResult] = []
+    stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
+    overlap = (stages == ["infer", "eval"] and cfg.stages["eval"].overlap and not debug
+               and made.tasks["infer"] and made.tasks["eval"])
+    eval_side = _EvalAlongside(runners["eval"], made.tasks["eval"], ctx, quiet) if overlap else None
     try:
-        for stage in {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]:
+        if eval_side is not None:
+            eval_side.start()
+            stages = ["infer"]
+        for stage in stages:
             if ctx.stop.is_set():
                 break
             tasks = made.tasks[stage]
@@ -335,11 +436,17 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool) -
                 continue
             say(f"[{stage}] {len(tasks)} task(s), {len(made.reused[stage])} output(s) reused", file=sys.stderr,
                 quiet=quiet)
-            ctx.on_change = None if debug or quiet else StageProgress(stage, len(tasks), paths.events)
-            results += runners[stage].launch(tasks, ctx)
-            if not debug:
-                say(file=sys.stderr, quiet=quiet)
+            progress = None if debug or quiet else StageProgress(
+                stage, tasks, paths.events, api_model_abbrs(cfg.models), len(getattr(runners[stage], "gpus", ())))
+            ctx.on_change = progress
+            try:
+                results += runners[stage].launch(tasks, ctx)
+            finally:
+                if progress is not None:
+                    progress.close()
     finally:
+        if eval_side is not None:
+            results += eval_side.join()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
     interrupted = ctx.stop.is_set()
@@ -352,10 +459,12 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool) -
     bad = [r for r in results if r.state is not TaskState.DONE]
     for r in bad:
         log = f"; log: {r.log_path}" if os.path.exists(r.log_path) else ""
-        say(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({r.reason}){log}", file=sys.stderr, quiet=quiet)
+        reason = with_excerpt(r.reason, r.log_path) if r.state is TaskState.FAILED else r.reason
+        say(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({reason}){log}", file=sys.stderr, quiet=quiet)
     say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
+    report = _report(paths, cfg, summary, made, prep.prices, trace, quiet, debug)
     code = EXIT_FAILED if bad else EXIT_OK
     if interrupted:
         # 128 + the signal, as shells report it (Ctrl-C 130, SIGHUP 129, SIGTERM 130 as before)
         code = EXIT_HANGUP if received and received[0] == signal.SIGHUP else EXIT_INTERRUPTED
-    return Run(paths.root, code, results, summary, pivot)
+    return Run(paths.root, code, results, summary, pivot, report)

@@ -3,7 +3,8 @@
 Content hashes are computed here: a prediction's hash covers the model settings that can
 change an output, the dataset's reader and prompt settings, the data file's content key and
 the shard's row range; a result's hash covers the hashes of all the predictions it scores
-and the evaluator settings.  Units whose outputs already carry their hash are not planned.
+and the evaluator settings (for a judge: its model's identity and its resolved prompt;
+see :func:`orchestra.evaluators.evaluator_identity`).  Units whose outputs already carry their hash are not planned.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from orchestra.config import RunConfig
 from orchestra.datasets.info import DatasetInfo
+from orchestra.evaluators import evaluator_identity
 from orchestra.fileio import stable_hash
 from orchestra.models.base import BaseModel
 from orchestra.partitioners.base import BasePartitioner
@@ -131,7 +133,7 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                 shard=None,
                 num_shards=1,
                 output=paths.results(model["abbr"], info.abbr),
-                hash=stable_hash([[u.hash for u in shard_units], info.cfg.get("eval_cfg", {})]),
+                hash=stable_hash([[u.hash for u in shard_units], evaluator_identity(info.cfg.get("eval_cfg", {}))]),
                 cost=float(info.size),
                 inputs=tuple((u.output, u.hash) for u in shard_units),
             )

@@ -117,6 +117,7 @@ RUNNERS = Registry(
     {
         "LocalRunner": "orchestra.runners.local.LocalRunner",
         "SlurmRunner": "orchestra.runners.slurm.SlurmRunner",
+        "DLCRunner": "orchestra.runners.dlc.DLCRunner",
         "RayRunner": "orchestra.runners.ray.RayRunner",
     },
     base="orchestra.runners.base.BaseRunner",
@@ -134,6 +135,8 @@ EVALUATORS = Registry(
         "accuracy": "orchestra.evaluators.basic.AccuracyEvaluator",
         "exact_match": "orchestra.evaluators.basic.ExactMatchEvaluator",
         "numeric_match": "orchestra.evaluators.basic.NumericMatchEvaluator",
+        "code_exec": "orchestra.evaluators.code.CodeExecEvaluator",
+        "judge": "orchestra.evaluators.judge.JudgeEvaluator",
     },
     base="orchestra.evaluators.basic.BaseEvaluator",
 )

@@ -52,6 +52,9 @@ class StageConfig:
     runner_cls: type
     runner_kwargs: dict[str, Any]
     task_cfg: dict[str, Any]
+    #: eval only: a (model, dataset)'s eval starts as soon as its predictions are done, while
+    #: other inference still runs (False: after the whole infer stage)
+    overlap: bool = True
 
 
 @dataclass
@@ -159,11 +162,22 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
     kind = get_inferencer(inf.get("type", "gen"), f"{where}.infer_cfg.inferencer.type")
     kind.check(inf, f"{where}.infer_cfg.inferencer")
     evaluator = (cfg.get("eval_cfg") or {}).get("evaluator")
-    if evaluator is not None:
-        ev = evaluator if isinstance(evaluator, dict) else {"type": evaluator}
-        ev_cls = EVALUATORS.resolve(ev.get("type"), f"{where}.eval_cfg.evaluator")
-        check_kwargs(ev_cls, {k: v for k, v in ev.items() if k != "type"}, f"{where}.eval_cfg.evaluator")
     resolved = {**cfg, "type": f"{cls.__module__}.{cls.__qualname__}"}
+    if evaluator is not None:
+        ev = dict(evaluator) if isinstance(evaluator, dict) else {"type": evaluator}
+        ev_where = f"{where}.eval_cfg.evaluator"
+        ev_cls = EVALUATORS.resolve(ev.get("type"), ev_where)
+        check_kwargs(ev_cls, {k: v for k, v in ev.items() if k != "type"}, ev_where)
+        # Keys that hold a model (a judge) are checked as models are, and resolved the same way.
+        model_keys = [key for key in getattr(ev_cls, "model_keys", ()) if key in ev]
+        for key in model_keys:
+            ev[key] = _check_model({"abbr": key, **ev[key]} if isinstance(ev[key], dict) else ev[key],
+                                   f"{ev_where}.{key}")
+        check = getattr(ev_cls, "check_config", None)
+        if callable(check):
+            check(ev, cfg, ev_where)
+        if model_keys:
+            resolved["eval_cfg"] = {**cfg["eval_cfg"], "evaluator": ev}
     path = cfg.get("path")
     if isinstance(path, str) and path and not os.path.isabs(path):
         # Relative data paths: from where orchestra runs (as OpenCompass users expect), else
@@ -200,9 +214,13 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
         cfg = {}
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: expected a dict with {', '.join(STAGE_KEYS)}, got {cfg!r}")
+    valid = (*STAGE_KEYS, "overlap") if name == "eval" else STAGE_KEYS
     for key in cfg:
-        if key not in STAGE_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(STAGE_KEYS)}")
+        if key not in valid:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(valid)}")
+    overlap = cfg.get("overlap", True)
+    if not isinstance(overlap, bool):
+        raise ConfigError(f"{where}.overlap: expected True or False, got {overlap!r}")
     part_cfg = cfg.get("partitioner") or DEFAULT_STAGES[name]["partitioner"]
     partitioner = build_component(PARTITIONERS, part_cfg, f"{where}.partitioner")
     runner_cfg = dict(cfg.get("runner") or DEFAULT_STAGES[name]["runner"])
@@ -230,7 +248,7 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
             runner_cls.check_template(template)
         except ConfigError as exc:
             raise ConfigError(f"{where}.runner.template: {exc}") from None
-    return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs)
+    return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs, overlap)
 
 
 def validate(raw: dict[str, Any], source: str) -> RunConfig:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -136,7 +137,7 @@ Res = TypeVar("Res")
 class _Batcher(Generic[Req, Res]):
     """Collects concurrent calls into batches and runs each batch on one worker thread."""
 
-    def __init__(self, run_batch: Any, batch_size: int, lock: threading.Lock) -> None:
+    def __init__(self, run_batch: Any, batch_size: Callable[[], int], lock: threading.Lock) -> None:
         self._run_batch = run_batch
         self._batch_size = batch_size
         self._lock = lock
@@ -163,7 +164,7 @@ class _Batcher(Generic[Req, Res]):
             # Let every coroutine that is ready to submit do so before a batch is cut.
             await asyncio.sleep(0)
             while self._pending:
-                batch = self._pending[: self._batch_size]
+                batch = self._pending[: self._batch_size()]
                 del self._pending[: len(batch)]
                 requests = [req for req, _ in batch]
                 try:
@@ -187,7 +188,8 @@ class BatchedModel(BaseModel):
 
     Subclasses implement the two synchronous batch methods; concurrent ``generate`` /
     ``loglikelihood`` calls from the engine are grouped into batches of up to
-    ``batch_size`` (dynamic batching).  Only one batch runs at a time per model.
+    :meth:`requests_per_batch` requests (dynamic batching).  Only one batch runs at a time
+    per model.
     """
 
     speed_keys = BaseModel.speed_keys | {"batch_size"}
@@ -198,8 +200,15 @@ class BatchedModel(BaseModel):
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
         lock = threading.Lock()
-        self._gen = _Batcher[GenRequest, str](self.generate_batch, batch_size, lock)
-        self._ll = _Batcher[LoglikRequest, list[float]](self.loglikelihood_batch, batch_size, lock)
+        self._gen = _Batcher[GenRequest, str](self.generate_batch, lambda: self.requests_per_batch("gen"), lock)
+        self._ll = _Batcher[LoglikRequest, list[float]](
+            self.loglikelihood_batch, lambda: self.requests_per_batch("loglik"), lock
+        )
+
+    def requests_per_batch(self, kind: str) -> int:
+        """How many queued requests of ``kind`` (``'gen'`` or ``'loglik'``) one batch call
+        takes; ``batch_size`` unless a model cuts its batches some other way."""
+        return self.batch_size
 
     @abc.abstractmethod
     def generate_batch(self, requests: list[GenRequest]) -> list[str]:
@@ -227,4 +236,4 @@ class BatchedModel(BaseModel):
 
     def max_concurrency(self) -> int:
         # Enough queued work to fill the next batch while the current one runs.
-        return self.batch_size * 2
+        return 2 * max(self.requests_per_batch("gen"), self.requests_per_batch("loglik"))

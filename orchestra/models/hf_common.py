@@ -6,7 +6,6 @@ Nothing here imports torch or transformers; tokenizers are passed in.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import re
@@ -145,6 +144,23 @@ def render_prompt(tokenizer: Any, prompt: Prompt, use_chat_template: bool | None
     return prompt_text(prompt), False
 
 
+def _move_space(context: str, continuation: str) -> tuple[str, str]:
+    """Trailing whitespace of the context moves to the front of the continuation."""
+    stripped = context.rstrip()
+    return stripped, context[len(stripped) :] + continuation
+
+
+def _boundary(whole: Sequence[int], ctx: Sequence[int], has_continuation: bool) -> int:
+    """How many leading ids of ``whole`` (context + continuation) belong to the context."""
+    k = 0
+    limit = min(len(ctx), len(whole))
+    while k < limit and whole[k] == ctx[k]:
+        k += 1
+    if has_continuation and k == len(whole):  # the continuation merged into the context's last token
+        k -= 1
+    return k
+
+
 def split_context_continuation(
     encode: Callable[[str], list[int]], context: str, continuation: str, move_space: bool = True
 ) -> tuple[list[int], list[int]]:
@@ -156,18 +172,9 @@ def split_context_continuation(
     scores ``' Paris'``).  Where a token spans the boundary it counts as continuation.
     """
     if move_space:
-        stripped = context.rstrip()
-        if stripped != context:
-            continuation = context[len(stripped) :] + continuation
-            context = stripped
+        context, continuation = _move_space(context, continuation)
     whole = encode(context + continuation)
-    ctx = encode(context)
-    k = 0
-    limit = min(len(ctx), len(whole))
-    while k < limit and whole[k] == ctx[k]:
-        k += 1
-    if continuation and k == len(whole):  # the continuation merged into the context's last token
-        k -= 1
+    k = _boundary(whole, encode(context), bool(continuation))
     return whole[:k], whole[k:]
 
 
@@ -225,6 +232,16 @@ def encode(tokenizer: Any, text: str, templated: bool) -> list[int]:
     return list(tokenizer(text, add_special_tokens=not templated)["input_ids"])
 
 
+def encode_many(tokenizer: Any, texts: Sequence[str], templated: bool) -> list[list[int]]:
+    """Token ids of each text: one call for the whole list with a fast (Rust) tokenizer, which
+    encodes it without a Python round trip per text; one call per text otherwise."""
+    if not texts:
+        return []
+    if not getattr(tokenizer, "is_fast", False):
+        return [encode(tokenizer, t, templated) for t in texts]
+    return [list(ids) for ids in tokenizer(list(texts), add_special_tokens=not templated)["input_ids"]]
+
+
 class LoglikRow(NamedTuple):
     """One sequence to score: a request's context followed by one of its continuations."""
 
@@ -240,25 +257,46 @@ def loglik_rows(
     """The rows to score for a batch, in order: one per (request, continuation) with tokens.
 
     The context is rendered as :func:`render_prompt` does and split from each continuation
-    by :func:`split_context_continuation`.  An empty context is prefixed with BOS (EOS if
+    as :func:`split_context_continuation` does.  An empty context is prefixed with BOS (EOS if
     there is none), since the first token needs something to be predicted from.  A row
     longer than ``max_len`` loses tokens from the left (and at most ``max_len - 1``
     continuation tokens are scored).  A continuation without tokens gets no row (it scores
     0, see :func:`loglik_scores`).
+
+    Each distinct context is rendered and tokenised once, and all texts of the batch go
+    through the tokenizer in one call per kind (templated or not).
     """
     prefix = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
-    rows: list[LoglikRow] = []
+    rendered: dict[str, tuple[str, bool]] = {}
+    pairs: list[tuple[int, int, str, str, bool]] = []  # request, choice, context, continuation, templated
     for ri, req in enumerate(requests):
-        text, templated = render_prompt(tokenizer, req.context, use_chat_template)
-        encode_part = functools.partial(encode, tokenizer, templated=templated)
+        if isinstance(req.context, str):
+            if req.context not in rendered:
+                rendered[req.context] = render_prompt(tokenizer, req.context, use_chat_template)
+            text, templated = rendered[req.context]
+        else:
+            text, templated = render_prompt(tokenizer, req.context, use_chat_template)
         for ci, cont in enumerate(req.continuations):
-            ctx_ids, cont_ids = split_context_continuation(encode_part, text, cont, move_space=not templated)
-            ids = (ctx_ids or [prefix]) + cont_ids
-            if max_len is not None:
-                ids = ids[-max_len:]
-            n = min(len(cont_ids), len(ids) - 1)
-            if n > 0:
-                rows.append(LoglikRow(ri, ci, ids, n))
+            ctx = text
+            if not templated:
+                ctx, cont = _move_space(ctx, cont)
+            pairs.append((ri, ci, ctx, cont, templated))
+    texts: dict[bool, dict[str, int]] = {False: {}, True: {}}
+    for _, _, ctx, cont, templated in pairs:
+        texts[templated].setdefault(ctx, len(texts[templated]))
+        texts[templated].setdefault(ctx + cont, len(texts[templated]))
+    encoded = {flag: encode_many(tokenizer, list(index), flag) for flag, index in texts.items()}
+    rows: list[LoglikRow] = []
+    for ri, ci, ctx, cont, templated in pairs:
+        whole = encoded[templated][texts[templated][ctx + cont]]
+        k = _boundary(whole, encoded[templated][texts[templated][ctx]], bool(cont))
+        ctx_ids, cont_ids = whole[:k], whole[k:]
+        ids = (ctx_ids or [prefix]) + cont_ids
+        if max_len is not None:
+            ids = ids[-max_len:]
+        n = min(len(cont_ids), len(ids) - 1)
+        if n > 0:
+            rows.append(LoglikRow(ri, ci, ids, n))
     return rows
 
 

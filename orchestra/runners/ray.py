@@ -6,7 +6,7 @@ runner base's.  This backend hands each task to an idle actor that already holds
 starts actors for waiting tasks as the cluster has room, so the work in flight is
 ``min(max_num_workers, what the cluster holds now)`` and grows as nodes join.  An actor or node
 that dies under a task ends that attempt with ``Exit(infra=True)``: the loop reruns it on another
-worker without spending the task's retries (``max_worker_losses``).
+worker at once, without spending the task's retries (``infra_retry`` times per task).
 
 Ray is optional (``pip install 'orchestra[ray]'``): it is imported when a launch starts, never by
 importing this module, so the orchestrator starts as fast without it.
@@ -63,11 +63,14 @@ class RayRunner(BaseRunner):
         forward_env: names of environment variables copied from here into every task (e.g.
             ``['OPENAI_API_KEY']``); values travel with each task, never in a config or log.
         idle_timeout_s: an idle worker that no waiting task can use is released after this long.
-        max_worker_losses: attempts of one task that may lose their worker (dead actor, node
-            removed or preempted, out of memory) and rerun without spending ``retry``; further
-            losses count as failures.
+        infra_retry: attempts of one task that may lose their worker (dead actor, node removed
+            or preempted, out of memory) and rerun at once without spending ``retry`` (the loop's
+            ``max_infra_retries``, as DLCRunner's ``infra_retry``); further losses count as failures.
         poll_interval_s: how often the loop checks workers and tasks.
     """
+
+    #: a lost attempt goes to another warm worker at once (the pool replaces the dead one)
+    infra_retry_at_once = True
 
     def __init__(
         self,
@@ -82,7 +85,7 @@ class RayRunner(BaseRunner):
         mem_gb: float | None = None,
         forward_env: list[str] | tuple[str, ...] = (),
         idle_timeout_s: float = 2.0,
-        max_worker_losses: int = 3,
+        infra_retry: int = 3,
         poll_interval_s: float = 0.02,
     ) -> None:
         super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s)
@@ -101,8 +104,8 @@ class RayRunner(BaseRunner):
             raise ValueError(f"forward_env must be a list of variable names, got {forward_env!r}")
         if idle_timeout_s < 0:
             raise ValueError(f"idle_timeout_s must be >= 0, got {idle_timeout_s}")
-        if not isinstance(max_worker_losses, int) or max_worker_losses < 0:
-            raise ValueError(f"max_worker_losses must be an integer >= 0, got {max_worker_losses!r}")
+        if not isinstance(infra_retry, int) or isinstance(infra_retry, bool) or infra_retry < 0:
+            raise ValueError(f"infra_retry must be an integer >= 0, got {infra_retry!r}")
         self.address = address.strip() if address else None
         self.reuse_workers = reuse_workers
         self.runtime_env = runtime_env
@@ -110,13 +113,14 @@ class RayRunner(BaseRunner):
         self.mem_gb = mem_gb
         self.forward_env = tuple(forward_env)
         self.idle_timeout_s = idle_timeout_s
-        self.max_infra_retries = max_worker_losses
+        self.max_infra_retries = infra_retry
         self._pool: Any = None  # a RayPool while a launch runs
         self._in_flight: dict[Any, Job] = {}  # ObjectRef of a task's call -> its job
         self._ended: set[Any] = set()  # refs that ended by this round's check
         self._lost: dict[Any, BaseException] = {}  # refs whose worker died under them
         self._unroute: Any = None  # undoes route_cluster_messages
         self._kinds: dict[str, Any] = {}  # task id -> WorkerKind
+        self._losses: dict[str, int] = {}  # task id -> attempts that lost their worker
 
     # -- connecting ---------------------------------------------------------------------------------
     def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
@@ -209,6 +213,11 @@ class RayRunner(BaseRunner):
             self._pool.finished(actor)
 
     # -- backend ------------------------------------------------------------------------------------
+    def placement(self, job: Job) -> dict[str, Any]:
+        """The node (id, ip), actor and its pid: the ``started`` event's ``where``."""
+        keys = ("node_id", "node_ip", "actor_id", "pid")
+        return {k: job.resources[k] for k in keys if k in job.resources}
+
     def submit(self, job: Job) -> None:
         if "error" in job.resources:
             raise OSError(job.resources["error"])
@@ -234,7 +243,9 @@ class RayRunner(BaseRunner):
         if lost_worker(result):
             self._lost[job.handle] = result  # release() hands it to the pool
             where = f"{job.resources.get('node_ip', '?')} {str(job.resources.get('node_id', '?'))[:12]}"
-            return Exit(-1, f"worker lost (node {where}): {describe(result)}", infra=True)
+            losses = self._losses[job.task.task_id] = self._losses.get(job.task.task_id, 0) + 1
+            times = f" (this task has lost its worker {losses} times)" if losses > 1 else ""
+            return Exit(-1, f"worker lost (node {where}): {describe(result)}{times}", infra=True)
         return Exit(-1, f"Ray error: {describe(result)}")
 
     def cancel(self, jobs: list[Job]) -> None:
@@ -253,6 +264,7 @@ class RayRunner(BaseRunner):
             self._in_flight.clear()
             self._lost.clear()
             self._kinds.clear()
+            self._losses.clear()
             if self._unroute is not None:
                 self._unroute()
                 self._unroute = None

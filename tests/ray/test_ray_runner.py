@@ -142,12 +142,15 @@ def test_crashed_node_mid_task_is_survived_without_spending_retries(cluster: Ray
     assert ran_on(run)[ev["task_id"]] != first  # its rerun went elsewhere
     assert len(stage_events(run, "infer", "done")) == 7
     log = (run / "logs" / "infer" / f"{ev['task_id']}.log").read_text()
-    assert "rerun without spending a retry" in log
+    assert "failed (infrastructure): worker lost" in log
+    started = [e for e in stage_events(run, "infer", "started") if e["task_id"] == ev["task_id"]]
+    assert started[0]["where"]["node_id"] == first and started[1]["where"]["node_id"] != first
+    assert all(e["where"]["actor_id"] == e["resources"]["actor_id"] for e in started)
 
 
 def test_task_that_keeps_killing_its_worker_fails_with_that_reason(cluster: RayCluster, tmp_path: Path) -> None:
     cluster.add_node(cpus=1)
-    cfg = write_config(tmp_path, ray_runner(cluster, ", max_num_workers=1, max_worker_losses=1"),
+    cfg = write_config(tmp_path, ray_runner(cluster, ", max_num_workers=1, infra_retry=1"),
                        model_type="killer_model.WorkerKillerModel", rows=10, task_rows=10)
     res = run_cli(cfg, "--mode", "infer")
     assert res.returncode == 1

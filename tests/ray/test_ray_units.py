@@ -91,7 +91,7 @@ def test_launch_without_ray_is_a_user_error_naming_the_extra() -> None:
     ("address=6379", "infer.runner.address: expected str | None, got int 6379"),
     ("mem_gb=0", "mem_gb must be > 0, got 0"),
     ("forward_env='OPENAI_API_KEY'", "forward_env: expected list[str] | tuple[str, ...], got str"),
-    ("max_worker_losses=-1", "max_worker_losses must be an integer >= 0, got -1"),
+    ("infra_retry=-1", "infra_retry must be an integer >= 0, got -1"),
     ("template='numactl {task_cmd}'", "unknown key 'template'"),
 ])
 def test_bad_option_is_one_line(tmp_path: Path, option: str, message: str) -> None:

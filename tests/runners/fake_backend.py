@@ -30,7 +30,6 @@ class Outcome:
         reason: the ``Exit.reason`` the backend reports with the code.
         submit_error: ``submit`` raises ``OSError(submit_error)`` instead of starting anything.
         write_outputs: the job writes its outputs, carrying their hashes, before it exits.
-        infra: the attempt was lost with its worker or node (``Exit.infra``), not failed by the task.
     """
 
     code: int | None = 0
@@ -38,7 +37,6 @@ class Outcome:
     reason: str = ""
     submit_error: str | None = None
     write_outputs: bool = False
-    infra: bool = False
 
 
 def exits(code: int, polls: int = 1, reason: str = "") -> Outcome:
@@ -51,11 +49,6 @@ def writes(polls: int = 1) -> Outcome:
 
 
 HANG = Outcome(code=None)
-
-
-def lost(reason: str = "worker lost") -> Outcome:
-    """The attempt's worker (process, node) died under it: ``Exit(-1, reason, infra=True)``."""
-    return Outcome(code=-1, reason=reason, infra=True)
 
 #: polls of one job, and refusals of one task's ``acquire``, after which the test fails: the loop
 #: has spun (for at least that many poll intervals) where every test expects a few rounds
@@ -192,7 +185,7 @@ class FakeBackend(BaseRunner):
                 write_output(path, expected_hash)
         self.running.discard(key)
         self.end_times[key] = time.monotonic()
-        return Exit(outcome.code, outcome.reason, outcome.infra)
+        return Exit(outcome.code, outcome.reason)
 
     def cancel(self, jobs: list[Job]) -> None:
         keys = [(job.task.task_id, job.attempt) for job in jobs]

@@ -20,7 +20,6 @@ from fake_backend import (
     eval_task,
     exits,
     infer_task,
-    lost,
     make_context,
     submit_fails,
     write_output,
@@ -81,51 +80,6 @@ def test_task_out_of_retries_fails_with_its_last_reason(tmp_path: Path) -> None:
     assert (result.state, result.attempts, result.reason) == (TaskState.FAILED, 2, "exit code 4")
     assert backend.submitted == [("t", 1), ("t", 2)]
     assert [e["event"] for e in events_of(ctx, "t")][-1] == "failed"
-    assert_slots_balanced(backend)
-
-
-def test_attempts_lost_to_the_infrastructure_are_rerun_without_spending_retries(tmp_path: Path) -> None:
-    ctx = make_context(tmp_path)
-    backend = FakeBackend({"t": [lost("node n1 died"), lost(), exits(1), OK]}, retry=1, retry_backoff_s=60.0)
-    backend.max_infra_retries = 2
-    (result,) = backend.launch([infer_task("t")], ctx)
-    # two free reruns (no backoff), then the task's own failure spends its one retry
-    assert (result.state, result.attempts) == (TaskState.DONE, 4)
-    retries = [e for e in events_of(ctx, "t") if e["event"] == "retry"]
-    assert [(e["attempt"], e.get("infra"), e["delay_s"]) for e in retries[:2]] == [(1, True, 0.0), (2, True, 0.0)]
-    assert retries[0]["reason"] == "node n1 died"
-    assert retries[2].get("infra") is None and retries[2]["delay_s"] >= 0.8 * 60.0 - 1e-3
-    assert "attempt 1 lost: node n1 died; rerun without spending a retry" in Path(result.log_path).read_text()
-    assert_slots_balanced(backend)
-
-
-def test_attempt_lost_to_the_infrastructure_goes_ahead_of_the_queue(tmp_path: Path) -> None:
-    ctx = make_context(tmp_path)
-    script = {"a": [lost(), OK], "b": [OK], "c": [OK]}
-    backend = FakeBackend(script, max_num_workers=1)
-    backend.launch([infer_task(t) for t in script], ctx)
-    assert backend.submitted == [("a", 1), ("a", 2), ("b", 1), ("c", 1)]
-
-
-def test_task_that_keeps_losing_its_worker_fails_naming_the_loss(tmp_path: Path) -> None:
-    ctx = make_context(tmp_path)
-    backend = FakeBackend({"t": [lost("OOM")] * 3, "ok": [lost(), OK]}, retry=0)
-    backend.max_infra_retries = 2
-    results = by_id(backend.launch([infer_task("t"), infer_task("ok")], ctx))
-    assert (results["t"].state, results["t"].attempts) == (TaskState.FAILED, 3)
-    assert results["t"].reason == "OOM (this task has lost its worker 3 times)"
-    assert (results["ok"].state, results["ok"].attempts) == (TaskState.DONE, 2)
-    assert_slots_balanced(backend)
-
-
-def test_losses_beyond_the_free_ones_spend_retries(tmp_path: Path) -> None:
-    ctx = make_context(tmp_path)
-    backend = FakeBackend({"t": [lost(), lost(), lost(), OK]}, retry=2)
-    backend.max_infra_retries = 1
-    (result,) = backend.launch([infer_task("t")], ctx)
-    assert (result.state, result.attempts) == (TaskState.DONE, 4)  # 1 free + 2 retries + the good one
-    retries = [e for e in events_of(ctx, "t") if e["event"] == "retry"]
-    assert [e.get("infra", False) for e in retries] == [True, False, False]
     assert_slots_balanced(backend)
 
 

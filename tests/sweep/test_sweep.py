@@ -164,3 +164,13 @@ def test_python_api_takes_a_dict_and_names_failed_tasks(tmp_path: Path) -> None:
     assert [(r.stage, r.state.value) for r in run.failed] == [("infer", "failed"), ("eval", "skipped")]
     assert "configured to fail" in Path(run.failed[0].log_path).read_text()
     assert all(r["value"] is None for r in run.rows())
+
+
+def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/python-api.md's first example, run as written (in a scratch folder)."""
+    text = (REPO / "docs" / "python-api.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(REPO)
+    code = code.replace('"outputs/api_example"', repr(str(tmp_path / "api_example")))
+    exec(compile(code, "docs/python-api.md", "exec"), {})
+    assert len(list((tmp_path / "api_example").iterdir())) == 1
