@@ -115,6 +115,7 @@ class RayRunner(BaseRunner):
         self.idle_timeout_s = idle_timeout_s
         self.max_infra_retries = infra_retry
         self._pool: Any = None  # a RayPool while a launch runs
+        self._connected = False  # between launch's connect and close's disconnect
         self._in_flight: dict[Any, Job] = {}  # ObjectRef of a task's call -> its job
         self._ended: set[Any] = set()  # refs that ended by this round's check
         self._lost: dict[Any, BaseException] = {}  # refs whose worker died under them
@@ -135,11 +136,12 @@ class RayRunner(BaseRunner):
                 raise  # not Ray missing: a real error, with its traceback
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
         connect(self.address, self.runtime_env)
-        self._unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
-        stage = tasks[0].stage if tasks else "run"
-        prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
-        self._pool = RayPool(self.max_num_workers, self.reuse_workers, self.idle_timeout_s, ctx.events, prefix)
+        self._connected = True  # close() pairs it with a disconnect
         try:
+            self._unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
+            stage = tasks[0].stage if tasks else "run"
+            prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
+            self._pool = RayPool(self.max_num_workers, self.reuse_workers, self.idle_timeout_s, ctx.events, prefix)
             self._pool.tick()  # reads the nodes, for unfit_reason
         except BaseException:
             self.close()
@@ -255,10 +257,11 @@ class RayRunner(BaseRunner):
         self._pool.ended([job.handle for job in jobs if job.handle is not None], wait_s=CANCEL_WAIT_S)
 
     def close(self) -> None:
-        if self._pool is None:
+        if not self._connected:
             return
         try:
-            self._pool.close()
+            if self._pool is not None:
+                self._pool.close()
         finally:
             self._pool = None
             self._in_flight.clear()
@@ -270,6 +273,7 @@ class RayRunner(BaseRunner):
                 self._unroute = None
             from orchestra.runners.ray_session import disconnect
 
+            self._connected = False
             disconnect()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import threading
 import time
@@ -22,51 +23,148 @@ from orchestra.errors import UserError
 
 #: what this process's Ray connection was made for by :func:`connect` (None: not by it)
 _connected_for: tuple[str, str] | None = None
+#: launches using the connection now (the eval stage's runner works beside the infer stage's)
+_users = 0
+_lock = threading.Lock()
 
 
 def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
-    """Connect this process to Ray: a new local Ray (``address=None``) or a cluster.
+    """Connect this process to Ray: a new local Ray (``address=None``) or a cluster.  Every call
+    is paired with a :func:`disconnect` when its launch ends.
 
     A connection the caller made (a notebook's ``ray.init``) is used as it is.  One this function
-    made for the same address and runtime_env is kept (a local Ray then serves every stage and
-    run of the process; Ray stops it when the process exits); another is replaced.
+    made for the same address and runtime_env is shared (by stages that run at once) and kept (a
+    local Ray then serves every stage and run of the process; Ray stops it when the process
+    exits); another is replaced once no launch uses it.  A process holds one Ray connection, so
+    two stages at once must ask for the same cluster.
     """
-    global _connected_for
+    global _connected_for, _users
     wanted = ("local" if address is None else address, repr(sorted((runtime_env or {}).items())))
-    if ray.is_initialized():
-        if _connected_for is None or _connected_for == wanted:
+    with _lock:
+        if ray.is_initialized() and (_connected_for is None or _connected_for == wanted):
+            _users += 1
             return
-        ray.shutdown()
-        _connected_for = None
+        if ray.is_initialized():
+            if _users and _connected_for is not None:
+                theirs = "a local Ray" if _connected_for[0] == "local" else _connected_for[0]
+                ours = "a local Ray" if address is None else address
+                raise UserError(f"RayRunner: two stages running at once ask for different Ray clusters or "
+                                f"runtime_env ({theirs}, {ours}); one process holds one Ray connection: give "
+                                "both the same address and runtime_env, or set eval=dict(overlap=False)")
+            ray.shutdown()
+            _connected_for = None
+        _init(address, wanted[0], runtime_env)
+        _connected_for = wanted
+        _users += 1
+
+
+def _init(address: str | None, target: str, runtime_env: dict[str, Any] | None) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        # A local Ray's processes die with the thread that started them (Ray sets PDEATHSIG, which
+        # follows the thread): started from a stage's thread (the eval stage runs in one beside the
+        # infer stage), they would be killed when that stage ends, and Ray's own agents, orphaned,
+        # would outlive the run.  So such a start happens in a thread that lasts as the process does.
+        _in_lasting_thread(lambda: _ray_init(address, target, runtime_env))
+        return
     # ray.init installs its own SIGTERM handler; the run's (stop every task, then exit) must stay
-    main = threading.current_thread() is threading.main_thread()
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)} if main else {}
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        ray.init(address=wanted[0], runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
+        _ray_init(address, target, runtime_env)
+    finally:
+        for sig, handler in handlers.items():
+            if handler is not None:
+                signal.signal(sig, handler)
+
+
+def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | None) -> None:
+    ray_logger = logging.getLogger("ray._private.worker")  # where ray.init logs
+    quiet = _NoThreadWarning()
+    ray_logger.addFilter(quiet)  # "SIGTERM handler is not set ... not the main thread": the run has its own
+    try:
+        ray.init(address=target, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError, TimeoutError, rex.RayError) as exc:
         what = "start a local Ray" if address is None else f"connect to the Ray cluster at {address}"
         first = next((line for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise UserError(f"RayRunner could not {what}: {first}") from None
     finally:
-        for sig, handler in handlers.items():
-            if handler is not None:
-                signal.signal(sig, handler)
-    _connected_for = wanted
+        ray_logger.removeFilter(quiet)
+
+
+_lasting: dict[str, Any] = {}  # the thread of _in_lasting_thread and its queue
+
+
+def _in_lasting_thread(call: Callable[[], None]) -> None:
+    """Run ``call`` in this process's one lasting daemon thread (never joined: it ends with the
+    process, after Ray's own exit handler has stopped a local Ray) and wait for it."""
+    if "queue" not in _lasting:
+        jobs: queue.Queue[tuple[Callable[[], None], list[BaseException], threading.Event]] = queue.Queue()
+
+        def serve() -> None:
+            while True:
+                job, errors, done = jobs.get()
+                try:
+                    job()
+                except BaseException as exc:  # handed to the caller
+                    errors.append(exc)
+                finally:
+                    done.set()
+
+        _lasting["queue"] = jobs
+        threading.Thread(target=serve, name="orchestra-ray-starter", daemon=True).start()
+    errors: list[BaseException] = []
+    done = threading.Event()
+    _lasting["queue"].put((call, errors, done))
+    done.wait()
+    if errors:
+        raise errors[0]
+
+
+class _NoThreadWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "SIGTERM handler is not set" not in record.getMessage()
 
 
 def disconnect() -> None:
-    """After a launch: leave a cluster :func:`connect` joined (a driver that stays would keep its
-    job open there); a local Ray it started stays for the next launch of this process."""
-    global _connected_for
-    if _connected_for is not None and _connected_for[0] != "local":
-        ray.shutdown()
-        _connected_for = None
+    """After a launch: once no launch uses it, leave a cluster :func:`connect` joined (a driver
+    that stays would keep its job open there); a local Ray it started stays for the next launch
+    of this process."""
+    global _connected_for, _users
+    with _lock:
+        _users = max(0, _users - 1)
+        if not _users and _connected_for is not None and _connected_for[0] != "local":
+            ray.shutdown()
+            _connected_for = None
+
+
+#: the one routing of Ray's cluster messages in this process, and the launches relying on it
+_route: dict[str, Any] = {"users": 0, "undo": None}
 
 
 def route_cluster_messages(log_path: str) -> Callable[[], None]:
     """Send the messages Ray's driver prints about the cluster (a raylet that died, with the tail
     of its log; a worker killed for memory) to ``log_path`` instead of this process's stdout,
-    which carries the results table.  Returns the function that undoes it."""
+    which carries the results table.  Returns the function that undoes it (once every launch
+    that asked for it has undone it: stages that run at once share one run folder's log)."""
+    with _lock:
+        if _route["users"] == 0:
+            _route["undo"] = _to_log(log_path)
+        _route["users"] += 1
+    done = threading.Event()
+
+    def undo() -> None:
+        with _lock:
+            if done.is_set():
+                return
+            done.set()
+            _route["users"] -= 1
+            if _route["users"] == 0:
+                _route["undo"]()
+                _route["undo"] = None
+
+    return undo
+
+
+def _to_log(log_path: str) -> Callable[[], None]:
     worker_module: Any = getattr(getattr(ray, "_private", None), "worker", None)
     original = getattr(worker_module, "print_to_stdstream", None)
     if original is None:  # another Ray: its messages stay where it prints them
