@@ -141,3 +141,34 @@ def test_local_default_runs_the_evaluation_and_stops_its_ray(tmp_path: Path) -> 
     assert pids and not [p for p in pids if os.path.exists(f"/proc/{p}")]
     group = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
     assert group.strip() == "", group
+
+
+def test_ray_client_start_failure_is_tried_again_then_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head's client server sometimes fails to start a client's server ("Initialization failure
+    from server:" and nothing more): the connection is tried again, and in the end is one line."""
+    from orchestra.errors import UserError
+    from orchestra.runners import ray_session
+
+    calls: list[str] = []
+
+    def init(address: str, **_: object) -> None:
+        calls.append(address)
+        if len(calls) < 3:
+            raise ConnectionAbortedError("Initialization failure from server:\n")
+
+    monkeypatch.setattr(ray_session.ray, "init", init)
+    monkeypatch.setattr(ray_session.time, "sleep", lambda s: None)
+    ray_session._ray_init("ray://h:10001", "ray://h:10001", None)  # the third try connects
+    assert calls == ["ray://h:10001"] * 3
+    calls.clear()
+    monkeypatch.setattr(ray_session, "CLIENT_INIT_TRIES", 2)
+    with pytest.raises(UserError) as err:
+        ray_session._ray_init("ray://h:10001", "ray://h:10001", None)
+    assert len(calls) == 2
+    assert str(err.value) == ("RayRunner could not connect to the Ray cluster at ray://h:10001: Initialization "
+                              "failure from server: no reason given (the head's logs/ray_client_server*.err may "
+                              "say more)")
+    calls.clear()
+    with pytest.raises(UserError):  # not Ray Client: no second try
+        ray_session._ray_init("h:6379", "h:6379", None)
+    assert calls == ["h:6379"]
