@@ -23,6 +23,7 @@ from orchestra.backoff import exponential_backoff
 from orchestra.events import EventLog
 from orchestra.paths import RunPaths
 from orchestra.runners.command import Command, fill_template
+from orchestra.runners.host import HostSlots
 from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec, output_done
 
@@ -93,6 +94,9 @@ class RunContext:
     #: whose inputs are missing then waits (the eval of a (model, dataset) starts as soon as
     #: its predictions are done); once cleared, a task still missing inputs is skipped
     upstream: threading.Event | None = None
+    #: this machine's GPUs and cores as the run's local runners hand them out (the stages
+    #: share one when they run side by side); None: each local runner keeps its own
+    host: HostSlots | None = None
 
     def inputs_may_come(self) -> bool:
         return self.upstream is not None and self.upstream.is_set()
