@@ -19,6 +19,8 @@ setup(
     install_requires=_requirements("requirements.txt"),
     extras_require={
         "hf": ["torch", "transformers", "gguf", "accelerate"],
+        # RayRunner; [client] for ray:// addresses (Ray Client); tested with Ray 2.60
+        "ray": ["ray[client]>=2.60"],
         "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},

@@ -118,6 +118,7 @@ RUNNERS = Registry(
         "LocalRunner": "orchestra.runners.local.LocalRunner",
         "SlurmRunner": "orchestra.runners.slurm.SlurmRunner",
         "DLCRunner": "orchestra.runners.dlc.DLCRunner",
+        "RayRunner": "orchestra.runners.ray.RayRunner",
     },
     base="orchestra.runners.base.BaseRunner",
 )

@@ -3,6 +3,7 @@
 from orchestra.runners.base import BaseRunner, TaskResult, TaskState
 from orchestra.runners.dlc import DLCRunner
 from orchestra.runners.local import LocalRunner
+from orchestra.runners.ray import RayRunner
 from orchestra.runners.slurm import SlurmRunner
 
-__all__ = ["BaseRunner", "DLCRunner", "LocalRunner", "SlurmRunner", "TaskResult", "TaskState"]
+__all__ = ["BaseRunner", "DLCRunner", "LocalRunner", "RayRunner", "SlurmRunner", "TaskResult", "TaskState"]

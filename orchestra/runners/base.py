@@ -44,7 +44,8 @@ class Exit:
     ``infra=True`` (with a non-zero code) says the platform failed, not the task: the job never
     got to run it to an end (a submission refused or garbled, a job stuck in a queue, a node
     lost, a preemption).  The loop retries such an attempt without spending the task's own
-    ``retry``, at most ``BaseRunner.max_infra_retries`` times per task (with the same backoff);
+    ``retry``, at most ``BaseRunner.max_infra_retries`` times per task (with the same backoff,
+    or at once and ahead of the queue where the backend sets ``BaseRunner.infra_retry_at_once``);
     after that an infrastructure failure counts like any other.
     """
 
@@ -129,6 +130,9 @@ class BaseRunner(abc.ABC):
     #: attempts per task that may end ``Exit(infra=True)`` and be retried without spending ``retry``
     #: (a backend that reports infrastructure failures sets it, e.g. from a constructor argument)
     max_infra_retries: int = 0
+    #: rerun such an attempt at once, ahead of the queue, instead of after the backoff: for a
+    #: backend whose other workers are ready to take it (a warm pool that replaces a dead worker)
+    infra_retry_at_once: bool = False
 
     def __init__(
         self,
@@ -400,12 +404,16 @@ class BaseRunner(abc.ABC):
                "duration_s": round(time.monotonic() - job.started, 3)}
         if infra and entry.infra_retries < self.max_infra_retries and not ctx.stop.is_set():
             # The platform failed, not the task: retried without spending the task's own retries.
-            delay = self._backoff(entry.infra_retries + 1)
+            delay = 0.0 if self.infra_retry_at_once else self._backoff(entry.infra_retries + 1)
             ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
                             reason=reason, delay_s=round(delay, 3), infra=True,
                             infra_retries=entry.infra_retries + 1, **how)
-            pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started,
-                                    entry.infra_retries + 1))
+            again = _Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started,
+                             entry.infra_retries + 1)
+            if self.infra_retry_at_once:
+                pending.appendleft(again)  # it had started: it goes before tasks that have not
+            else:
+                pending.append(again)
             return
         counted = job.attempt - entry.infra_retries  # attempts that spent the task's own retries
         if counted <= self.retry and not ctx.stop.is_set():

@@ -8,7 +8,8 @@ per shard.  The runner sends one JSON line per task on stdin::
 
 The task's output goes to its log file (file descriptors 1 and 2 are pointed at it while
 the task runs) and the worker answers ``{"code": N}`` on the descriptor named by
-``ORCHESTRA_WORKER_FD``.  End of input means: exit.
+``ORCHESTRA_WORKER_FD``.  End of input means: exit.  RayRunner's actors serve the same requests
+through :func:`run_request`, one actor call per request instead of one line.
 """
 
 from __future__ import annotations
@@ -29,29 +30,37 @@ def _run_one(request: dict[str, object]) -> int:
     return task_main([str(request["spec"])], run_task)
 
 
+def run_request(request: dict[str, object]) -> int:
+    """Run one request of the protocol in this process: the task's output goes to its log (file
+    descriptors 1 and 2 point at it meanwhile) and its exit code is returned.  Warm workers of
+    every runner call this (this module's ``main``, RayRunner's actors)."""
+    log_fd = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    saved_out, saved_err = os.dup(1), os.dup(2)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    os.close(log_fd)
+    try:
+        return _run_one(request)
+    except BaseException as exc:  # the worker must answer, whatever the task did
+        print(f"worker: task crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(saved_out, 1)
+        os.dup2(saved_err, 2)
+        os.close(saved_out)
+        os.close(saved_err)
+
+
 def main() -> int:
     reply_fd = int(os.environ["ORCHESTRA_WORKER_FD"])
-    saved_out, saved_err = os.dup(1), os.dup(2)
     for line in sys.stdin:
         if not line.strip():
             continue
-        request = json.loads(line)
-        log_fd = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        os.close(log_fd)
-        try:
-            code = _run_one(request)
-        except BaseException as exc:  # the worker must answer, whatever the task did
-            print(f"worker: task crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
-            code = 1
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os.dup2(saved_out, 1)
-            os.dup2(saved_err, 2)
+        code = run_request(json.loads(line))
         os.write(reply_fd, (json.dumps({"code": code}) + "\n").encode())
     return 0
 

@@ -68,3 +68,31 @@ def test_stop_during_infra_backoff_cancels(tmp_path: Path) -> None:
     results = backend.launch([infer_task("t"), infer_task("h")], ctx)
     assert [(r.state, r.attempts) for r in results] == [(TaskState.CANCELLED, 1), (TaskState.CANCELLED, 1)]
     assert backend.submitted == [("t", 1), ("h", 1)]
+
+
+class AtOnceBackend(InfraBackend):
+    """A warm pool's view: a lost attempt goes to another worker at once, ahead of the queue."""
+
+    infra_retry_at_once = True
+
+
+def test_at_once_reruns_without_backoff_ahead_of_the_queue(tmp_path: Path) -> None:
+    ctx = make_context(tmp_path)
+    script = {"a": [INFRA, exits(0)], "b": [exits(0)], "c": [exits(0)]}
+    backend = AtOnceBackend(script, max_num_workers=1, retry_backoff_s=60.0)
+    backend.max_infra_retries = 1
+    results = backend.launch([infer_task(t) for t in script], ctx)
+    assert [r.state for r in results] == [TaskState.DONE] * 3
+    assert backend.submitted == [("a", 1), ("a", 2), ("b", 1), ("c", 1)]  # a's rerun did not wait 60 s
+    (retry,) = [e for e in read_events(ctx.paths.events) if e["event"] == "retry"]
+    assert (retry["infra"], retry["delay_s"]) == (True, 0.0)
+
+
+def test_at_once_only_for_infrastructure_failures(tmp_path: Path) -> None:
+    ctx = make_context(tmp_path)
+    backend = AtOnceBackend({"t": [INFRA, exits(1), exits(0)]}, retry=1, retry_backoff_s=0.05)
+    backend.max_infra_retries = 1
+    (result,) = backend.launch([infer_task("t")], ctx)
+    assert (result.state, result.attempts) == (TaskState.DONE, 3)
+    retries = [e for e in read_events(ctx.paths.events) if e["event"] == "retry"]
+    assert [e["delay_s"] for e in retries][0] == 0.0 and retries[1]["delay_s"] >= 0.8 * 0.05 - 1e-3

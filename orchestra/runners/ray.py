@@ -1,0 +1,280 @@
+"""Run tasks on a Ray cluster: an elastic pool of warm workers (Ray actors).
+
+The scheduling loop (queue, ``max_num_workers``, retries, timeouts, cancellation, events) is the
+runner base's.  This backend hands each task to an idle actor that already holds the task's model
+(:class:`~orchestra.runners.ray_pool.RayPool`); a task waits while none is free, and the pool
+starts actors for waiting tasks as the cluster has room, so the work in flight is
+``min(max_num_workers, what the cluster holds now)`` and grows as nodes join.  An actor or node
+that dies under a task ends that attempt with ``Exit(infra=True)``: the loop reruns it on another
+worker at once, without spending the task's retries (``infra_retry`` times per task).
+
+Ray is optional (``pip install 'orchestra[ray]'``): it is imported when a launch starts, never by
+importing this module, so the orchestrator starts as fast without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import socket
+from typing import Any
+
+from orchestra.errors import UserError
+from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
+from orchestra.runners.slurm_common import run_tag
+from orchestra.tasks.spec import TaskSpec
+
+INSTALL_HINT = "pip install 'orchestra[ray]'"
+#: how long cancelling waits for killed actors' calls to end
+CANCEL_WAIT_S = 10.0
+#: how long the head of a cluster given by address may take to accept a connection
+CONNECT_TIMEOUT_S = 10.0
+
+
+def ray_missing() -> str | None:
+    """The one-line error for a machine without Ray, or None if it is installed."""
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"RayRunner needs Ray, which is not installed: {INSTALL_HINT}"
+
+
+class RayRunner(BaseRunner):
+    """Run each task in a warm worker on a Ray cluster, with as many workers as it holds.
+
+    Args:
+        address: the cluster: None starts a local Ray for the run (on this machine, stopped after
+            it); ``'auto'`` joins the cluster this machine belongs to (``RAY_ADDRESS`` or the one
+            started here with ``ray start``); ``'host:6379'`` joins a cluster's head (GCS address);
+            ``'ray://host:10001'`` connects through Ray Client (``pip install 'ray[client]'``).
+        max_num_workers: workers (and so tasks in flight) at most; fewer while the cluster has
+            less room.
+        retry: extra attempts for a task that fails by itself (a lost worker is not counted).
+        retry_backoff_s: first retry delay (doubles, with jitter).
+        timeout_s: limit of one attempt, from the moment a worker takes it (its actor is killed).
+        reuse_workers: keep a worker for the next task of the same model, so a model is loaded
+            once per worker (False: a fresh worker per task, which loads its model every time).
+        runtime_env: Ray's ``runtime_env`` for the run's workers (``pip``, ``env_vars``,
+            ``working_dir``, ...); workers need orchestra importable and the run folder reachable.
+        cpus_per_task: CPUs each worker holds (None: the task's ``num_procs``).
+        mem_gb: memory each worker reserves in Ray's accounting (None: none).
+        forward_env: names of environment variables copied from here into every task (e.g.
+            ``['OPENAI_API_KEY']``); values travel with each task, never in a config or log.
+        idle_timeout_s: an idle worker that no waiting task can use is released after this long.
+        infra_retry: attempts of one task that may lose their worker (dead actor, node removed
+            or preempted, out of memory) and rerun at once without spending ``retry`` (the loop's
+            ``max_infra_retries``, as DLCRunner's ``infra_retry``); further losses count as failures.
+        poll_interval_s: how often the loop checks workers and tasks.
+    """
+
+    #: a lost attempt goes to another warm worker at once (the pool replaces the dead one)
+    infra_retry_at_once = True
+
+    def __init__(
+        self,
+        address: str | None = None,
+        max_num_workers: int = 32,
+        retry: int = 0,
+        retry_backoff_s: float = 1.0,
+        timeout_s: float | None = None,
+        reuse_workers: bool = True,
+        runtime_env: dict[str, Any] | None = None,
+        cpus_per_task: float | None = None,
+        mem_gb: float | None = None,
+        forward_env: list[str] | tuple[str, ...] = (),
+        idle_timeout_s: float = 2.0,
+        infra_retry: int = 3,
+        poll_interval_s: float = 0.02,
+    ) -> None:
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s)
+        missing = ray_missing()
+        if missing:
+            raise ValueError(missing)
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise ValueError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
+        if runtime_env is not None and not isinstance(runtime_env, dict):
+            raise ValueError(f"runtime_env must be a dict, got {runtime_env!r}")
+        if cpus_per_task is not None and cpus_per_task <= 0:
+            raise ValueError(f"cpus_per_task must be > 0, got {cpus_per_task}")
+        if mem_gb is not None and mem_gb <= 0:
+            raise ValueError(f"mem_gb must be > 0, got {mem_gb}")
+        if isinstance(forward_env, str) or not all(isinstance(n, str) and n for n in forward_env):
+            raise ValueError(f"forward_env must be a list of variable names, got {forward_env!r}")
+        if idle_timeout_s < 0:
+            raise ValueError(f"idle_timeout_s must be >= 0, got {idle_timeout_s}")
+        if not isinstance(infra_retry, int) or isinstance(infra_retry, bool) or infra_retry < 0:
+            raise ValueError(f"infra_retry must be an integer >= 0, got {infra_retry!r}")
+        self.address = address.strip() if address else None
+        self.reuse_workers = reuse_workers
+        self.runtime_env = runtime_env
+        self.cpus_per_task = cpus_per_task
+        self.mem_gb = mem_gb
+        self.forward_env = tuple(forward_env)
+        self.idle_timeout_s = idle_timeout_s
+        self.max_infra_retries = infra_retry
+        self._pool: Any = None  # a RayPool while a launch runs
+        self._connected = False  # between launch's connect and close's disconnect
+        self._in_flight: dict[Any, Job] = {}  # ObjectRef of a task's call -> its job
+        self._ended: set[Any] = set()  # refs that ended by this round's check
+        self._lost: dict[Any, BaseException] = {}  # refs whose worker died under them
+        self._unroute: Any = None  # undoes route_cluster_messages
+        self._kinds: dict[str, Any] = {}  # task id -> WorkerKind
+        self._losses: dict[str, int] = {}  # task id -> attempts that lost their worker
+
+    # -- connecting ---------------------------------------------------------------------------------
+    def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
+        unreachable = self._unreachable()
+        if unreachable:
+            raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
+        try:  # the modules that import ray
+            from orchestra.runners.ray_pool import RayPool
+            from orchestra.runners.ray_session import connect, route_cluster_messages
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray" and not (exc.name or "").startswith("ray."):
+                raise  # not Ray missing: a real error, with its traceback
+            raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
+        connect(self.address, self.runtime_env)
+        self._connected = True  # close() pairs it with a disconnect
+        try:
+            self._unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
+            stage = tasks[0].stage if tasks else "run"
+            prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
+            self._pool = RayPool(self.max_num_workers, self.reuse_workers, self.idle_timeout_s, ctx.events, prefix)
+            self._pool.tick()  # reads the nodes, for unfit_reason
+        except BaseException:
+            self.close()
+            raise
+        return super().launch(tasks, ctx)
+
+    def _unreachable(self) -> str | None:
+        """Why the head of an address given as ``[ray://]host:port`` does not answer, if it does not
+        (Ray itself retries a dead address for minutes)."""
+        if self.address is None or self.address == "auto":
+            return None
+        host, sep, port = self.address.removeprefix("ray://").rpartition(":")
+        if not sep or not port.isdigit():
+            return None  # another form Ray understands (or explains)
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            return exc.strerror or str(exc) or type(exc).__name__
+        return None
+
+    # -- resources ----------------------------------------------------------------------------------
+    def worker_kind(self, task: TaskSpec) -> Any:
+        """The :class:`~orchestra.runners.ray_pool.WorkerKind` of the actors that can run ``task``."""
+        kind = self._kinds.get(task.task_id)
+        if kind is None:
+            from orchestra.runners.ray_pool import WorkerKind
+
+            cpus = self.cpus_per_task if self.cpus_per_task is not None else max(1, task.num_procs)
+            memory = int(self.mem_gb * 1024**3) if self.mem_gb else 0
+            kind = self._kinds[task.task_id] = WorkerKind(task.worker_key or task.stage, float(cpus),
+                                                          float(task.num_gpus), memory)
+        return kind
+
+    def unfit_reason(self, task: TaskSpec) -> str | None:
+        kind = self.worker_kind(task)
+        if self._pool.could_ever_hold(kind):
+            return None
+        needs = {k: v for k, v in kind.needs().items() if v}
+        known = self._pool.node_resources + self._pool.node_type_resources
+        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
+        want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
+        return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
+                f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
+
+    def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
+        env = super().task_env(task, resources, attempt)
+        if task.num_gpus == 0:  # Ray sets CUDA_VISIBLE_DEVICES for GPU workers only: hide them from the rest
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
+        kind = self.worker_kind(task)
+        broken = self._pool.broken(kind)
+        if broken:
+            return {"error": broken}
+        actor = self._pool.take(kind)
+        if actor is None:
+            return None
+        return {"actor_id": actor.actor_id, **self._pool.place(actor), "num_cpus": kind.num_cpus,
+                "num_gpus": kind.num_gpus}
+
+    def release(self, job: Job) -> None:
+        error = self._lost.pop(job.handle, None)
+        self._in_flight.pop(job.handle, None)
+        actor = self._pool.actors.get(job.resources.get("actor_id")) if self._pool is not None else None
+        if actor is None:
+            return  # killed by a timeout or a cancel: already gone from the pool
+        if error is not None:
+            self._pool.lost(actor, error)
+        else:
+            self._pool.finished(actor)
+
+    # -- backend ------------------------------------------------------------------------------------
+    def placement(self, job: Job) -> dict[str, Any]:
+        """The node (id, ip), actor and its pid: the ``started`` event's ``where``."""
+        keys = ("node_id", "node_ip", "actor_id", "pid")
+        return {k: job.resources[k] for k in keys if k in job.resources}
+
+    def submit(self, job: Job) -> None:
+        if "error" in job.resources:
+            raise OSError(job.resources["error"])
+        actor = self._pool.actors[job.resources["actor_id"]]
+        forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
+        request = {"spec": job.command.argv[-1], "log": job.log_path, "env": {**job.command.env, **forwarded}}
+        job.handle = actor.handle.run.remote(request)
+        self._in_flight[job.handle] = job
+
+    def flush(self) -> None:
+        """Once per round: the pool's housekeeping, then one check of every task in flight."""
+        self._pool.tick()
+        self._ended = self._pool.ended(list(self._in_flight))
+
+    def poll(self, job: Job) -> Exit | None:
+        from orchestra.runners.ray_pool import describe, lost_worker
+
+        if job.handle not in self._ended:
+            return None
+        result = self._pool.result(job.handle)
+        if not isinstance(result, BaseException):
+            return Exit(int(result))
+        if lost_worker(result):
+            self._lost[job.handle] = result  # release() hands it to the pool
+            where = f"{job.resources.get('node_ip', '?')} {str(job.resources.get('node_id', '?'))[:12]}"
+            losses = self._losses[job.task.task_id] = self._losses.get(job.task.task_id, 0) + 1
+            times = f" (this task has lost its worker {losses} times)" if losses > 1 else ""
+            return Exit(-1, f"worker lost (node {where}): {describe(result)}{times}", infra=True)
+        return Exit(-1, f"Ray error: {describe(result)}")
+
+    def cancel(self, jobs: list[Job]) -> None:
+        actors = [self._pool.actors[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self._pool.actors]
+        self._pool.stop(actors, "cancelled")
+        # return once the killed actors' calls have ended
+        self._pool.ended([job.handle for job in jobs if job.handle is not None], wait_s=CANCEL_WAIT_S)
+
+    def close(self) -> None:
+        if not self._connected:
+            return
+        try:
+            if self._pool is not None:
+                self._pool.close()
+        finally:
+            self._pool = None
+            self._in_flight.clear()
+            self._lost.clear()
+            self._kinds.clear()
+            self._losses.clear()
+            if self._unroute is not None:
+                self._unroute()
+                self._unroute = None
+            from orchestra.runners.ray_session import disconnect
+
+            self._connected = False
+            disconnect()
+
+
+__all__ = ["RayRunner", "ray_missing"]
