@@ -13,6 +13,8 @@ setup(
     version="0.1.0",
     description="Evaluate language models at scale: partition, run anywhere, summarise.",
     packages=find_packages(include=["orchestra", "orchestra.*"]),
+    # the report's template, CSS and JS, inlined into every report.html
+    package_data={"orchestra.summary": ["report_assets/*"]},
     python_requires=">=3.10",
     install_requires=_requirements("requirements.txt"),
     extras_require={

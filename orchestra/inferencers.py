@@ -10,6 +10,8 @@ entry in :data:`INFERENCERS`.
 from __future__ import annotations
 
 import abc
+import asyncio
+import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestra.errors import ConfigError
@@ -65,20 +67,35 @@ def _gen_settings(cfg: dict[str, Any], prompt: Prompt) -> GenRequest:
 
 
 class GenInferencer(Inferencer):
-    """Generate one answer per row (``max_out_len`` unset: the model's own)."""
+    """Generate one answer per row (``max_out_len`` unset: the model's own), or ``n`` answers
+    (the prediction is then their list; with a ``seed``, answer ``i`` uses ``seed + i``)."""
 
     name = "gen"
-    keys = frozenset({"type", "max_out_len", "stop", "temperature", "top_p", "seed"})
+    keys = frozenset({"type", "max_out_len", "stop", "temperature", "top_p", "seed", "n"})
+
+    def check(self, cfg: dict[str, Any], where: str) -> None:
+        super().check(cfg, where)
+        n = cfg.get("n", 1)
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ConfigError(f"{where}.n: expected an integer >= 1 (answers per row), got {n!r}")
 
     def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
               where: str) -> Sample:
-        return Sample(id=idx, kind=self.name, gold=gold, gen=_gen_settings(cfg, prompt))
+        return Sample(id=idx, kind=self.name, gold=gold, gen=_gen_settings(cfg, prompt),
+                      num_samples=int(cfg.get("n", 1)))
 
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
         if sample.gen is None:
             raise ValueError(f"sample {sample.id}: kind 'gen' without a request")
-        text = await model.generate(sample.gen)
-        return {"id": sample.id, "prompt": _serializable_prompt(sample.gen.prompt), "prediction": text,
+        prediction: str | list[str]
+        if sample.num_samples == 1:
+            prediction = await model.generate(sample.gen)
+        else:
+            req = sample.gen
+            reqs = [req if req.seed is None else dataclasses.replace(req, seed=req.seed + i)
+                    for i in range(sample.num_samples)]
+            prediction = list(await asyncio.gather(*(model.generate(r) for r in reqs)))
+        return {"id": sample.id, "prompt": _serializable_prompt(sample.gen.prompt), "prediction": prediction,
                 "gold": sample.gold}
 
 

@@ -133,6 +133,8 @@ EVALUATORS = Registry(
         "accuracy": "orchestra.evaluators.basic.AccuracyEvaluator",
         "exact_match": "orchestra.evaluators.basic.ExactMatchEvaluator",
         "numeric_match": "orchestra.evaluators.basic.NumericMatchEvaluator",
+        "code_exec": "orchestra.evaluators.code.CodeExecEvaluator",
+        "judge": "orchestra.evaluators.judge.JudgeEvaluator",
     },
     base="orchestra.evaluators.basic.BaseEvaluator",
 )

@@ -71,3 +71,4 @@ class Sample:
     loglik: LoglikRequest | None = None
     turns: list[str] = field(default_factory=list)
     chat_template: GenRequest | None = None  # settings for every turn of a 'chat' sample
+    num_samples: int = 1  # 'gen': completions per row (a list prediction when > 1, for pass@k)

@@ -5,6 +5,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# The code-execution sandbox (docs/scoring.md) runs programs with the system /usr/bin/python3
+# inside bubblewrap; util-linux gives unshare, setpriv and prlimit.  As root, install what is missing.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  missing=""
+  command -v bwrap >/dev/null 2>&1 || missing="$missing bubblewrap"
+  [ -x /usr/bin/python3 ] || missing="$missing python3"
+  if [ -n "$missing" ]; then
+    # shellcheck disable=SC2086
+    apt-get install -y -q --no-install-recommends $missing >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q --no-install-recommends $missing >/dev/null; }
+  fi
+fi
 if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi

@@ -1,21 +1,19 @@
 """``orchestra CONFIG`` / ``python run.py CONFIG``: plan, run and summarise an evaluation.
 
-Exit codes: 0 every task done; 1 some task failed, was skipped or cancelled (the summary
-names each with its log); 2 bad config or usage; 130 interrupted.
+A thin wrapper on :mod:`orchestra.api`: flags become config edits, then ``api.plan`` or
+``api.run`` does the work.  Exit codes: 0 every task done; 1 some task failed, was skipped or
+cancelled (the summary names each with its log), or a write failed; 2 bad config or usage;
+130 interrupted; 129 SIGHUP.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import signal
 import sys
-from types import FrameType
 from typing import Any
 
-from orchestra.errors import ConfigError, RunFolderBusyError, UserError
-
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+from orchestra.api import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from orchestra.errors import UserError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -30,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-r", "--reuse", nargs="?", const="latest", metavar="TIMESTAMP|latest",
                    help="continue a run folder: finished outputs are reused, the rest runs")
     p.add_argument("--mode", choices=["all", "infer", "eval", "viz"], default="all",
-                   help="run both stages (all), one stage, or only rebuild the summary (viz)")
+                   help="run both stages (all), one stage, or only rebuild the summary and report (viz)")
     p.add_argument("--debug", action="store_true", help="run tasks in this process, one by one, with tracebacks")
     p.add_argument("--dry-run", action="store_true", help="print the plan of both stages; write nothing")
     p.add_argument("--max-num-workers", type=int, help="tasks running at once, for every stage")
@@ -38,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm", action="store_true", help="run every stage with SlurmRunner")
     p.add_argument("-p", "--partition", help="Slurm partition (with --slurm)")
     p.add_argument("-q", "--qos", help="Slurm QOS (with --slurm)")
+    p.add_argument("--yes", action="store_true", help="run a sweep of more variants than its max_variants")
+    p.add_argument("--trace", metavar="PATH",
+                   help="also write the run's timeline as a Chrome/Perfetto trace to PATH "
+                        "(always written to <run>/summary/trace.json)")
     p.add_argument("--cfg-options", nargs="+", default=[], metavar="KEY=VALUE",
                    help="override config values, e.g. infer.runner.max_num_workers=4")
     return p
@@ -102,168 +104,23 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_FAILED
 
 
-def _print(*values: Any, file: Any = None) -> None:
-    """``print`` that survives a reader who left (``orchestra ... | head``): the run goes on
-    and its exit code still says how it went."""
-    stream = file or sys.stdout
-    try:
-        print(*values, file=stream, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
-
-
 def _main(args: argparse.Namespace) -> int:
-    from orchestra.config import load_config, validate
+    from orchestra import api
 
     for flag, value in (("--max-num-workers", args.max_num_workers), ("--retry", args.retry)):
         if value is not None and value < (1 if flag == "--max-num-workers" else 0):
             raise UserError(f"{flag} {value}: must be >= {1 if flag == '--max-num-workers' else 0}")
-    raw = load_config(args.config, args.cfg_options)
-    _apply_cli_overrides(raw, args)
-    cfg = validate(raw, args.config)
 
-    from orchestra.datasets.info import dataset_infos
-    from orchestra.paths import RunPaths, choose_run_folder
-    from orchestra.plan import make_plan
+    def edit(raw: dict[str, Any]) -> None:
+        _apply_cli_overrides(raw, args)
 
-    infos = dataset_infos(cfg.datasets, args.config, write_cache=not args.dry_run)
-    runners = _build_runners(cfg, args)
-    # Only now, with nothing left to reject, is a run folder chosen (and a new one created).
-    reuse = args.reuse
-    if reuse is None and args.mode in ("eval", "viz"):
-        reuse = "latest"  # scoring or summarising a new, empty folder would do nothing
-    root, existed = choose_run_folder(cfg.work_dir, reuse, allow_new=args.mode != "viz", create=not args.dry_run)
-    paths = RunPaths(root)
     if args.dry_run:
-        return _print_plan(make_plan(cfg, infos, paths), runners, paths, existed)
-
-    if args.mode == "viz":
-        return _viz(paths)
-
-    from filelock import FileLock, Timeout
-
-    os.makedirs(root, exist_ok=True)
-    lock = FileLock(paths.lock)
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        raise RunFolderBusyError(f"{root} is in use by another orchestrator (lock {paths.lock})") from None
-    try:
-        return _run(cfg, args, paths, infos, runners)
-    finally:
-        lock.release()
-
-
-def _viz(paths: Any) -> int:
-    """Rebuild the summary of a run folder from the config that run saved (not the config
-    file as it is now); nothing else in the folder changes."""
-    from orchestra.config import load_config, validate
-    from orchestra.datasets.info import dataset_infos
-    from orchestra.plan import make_plan
-    from orchestra.summary.table import build_summary, render_text, write_summary
-
-    if not os.path.isfile(paths.config):
-        raise UserError(f"--mode viz: {paths.root} holds no config.py (not a run folder of orchestra)")
-    cfg = validate(load_config(paths.config), paths.config)
-    infos = dataset_infos(cfg.datasets, paths.config, write_cache=False)
-    plan = make_plan(cfg, infos, paths)
-    summary = build_summary(paths, [m["abbr"] for m in cfg.models], plan.all_units["eval"])
-    write_summary(summary, paths)
-    _print(render_text(summary))
-    _print(f"run folder: {paths.root}", file=sys.stderr)
-    return EXIT_FAILED if summary.missing else EXIT_OK
-
-
-def _build_runners(cfg: Any, args: argparse.Namespace) -> dict[str, Any]:
-    runners = {}
-    for name, stage in cfg.stages.items():
-        try:
-            runners[name] = stage.runner_cls(**stage.runner_kwargs)  # built (checked) even for --debug
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"{args.config}: {name}.runner: {exc}") from None
-    if args.debug:  # every stage in this process, one task at a time, tracebacks shown
-        from orchestra.runners.inprocess import InProcessRunner
-
-        runners = {name: InProcessRunner() for name in runners}
-    return runners
-
-
-def _print_plan(plan: Any, runners: dict[str, Any], paths: Any, existed: bool) -> int:
-    _print(f"run folder: {paths.root}{' (reused)' if existed else ' (new; nothing is written by --dry-run)'}")
-    for stage in ("infer", "eval"):
-        tasks = plan.tasks[stage]
-        reused = len(plan.reused[stage])
-        runner = runners[stage]
-        _print(f"\n[{stage}] {len(tasks)} task(s) to run, {reused} output(s) reused, "
-              f"runner {type(runner).__name__} (max_num_workers={runner.max_num_workers}, retry={runner.retry})")
-        for task in tasks:
-            resources = {"gpu_ids": ["<gpu>"] * task.num_gpus}
-            cmd = runners[stage].get_command(task, paths.task_spec(task.task_id), resources, 1,
-                                             paths.task_log(stage, task.task_id))
-            units = ", ".join(f"{u.name}[{u.start}:{u.end}]" for u in task.units)
-            _print(f"  {task.task_id}  cost={task.cost:g}  gpus={task.num_gpus}  units: {units}")
-            _print(f"    $ {cmd.display()}")
-    return EXIT_OK
-
-
-def _run(cfg: Any, args: argparse.Namespace, paths: Any, infos: Any, runners: dict[str, Any]) -> int:
-    from orchestra.config import dump_config
-    from orchestra.events import EventLog
-    from orchestra.plan import make_plan
-    from orchestra.runners.base import RunContext, TaskResult, TaskState
-    from orchestra.summary.progress import StageProgress
-    from orchestra.summary.table import build_summary, render_text, write_summary
-
-    paths.make_dirs()
-    dump_config(cfg.resolved, paths.config)
-    events = EventLog(paths.events)
-    ctx = RunContext(paths, events)
-    previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
-    received: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if not ctx.stop.is_set():
-            received.append(signum)
-            _print(f"\norchestra: {signal.Signals(signum).name} received, stopping every task...", file=sys.stderr)
-        ctx.stop.set()
-
-    for sig in previous:
-        signal.signal(sig, on_signal)
-    plan = make_plan(cfg, infos, paths)
-    events.emit("run_started", mode=args.mode, pid=os.getpid(),
-                tasks={s: [t.task_id for t in ts] for s, ts in plan.tasks.items()})
-    results: list[TaskResult] = []
-    try:
-        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[args.mode]
-        for stage in stages:
-            if ctx.stop.is_set():
-                break
-            tasks = plan.tasks[stage]
-            if not tasks:
-                continue
-            _print(f"[{stage}] {len(tasks)} task(s), {len(plan.reused[stage])} output(s) reused", file=sys.stderr)
-            ctx.on_change = None if args.debug else StageProgress(stage, len(tasks), paths.events)
-            results += runners[stage].launch(tasks, ctx)
-            if not args.debug:
-                _print(file=sys.stderr)
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    interrupted = ctx.stop.is_set()
-    events.emit("run_finished", interrupted=interrupted,
-                failed=[r.task_id for r in results if r.state is not TaskState.DONE])
-    summary = build_summary(paths, [m["abbr"] for m in cfg.models], plan.all_units["eval"])
-    write_summary(summary, paths)
-    _print(render_text(summary))
-    bad = [r for r in results if r.state is not TaskState.DONE]
-    for r in bad:
-        log = f"; log: {r.log_path}" if os.path.exists(r.log_path) else ""
-        _print(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({r.reason}){log}", file=sys.stderr)
-    _print(f"run folder: {paths.root}", file=sys.stderr)
-    if interrupted:
-        # 128 + the signal, as shells report it (Ctrl-C 130, SIGHUP 129, SIGTERM 130 as before)
-        return 129 if received and received[0] == signal.SIGHUP else EXIT_INTERRUPTED
-    return EXIT_FAILED if bad else EXIT_OK
+        view = api.plan(args.config, reuse=args.reuse, mode=args.mode, cfg_options=args.cfg_options, _edit_raw=edit)
+        api.say(view.render())
+        return EXIT_OK
+    run = api.run(args.config, mode=args.mode, reuse=args.reuse, debug=args.debug, yes=args.yes,
+                  cfg_options=args.cfg_options, trace=args.trace, _edit_raw=edit)
+    return run.exit_code
 
 
 if __name__ == "__main__":

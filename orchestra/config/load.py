@@ -97,6 +97,32 @@ def parse_override(item: str) -> tuple[str, Any]:
         return key, text
 
 
+def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """Set dotted keys (``infer.runner.retry``, ``models.0.batch_size``) in a plain config dict."""
+    for key, value in overrides.items():
+        if not _KEY.fullmatch(key):
+            raise ConfigError(f"override {key!r}: not a dotted key such as infer.runner.retry or models.0.batch_size")
+        target: Any = raw
+        parts = key.split(".")
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            if isinstance(target, list):
+                if not part.isdigit() or int(part) >= len(target):
+                    raise ConfigError(f"override {key!r}: {'.'.join(parts[:i]) or 'the config'} has "
+                                      f"{len(target)} item(s); {part!r} is not one of its indices")
+                if last:
+                    target[int(part)] = value
+                else:
+                    target = target[int(part)]
+            elif isinstance(target, dict):
+                if last:
+                    target[part] = value
+                else:
+                    target = target.setdefault(part, {})
+            else:
+                raise ConfigError(f"override {key!r}: {'.'.join(parts[:i])} holds {target!r}, not a dict or list")
+
+
 def _load_problem(exc: BaseException) -> str:
     """What went wrong while a config file was executed, in one line."""
     import traceback

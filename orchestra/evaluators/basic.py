@@ -6,11 +6,25 @@ import abc
 import math
 import re
 import string
-from typing import Any
+from typing import Any, ClassVar
 
 
 class BaseEvaluator(abc.ABC):
     """Scores prediction records; returns metrics (first one is the headline) and details."""
+
+    #: constructor arguments that hold a model config (checked like ``models`` entries)
+    model_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def identity(cls, cfg: dict[str, Any]) -> Any:
+        """What a result's content hash covers of this evaluator's config ``cfg`` (None: the
+        config as written)."""
+        return None
+
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any], dataset: dict[str, Any], where: str) -> None:
+        """Raise ``ConfigError`` if ``cfg`` cannot work for ``dataset`` (run while the config
+        is validated, after its keys were checked; must be cheap)."""
 
     @abc.abstractmethod
     def judge(self, record: dict[str, Any]) -> dict[str, Any]:

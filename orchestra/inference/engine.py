@@ -25,6 +25,8 @@ from orchestra.requests import Sample
 
 #: request counters of ``ModelStats`` reported as deltas over one engine run
 _COUNTERS = ("done", "rate_limited", "retries", "errors")
+#: token counters a model may keep in ``ModelStats.extra`` (OpenAI usage names), also deltas
+_TOKENS = ("prompt_tokens", "completion_tokens")
 
 
 async def run_sample(model: BaseModel, sample: Sample) -> dict[str, Any]:
@@ -86,8 +88,9 @@ class Engine:
 
         Keys: ``samples_total``, ``samples_done`` (checkpointed ones included),
         ``samples_failed``, ``samples_running``, ``in_flight``, ``requests_done``,
-        ``rate_limited``, ``retries``, ``errors``, ``elapsed_s``, and ``rate_limit_rps``
-        when the model paces its requests.
+        ``rate_limited``, ``retries``, ``errors``, ``elapsed_s``, ``samples_resumed`` (from
+        checkpoints), ``rate_limit_rps`` when the model paces its requests, and
+        ``prompt_tokens`` / ``completion_tokens`` when the model counts tokens.
         """
         stats = self.model.stats.as_dict()
         snap: dict[str, Any] = {
@@ -100,6 +103,10 @@ class Engine:
         }
         for key in _COUNTERS[1:]:
             snap[key] = stats.get(key, 0) - self._start_stats.get(key, 0)
+        snap["samples_resumed"] = self.already_done
+        for key in _TOKENS:
+            if key in stats:
+                snap[key] = stats[key] - self._start_stats.get(key, 0)
         rate = stats.get("rate_limit_rps")
         if rate:
             snap["rate_limit_rps"] = round(float(rate), 2)

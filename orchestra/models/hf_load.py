@@ -8,9 +8,12 @@ imported inside the functions only.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import logging
 import os
+import sys
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +22,8 @@ from orchestra.models import weights_cache
 from orchestra.models.hf_common import ModelSource, auto_num_threads
 
 log = logging.getLogger(__name__)
+#: errors that mean "this cache folder cannot be written", not "the weights are bad"
+_UNWRITABLE = {errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.ENOENT, errno.ENOTDIR}
 
 
 @dataclass
@@ -141,14 +146,23 @@ def _weights_folder(abbr: str, source: ModelSource, cache_dir: str | None, trans
     gguf = source.location
     if importlib.util.find_spec("gguf") is None:
         raise ModelError(f"model {abbr}: loading {gguf} needs the gguf package; pip install gguf")
-    entry = weights_cache.entry_for(gguf, cache_dir, extra=transformers.__version__)
     manifest = {"gguf": gguf, "transformers": transformers.__version__}
-    try:
-        folder, converted = weights_cache.get_or_convert(entry, lambda out: _convert_gguf(abbr, gguf, out), manifest)
-    except PermissionError as exc:
-        log.warning("%s: weights cache %s is not writable (%s); converting in memory", abbr, entry.root, exc)
-        return None, "gguf"
-    return folder, "converted" if converted else "cache"
+    fallback = os.path.join(tempfile.gettempdir(), f"orchestra-weights-{os.getuid()}")
+    for root in (cache_dir, fallback):
+        entry = weights_cache.entry_for(gguf, root, extra=transformers.__version__)
+        try:
+            folder, converted = weights_cache.get_or_convert(
+                entry, lambda out: _convert_gguf(abbr, gguf, out), manifest)
+            return folder, "converted" if converted else "cache"
+        except OSError as exc:  # read-only, full or forbidden: the cache is a speed-up, not a need
+            if exc.errno not in _UNWRITABLE:
+                raise
+            nxt = f"the temporary folder {fallback}" if root is cache_dir else "memory (nothing is kept)"
+            log.warning("%s: weights cache %s cannot be written (%s); using %s", abbr, entry.root,
+                        exc.strerror or exc, nxt)
+            print(f"warning: model {abbr}: weights cache {entry.root} cannot be written ({exc.strerror or exc}); "
+                  f"using {nxt}", file=sys.stderr, flush=True)
+    return None, "gguf"
 
 
 def _convert_gguf(abbr: str, gguf: str, out_dir: str) -> bool:

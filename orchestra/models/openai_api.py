@@ -17,6 +17,7 @@ import asyncio
 import functools
 import json
 import os
+import urllib.parse
 from typing import Any
 
 from orchestra.errors import ModelError
@@ -141,9 +142,18 @@ class OpenAIAPI(BaseModel):
         return self._key
 
     def _scrub(self, text: str) -> str:
-        """Never let the key into an error message (some servers echo what they were sent)."""
+        """Never let the key into an error message (some servers echo what they were sent),
+        also where the echo escaped it: JSON (``\\/``, ``\\u..``), URL-encoding, ``+`` for spaces."""
         key = self._secret().value
-        return text.replace(key, "***") if key else text
+        if not key:
+            return text
+        forms = {key, json.dumps(key)[1:-1], json.dumps(key, ensure_ascii=True)[1:-1].replace("/", "\\/"),
+                 urllib.parse.quote(key, safe=""), urllib.parse.quote_plus(key), urllib.parse.quote(key)}
+        for form in sorted(forms, key=len, reverse=True):
+            text = text.replace(form, "***")
+            if form != form.lower():  # percent-escapes may come back in lower case
+                text = text.replace(form.lower() if "%" in form else form, "***")
+        return text
 
     def _client(self) -> Any:
         loop = asyncio.get_running_loop()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import abc
 import enum
+import heapq
 import os
 import threading
 import time
@@ -55,6 +56,7 @@ class Job:
     started: float = 0.0
     handle: Any = None  # the backend's own state (a Popen, a Slurm job id, ...)
     timed_out: bool = False
+    slot: int = 0  # the loop's worker slot (0 .. max_num_workers-1) this attempt holds
 
 
 @dataclass
@@ -78,6 +80,13 @@ class RunContext:
     events: EventLog
     stop: threading.Event = field(default_factory=threading.Event)
     on_change: Callable[[dict[str, int]], None] | None = None  # progress display hook
+    #: set while an upstream stage still runs and may write this launch's inputs: a task
+    #: whose inputs are missing then waits (the eval of a (model, dataset) starts as soon as
+    #: its predictions are done); once cleared, a task still missing inputs is skipped
+    upstream: threading.Event | None = None
+
+    def inputs_may_come(self) -> bool:
+        return self.upstream is not None and self.upstream.is_set()
 
 
 @dataclass
@@ -86,6 +95,8 @@ class _Pending:
     attempt: int
     not_before: float = 0.0
     first_started: float = 0.0
+    inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
+    inputs_checked: float = 0.0  # when they were last looked for
 
 
 class BaseRunner(abc.ABC):
@@ -160,6 +171,11 @@ class BaseRunner(abc.ABC):
     def release(self, job: Job) -> None:
         """Give back what ``acquire`` reserved."""
 
+    def placement(self, job: Job) -> dict[str, Any]:
+        """Where a submitted attempt runs, as this backend knows it (host, pid, job id, node),
+        recorded in its ``started`` event for the report's timeline.  Default: nothing known."""
+        return {}
+
     def close(self) -> None:
         """Called once after ``launch`` (e.g. to stop warm workers)."""
 
@@ -205,27 +221,30 @@ class BaseRunner(abc.ABC):
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
         results: dict[str, TaskResult] = {}
         pending: deque[_Pending] = deque()
+        self._free_slots = list(range(self.max_num_workers))  # a heap: the lowest free slot first
         for task in tasks:
             log_path = ctx.paths.task_log(task.stage, task.task_id)
             missing = task.missing_inputs()
-            if missing:  # a stage waits for its inputs: an eval task whose predictions failed
-                why = f"predictions missing: {os.path.relpath(missing[0], ctx.paths.root)}"
-                results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.SKIPPED, 0, log_path, why)
-                ctx.events.emit("skipped", task_id=task.task_id, stage=task.stage, reason=why)
+            waits = bool(missing) and ctx.inputs_may_come()
+            if missing and not waits:  # a stage waits for its inputs: an eval task whose predictions failed
+                self._skip(task, missing, results, ctx)
                 continue
             unfit = self.unfit_reason(task)
             if unfit:
                 results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, 0, log_path, unfit)
-                ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit)
+                ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit, name=task.display_name,
+                                model=task.model_abbr)
                 continue
-            pending.append(_Pending(task, 1))
-            ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost)
+            pending.append(_Pending(task, 1, inputs_ready=not waits, inputs_checked=time.monotonic()))
+            ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost, name=task.display_name,
+                            model=task.model_abbr, samples=task.num_samples, num_gpus=task.num_gpus)
         running: list[tuple[Job, _Pending]] = []
         try:
             while pending or running:
                 if ctx.stop.is_set():
                     break
                 now = time.monotonic()
+                self._look_for_inputs(pending, results, ctx, now)
                 self._start_ready(pending, running, results, ctx, now)
                 self.flush()
                 for job, entry in list(running):
@@ -239,64 +258,110 @@ class BaseRunner(abc.ABC):
                             continue
                     running.remove((job, entry))
                     self.release(job)
+                    heapq.heappush(self._free_slots, job.slot)
                     self._finish(job, entry, ended, pending, results, ctx)
                 self._report(ctx, pending, running, results)
                 if pending or running:
                     ctx.stop.wait(self.poll_interval_s)
         finally:
-            if running or (ctx.stop.is_set() and pending):
-                jobs = [job for job, _ in running]
-                if jobs:
-                    self.cancel(jobs)
-                for job, entry in running:
+            try:
+                if running or (ctx.stop.is_set() and pending):
+                    self._cancel_all(running, pending, results, ctx)
+            finally:
+                self.close()  # whatever the clean-up met: nothing the backend started may outlive the launch
+        return [results[t.task_id] for t in tasks if t.task_id in results]
+
+    def _skip(self, task: TaskSpec, missing: list[str], results: dict[str, TaskResult], ctx: RunContext) -> None:
+        why = f"predictions missing: {os.path.relpath(missing[0], ctx.paths.root)}"
+        log_path = ctx.paths.task_log(task.stage, task.task_id)
+        results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.SKIPPED, 0, log_path, why)
+        ctx.events.emit("skipped", task_id=task.task_id, stage=task.stage, reason=why, name=task.display_name,
+                        model=task.model_abbr)
+
+    #: how often a task waiting for its inputs looks for them (each look reads and checks files)
+    INPUT_CHECK_S = 0.5
+
+    def _look_for_inputs(self, pending: deque[_Pending], results: dict[str, TaskResult], ctx: RunContext,
+                         now: float) -> None:
+        """Release waiting tasks whose inputs now exist; skip those whose inputs can no longer come."""
+        may_come = ctx.inputs_may_come()
+        for entry in [e for e in pending if not e.inputs_ready]:
+            if may_come and now - entry.inputs_checked < self.INPUT_CHECK_S:
+                continue
+            entry.inputs_checked = now
+            missing = entry.task.missing_inputs()
+            if not missing:
+                entry.inputs_ready = True
+            elif not may_come:
+                pending.remove(entry)
+                self._skip(entry.task, missing, results, ctx)
+
+    def _cancel_all(self, running: list[tuple[Job, _Pending]], pending: deque[_Pending],
+                    results: dict[str, TaskResult], ctx: RunContext) -> None:
+        """Stop every running job (one ``cancel`` call) and record running and pending tasks as cancelled."""
+        try:
+            jobs = [job for job, _ in running]
+            if jobs:
+                self.cancel(jobs)
+        finally:
+            for job, entry in running:
+                try:
                     self.release(job)
+                finally:
                     results[job.task.task_id] = TaskResult(
                         job.task.task_id, job.task.stage, TaskState.CANCELLED, job.attempt, job.log_path,
                         "cancelled", time.monotonic() - entry.first_started,
                     )
-                    ctx.events.emit("cancelled", task_id=job.task.task_id, stage=job.task.stage)
-                for entry in pending:
-                    log_path = ctx.paths.task_log(entry.task.stage, entry.task.task_id)
-                    results[entry.task.task_id] = TaskResult(
-                        entry.task.task_id, entry.task.stage, TaskState.CANCELLED, entry.attempt - 1, log_path,
-                        "cancelled before it started",
-                    )
-                    ctx.events.emit("cancelled", task_id=entry.task.task_id, stage=entry.task.stage)
-            self.close()
-        return [results[t.task_id] for t in tasks if t.task_id in results]
+                    ctx.events.emit("cancelled", task_id=job.task.task_id, stage=job.task.stage, attempt=job.attempt,
+                                    slot=job.slot, duration_s=round(time.monotonic() - job.started, 3))
+            for entry in pending:
+                log_path = ctx.paths.task_log(entry.task.stage, entry.task.task_id)
+                results[entry.task.task_id] = TaskResult(
+                    entry.task.task_id, entry.task.stage, TaskState.CANCELLED, entry.attempt - 1, log_path,
+                    "cancelled before it started",
+                )
+                ctx.events.emit("cancelled", task_id=entry.task.task_id, stage=entry.task.stage)
 
     def _start_ready(self, pending: deque[_Pending], running: list[tuple[Job, _Pending]],
                      results: dict[str, TaskResult], ctx: RunContext, now: float) -> None:
         for entry in list(pending):
-            if len(running) >= self.max_num_workers:
-                return
-            if entry.not_before > now:
+            if len(running) >= self.max_num_workers or ctx.stop.is_set():
+                return  # a stop that came during the last submit launches nothing more
+            if entry.not_before > now or not entry.inputs_ready:
                 continue
             resources = self.acquire(entry.task)
             if resources is None:
                 continue
             pending.remove(entry)
             task = entry.task
-            spec_path = ctx.paths.task_spec(task.task_id)
-            if entry.attempt == 1:  # the one place a spec is written: what every attempt runs
-                task.dump(spec_path)
             log_path = ctx.paths.task_log(task.stage, task.task_id)
-            command = self.get_command(task, spec_path, resources, entry.attempt, log_path)
-            job = Job(task, entry.attempt, command, log_path, resources)
-            self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} at "
-                                  f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {command.display()}\n")
-            job.started = time.monotonic()
+            job = Job(task, entry.attempt, Command(()), log_path, resources, slot=heapq.heappop(self._free_slots))
+            job.started = time.monotonic()  # set again at the submit: a timeout counts from there
             if not entry.first_started:
                 entry.first_started = job.started
             try:
+                spec_path = ctx.paths.task_spec(task.task_id)
+                if entry.attempt == 1:  # the one place a spec is written: what every attempt runs
+                    task.dump(spec_path)
+                job.command = self.get_command(task, spec_path, resources, entry.attempt, log_path)
+                self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} "
+                                      f"({task.display_name}) at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
+                                      f"===== command: {job.command.display()}\n")
+                job.started = time.monotonic()
                 self.submit(job)
             except OSError as exc:
                 self.release(job)
+                heapq.heappush(self._free_slots, job.slot)
                 self._finish(job, entry, Exit(-1, f"could not start: {exc}"), pending, results, ctx)
                 continue
+            except BaseException:
+                self.release(job)  # its slot comes back; the error ends the launch (cancelling the rest)
+                heapq.heappush(self._free_slots, job.slot)
+                raise
             running.append((job, entry))
             ctx.events.emit("started", task_id=task.task_id, stage=task.stage, attempt=entry.attempt,
-                            resources=resources, log=log_path)
+                            resources=resources, log=log_path, name=task.display_name, slot=job.slot,
+                            runner=type(self).__name__, where=self.placement(job))
 
     def _finish(self, job: Job, entry: _Pending, ended: Exit, pending: deque[_Pending],
                 results: dict[str, TaskResult], ctx: RunContext) -> None:
@@ -307,22 +372,24 @@ class BaseRunner(abc.ABC):
                 results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.DONE, job.attempt,
                                                    job.log_path, "", time.monotonic() - entry.first_started)
                 ctx.events.emit("done", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
-                                duration_s=round(time.monotonic() - job.started, 3))
+                                duration_s=round(time.monotonic() - job.started, 3), exit_code=0, slot=job.slot)
                 return
             reason = f"exited 0 but did not write {os.path.relpath(missing[0], ctx.paths.root)}"
         else:
             reason = ended.reason or f"exit code {ended.code}"
         self.log_attempt(job, f"===== orchestra: attempt {job.attempt} failed: {reason}\n")
+        how = {"exit_code": ended.code, "timed_out": job.timed_out, "slot": job.slot,
+               "duration_s": round(time.monotonic() - job.started, 3)}
         if job.attempt <= self.retry and not ctx.stop.is_set():
             delay = self._backoff(job.attempt)
             ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
-                            reason=reason, delay_s=round(delay, 3))
+                            reason=reason, delay_s=round(delay, 3), **how)
             pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started))
             return
         results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, job.attempt,
                                            job.log_path, reason, time.monotonic() - entry.first_started)
         ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, attempt=job.attempt, reason=reason,
-                        log=job.log_path)
+                        log=job.log_path, **how)
 
     def _report(self, ctx: RunContext, pending: deque[_Pending], running: list[tuple[Job, _Pending]],
                 results: dict[str, TaskResult]) -> None:

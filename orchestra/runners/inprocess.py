@@ -44,11 +44,16 @@ class InProcessRunner(BaseRunner):
             assert self._ctx is not None
             self._ctx.stop.set()  # the loop stops and records this job as cancelled
             job.handle = None
+        except Exception as exc:  # noqa: BLE001 - kept, and raised from poll with its traceback
+            # Raised here, an OSError would read as "could not start"; from poll it ends the launch.
+            job.handle = exc
         finally:
             signal.signal(signal.SIGINT, handler)
 
     def poll(self, job: Job) -> Exit | None:
         ended: Any = job.handle
+        if isinstance(ended, Exception):
+            raise ended
         return ended if isinstance(ended, Exit) else None
 
     def cancel(self, jobs: list[Job]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 from typing import Any
 
@@ -12,6 +13,8 @@ from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
 from orchestra.runners.proc import start_group, stop_groups
 from orchestra.runners.warm import WarmPool, Worker
 from orchestra.tasks.spec import TaskSpec
+
+_HOST = socket.gethostname()
 
 
 def detect_gpus() -> list[str]:
@@ -139,6 +142,12 @@ class LocalRunner(BaseRunner):
             job.handle = self._pool.run(job, key)
             return
         job.handle = start_group(job.command.argv, job.command.env, job.log_path)
+
+    def placement(self, job: Job) -> dict[str, Any]:
+        if isinstance(job.handle, Worker):
+            return {"host": _HOST, "pid": job.handle.proc.pid, "warm_worker": True}
+        pid = getattr(job.handle, "pid", None)
+        return {"host": _HOST, "pid": pid} if pid is not None else {"host": _HOST}
 
     def poll(self, job: Job) -> Exit | None:
         if isinstance(job.handle, Worker):

@@ -1,1 +1,1 @@
-"""Reporting: the results table built from a run folder."""
+"""Reporting: the results table, the live progress, the HTML report and the trace of a run folder."""

@@ -1,5 +1,12 @@
-"""The live progress bar of a stage: tasks ended, running and failed, and the request
-counters running tasks report as ``progress`` events in ``events.jsonl``."""
+"""The live progress of a stage: samples done out of the stage's samples, with tasks, rate,
+ETA and the counters that matter for the models and runner in use.
+
+Running infer tasks report live counters as ``progress`` events in ``events.jsonl``; the
+loop's own events say which tasks ended and which GPUs they held.  On a terminal this is
+one tqdm bar per stage; without one (CI, nohup, a file) it is one line every
+``ORCHESTRA_PROGRESS_INTERVAL_S`` seconds (default 30).  :meth:`StageProgress.close` reads
+every event once more, so the last display shows the final counts exactly.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +14,98 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from collections import deque
+from collections.abc import Iterable
+from typing import IO, Any
+
+from orchestra.models.base import BatchedModel
+from orchestra.registry import MODELS
+from orchestra.tasks.spec import TaskSpec
+
+_ENDED = ("done", "failed", "cancelled", "skipped")
+#: seconds of history the sample rate (and so the ETA) is measured over
+RATE_WINDOW_S = 60.0
+DEFAULT_LINE_INTERVAL_S = 30.0
+
+
+def api_model_abbrs(models: Iterable[dict[str, Any]]) -> set[str]:
+    """Abbrs of the models that call an API (not a local ``BatchedModel``): only their
+    tasks have 429s and retries worth showing."""
+    out = set()
+    for m in models:
+        try:
+            cls = MODELS.resolve(m.get("type"), f"model {m.get('abbr')}")
+        except Exception:  # an unresolvable type was refused by validation long before
+            continue
+        if not issubclass(cls, BatchedModel):
+            out.add(str(m.get("abbr")))
+    return out
+
+
+def line_interval_s() -> float:
+    """Seconds between progress lines when stderr is not a terminal."""
+    raw = os.environ.get("ORCHESTRA_PROGRESS_INTERVAL_S", "")
+    try:
+        return max(0.1, float(raw)) if raw else DEFAULT_LINE_INTERVAL_S
+    except ValueError:
+        return DEFAULT_LINE_INTERVAL_S
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60:02d}:{s % 60:02d}"
 
 
 class StageProgress:
-    """The progress bar of a stage: tasks ended, running, failed, and the live request
-    counters (in flight, done, 429s, retries, errors) that running tasks report as
-    ``progress`` events."""
+    """Progress of one stage's tasks, shown as samples.
 
-    # fields of the infer task's ``progress`` events (see docs/api.md), summed over running tasks
-    COUNTERS = ("samples_done", "samples_total", "in_flight", "requests_done", "rate_limited", "retries", "errors")
+    Args:
+        stage: ``infer`` or ``eval``.
+        tasks: the stage's tasks (their sample counts are the total).
+        events_path: the run's ``events.jsonl``.
+        api_models: abbrs of API models: request counters (in flight, 429s, retries) are
+            shown only for their tasks.
+        gpu_slots: GPUs the runner hands out (0: none; busy GPUs are shown when > 0).
+        stream: where to draw (default stderr); a bar on a terminal, lines otherwise.
+        interval_s: seconds between lines when ``stream`` is not a terminal.
+    """
 
-    def __init__(self, stage: str, total: int, events_path: str) -> None:
-        from tqdm import tqdm
-
-        self.total = total
+    def __init__(self, stage: str, tasks: list[TaskSpec], events_path: str, api_models: Iterable[str] = (),
+                 gpu_slots: int = 0, stream: IO[str] | None = None, interval_s: float | None = None) -> None:
+        self.stage = stage
+        self.planned = {t.task_id: t.num_samples for t in tasks}
+        self.models = {t.task_id: t.model_abbr for t in tasks}
+        self.total = sum(self.planned.values())
         self.events_path = events_path
+        self.api_models = set(api_models)
+        self.gpu_slots = gpu_slots if any(t.num_gpus for t in tasks) else 0
+        self.stream = stream if stream is not None else sys.stderr
+        self.interval_s = line_interval_s() if interval_s is None else interval_s
         self.offset = os.path.getsize(events_path) if os.path.exists(events_path) else 0
-        self.latest: dict[str, dict[str, Any]] = {}
+        self.latest: dict[str, dict[str, Any]] = {}  # task -> its latest progress event
+        self.spent: dict[tuple[str, Any], dict[str, Any]] = {}  # (task, attempt) -> its latest one
+        self.ended: dict[str, str] = {}  # task -> done | failed | cancelled | skipped
+        self.gpus: dict[str, list[str]] = {}  # running task -> GPU ids it holds
+        self.counts: dict[str, int] = {}
+        self.t0 = time.monotonic()
+        self.history: deque[tuple[float, int]] = deque()  # (time, samples done in this run)
         self.last_read = 0.0
-        self.last_counts: dict[str, int] = {}
-        self.bar = tqdm(total=total, desc=f"[{stage}]", unit="task", file=sys.stderr, dynamic_ncols=True,
-                        mininterval=0.5, leave=True)
+        self.last_line = self.t0
+        self.closed = False
+        self.bar: Any = None
+        try:
+            tty = self.stream.isatty()
+        except (AttributeError, ValueError):
+            tty = False
+        if tty:
+            from tqdm import tqdm
 
-    def _read_progress(self) -> None:
+            self.bar = tqdm(total=self.total, desc=f"[{stage}]", file=self.stream, dynamic_ncols=True,
+                            mininterval=0.5, leave=True,
+                            bar_format="{desc} {percentage:3.0f}%|{bar}| {n}/{total} samples{postfix}")
+
+    # -- reading ----------------------------------------------------------------------------
+    def _read_events(self) -> None:
         try:
             with open(self.events_path, "rb") as f:
                 f.seek(self.offset)
@@ -44,23 +119,130 @@ class StageProgress:
                 ev = json.loads(line)
             except ValueError:
                 continue
-            if ev.get("event") == "progress":
-                self.latest[str(ev.get("task_id"))] = ev
+            task = str(ev.get("task_id"))
+            if not isinstance(ev, dict) or task not in self.planned:
+                continue
+            kind = ev.get("event")
+            if kind == "progress":
+                self.latest[task] = ev
+                self.spent[(task, ev.get("attempt"))] = ev
+            elif kind == "started":
+                self.ended.pop(task, None)
+                self.gpus[task] = list((ev.get("resources") or {}).get("gpu_ids") or [])
+            elif kind in _ENDED or kind == "retry":
+                self.gpus.pop(task, None)
+                if kind != "retry":
+                    self.ended[task] = kind
 
+    # -- counting ---------------------------------------------------------------------------
+    def samples(self) -> dict[str, int]:
+        """Samples done, failed and resumed from checkpoints so far, and those that can
+        still be done (tasks that have not ended)."""
+        done = failed = resumed = remaining = 0
+        for task, planned in self.planned.items():
+            ev = self.latest.get(task, {})
+            resumed += int(ev.get("samples_resumed") or 0)
+            if self.ended.get(task) == "done":
+                done += planned
+                continue
+            task_done = min(int(ev.get("samples_done") or 0), planned)
+            task_failed = int(ev.get("samples_failed") or 0)
+            done += task_done
+            failed += task_failed
+            if task not in self.ended:
+                remaining += max(planned - task_done - task_failed, 0)
+        return {"done": done, "failed": failed, "resumed": resumed, "remaining": remaining}
+
+    def rate(self, now: float, fresh: int) -> float | None:
+        """Samples per second (checkpointed ones left out) over the last
+        :data:`RATE_WINDOW_S`, or over the whole stage once it is closed; None before a second."""
+        if self.closed:
+            return fresh / (now - self.t0) if now - self.t0 >= 1.0 else None
+        self.history.append((now, fresh))
+        while len(self.history) > 2 and now - self.history[1][0] >= RATE_WINDOW_S:
+            self.history.popleft()
+        t_first, n_first = self.history[0]
+        return (fresh - n_first) / (now - t_first) if now - t_first >= 1.0 else None
+
+    def task_counts(self) -> dict[str, int]:
+        """Tasks by end state (from the events), and running ones (from the loop)."""
+        out = {key: 0 for key in _ENDED}
+        for state in self.ended.values():
+            out[state] += 1
+        out["running"] = 0 if self.closed else self.counts.get("running", 0)
+        return out
+
+    def postfix(self, now: float) -> tuple[dict[str, int], str]:
+        """The sample counts and the text after them: rate, ETA, tasks, counters."""
+        s = self.samples()
+        rate = self.rate(now, s["done"] - s["resumed"])
+        parts = []
+        if rate is not None:
+            parts.append(f"{rate:.1f} samples/s")
+            if s["remaining"] and not self.closed:
+                parts.append(f"ETA {_duration(s['remaining'] / rate)}" if rate > 0 else "ETA ?")
+        if s["failed"]:
+            parts.append(f"{s['failed']} samples failed")
+        if s["resumed"]:
+            parts.append(f"{s['resumed']} from checkpoints")
+        c = self.task_counts()
+        tasks = f"tasks {c['done']}/{len(self.planned)} done"
+        if c["running"]:
+            tasks += f", {c['running']} running"
+        for key in ("failed", "cancelled", "skipped"):
+            if c[key]:
+                tasks += f", {c[key]} {key}"
+        parts.append(tasks)
+        api = [ev for (task, _), ev in self.spent.items() if self.models.get(task) in self.api_models]
+        if api:  # every attempt's requests count, not only the latest attempt's
+            limited = sum(int(ev.get("rate_limited") or 0) for ev in api)
+            retries = sum(int(ev.get("retries") or 0) for ev in api)
+            api_part = f"requests: {limited} answered 429, {retries} retries"
+            if not self.closed:
+                in_flight = sum(int(ev.get("in_flight") or 0) for task, ev in self.latest.items()
+                                if self.models.get(task) in self.api_models and task not in self.ended)
+                api_part = f"requests: {in_flight} in flight, {limited} answered 429, {retries} retries"
+            parts.append(api_part)
+        if self.gpu_slots and not self.closed:
+            busy = len({g for ids in self.gpus.values() for g in ids})
+            parts.append(f"GPUs {busy}/{self.gpu_slots} busy")
+        return s, "; ".join(parts)
+
+    # -- drawing ----------------------------------------------------------------------------
     def __call__(self, counts: dict[str, int]) -> None:
-        now = time.monotonic()
-        ended = sum(v for k, v in counts.items() if k not in ("pending", "running"))
-        if counts == self.last_counts and now - self.last_read < 1.0:
+        """The loop's hook: called every round with the stage's task counts."""
+        if self.closed:
             return
-        if now - self.last_read >= 1.0:
+        now = time.monotonic()
+        if counts == self.counts and now - self.last_read < 1.0:
+            return
+        self.counts = dict(counts)
+        if now - self.last_read >= 0.5:
             self.last_read = now
-            self._read_progress()
-        self.last_counts = dict(counts)
-        self.bar.update(ended - self.bar.n)
-        post: dict[str, Any] = {"running": counts.get("running", 0), "failed": counts.get("failed", 0)}
-        if self.latest:
-            for key in self.COUNTERS:
-                post[key] = sum(int(ev.get(key) or 0) for ev in self.latest.values())
-        self.bar.set_postfix(post, refresh=False)
-        if ended == self.total:
+            self._read_events()
+        self._draw(now)
+
+    def _draw(self, now: float, final: bool = False) -> None:
+        s, text = self.postfix(now)
+        if self.bar is not None:
+            self.bar.n = s["done"]
+            self.bar.set_postfix_str(text, refresh=False)
+            self.bar.refresh()
+            return
+        if final or now - self.last_line >= self.interval_s:
+            self.last_line = now
+            pct = 100.0 * s["done"] / self.total if self.total else 100.0
+            print(f"[{self.stage}] {s['done']}/{self.total} samples ({pct:.0f}%), "
+                  f"{_duration(now - self.t0)} elapsed; {text}", file=self.stream, flush=True)
+
+    def close(self, counts: dict[str, int] | None = None) -> None:
+        """Read every event once more and show the final counts (call after ``launch``)."""
+        if self.closed:
+            return
+        if counts is not None:
+            self.counts = dict(counts)
+        self._read_events()
+        self.closed = True
+        self._draw(time.monotonic(), final=True)
+        if self.bar is not None:
             self.bar.close()

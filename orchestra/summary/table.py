@@ -17,6 +17,7 @@ from typing import Any
 from orchestra.events import read_events
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
+from orchestra.summary.logs import with_excerpt
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
 
 
@@ -66,7 +67,8 @@ def _why(output: str, index: dict[str, tuple[str, str]], states: dict[str, dict[
         return f"{stage} task {task_id} not run"
     state = ev["event"]
     if state == "failed":
-        return f"{stage} task {task_id} failed ({ev.get('reason', '')}); log: {log}"
+        reason = with_excerpt(str(ev.get("reason", "")), log_path, ev.get("attempt"))
+        return f"{stage} task {task_id} failed ({reason}); log: {log}"
     if state == "cancelled":
         return f"{stage} task {task_id} was cancelled; log: {log}"
     if state == "skipped":

@@ -14,6 +14,7 @@ samples.  Live counters go to ``<run>/events.jsonl`` as ``progress`` events (see
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ class _UnitRun:
 
 def progress_event_fields(spec: TaskSpec, snapshot: dict[str, Any]) -> dict[str, Any]:
     """The fields of one ``progress`` event: who, and the engine's live counters."""
-    return {"task_id": spec.task_id, "stage": "infer", "model": spec.model_abbr, **snapshot}
+    return {"task_id": spec.task_id, "stage": "infer", "model": spec.model_abbr,
+            "attempt": int(os.environ.get("ORCHESTRA_ATTEMPT", "1")), **snapshot}
 
 
 def _format(snap: dict[str, Any]) -> str:

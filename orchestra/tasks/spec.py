@@ -61,6 +61,20 @@ class TaskSpec:
         return sum(u.cost for u in self.units)
 
     @property
+    def num_samples(self) -> int:
+        """Rows this task runs (infer) or scores (eval)."""
+        return sum(u.end - u.start for u in self.units)
+
+    @property
+    def display_name(self) -> str:
+        """A name people can read, e.g. ``infer/smollm2-135m/arc_easy[0:200]``, for events,
+        logs and the report (file names keep the file-safe ``task_id``)."""
+        parts = [u.dataset_abbr if u.shard is None else f"{u.dataset_abbr}[{u.start}:{u.end}]" for u in self.units]
+        if len(parts) > 3:
+            parts = [*parts[:3], f"+{len(parts) - 3} more"]
+        return f"{self.stage}/{self.model_abbr}/{','.join(parts)}"
+
+    @property
     def outputs(self) -> list[tuple[str, str]]:
         return [(u.output, u.hash) for u in self.units]
 

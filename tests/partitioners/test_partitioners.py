@@ -18,7 +18,7 @@ from orchestra.fileio import write_sealed_jsonl
 from orchestra.partitioners import BasePartitioner, NaivePartitioner, NumWorkerPartitioner, SizePartitioner
 from orchestra.partitioners.base import balanced_bins, num_bins_for
 from orchestra.paths import RunPaths
-from orchestra.plan import Plan, make_plan
+from orchestra.planner import Plan, make_plan
 from orchestra.runners.local import LocalRunner
 
 MODEL = {"type": "orchestra.models.fake.DeterministicModel", "abbr": "m", "max_out_len": 32, "batch_size": 8}

@@ -3,7 +3,8 @@
 Content hashes are computed here: a prediction's hash covers the model settings that can
 change an output, the dataset's reader and prompt settings, the data file's content key and
 the shard's row range; a result's hash covers the hashes of all the predictions it scores
-and the evaluator settings.  Units whose outputs already carry their hash are not planned.
+and the evaluator settings (for a judge: its model's identity and its resolved prompt;
+see :func:`orchestra.evaluators.evaluator_identity`).  Units whose outputs already carry their hash are not planned.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from orchestra.config import RunConfig
 from orchestra.datasets.info import DatasetInfo
+from orchestra.evaluators import evaluator_identity
 from orchestra.fileio import stable_hash
 from orchestra.models.base import BaseModel
 from orchestra.partitioners.base import BasePartitioner
@@ -28,6 +30,9 @@ class Plan:
     tasks: dict[str, list[TaskSpec]]
     reused: dict[str, list[Unit]] = field(default_factory=dict)
     all_units: dict[str, list[tuple[str, Unit]]] = field(default_factory=dict)  # (model, unit)
+    #: infer units another unit with the same hash already makes (sweep variants whose
+    #: predictions cannot differ): (model abbr, unit, the output they share)
+    shared: list[tuple[str, Unit, str]] = field(default_factory=list)
 
 
 def model_class(model: dict[str, Any]) -> type[BaseModel]:
@@ -84,6 +89,14 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
     infer_stage, eval_stage = cfg.stages["infer"], cfg.stages["eval"]
     plan = Plan(tasks={"infer": [], "eval": []}, reused={"infer": [], "eval": []},
                 all_units={"infer": [], "eval": []})
+    # (prediction hash, base model, base dataset) -> the unit that makes it.  Only variants of one
+    # sweep base share: two models a user listed apart (repeated sampling runs, say) never do.
+    makers: dict[tuple[str, str, str], Unit] = {}
+    bases = cfg.sweep.variants if cfg.sweep is not None else {}
+
+    def base(kind: str, abbr: str) -> str:
+        return str(bases.get(kind, {}).get(abbr, {}).get("base", abbr))
+
     for model in cfg.models:
         mkey = model_class(model).identity(model)
         todo: dict[str, list[Unit]] = {"infer": [], "eval": []}
@@ -107,6 +120,11 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                         cost=(end - start) * row_cost,
                     )
                 )
+            for n, unit in enumerate(shard_units):
+                first = makers.setdefault((unit.hash, base("models", model["abbr"]), base("datasets", info.abbr)), unit)
+                if first is not unit:  # same predictions as another variant: made once, read by both
+                    plan.shared.append((model["abbr"], unit, first.output))
+                    shard_units[n] = first
             eval_unit = Unit(
                 dataset=info.cfg,
                 dataset_abbr=info.abbr,
@@ -115,11 +133,12 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                 shard=None,
                 num_shards=1,
                 output=paths.results(model["abbr"], info.abbr),
-                hash=stable_hash([[u.hash for u in shard_units], info.cfg.get("eval_cfg", {})]),
+                hash=stable_hash([[u.hash for u in shard_units], evaluator_identity(info.cfg.get("eval_cfg", {}))]),
                 cost=float(info.size),
                 inputs=tuple((u.output, u.hash) for u in shard_units),
             )
-            for stage, units in (("infer", shard_units), ("eval", [eval_unit])):
+            own = [u for u in shard_units if u.output == paths.predictions(model["abbr"], info.abbr, u.shard)]
+            for stage, units in (("infer", own), ("eval", [eval_unit])):
                 for unit in units:
                     plan.all_units[stage].append((model["abbr"], unit))
                     if output_done(unit.output, unit.hash):

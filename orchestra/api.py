@@ -1,0 +1,470 @@
+"""The Python API: ``orchestra.run(...)`` and ``orchestra.plan(...)``, for scripts and notebooks.
+
+The CLI is a thin wrapper on these two functions, so a run started from Python has the same
+run folder, the same resume (``reuse=``), the same checks (a bad config raises
+:class:`~orchestra.errors.ConfigError` before anything runs) and the same clean-up on Ctrl-C
+as ``python run.py CONFIG``::
+
+    import orchestra
+    run = orchestra.run("configs/eval_demo.py", work_dir="outputs/nb", **{"infer.runner.max_num_workers": 2})
+    run.ok, run.run_dir, run.failed          # how it went
+    run.rows()                               # [{'model': ..., 'dataset': ..., 'metric': ..., 'value': ...}]
+    run.to_pandas()                          # the same as a DataFrame (needs pandas)
+
+``config`` is a path (``.py``, ``.yaml``, ``.json``) or a dict shaped like a config file (with
+classes or dotted names as ``type``).  Keyword arguments whose name holds a dot
+(``**{"models.0.batch_size": 4}``) override config values like ``--cfg-options``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import FrameType
+from typing import Any
+
+from orchestra.errors import ConfigError, RunFolderBusyError, UserError
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_HANGUP = 0, 1, 2, 130, 129
+MODES = ("all", "infer", "eval", "viz")
+
+
+def say(*values: Any, file: Any = None, quiet: bool = False) -> None:
+    """``print`` that survives a reader who left (``orchestra ... | head``): the run goes on and
+    its exit code still says how it went."""
+    if quiet:
+        return
+    stream = file or sys.stdout
+    try:
+        print(*values, file=stream, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
+
+
+@dataclass
+class Run:
+    """The outcome of :func:`run`: where it ran, how it went, and its results."""
+
+    run_dir: str
+    exit_code: int
+    results: list[Any] = field(default_factory=list)  # TaskResult of every task that was launched
+    summary: Any = None  # orchestra.summary.table.Summary
+    pivot: Any = None  # orchestra.summary.pivot.Pivot, for a sweep
+    report: str | None = None  # summary/report.html, once written
+
+    @property
+    def status(self) -> str:
+        """``done``, ``failed`` or ``interrupted``."""
+        if self.exit_code in (EXIT_INTERRUPTED, EXIT_HANGUP):
+            return "interrupted"
+        return "done" if self.exit_code == EXIT_OK else "failed"
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == EXIT_OK
+
+    @property
+    def failed(self) -> list[Any]:
+        """Every task that did not end done (failed, skipped or cancelled), with reason and log."""
+        return [r for r in self.results if r.state.value != "done"]
+
+    def rows(self) -> list[dict[str, Any]]:
+        """One dict per (model, dataset, metric) with its ``value`` (None where missing)."""
+        if self.summary is None:
+            return []
+        return [{"model": m, "dataset": row["dataset"], "metric": row["metric"], "value": row[m]}
+                for row in self.summary.rows for m in self.summary.models]
+
+    def to_pandas(self) -> Any:
+        """:meth:`rows` as a pandas DataFrame."""
+        try:
+            import pandas as pd
+        except ImportError:
+            raise UserError("Run.to_pandas() needs pandas (pip install pandas); Run.rows() needs nothing") from None
+        return pd.DataFrame(self.rows())
+
+
+@dataclass
+class PlanView:
+    """What a run would do (:func:`plan`): its folder, the tasks of both stages, what is reused."""
+
+    run_dir: str
+    existed: bool
+    plan: Any  # orchestra.planner.Plan
+    runners: dict[str, Any]
+    sweep: Any = None  # SweepInfo
+
+    @property
+    def tasks(self) -> dict[str, list[Any]]:
+        return dict(self.plan.tasks)
+
+    def render(self) -> str:
+        """The dry-run text: the sweep's expansion, then each stage's tasks, commands and costs."""
+        from orchestra.paths import RunPaths
+
+        paths = RunPaths(self.run_dir)
+        out = [f"run folder: {self.run_dir}{' (reused)' if self.existed else ' (new; nothing is written by a plan)'}"]
+        if self.sweep is not None:
+            out.append(f"\nsweep: {self.sweep.count()} (model, dataset) pair(s) over {', '.join(self.sweep.axes)}")
+            for kind in ("models", "datasets"):
+                for abbr, var in self.sweep.variants.get(kind, {}).items():
+                    out.append(f"  {kind[:-1]} {abbr}  (from {var['base']})")
+            out.append(f"  {len(self.plan.shared)} prediction file(s) shared between variants whose predictions "
+                       "cannot differ")
+        for stage in ("infer", "eval"):
+            tasks = self.plan.tasks[stage]
+            runner = self.runners[stage]
+            out.append(f"\n[{stage}] {len(tasks)} task(s) to run, {len(self.plan.reused[stage])} output(s) reused, "
+                       f"runner {type(runner).__name__} (max_num_workers={runner.max_num_workers}, "
+                       f"retry={runner.retry})")
+            for task in tasks:
+                resources = {"gpu_ids": ["<gpu>"] * task.num_gpus}
+                cmd = runner.get_command(task, paths.task_spec(task.task_id), resources, 1,
+                                         paths.task_log(stage, task.task_id))
+                units = ", ".join(f"{u.name}[{u.start}:{u.end}]" for u in task.units)
+                out.append(f"  {task.task_id}  cost={task.cost:g}  gpus={task.num_gpus}  units: {units}")
+                out.append(f"    $ {cmd.display()}")
+        return "\n".join(out)
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+@dataclass
+class _Prepared:
+    cfg: Any
+    infos: Any
+    runners: dict[str, Any]
+    source: str
+    prices: dict[str, Any] = field(default_factory=dict)  # the report's price table
+
+
+def _split_overrides(overrides: dict[str, Any]) -> dict[str, Any]:
+    bad = [k for k in overrides if "." not in k]
+    if bad:
+        raise UserError(f"unknown keyword argument {bad[0]!r}: config overrides are dotted keys such as "
+                        "**{'infer.runner.max_num_workers': 4}")
+    return overrides
+
+
+def _load(config: Any, cfg_options: list[str] | None, overrides: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """The raw config dict and the name errors call it by."""
+    from orchestra.config import load_config, to_plain
+    from orchestra.config.load import apply_overrides
+
+    if isinstance(config, (str, os.PathLike)):
+        source = os.fspath(config)
+        raw = load_config(source, cfg_options)
+    elif isinstance(config, dict):
+        source = "<config dict>"
+        raw = to_plain(config)
+        if cfg_options:
+            from orchestra.config.load import parse_override
+
+            apply_overrides(raw, dict(parse_override(o) for o in cfg_options))
+    else:
+        raise UserError(f"config must be a path or a dict, got {type(config).__name__}")
+    if overrides:
+        apply_overrides(raw, to_plain(_split_overrides(overrides)))
+    return raw, source
+
+
+def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str, Any], debug: bool,
+             write_cache: bool, yes: bool, edit_raw: Callable[[dict[str, Any]], None] | None) -> _Prepared:
+    from orchestra.config import validate
+    from orchestra.datasets.info import dataset_infos
+
+    raw, source = _load(config, cfg_options, overrides)
+    if edit_raw is not None:
+        edit_raw(raw)
+    raw_prices = raw.pop("prices", None)  # the report's, checked by orchestra/summary/costs.py
+    cfg = validate(raw, source)
+    from orchestra.summary.costs import check_prices
+
+    prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], source)
+    if cfg.sweep is not None and cfg.sweep.count() > cfg.sweep.max_variants and not yes:
+        raise UserError(f"{source}: the sweep expands to {cfg.sweep.count()} (model, dataset) pairs, more than "
+                        f"sweep.max_variants={cfg.sweep.max_variants}; check it with --dry-run and pass --yes "
+                        "(yes=True) to run it")
+    infos = dataset_infos(cfg.datasets, source, write_cache=write_cache)
+    runners = {}
+    for name, stage in cfg.stages.items():
+        try:
+            runners[name] = stage.runner_cls(**stage.runner_kwargs)  # built (checked) even for debug
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{source}: {name}.runner: {exc}") from None
+    if debug:  # every stage in this process, one task at a time, tracebacks shown
+        from orchestra.runners.inprocess import InProcessRunner
+
+        runners = {name: InProcessRunner() for name in runners}
+    return _Prepared(cfg, infos, runners, source, prices)
+
+
+def plan(config: Any, *, work_dir: str | None = None, reuse: str | None = None, mode: str = "all",
+         cfg_options: list[str] | None = None, yes: bool = True,
+         _edit_raw: Callable[[dict[str, Any]], None] | None = None, **overrides: Any) -> PlanView:
+    """Plan a run without running or writing anything (``--dry-run``)."""
+    from orchestra.paths import RunPaths, choose_run_folder
+    from orchestra.planner import make_plan
+
+    prep = _prepare(config, cfg_options=cfg_options, overrides=overrides, debug=False, write_cache=False, yes=yes,
+                    edit_raw=_with_work_dir(_edit_raw, work_dir))
+    if reuse is None and mode in ("eval", "viz"):
+        reuse = "latest"
+    root, existed = choose_run_folder(prep.cfg.work_dir, reuse, allow_new=mode != "viz", create=False)
+    paths = RunPaths(root)
+    return PlanView(root, existed, make_plan(prep.cfg, prep.infos, paths), prep.runners, prep.cfg.sweep)
+
+
+def _with_work_dir(edit: Callable[[dict[str, Any]], None] | None,
+                   work_dir: str | None) -> Callable[[dict[str, Any]], None] | None:
+    if work_dir is None:
+        return edit
+
+    def both(raw: dict[str, Any]) -> None:
+        raw["work_dir"] = os.fspath(work_dir)
+        if edit is not None:
+            edit(raw)
+
+    return both
+
+
+def run(config: Any, *, work_dir: str | None = None, mode: str = "all", reuse: str | None = None,
+        debug: bool = False, yes: bool = False, quiet: bool = False, cfg_options: list[str] | None = None,
+        trace: str | None = None, _edit_raw: Callable[[dict[str, Any]], None] | None = None,
+        **overrides: Any) -> Run:
+    """Run (or continue, with ``reuse='latest'`` or a run folder) an evaluation; see the module doc.
+
+    ``mode``: ``all``, ``infer``, ``eval`` or ``viz`` (only rebuild the summary).  Raises
+    ``UserError`` (``ConfigError``) for bad input before anything runs; a failed task does not
+    raise: it is in ``Run.failed`` and ``Run.exit_code`` is 1.  Every run ends by writing
+    ``summary/report.html`` (``Run.report``) and ``summary/trace.json`` (and ``trace``, if given).
+    """
+    from orchestra.paths import RunPaths, choose_run_folder
+
+    if mode not in MODES:
+        raise UserError(f"mode {mode!r} is not valid; valid: {', '.join(MODES)}")
+    prep = _prepare(config, cfg_options=cfg_options, overrides=overrides, debug=debug, write_cache=True, yes=yes,
+                    edit_raw=_with_work_dir(_edit_raw, work_dir))
+    # Only now, with nothing left to reject, is a run folder chosen (and a new one created).
+    if reuse is None and mode in ("eval", "viz"):
+        reuse = "latest"  # scoring or summarising a new, empty folder would do nothing
+    root, _ = choose_run_folder(prep.cfg.work_dir, reuse, allow_new=mode != "viz")
+    paths = RunPaths(root)
+    if mode == "viz":
+        return viz(paths.root, quiet=quiet, trace=trace, prices=prep.prices)
+
+    from filelock import FileLock, Timeout
+
+    lock = FileLock(paths.lock)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise RunFolderBusyError(f"{root} is in use by another orchestrator (lock {paths.lock})") from None
+    try:
+        return _execute(prep, mode, paths, debug, quiet, trace)
+    finally:
+        lock.release()
+
+
+def viz(run_dir: str, quiet: bool = False, trace: str | None = None, prices: dict[str, Any] | None = None) -> Run:
+    """Rebuild the summary and the report of a run folder from the config that run saved (not
+    the config file as it is now); nothing else in the folder changes."""
+    from orchestra.config import load_config, validate
+    from orchestra.datasets.info import dataset_infos
+    from orchestra.paths import RunPaths
+    from orchestra.planner import make_plan
+    from orchestra.summary.table import build_summary, render_text, write_summary
+
+    paths = RunPaths(run_dir)
+    if not os.path.isfile(paths.config):
+        raise UserError(f"--mode viz: {paths.root} holds no config.py (not a run folder of orchestra)")
+    cfg = validate(load_config(paths.config), paths.config)
+    infos = dataset_infos(cfg.datasets, paths.config, write_cache=False)
+    made = make_plan(cfg, infos, paths)
+    summary = build_summary(paths, [m["abbr"] for m in cfg.models], made.all_units["eval"])
+    write_summary(summary, paths)
+    say(render_text(summary), quiet=quiet)
+    pivot = _pivot(cfg, summary, paths, quiet)
+    say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
+    report = _report(paths, cfg, summary, made, prices or {}, trace, quiet, debug=False)
+    return Run(paths.root, EXIT_FAILED if summary.missing else EXIT_OK, [], summary, pivot, report)
+
+
+def _report(paths: Any, cfg: Any, summary: Any, made: Any, prices: dict[str, Any], trace: str | None, quiet: bool,
+            debug: bool) -> str | None:
+    """Write the HTML report and the trace and name them on the last line; a report that
+    cannot be written is a warning (the run's results and exit code stand)."""
+    from orchestra.summary.costs import load_prices, save_prices
+    from orchestra.summary.progress import api_model_abbrs
+    from orchestra.summary.report import write_report
+
+    try:
+        if prices:
+            save_prices(paths, prices)  # a later viz finds them: the saved config.py leaves them out
+        else:
+            prices = load_prices(paths)
+        files = write_report(paths, summary, made.all_units["eval"], api_model_abbrs(cfg.models), prices, trace)
+    except Exception as exc:  # a bug here must not hide the run's own outcome
+        if debug:
+            raise
+        say(f"orchestra: warning: could not write the report: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    say(f"report: {files.report}{f' (trace: {trace})' if trace else ''}", file=sys.stderr, quiet=quiet)
+    return files.report
+
+
+def _pivot(cfg: Any, summary: Any, paths: Any, quiet: bool) -> Any:
+    if cfg.sweep is None:
+        return None
+    from orchestra.summary.pivot import build_pivot, render_pivot, write_pivot
+
+    pivot = build_pivot(summary, cfg.sweep.to_dict())
+    write_pivot(pivot, paths)
+    say(render_pivot(pivot), quiet=quiet)
+    return pivot
+
+
+class _LineStream:
+    """A stream that says it is no terminal, so a progress display writes lines to it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        return int(self.stream.write(text) or 0)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+class _EvalAlongside:
+    """The eval stage run beside the infer stage (``eval=dict(overlap=True)``, the default): each
+    eval task starts as soon as its predictions are done, in a thread of its own with its own
+    runner; it shares the run's stop flag, so Ctrl-C stops both."""
+
+    def __init__(self, runner: Any, tasks: list[Any], ctx: Any, quiet: bool) -> None:
+        from orchestra.runners.base import RunContext
+        from orchestra.summary.progress import StageProgress
+
+        self.upstream = threading.Event()
+        self.upstream.set()
+        # Progress as lines, never a second bar: the infer stage's bar owns the terminal.
+        lines: Any = _LineStream(sys.stderr)
+        self.progress = None if quiet else StageProgress("eval", tasks, ctx.paths.events, stream=lines)
+        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream)
+        self.runner, self.tasks, self.quiet = runner, tasks, quiet
+        self.results: list[Any] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="orchestra-eval", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.results = self.runner.launch(self.tasks, self.ctx)
+        except BaseException as exc:  # re-raised in the main thread by join()
+            self.error = exc
+            self.ctx.stop.set()  # a broken stage stops the run, as it would without overlap
+        finally:
+            if self.progress is not None:
+                self.progress.close()
+
+    def start(self) -> None:
+        say(f"[eval] {len(self.tasks)} task(s), each starting as soon as its predictions are done",
+            file=sys.stderr, quiet=self.quiet)
+        self.thread.start()
+
+    def join(self) -> list[Any]:
+        """Wait for the eval stage: inference is over, so tasks still missing predictions are skipped."""
+        self.upstream.clear()
+        while self.thread.is_alive():
+            self.thread.join(0.2)  # short waits: Ctrl-C still reaches the main thread's handler
+        if self.error is not None:
+            raise self.error
+        return self.results
+
+
+def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, trace: str | None = None) -> Run:
+    from orchestra.config import dump_config
+    from orchestra.events import EventLog
+    from orchestra.planner import make_plan
+    from orchestra.runners.base import RunContext, TaskResult, TaskState
+    from orchestra.summary.logs import with_excerpt
+    from orchestra.summary.progress import StageProgress, api_model_abbrs
+    from orchestra.summary.table import build_summary, render_text, write_summary
+
+    cfg, runners = prep.cfg, prep.runners
+    paths.make_dirs()
+    dump_config(cfg.resolved, paths.config)
+    events = EventLog(paths.events)
+    ctx = RunContext(paths, events)
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        if not ctx.stop.is_set():
+            received.append(signum)
+            say(f"\norchestra: {signal.Signals(signum).name} received, stopping every task...", file=sys.stderr)
+        ctx.stop.set()
+
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            previous[sig] = signal.signal(sig, on_signal)
+    made = make_plan(cfg, prep.infos, paths)
+    events.emit("run_started", mode=mode, pid=os.getpid(),
+                tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
+    results: list[TaskResult] = []
+    stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
+    overlap = (stages == ["infer", "eval"] and cfg.stages["eval"].overlap and not debug
+               and made.tasks["infer"] and made.tasks["eval"])
+    eval_side = _EvalAlongside(runners["eval"], made.tasks["eval"], ctx, quiet) if overlap else None
+    try:
+        if eval_side is not None:
+            eval_side.start()
+            stages = ["infer"]
+        for stage in stages:
+            if ctx.stop.is_set():
+                break
+            tasks = made.tasks[stage]
+            if not tasks:
+                continue
+            say(f"[{stage}] {len(tasks)} task(s), {len(made.reused[stage])} output(s) reused", file=sys.stderr,
+                quiet=quiet)
+            progress = None if debug or quiet else StageProgress(
+                stage, tasks, paths.events, api_model_abbrs(cfg.models), len(getattr(runners[stage], "gpus", ())))
+            ctx.on_change = progress
+            try:
+                results += runners[stage].launch(tasks, ctx)
+            finally:
+                if progress is not None:
+                    progress.close()
+    finally:
+        if eval_side is not None:
+            results += eval_side.join()
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    interrupted = ctx.stop.is_set()
+    events.emit("run_finished", interrupted=interrupted,
+                failed=[r.task_id for r in results if r.state is not TaskState.DONE])
+    summary = build_summary(paths, [m["abbr"] for m in cfg.models], made.all_units["eval"])
+    write_summary(summary, paths)
+    say(render_text(summary), quiet=quiet)
+    pivot = _pivot(cfg, summary, paths, quiet)
+    bad = [r for r in results if r.state is not TaskState.DONE]
+    for r in bad:
+        log = f"; log: {r.log_path}" if os.path.exists(r.log_path) else ""
+        reason = with_excerpt(r.reason, r.log_path) if r.state is TaskState.FAILED else r.reason
+        say(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({reason}){log}", file=sys.stderr, quiet=quiet)
+    say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
+    report = _report(paths, cfg, summary, made, prep.prices, trace, quiet, debug)
+    code = EXIT_FAILED if bad else EXIT_OK
+    if interrupted:
+        # 128 + the signal, as shells report it (Ctrl-C 130, SIGHUP 129, SIGTERM 130 as before)
+        code = EXIT_HANGUP if received and received[0] == signal.SIGHUP else EXIT_INTERRUPTED
+    return Run(paths.root, code, results, summary, pivot, report)

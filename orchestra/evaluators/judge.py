@@ -1,0 +1,369 @@
+"""``JudgeEvaluator``: a model grades the predictions (LLM-as-judge, as MT-Bench does).
+
+Two modes:
+
+* ``single``: the judge grades each answer from 1 to 10 (``Rating: [[7]]``), optionally
+  against a reference answer (the dataset's ``output_column``, ``reference=True``).
+* ``pairwise``: the judge compares each answer with a baseline answer (the dataset's
+  ``output_column``) twice, once in each position; a verdict that flips with the order
+  counts as a tie.
+
+A multi-turn prediction (``chat`` inferencer: a list of replies) is judged turn by turn,
+each turn with the conversation up to it.  The judge is any configured model; its calls go
+through that model's own limits (host-wide connection slots, adaptive rate, retries).  A
+judge answer that does not parse is recorded with its text and counted in
+``judge_unparsed``; it is never scored as 0.  A missing or non-text answer gets the lowest
+grade (single) or a loss (pairwise) and is counted in ``answers_missing``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import string
+from collections.abc import Mapping
+from typing import Any
+
+from orchestra.errors import ConfigError
+from orchestra.evaluators.heavy import HeavyEvaluator, Verdict
+from orchestra.models.base import BaseModel
+from orchestra.models.registry_cache import get_model
+from orchestra.registry import MODELS
+from orchestra.requests import GenRequest, Message, prompt_text
+
+MODES = ("single", "pairwise")
+SYSTEM_PROMPT = "You are a careful and impartial grader of answers written by AI assistants."
+
+SINGLE_TEMPLATE = """Grade the AI assistant's answer to the question below. Judge whether it is correct, \
+helpful and relevant, and whether it is as detailed as the question needs; length alone earns nothing.{note}
+First justify your grade in a few sentences. Then, on the last line, give a grade from 1 (very poor) \
+to 10 (excellent) written exactly like this: Rating: [[5]]
+
+[Question]
+{question}
+{reference_block}
+[The assistant's answer]
+{answer}
+[End of the answer]"""
+
+SINGLE_MULTI_TEMPLATE = """Below is a conversation between a user and an AI assistant. Grade only the \
+assistant's last reply (its reply to user message {turn}), in the light of the whole conversation. \
+Judge whether it is correct, helpful and relevant, and whether it is as detailed as needed; length \
+alone earns nothing.{note}
+First justify your grade in a few sentences. Then, on the last line, give a grade from 1 (very poor) \
+to 10 (excellent) written exactly like this: Rating: [[5]]
+
+{conversation}
+{reference_block}"""
+
+PAIR_TEMPLATE = """Two AI assistants answered the same question. Decide which answer is better: more \
+correct, more helpful, more relevant. Neither the order in which they are shown nor their length may \
+sway you.
+First compare them in a few sentences. Then, on the last line, give your verdict written exactly as \
+one of: [[A]] if assistant A is better, [[B]] if assistant B is better, [[C]] for a tie.
+
+[Question]
+{question}
+
+[Assistant A's answer]
+{answer_a}
+[End of assistant A's answer]
+
+[Assistant B's answer]
+{answer_b}
+[End of assistant B's answer]"""
+
+PAIR_MULTI_TEMPLATE = """Two AI assistants had the same conversation with a user. Decide whose reply to \
+user message {turn} (the last reply of each conversation) is better: more correct, more helpful, more \
+relevant. Neither the order in which they are shown nor their length may sway you.
+First compare them in a few sentences. Then, on the last line, give your verdict written exactly as \
+one of: [[A]] if assistant A is better, [[B]] if assistant B is better, [[C]] for a tie.
+
+[Conversation with assistant A]
+{conversation_a}
+[End of the conversation with assistant A]
+
+[Conversation with assistant B]
+{conversation_b}
+[End of the conversation with assistant B]"""
+
+#: the fields each mode's template may use
+FIELDS = {
+    "single": {"question", "answer", "reference", "reference_block", "note", "conversation", "turn"},
+    "pairwise": {"question", "answer_a", "answer_b", "conversation_a", "conversation_b", "turn"},
+}
+_RATING = re.compile(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
+_RATING_LOOSE = re.compile(r"rating\s*[:=]\s*\[*\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+_PAIR = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)
+_KEEP_OUTPUT = 4000
+
+
+def parse_rating(text: str) -> float | None:
+    """The grade in a judge's answer (the last ``[[n]]``, else ``Rating: n``), if within 1..10."""
+    found = _RATING.findall(text) or _RATING_LOOSE.findall(text)
+    if not found:
+        return None
+    value = float(found[-1])
+    return value if 1.0 <= value <= 10.0 else None
+
+
+def parse_preference(text: str) -> str | None:
+    """``'A'``, ``'B'`` or ``'C'`` (tie) from the last ``[[A]]`` / ``[[B]]`` / ``[[C]]``."""
+    found = _PAIR.findall(text)
+    if not found:
+        return None
+    last = found[-1].upper()
+    return "C" if last == "TIE" else last
+
+
+def _fields(template: str) -> set[str]:
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
+
+
+def _transcript(users: list[str], replies: list[str]) -> str:
+    parts = []
+    for i, (user, reply) in enumerate(zip(users, replies), start=1):
+        parts.append(f"[User message {i}]\n{user}\n\n[Assistant reply {i}]\n{reply}")
+    return "\n\n".join(parts)
+
+
+def _question(record: dict[str, Any]) -> str:
+    prompt = record.get("prompt", "")
+    if isinstance(prompt, list):
+        users = [str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        return "\n\n".join(users) if users else prompt_text(prompt)
+    return str(prompt)
+
+
+class JudgeEvaluator(HeavyEvaluator):
+    """A model grades each prediction (see the module docstring).
+
+    Args:
+        judge: the judge model's config, as in ``models`` (``dict(type=OpenAIAPI, path=...,
+            base_url=..., max_connections=...)``; ``abbr`` defaults to ``'judge'``).
+        mode: ``'single'`` (grade 1-10) or ``'pairwise'`` (against the dataset's answer).
+        prompt_template: the judge prompt (fields: ``single``: question, answer, reference,
+            conversation, turn; ``pairwise``: question, answer_a, answer_b, conversation_a,
+            conversation_b, turn).  Default: the built-in template of the mode (one for a
+            single turn, one for later turns of a conversation).
+        system_prompt: the judge's system message.
+        reference: ``single`` only: show the dataset's answer as a reference.
+        max_out_len: the judge's generation length.
+        max_samples: samples judged at once by one task (default: twice the judge's
+            concurrency).
+    """
+
+    speed_keys = frozenset({"max_samples"})
+    model_keys = ("judge",)
+
+    def __init__(
+        self,
+        judge: dict[str, Any],
+        mode: str = "single",
+        prompt_template: str | None = None,
+        system_prompt: str | None = SYSTEM_PROMPT,
+        reference: bool = False,
+        max_out_len: int = 512,
+        max_samples: int | None = None,
+    ) -> None:
+        if not isinstance(judge, dict) or "type" not in judge:
+            raise ValueError(f"judge must be a model config dict with 'type', got {judge!r}")
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
+        if reference and mode != "single":
+            raise ValueError("reference=True is for mode='single' (pairwise always compares with the dataset's answer)")
+        if prompt_template is not None:
+            if not isinstance(prompt_template, str):
+                raise ValueError(f"prompt_template must be a string, got {type(prompt_template).__name__}")
+            try:
+                unknown = sorted(_fields(prompt_template) - FIELDS[mode])
+            except ValueError as exc:
+                raise ValueError(f"prompt_template: {exc} (write {{{{ and }}}} for a brace)") from None
+            if unknown:
+                raise ValueError(f"prompt_template uses unknown field {{{unknown[0]}}}; fields of mode {mode!r}: "
+                                 f"{', '.join(sorted(FIELDS[mode]))}")
+        if not isinstance(max_out_len, int) or max_out_len < 1:
+            raise ValueError(f"max_out_len must be an integer >= 1, got {max_out_len!r}")
+        if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
+            raise ValueError(f"max_samples must be an integer >= 1, got {max_samples!r}")
+        self.judge_cfg = {"abbr": "judge", **judge}
+        self.mode = mode
+        self.prompt_template = prompt_template
+        self.system_prompt = system_prompt
+        self.reference = reference
+        self.max_out_len = max_out_len
+        self.max_samples = max_samples
+        self.model: BaseModel | None = None
+
+    # -- config ---------------------------------------------------------------------------
+    @staticmethod
+    def _model_class(judge: dict[str, Any]) -> type[BaseModel]:
+        cls = MODELS.resolve(judge.get("type"), "judge")
+        assert issubclass(cls, BaseModel)
+        return cls
+
+    @classmethod
+    def identity(cls, cfg: dict[str, Any]) -> Any:
+        ev = cls(**{k: v for k, v in cfg.items() if k != "type"})
+        judge = ev.judge_cfg
+        return {
+            "mode": ev.mode,
+            "templates": [ev.prompt_template] if ev.prompt_template else ev._default_templates(),
+            "system_prompt": ev.system_prompt,
+            "reference": ev.reference,
+            "max_out_len": ev.max_out_len,
+            "judge": [str(judge["type"]), cls._model_class(judge).identity(judge)],
+        }
+
+    @classmethod
+    def check_config(cls, cfg: dict[str, Any], dataset: dict[str, Any], where: str) -> None:
+        try:
+            ev = cls(**{k: v for k, v in cfg.items() if k != "type"})
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if (ev.mode == "pairwise" or ev.reference) and not (dataset.get("reader_cfg") or {}).get("output_column"):
+            what = "the baseline answers" if ev.mode == "pairwise" else "the reference answers"
+            raise ConfigError(f"{where}: mode={ev.mode!r}{' with reference' if ev.reference else ''} needs {what}: "
+                              "set the dataset's reader_cfg.output_column")
+
+    def _default_templates(self) -> list[str]:
+        if self.mode == "single":
+            return [SINGLE_TEMPLATE, SINGLE_MULTI_TEMPLATE]
+        return [PAIR_TEMPLATE, PAIR_MULTI_TEMPLATE]
+
+    # -- running --------------------------------------------------------------------------------
+    async def start(self) -> dict[str, Any]:
+        self.model = await asyncio.to_thread(get_model, self.judge_cfg)
+        return {"judge": self.judge_cfg["abbr"], "judge_model": self.model.path, "mode": self.mode,
+                "judge_concurrency": self.model.max_concurrency()}
+
+    def max_concurrency(self) -> int:
+        if self.max_samples:
+            return self.max_samples
+        conc = self.model.max_concurrency() if self.model is not None else 16
+        return max(2 * conc, conc + 16)
+
+    def snapshot(self) -> dict[str, Any]:
+        if self.model is None:
+            return {}
+        stats = self.model.stats.as_dict()
+        return {f"judge_{k}": stats.get(k, 0) for k in ("in_flight", "done", "rate_limited", "retries", "errors")}
+
+    async def aclose(self) -> None:
+        if self.model is not None:
+            await self.model.aclose()
+
+    async def _ask(self, content: str) -> str:
+        assert self.model is not None, "start() first"
+        messages: list[Message] = []
+        if self.system_prompt:
+            messages.append({"role": "system", "content": self.system_prompt})
+        messages.append({"role": "user", "content": content})
+        text = await self.model.generate(GenRequest(prompt=messages, max_out_len=self.max_out_len))
+        if not isinstance(text, str):
+            raise TypeError(f"the judge model answered {type(text).__name__}, not text")
+        return text
+
+    def _template(self, multi: bool) -> str:
+        if self.prompt_template:
+            return self.prompt_template
+        return self._default_templates()[1 if multi else 0]
+
+    @staticmethod
+    def _turns(record: dict[str, Any]) -> tuple[list[str], Any, bool]:
+        """User messages, the answer(s), and whether it is a multi-turn conversation."""
+        pred = record.get("prediction")
+        if "turns" in record and isinstance(record["turns"], list):
+            return [str(t) for t in record["turns"]], pred, True
+        return [_question(record)], pred, False
+
+    async def ajudge(self, record: dict[str, Any]) -> Verdict:
+        users, pred, multi = self._turns(record)
+        replies = pred if multi else [pred]
+        if not isinstance(replies, list) or len(replies) != len(users) or not all(isinstance(r, str) for r in replies):
+            return {"missing": True, "detail": f"the answer is {type(pred).__name__}, not "
+                                               f"{'a list of ' + str(len(users)) + ' replies' if multi else 'text'}"}
+        gold = record.get("gold")
+        golds = (gold if isinstance(gold, list) else [gold]) if multi else [gold]
+        if self.mode == "pairwise" or self.reference:
+            if len(golds) != len(users) or not all(isinstance(g, str) for g in golds):
+                raise ValueError(f"{'pairwise' if self.mode == 'pairwise' else 'reference'} judging needs the "
+                                 f"dataset's answer as text per turn; gold is {repr(gold)[:80]}")
+        turns = await asyncio.gather(*(self._judge_turn(users, replies, golds, k, multi) for k in range(len(users))))
+        return {"turns": list(turns)}
+
+    async def _judge_turn(self, users: list[str], replies: list[str], golds: list[Any], k: int,
+                          multi: bool) -> dict[str, Any]:
+        template = self._template(multi and k > 0)
+        if self.mode == "single":
+            ref = golds[k] if self.reference else None
+            content = template.format(
+                question=users[k], answer=replies[k], turn=k + 1,
+                conversation=_transcript(users[: k + 1], replies[: k + 1]),
+                reference=ref or "",
+                reference_block=f"\n[Reference answer]\n{ref}\n[End of the reference answer]\n" if ref else "",
+                note=" Compare it with the reference answer shown." if ref else "",
+            )
+            text = await self._ask(content)
+            rating = parse_rating(text)
+            out: dict[str, Any] = {"rating": rating, "judge_output": text[-_KEEP_OUTPUT:]}
+            if rating is None:
+                out["unparsed"] = True
+            return out
+
+        def pair_prompt(a: list[str], b: list[str]) -> str:
+            return template.format(question=users[k], answer_a=a[k], answer_b=b[k], turn=k + 1,
+                                   conversation_a=_transcript(users[: k + 1], a[: k + 1]),
+                                   conversation_b=_transcript(users[: k + 1], b[: k + 1]))
+
+        base = [str(g) for g in golds]
+        first, second = await asyncio.gather(self._ask(pair_prompt(replies, base)),
+                                             self._ask(pair_prompt(base, replies)))
+        p1, p2 = parse_preference(first), parse_preference(second)
+        out = {"verdicts": [p1, p2], "judge_outputs": [first[-_KEEP_OUTPUT:], second[-_KEEP_OUTPUT:]]}
+        if p1 is None or p2 is None:
+            out["outcome"], out["unparsed"] = None, True
+            return out
+        as_model = {"A": "win", "B": "loss", "C": "tie"}[p1]  # the prediction was assistant A
+        swapped = {"A": "loss", "B": "win", "C": "tie"}[p2]  # ... and then assistant B
+        out["outcome"] = as_model if as_model == swapped else "tie"
+        out["consistent"] = as_model == swapped
+        return out
+
+    def aggregate(self, records: list[dict[str, Any]], verdicts: Mapping[int, Verdict]) -> dict[str, float]:
+        by_turn: dict[int, list[float]] = {}
+        missing = unparsed = inconsistent = 0
+        for rec in records:
+            v = verdicts.get(int(rec["id"]), {})
+            if "turns" not in v:  # no answer: the lowest grade, or a loss
+                missing += 1
+                users, _, _ = self._turns(rec)
+                for k in range(len(users)):
+                    by_turn.setdefault(k, []).append(1.0 if self.mode == "single" else 0.0)
+                continue
+            for k, turn in enumerate(v["turns"]):
+                if turn.get("unparsed"):
+                    unparsed += 1
+                    continue
+                if self.mode == "single":
+                    by_turn.setdefault(k, []).append(float(turn["rating"]))
+                else:
+                    inconsistent += 0 if turn.get("consistent") else 1
+                    by_turn.setdefault(k, []).append({"win": 1.0, "tie": 0.5, "loss": 0.0}[turn["outcome"]])
+        scores = [s for turn in by_turn.values() for s in turn]
+        mean = sum(scores) / len(scores) if scores else float("nan")
+        metrics: dict[str, float] = {}
+        if self.mode == "single":
+            metrics["judge_score"] = mean
+        else:
+            metrics["win_rate"] = mean  # a tie counts half
+            metrics["tie_rate"] = (sum(1 for s in scores if s == 0.5) / len(scores)) if scores else float("nan")
+            metrics["position_inconsistent"] = float(inconsistent)
+        if len(by_turn) > 1:
+            for k in sorted(by_turn):
+                turn_scores = by_turn[k]
+                metrics[f"{'judge_score' if self.mode == 'single' else 'win_rate'}_turn{k + 1}"] = (
+                    sum(turn_scores) / len(turn_scores))
+        metrics["judge_unparsed"] = float(unparsed)
+        metrics["answers_missing"] = float(missing)
+        return metrics

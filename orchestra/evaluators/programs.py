@@ -1,0 +1,148 @@
+"""From a model's completion to the Python program that is run against the tests.
+
+The rules (``docs/scoring.md`` lists them with examples):
+
+1. Line endings become ``\\n``.
+2. Markdown: if the completion has a code fence, the code is
+
+   * the text before the first fence, when that text is code on its own (the prompt
+     opened the fence, as in ``Here is the function:\\n```python\\n``, and the model closed
+     it);
+   * else the first fenced block that defines the entry point, else the first block
+     tagged ``python``/``py``/``python3`` or untagged, else the first block; an unclosed
+     fence runs to the end.
+3. A completion that defines the entry point at the top level is a whole solution: top-level
+   test and driver code is dropped (``assert`` statements, calls of plain functions such as
+   ``print(...)`` or ``main()``, and ``if __name__ == "__main__":`` blocks), and it is put
+   after the prompt (so helpers and imports the prompt defines stay available; the prompt's
+   own stub of the function is redefined).
+4. Otherwise the completion continues the prompt (a function body): it stops before the
+   first line after its first one that starts at column 0 (the next top-level ``def``,
+   ``class``, ``if``, ``print``, comment, ...).
+5. The tests follow, then a line that prints a marker: a program passes when it exits 0
+   *and* printed the marker, so code that calls ``exit(0)`` before the tests ran fails.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+
+#: printed after the tests ran; its absence means the program left early
+PASS_MARKER = "__orchestra_tests_passed__"
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_PYTHON_TAGS = ("python", "py", "python3", "")
+
+
+def _parses(code: str) -> bool:
+    try:
+        ast.parse(code)
+    except (SyntaxError, ValueError):
+        return False
+    return True
+
+
+def defines(code: str, name: str) -> bool:
+    """Whether ``code`` defines function ``name`` at its top level (syntax errors: a regex)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return re.search(rf"^(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
+    return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body)
+
+
+def _is_code(text: str) -> bool:
+    """Code on its own: a function body (indented) or definitions, not prose."""
+    if text.lstrip("\n")[:1] in (" ", "\t"):
+        return _parses("def _body():\n" + text.lstrip("\n"))
+    return _parses(text) and re.search(r"^(async\s+def|def|class|import|from)\b", text, re.M) is not None
+
+
+def extract_code(text: str, entry_point: str | None = None) -> str:
+    """Rules 1 and 2: the code in a completion."""
+    text = text.replace("\r\n", "\n").replace("\r", "\n")
+    first = text.find("```")
+    if first < 0:
+        return text
+    head = text[:first]
+    if head.strip() and _is_code(head):
+        return head
+    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(text[first:])]
+    if not blocks:
+        return head
+    if entry_point:
+        for _, body in blocks:
+            if defines(body, entry_point):
+                return body
+    for tag, body in blocks:
+        if tag in _PYTHON_TAGS:
+            return body
+    return blocks[0][1]
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    if not isinstance(node, ast.If):
+        return False
+    test = node.test
+    return (isinstance(test, ast.Compare) and isinstance(test.left, ast.Name) and test.left.id == "__name__"
+            and len(test.comparators) == 1 and isinstance(test.comparators[0], ast.Constant)
+            and test.comparators[0].value == "__main__")
+
+
+def _is_driver(node: ast.stmt) -> bool:
+    if isinstance(node, ast.Assert) or _is_main_guard(node):
+        return True
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+
+
+def strip_driver_code(code: str) -> str:
+    """Rule 3: drop top-level asserts, calls of plain functions and the ``__main__`` block
+    (code that does not parse is returned as it is: running it reports the syntax error)."""
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError):
+        return code
+    lines = code.split("\n")
+    drop: set[int] = set()
+    for node in tree.body:
+        if _is_driver(node) and node.end_lineno is not None:
+            drop.update(range(node.lineno - 1, node.end_lineno))
+    return "\n".join(line for i, line in enumerate(lines) if i not in drop)
+
+
+def continue_body(code: str) -> str:
+    """Rule 4: a function body, up to the next line (after its first) at column 0."""
+    lines = code.split("\n")
+    for i, line in enumerate(lines[1:], start=1):
+        if line.strip() and not line[0].isspace():
+            return "\n".join(lines[:i])
+    return code
+
+
+def _prompt_prefix(prompt: str) -> str:
+    """The prompt as code that runs on its own: a stub without a body gets ``pass``."""
+    if not prompt.strip() or _parses(prompt):
+        return prompt
+    patched = prompt.rstrip("\n") + "\n    pass\n"
+    if _parses(patched):
+        return patched
+    # Keep only its imports (the prompt is not code; the solution must stand alone).
+    return "\n".join(ln for ln in prompt.split("\n") if re.match(r"(import|from)\s", ln))
+
+
+def build_solution(completion: str, prompt: str = "", entry_point: str | None = None) -> str:
+    """Rules 1 to 4: the code under test, without the tests."""
+    code = extract_code(completion, entry_point)
+    if not prompt.strip():
+        return strip_driver_code(code)
+    if entry_point and defines(code, entry_point):
+        return _prompt_prefix(prompt).rstrip("\n") + "\n\n\n" + strip_driver_code(code)
+    return prompt + continue_body(code)
+
+
+def build_program(completion: str, test: str, prompt: str = "", entry_point: str | None = None) -> str:
+    """The whole program: the solution, the tests, the pass marker (rule 5)."""
+    solution = build_solution(completion, prompt, entry_point)
+    return (f"{solution.rstrip()}\n\n\n{test.rstrip()}\n\n"
+            f"import sys as _orchestra_sys\n_orchestra_sys.__stdout__.write('\\n{PASS_MARKER}\\n')\n"
+            "_orchestra_sys.__stdout__.flush()\n")

@@ -1,0 +1,230 @@
+"""``summary/report.html``: one self-contained page that shows a run.
+
+Failures first (each with the line of its log that explains it), then the results table
+(sortable, a bar in each cell, a small chart per dataset, per-sample drill-down), the
+timeline (one row per worker slot, one bar per attempt, coloured by outcome) and what each
+model cost.  The page is rendered with Jinja2 from ``report_assets/``; its CSS and JS are
+inlined and it loads nothing from the network, so it works offline and as a mail
+attachment.  The table, charts, failures and costs are plain HTML (readable even where
+scripts are blocked); the timeline, sorting and the drill-down need JavaScript.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from orchestra.fileio import atomic_write_text
+from orchestra.paths import RunPaths
+from orchestra.summary.costs import cost_of
+from orchestra.summary.runlog import OUTCOMES, RunLog, read_run
+from orchestra.summary.samples import DEFAULT_BUDGET_BYTES, SampleIndex, build_samples
+from orchestra.summary.table import Summary
+from orchestra.summary.trace import write_trace
+from orchestra.tasks.spec import Unit
+
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "report_assets")
+_BAD_STATES = ("failed", "cancelled", "skipped")
+
+
+def _version() -> str:
+    """orchestra's installed version (not ``orchestra.__version__``: importing the package
+    root reaches the API layer above this one)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("orchestra")
+    except PackageNotFoundError:
+        return "?"
+
+
+@dataclass
+class ReportFiles:
+    """What :func:`write_report` wrote."""
+
+    report: str
+    trace: str
+
+
+def _finite(value: Any) -> Any:
+    """JSON-safe: NaN and infinities become None (``JSON.parse`` refuses them)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def script_json(obj: Any) -> str:
+    """JSON to put inside a ``<script>`` element: ``<`` escaped, so no text closes it."""
+    text = json.dumps(_finite(obj), ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s >= 3600:
+        return f"{s // 3600} h {s % 3600 // 60:02d} min"
+    return f"{s // 60} min {s % 60:02d} s" if s >= 60 else f"{seconds:.1f} s"
+
+
+def _results(summary: Summary, samples: SampleIndex) -> dict[str, Any]:
+    pair_ids = {key: n for n, key in enumerate(samples.pairs)}
+    missing = {(m["model"], m["dataset"]): m["reason"] for m in summary.missing}
+    rows: list[dict[str, Any]] = []
+    charts: list[dict[str, Any]] = []
+    seen: set[str] = set()
+    for row in summary.rows:
+        values: list[float | None] = []
+        for m in summary.models:
+            v = row.get(m)
+            values.append(float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None)
+        finite = [v for v in values if v is not None]
+        scale = max(finite) if finite and max(finite) > 1 else 1.0
+        best = max(finite) if finite else None
+        cells = []
+        for model, value in zip(summary.models, values):
+            frac = max(value, 0.0) / scale if value is not None else 0.0
+            cells.append({"model": model, "value": value, "text": f"{value:.4f}" if value is not None else "-",
+                          "pct": round(100 * frac, 1), "frac": frac,
+                          "best": value is not None and len(finite) > 1 and value == best,
+                          "why": missing.get((model, row["dataset"]), "" if value is not None else "no value"),
+                          "pair": pair_ids.get(f"{model}\u0000{row['dataset']}")})
+        rows.append({"dataset": row["dataset"], "metric": row["metric"], "cells": cells})
+        if row["dataset"] not in seen:  # the first metric of a dataset is its headline
+            seen.add(row["dataset"])
+            charts.append({"dataset": row["dataset"], "metric": row["metric"], "bars": cells})
+    return {"models": summary.models, "rows": rows, "charts": charts, "missing": summary.missing}
+
+
+def _failures(run: RunLog, report_dir: str) -> list[dict[str, Any]]:
+    out = []
+    for rec in run.tasks.values():
+        if rec.state not in _BAD_STATES:
+            continue
+        last = rec.attempts[-1] if rec.attempts else None
+        reason = rec.reason
+        if last is not None and last.explanation and last.explanation not in reason:
+            reason = f"{reason}; {last.explanation}" if reason else last.explanation
+        out.append({"name": rec.name or rec.task_id, "task_id": rec.task_id, "stage": rec.stage,
+                    "state": rec.state, "reason": reason or rec.state, "attempts": len(rec.attempts),
+                    "log": rec.log, "log_rel": os.path.relpath(rec.log, report_dir) if rec.log else "",
+                    "tail": last.tail if last is not None else ""})
+    order = {"failed": 0, "cancelled": 1, "skipped": 2}
+    return sorted(out, key=lambda f: (order[f["state"]], f["stage"] != "infer", f["name"]))
+
+
+def _costs(run: RunLog, models: list[str], prices: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    rows: list[dict[str, Any]] = []
+    totals: dict[str, float] = {}
+    counted = False
+    for model in models:
+        u = run.usage.get(model)
+        if u is None:
+            continue
+        counted |= u.prompt_tokens is not None
+        cost = cost_of(u, prices.get(model))
+        if cost is not None:
+            totals[cost["currency"]] = totals.get(cost["currency"], 0.0) + cost["amount"]
+        rows.append({"model": model, "kind": "API" if u.api else "local", "u": u, "cost": cost,
+                     "task_time": _duration(u.task_s), "gpu_hours": u.gpu_s / 3600})
+    return {"rows": rows, "totals": totals, "priced": bool(prices),
+            "tokens_counted": counted}
+
+
+def _timeline(run: RunLog, report_dir: str) -> tuple[dict[str, Any], list[Any]]:
+    """The timeline's compact payload (arrays, not objects: 2,000 attempts stay small) and
+    each attempt's hover text, kept apart so it is parsed only on the first hover."""
+    attempts = run.attempts
+    t0 = min([a.start for a in attempts] + [i.started for i in run.invocations] or [time.time()])
+    tasks: list[list[Any]] = []
+    task_index: dict[str, int] = {}
+    hosts: list[str] = []
+    rows: list[list[Any]] = []
+    tails: list[list[Any]] = []
+    for a in attempts:
+        if a.task_id not in task_index:
+            rec = run.tasks[a.task_id]
+            task_index[a.task_id] = len(tasks)
+            tasks.append([rec.name or a.task_id, a.task_id, rec.stage, rec.model,
+                          os.path.relpath(rec.log, report_dir) if rec.log else ""])
+        host = a.host or a.runner or ""
+        if host not in hosts:
+            hosts.append(host)
+        where = {k: v for k, v in a.where.items() if k not in ("host",)}
+        rows.append([task_index[a.task_id], a.attempt, round(a.start - t0, 3), round(a.duration_s, 3),
+                     OUTCOMES.index(a.outcome), a.exit_code, a.slot, hosts.index(host), ",".join(a.gpu_ids),
+                     a.invocation, a.runner])
+        tails.append([a.reason, a.explanation, a.tail, where])
+    invocations = [{"index": i.index, "start": round(i.started - t0, 3),
+                    "end": round((i.finished or i.started) - t0, 3), "mode": i.mode, "interrupted": i.interrupted}
+                   for i in run.invocations]
+    return ({"t0": t0, "outcomes": list(OUTCOMES), "tasks": tasks, "hosts": hosts, "attempts": rows,
+             "invocations": invocations}, tails)
+
+
+def _overview(run: RunLog, summary: Summary, costs: dict[str, Any]) -> dict[str, Any]:
+    states: dict[str, int] = {}
+    for rec in run.tasks.values():
+        states[rec.state] = states.get(rec.state, 0) + 1
+    attempts = run.attempts
+    wall = sum((i.finished or i.started) - i.started for i in run.invocations)
+    return {"tasks": len(run.tasks), "states": states, "attempts": len(attempts),
+            "retried": sum(1 for a in attempts if a.outcome in ("retried", "timed_out") and a.end is not None
+                           and any(b.attempt > a.attempt for b in run.tasks[a.task_id].attempts)),
+            "samples": sum(u.samples_done for u in run.usage.values()),
+            "samples_failed": sum(u.samples_failed for u in run.usage.values()),
+            "wall": _duration(wall), "invocations": len(run.invocations),
+            "results": sum(1 for row in summary.rows for m in summary.models if row.get(m) is not None),
+            "missing": len(summary.missing), "costs": costs["totals"]}
+
+
+def render_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str, Unit]], run: RunLog,
+                  prices: dict[str, dict[str, Any]] | None = None,
+                  sample_budget_bytes: int = DEFAULT_BUDGET_BYTES) -> str:
+    """The report's HTML."""
+    import jinja2
+
+    report_dir = paths.summary_dir
+    headline: dict[str, str] = {}
+    for row in summary.rows:
+        headline.setdefault(row["dataset"], row["metric"])
+    samples = build_samples(paths, eval_units, headline, sample_budget_bytes)
+    costs = _costs(run, summary.models, prices or {})
+    timeline, tails = _timeline(run, report_dir)
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(ASSETS), autoescape=True, trim_blocks=True,
+                             lstrip_blocks=True, undefined=jinja2.StrictUndefined)
+    with open(os.path.join(ASSETS, "report.css"), encoding="utf-8") as f:
+        css = f.read()
+    with open(os.path.join(ASSETS, "report.js"), encoding="utf-8") as f:
+        js = f.read()
+    return env.get_template("report.html.j2").render(
+        title=os.path.basename(paths.root.rstrip(os.sep)), root=paths.root, version=_version(),
+        generated=time.strftime("%Y-%m-%d %H:%M:%S"), overview=_overview(run, summary, costs),
+        results=_results(summary, samples), failures=_failures(run, report_dir), costs=costs,
+        prices=prices or {}, samples=samples, css=css, js=js.replace("</", "<\\/"),
+        timeline_json=script_json(timeline), tails_json=script_json(tails),
+        pairs_json=script_json(list(samples.pairs.values())),
+    )
+
+
+def write_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str, Unit]],
+                 api_models: set[str] | None = None, prices: dict[str, dict[str, Any]] | None = None,
+                 trace_path: str | None = None) -> ReportFiles:
+    """Write ``summary/report.html`` and the Chrome trace (``summary/trace.json``, or
+    ``trace_path`` as well when given) for the run in ``paths``."""
+    run = read_run(paths, api_models or set())
+    os.makedirs(paths.summary_dir, exist_ok=True)
+    report = os.path.join(paths.summary_dir, "report.html")
+    atomic_write_text(report, render_report(paths, summary, eval_units, run, prices))
+    trace = os.path.join(paths.summary_dir, "trace.json")
+    write_trace(run, paths, trace)
+    if trace_path and os.path.abspath(trace_path) != trace:
+        write_trace(run, paths, trace_path)
+    return ReportFiles(report, trace)

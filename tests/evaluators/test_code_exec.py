@@ -1,0 +1,187 @@
+"""CodeExecEvaluator on real data, in real sandboxes: canonical solutions, hostile programs,
+bad input, several samples per problem."""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestra.datasets.olmo import OlmoEvalDataset
+from orchestra.evaluators.code import CodeExecEvaluator
+from tests.sandbox.conftest import sandbox_processes, slot_dirs
+from tests.sandbox.test_sandbox_isolation import Listener
+
+
+def bundled(name: str) -> list[dict[str, Any]]:
+    ds = OlmoEvalDataset(abbr=name, path=name, reader_cfg=dict(input_columns=[], output_column="tests"),
+                         infer_cfg={})
+    return ds.rows()
+
+
+def records(completions: list[Any], tests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"id": i, "prediction": c, "gold": t} for i, (c, t) in enumerate(zip(completions, tests))]
+
+
+def test_humaneval_canonical_solutions_all_pass(tmp_path: Path) -> None:
+    rows = bundled("humaneval")
+    assert len(rows) == 164
+    metrics, details = CodeExecEvaluator().score(records([r["canonical_solution"] for r in rows],
+                                                         [r["tests"] for r in rows]))
+    failed = [(d["id"], d.get("status"), d.get("stderr", "")[-200:]) for d in details if not d.get("passed")]
+    assert failed == [] and metrics == {"pass@1": 1.0}
+
+
+def test_humaneval_wrong_solutions_fail() -> None:
+    rows = bundled("humaneval")[:8]
+    metrics, details = CodeExecEvaluator().score(records(["    return None\n"] * 8, [r["tests"] for r in rows]))
+    assert metrics["pass@1"] == 0.0 and {d["status"] for d in details} == {"failed"}
+
+
+@pytest.mark.slow
+def test_mbpp_canonical_solutions_all_pass() -> None:
+    rows = bundled("mbpp")
+    assert len(rows) == 500
+    # MBPP/123 (amicable numbers below 10,000) alone takes 3-7 CPU seconds: room for a busy machine.
+    evaluator = CodeExecEvaluator(timeout_s=60)
+    metrics, details = evaluator.score(records([r["code"] for r in rows], [r["tests"] for r in rows]))
+    failed = [(d["id"], d.get("status"), d.get("stderr", "")[-200:]) for d in details if not d.get("passed")]
+    assert failed == [] and metrics == {"pass@1": 1.0}
+
+
+def hostile_programs(tmp_path: Path, port: int, secret: str) -> dict[str, str]:
+    """Completions whose test passes only if the attack worked (contained means scored 0)."""
+    outside = [str(tmp_path / "escape"), "/var/tmp/orchestra-escape", "/dev/shm/orchestra-escape",
+               "/root/orchestra-escape", "/etc/orchestra-escape", "/orchestra-escape"]
+    programs = {
+        "infinite loop": """
+            def attack():
+                while True:
+                    pass
+        """,
+        "8 GB allocation": """
+            def attack():
+                block = bytearray(8 << 30)
+                return len(block) > 0
+        """,
+        "fork bomb": """
+            def attack():
+                import os
+                while True:
+                    try:
+                        os.fork()
+                    except OSError:
+                        pass
+        """,
+        "write outside": f"""
+            def attack():
+                done = False
+                for path in {outside!r}:
+                    try:
+                        with open(path, "w") as f:
+                            f.write("x")
+                        done = True
+                    except OSError:
+                        pass
+                return done
+        """,
+        "connect to 127.0.0.1": f"""
+            def attack():
+                import socket
+                socket.create_connection(("127.0.0.1", {port}), timeout=3).close()
+                return True
+        """,
+        "read the API key": f"""
+            def attack():
+                import os
+                if any({secret!r} in v for v in os.environ.values()):
+                    return True
+                for pid in os.listdir("/proc"):
+                    try:
+                        with open(f"/proc/{{pid}}/environ", "rb") as f:
+                            if {secret!r}.encode() in f.read():
+                                return True
+                    except OSError:
+                        pass
+                return False
+        """,
+        "kill its parent": """
+            def attack():
+                import os, signal
+                os.kill(os.getppid(), signal.SIGKILL)
+                return True
+        """,
+        "correct": """
+            def attack():
+                return True
+        """,
+    }
+    return {name: textwrap.dedent(code).lstrip("\n") for name, code in programs.items()}
+
+
+@pytest.mark.parametrize("isolation", ["bwrap", "unshare"])
+def test_hostile_programs_are_contained_and_scored_zero(isolation: str, tmp_path: Path, lock_dir: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    secret = "sk-test-" + os.urandom(8).hex()
+    monkeypatch.setenv("OPENAI_API_KEY", secret)
+    listener = Listener()
+    try:
+        programs = hostile_programs(tmp_path, listener.port, secret)
+        tests = {"prompt": "", "entry_point": "attack", "test": "assert attack() is True\n"}
+        evaluator = CodeExecEvaluator(isolation=isolation, timeout_s=3, cpu_s=2, mem_mb=512, max_processes=16,
+                                      max_sandboxes=4)
+        metrics, details = evaluator.score(records(list(programs.values()), [tests] * len(programs)))
+    finally:
+        listener.close()
+    outcome = {name: (d["passed"], d["status"]) for name, d in zip(programs, details)}
+    assert outcome["correct"] == (True, "ok")
+    assert all(not passed for name, (passed, _) in outcome.items() if name != "correct"), outcome
+    assert outcome["8 GB allocation"][1] == "memory_limit"
+    assert outcome["infinite loop"][1] in ("timeout", "cpu_limit")
+    assert outcome["fork bomb"][1] in ("timeout", "cpu_limit")
+    assert math.isclose(metrics["pass@1"], 1 / len(programs))
+    assert listener.accepted == 0
+    assert not any(os.path.exists(p) for p in (tmp_path / "escape", "/var/tmp/orchestra-escape",
+                                                "/dev/shm/orchestra-escape", "/root/orchestra-escape"))
+    assert sandbox_processes() == [] and slot_dirs(lock_dir) == []
+
+
+@pytest.fixture
+def lock_dir(tmp_path: Path) -> Path:
+    return tmp_path / "locks"
+
+
+def test_text_is_required_and_is_visible_when_missing() -> None:
+    tests = {"prompt": "", "entry_point": "f", "test": "assert f() == 1\n"}
+    metrics, details = CodeExecEvaluator().score(
+        records([None, 42, ["def f():\n    return 1\n", {"code": 1}], "def f():\n    return 1\n"], [tests] * 4))
+    assert details[0]["status"] == "not_text" and details[1]["status"] == "not_text"
+    assert [r["status"] for r in details[2]["results"]] == ["ok", "not_text"]
+    assert details[3]["status"] == "ok"
+    assert metrics["pass@1"] == (0 + 0 + 0.5 + 1) / 4
+
+
+def test_a_sample_without_tests_is_an_error_not_a_zero() -> None:
+    metrics, details = CodeExecEvaluator().score(records(["def f():\n    return 1\n"], ["just an answer"]))
+    assert "no tests" in details[0]["error"] and "passed" not in details[0]
+
+
+def test_pass_at_k_from_several_samples_per_problem() -> None:
+    tests = {"prompt": "", "entry_point": "f", "test": "assert f() == 1\n"}
+    right, wrong = "def f():\n    return 1\n", "def f():\n    return 2\n"
+    metrics, details = CodeExecEvaluator(k=[1, 2, 5]).score(records([[right, wrong, wrong, right]], [tests]))
+    assert details[0]["n"] == 4 and details[0]["num_passed"] == 2
+    assert metrics["pass@1"] == 0.5
+    assert math.isclose(metrics["pass@2"], 1 - 1 / 6)
+    assert "pass@5" not in metrics  # 4 samples cannot estimate pass@5
+
+
+def test_a_program_that_exits_before_its_tests_fails() -> None:
+    tests = {"prompt": "", "entry_point": "f", "test": "assert f() == 2\n"}
+    completion = "import sys\n\ndef f():\n    return 1\n\nsys.exit(0)\n"
+    _, details = CodeExecEvaluator().score(records([completion], [tests]))
+    assert details[0]["status"] == "left_early" and details[0]["passed"] is False

@@ -1,0 +1,137 @@
+"""JudgeEvaluator against the repository's real OpenAI-compatible server (127.0.0.1).
+
+The server answers with the last word of the judge prompt, upper-cased, so a template that
+ends with ``[[{answer}]]`` makes the judge's grade the answer itself: every outcome below is
+known in advance.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestra.evaluators import evaluator_identity
+from orchestra.evaluators.judge import JudgeEvaluator, parse_preference, parse_rating
+from orchestra.models.openai_api import OpenAIAPI
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def judge_cfg(server: Any, **kw: Any) -> dict[str, Any]:
+    return {"type": OpenAIAPI, "path": "judge-model", "base_url": server.base_url, "key_env": None,
+            "max_connections": 4, **kw}
+
+
+def rec(i: int, prediction: Any, gold: Any = None, prompt: str = "What is it?") -> dict[str, Any]:
+    return {"id": i, "prompt": prompt, "prediction": prediction, "gold": gold}
+
+
+def test_parsers() -> None:
+    assert parse_rating("Fine work.\nRating: [[8]]") == 8.0
+    assert parse_rating("first [[2]] then [[9.5]]") == 9.5
+    assert parse_rating("Rating: 6") == 6.0
+    assert parse_rating("Rating: [[11]]") is None and parse_rating("no grade") is None
+    assert parse_preference("so [[B]]") == "B" and parse_preference("[[tie]]") == "C"
+    assert parse_preference("both good") is None
+
+
+def test_single_grades_unparsed_and_missing_answers(server: Any) -> None:
+    ev = JudgeEvaluator(judge=judge_cfg(server), prompt_template="Grade it. Rating: [[{answer}]]")
+    metrics, details = ev.score([rec(0, "7"), rec(1, "10"), rec(2, "garbage"), rec(3, None)])
+    assert [t["rating"] for t in details[0]["turns"]] == [7.0]
+    assert details[2]["turns"][0]["unparsed"] is True and details[2]["turns"][0]["judge_output"] == "[[GARBAGE]]"
+    assert details[3]["missing"] is True
+    assert metrics == {"judge_score": (7 + 10 + 1) / 3, "judge_unparsed": 1.0, "answers_missing": 1.0}
+    assert server.stats()["by_status"] == {"200": 3}  # a missing answer is not sent to the judge
+
+
+def test_a_judge_that_never_answers_in_form_is_never_a_zero(server: Any) -> None:
+    ev = JudgeEvaluator(judge=judge_cfg(server))  # the built-in prompt: the server's reply has no grade
+    metrics, details = ev.score([rec(i, f"answer {i}") for i in range(5)])
+    assert math.isnan(metrics["judge_score"]) and metrics["judge_unparsed"] == 5.0
+    assert all(d["turns"][0]["unparsed"] for d in details)
+
+
+def test_pairwise_swaps_positions_and_ties_inconsistent_verdicts(server: Any) -> None:
+    ev = JudgeEvaluator(judge=judge_cfg(server), mode="pairwise", prompt_template="Which? [[{answer_a}]]")
+    metrics, details = ev.score([rec(0, "A", gold="B"), rec(1, "A", gold="A"), rec(2, "B", gold="A")])
+    assert [d["turns"][0]["outcome"] for d in details] == ["win", "tie", "loss"]
+    assert details[1]["turns"][0]["consistent"] is False and details[1]["turns"][0]["verdicts"] == ["A", "A"]
+    assert metrics["win_rate"] == 0.5 and math.isclose(metrics["tie_rate"], 1 / 3)
+    assert metrics["position_inconsistent"] == 1.0
+    assert server.stats()["requests"] == 6  # two calls per answer: one in each position
+
+
+def test_multi_turn_conversations_are_judged_turn_by_turn(server: Any) -> None:
+    ev = JudgeEvaluator(judge=judge_cfg(server), prompt_template="{conversation}\nRating: [[{answer}]]")
+    records = [{"id": 0, "turns": ["Pick a number", "Another one"], "prediction": ["3", "9"], "gold": None},
+               {"id": 1, "turns": ["Pick a number", "Another one"], "prediction": ["5", "7"], "gold": None}]
+    metrics, details = ev.score(records)
+    assert [t["rating"] for t in details[0]["turns"]] == [3.0, 9.0]
+    assert metrics["judge_score"] == 6.0
+    assert metrics["judge_score_turn1"] == 4.0 and metrics["judge_score_turn2"] == 8.0
+    prompts = list(server.stats()["per_prompt"])
+    second = [p for p in prompts if "[Assistant reply 2]\n9" in p]
+    assert len(second) == 1 and "[User message 1]\nPick a number\n\n[Assistant reply 1]\n3" in second[0]
+
+
+def test_reference_answers_are_shown_when_asked(server: Any) -> None:
+    ev = JudgeEvaluator(judge=judge_cfg(server), reference=True,
+                        prompt_template="Reference: {reference}. Rating: [[{answer}]]")
+    ev.score([rec(0, "4", gold="four")])
+    assert any("Reference: four." in p for p in server.stats()["per_prompt"])
+
+
+def test_judges_in_two_processes_share_the_judges_connections(server: Any, tmp_path: Path) -> None:
+    server.configure(latency_s=0.05)
+    script = textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(REPO)!r})
+        from orchestra.evaluators.judge import JudgeEvaluator
+        ev = JudgeEvaluator(judge=dict(type="OpenAIAPI", path="judge-model", base_url={server.base_url!r},
+                                       key_env=None, max_connections=3),
+                            prompt_template="Rating: [[{{answer}}]]")
+        metrics, _ = ev.score([{{"id": i, "prompt": "q", "prediction": str(1 + i % 9), "gold": None}}
+                               for i in range(40)])
+        assert metrics["judge_unparsed"] == 0, metrics
+    """)
+    env = {**os.environ, "ORCHESTRA_LOCK_DIR": str(tmp_path / "locks")}
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env) for _ in range(2)]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    stats = server.stats()
+    assert stats["requests"] == 80
+    assert stats["peak_concurrency"] == 3  # the judge's max_connections, host-wide, reached and never passed
+
+
+def test_the_judge_and_its_prompt_are_part_of_the_results_hash(server: Any) -> None:
+    def ident(**kw: Any) -> Any:
+        cfg = {"type": "judge", "judge": judge_cfg(server, type="OpenAIAPI"), **kw}
+        return evaluator_identity({"evaluator": cfg})
+
+    base = ident()
+    assert ident(judge=judge_cfg(server, type="OpenAIAPI", path="other-judge")) != base
+    assert ident(prompt_template="Rating: [[{answer}]]") != base
+    assert ident(mode="pairwise") != base
+    # how fast it is judged changes nothing
+    assert ident(judge=judge_cfg(server, type="OpenAIAPI", max_connections=64)) == base
+    assert ident(max_samples=3) == base
+    assert "Grade the AI assistant's answer" in str(base)  # the built-in prompt itself is hashed
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(mode="ranked"), "mode must be one of single, pairwise"),
+    (dict(prompt_template="{question} {answr}"), "unknown field {answr}"),
+    (dict(mode="pairwise", reference=True), "reference=True is for mode='single'"),
+    (dict(judge="gpt-4"), "judge must be a model config dict"),
+])
+def test_bad_judge_settings(server: Any, bad: dict[str, Any], message: str) -> None:
+    kwargs = {"judge": judge_cfg(server), **bad}
+    with pytest.raises(ValueError, match=message.replace("{", r"\{").replace("(", r"\(").replace(")", r"\)")):
+        JudgeEvaluator(**kwargs)

@@ -1,0 +1,176 @@
+"""Sweeps and the Python API (issue 14), with real task processes and the deterministic model."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import orchestra
+from orchestra.errors import ConfigError, UserError
+
+REPO = Path(__file__).resolve().parents[2]
+EVALUATORS = {"num": "numeric_match", "exact": "exact_match", "acc": "accuracy"}
+
+
+def write_data(folder: Path) -> dict[str, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {}
+    for name, offset in (("add", 0), ("add_big", 1000), ("add_neg", -50), ("words", None)):
+        path = folder / f"{name}.jsonl"
+        with open(path, "w") as f:
+            for i in range(12):
+                if offset is None:
+                    row = {"question": f"say w{i}", "answer": f"W{i}" if i % 3 else "nope"}
+                else:
+                    row = {"question": f"What is {i + offset} + {i}?", "answer": str(2 * i + offset + (i % 4 == 0))}
+                f.write(json.dumps(row) + "\n")
+        files[name] = path
+    return files
+
+
+def config(tmp_path: Path, models: list[str], evaluator: str | None = None, sweep: str = "") -> Path:
+    """A config over the four datasets; ``evaluator`` fixed, or swept through ``sweep``."""
+    files = write_data(tmp_path / "data")
+    datasets = ",\n".join(
+        f"    dict(type=JsonlDataset, abbr={name!r}, path={str(path)!r}, "
+        "reader_cfg=dict(input_columns=['question'], output_column='answer'), "
+        "infer_cfg=dict(prompt_template='{question}', inferencer=dict(type='gen', max_out_len=8)), "
+        f"eval_cfg=dict(evaluator={evaluator or 'numeric_match'!r}))"
+        for name, path in files.items()
+    )
+    model_list = ", ".join(f"dict(type=DeterministicModel, abbr={m!r}, batch_size=4)" for m in models)
+    cfg = tmp_path / f"cfg_{len(list(tmp_path.glob('cfg_*.py')))}.py"
+    cfg.write_text(f"""
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+from orchestra.runners import LocalRunner
+
+models = [{model_list}]
+datasets = [
+{datasets}
+]
+infer = dict(runner=dict(type=LocalRunner, max_num_workers=2, reuse_workers=True))
+eval = dict(runner=dict(type=LocalRunner, max_num_workers=2))
+work_dir = {str(tmp_path / 'out')!r}
+{sweep}
+""")
+    return cfg
+
+
+def cli(*args: Any) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+MODELS = ["m1", "m2", "m3"]
+SWEEP = "sweep = dict(params={'datasets.eval_cfg.evaluator': " + repr(EVALUATORS) + "}, baseline={'evaluator': 'num'})"
+
+
+def test_sweep_pivot_matches_hand_written_configs_and_shares_predictions(tmp_path: Path) -> None:
+    cfg = config(tmp_path / "sweep", MODELS, sweep=SWEEP)
+    dry = cli(cfg, "--dry-run")
+    assert dry.returncode == 0, dry.stderr
+    assert "sweep: 36 (model, dataset) pair(s) over evaluator" in dry.stdout and "add[exact]" in dry.stdout
+    # 3 models x 4 datasets x 3 evaluators: the evaluator only changes scoring, so 2 of every 3
+    # variants' predictions are shared, and only 12 prediction files are made.
+    assert "24 prediction file(s) shared" in dry.stdout
+    res = cli(cfg)
+    assert res.returncode == 0, res.stderr
+    (run,) = [p for p in (tmp_path / "sweep" / "out").iterdir() if p.is_dir()]
+    assert len(list((run / "predictions").rglob("*.jsonl"))) == 12
+    started = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    infer_started = [e for e in started if e["event"] == "started" and e["stage"] == "infer"]
+    assert len(infer_started) == 12  # one task per model and dataset, not per evaluator
+    rows = json.loads((run / "summary/pivot.json").read_text())["rows"]
+    pivot = {(r["model"], r["dataset"], r["metric"]): r for r in rows}
+
+    checked = 0
+    for label, evaluator in EVALUATORS.items():  # the same work as 3 hand-written configs, run one by one
+        single = tmp_path / label
+        res = cli(config(single, MODELS, evaluator=evaluator))
+        assert res.returncode == 0, res.stderr
+        (srun,) = [p for p in (single / "out").iterdir() if p.is_dir()]
+        with open(srun / "summary/summary.csv") as f:
+            for row in csv.DictReader(f):
+                for model in MODELS:
+                    got = pivot[(model, row["dataset"], row["metric"])]["values"][label]
+                    assert got == pytest.approx(float(row[model])), (label, model, row)
+                    checked += 1
+    assert checked >= 36
+    deltas = [r["deltas"] for r in pivot.values() if r["deltas"]]
+    assert deltas and all(set(d) == {"exact", "acc"} for d in deltas)  # each against the baseline 'num'
+
+
+def test_sweep_bad_input_is_one_line_before_anything_runs(tmp_path: Path) -> None:
+    cases = [
+        ("sweep = dict(params={'models.no_such_key': [1, 2]})", "no_such_key"),
+        ("sweep = dict(params={'models.batch_size': ['four']})", "batch_size"),
+        ("sweep = dict(params={'models.batch_size': []})", "no values"),
+        ("sweep = dict(params={'temperature': [0, 1]})", "must start with 'models.' or 'datasets.'"),
+        ("sweep = dict(params={'datasets.eval_cfg.evaluator': {'a': 'accuracy'}}, baseline={'evaluator': 'b'})",
+         "baseline.evaluator"),
+        ("sweep = dict(params={'models.batch_size': [1, 2, 3]}, max_variants=2)", "--yes"),
+    ]
+    for i, (sweep, expected) in enumerate(cases):
+        res = cli(config(tmp_path / str(i), ["m1"], sweep=sweep))
+        assert res.returncode == 2, (sweep, res.stderr)
+        lines = res.stderr.strip().splitlines()
+        assert len(lines) == 1 and expected in lines[0], (sweep, res.stderr)
+        assert not (tmp_path / str(i) / "out").exists()
+    dup = config(tmp_path / "dup", ["m1", "m1"], sweep="sweep = dict(params={'models.batch_size': [1]})")
+    res = cli(dup)
+    assert res.returncode == 2 and "also used by" in res.stderr
+    big = config(tmp_path / "big", ["m1"],
+                 sweep="sweep = dict(params={'models.batch_size': [1, 2, 3]}, max_variants=2)")
+    assert cli(big, "--yes").returncode == 0
+
+
+def test_python_api_runs_resumes_and_reports(tmp_path: Path) -> None:
+    cfg = config(tmp_path, ["m1", "m2"])
+    view = orchestra.plan(cfg)
+    assert len(view.tasks["infer"]) == 8 and not (tmp_path / "out").exists()  # a plan writes nothing
+    first = orchestra.run(cfg, quiet=True, **{"infer.runner.max_num_workers": 1})
+    assert first.ok and first.status == "done" and first.failed == []
+    rows = first.rows()
+    assert len(rows) == 8 and {r["model"] for r in rows} == {"m1", "m2"}
+    with open(Path(first.run_dir) / "summary/summary.csv") as f:
+        table = {(r["dataset"], m): float(r[m]) for r in csv.DictReader(f) for m in ("m1", "m2")}
+    assert {(r["dataset"], r["model"]): r["value"] for r in rows} == pytest.approx(table)
+    again = orchestra.run(cfg, reuse="latest", quiet=True)
+    assert again.run_dir == first.run_dir and again.ok and again.results == []  # nothing left to do
+    with pytest.raises(ConfigError, match="batch_size"):
+        orchestra.run(cfg, quiet=True, **{"models.0.batch_size": 0})
+    with pytest.raises(UserError, match="dotted keys"):
+        orchestra.run(cfg, quiet=True, batch_size=2)
+
+
+def test_python_api_takes_a_dict_and_names_failed_tasks(tmp_path: Path) -> None:
+    files = write_data(tmp_path / "data")
+    cfg = {
+        "models": [{"type": "DeterministicModel", "abbr": "bad", "fail_always": True}],
+        "datasets": [{"type": "JsonlDataset", "abbr": "add", "path": str(files["add"]),
+                      "reader_cfg": {"input_columns": ["question"], "output_column": "answer"},
+                      "infer_cfg": {"prompt_template": "{question}"}, "eval_cfg": {"evaluator": "numeric_match"}}],
+        "work_dir": str(tmp_path / "out"),
+    }
+    run = orchestra.run(cfg, quiet=True)
+    assert run.exit_code == 1 and run.status == "failed"
+    assert [(r.stage, r.state.value) for r in run.failed] == [("infer", "failed"), ("eval", "skipped")]
+    assert "configured to fail" in Path(run.failed[0].log_path).read_text()
+    assert all(r["value"] is None for r in run.rows())
+
+
+def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/python-api.md's first example, run as written (in a scratch folder)."""
+    text = (REPO / "docs" / "python-api.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(REPO)
+    code = code.replace('"outputs/api_example"', repr(str(tmp_path / "api_example")))
+    exec(compile(code, "docs/python-api.md", "exec"), {})
+    assert len(list((tmp_path / "api_example").iterdir())) == 1
