@@ -359,7 +359,8 @@ class _EvalAlongside:
         # Progress as lines, never a second bar: the infer stage's bar owns the terminal.
         lines: Any = _LineStream(sys.stderr)
         self.progress = None if quiet else StageProgress("eval", tasks, ctx.paths.events, stream=lines)
-        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream)
+        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream,
+                              host=ctx.host)
         self.runner, self.tasks, self.quiet = runner, tasks, quiet
         self.results: list[Any] = []
         self.error: BaseException | None = None
@@ -395,6 +396,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     from orchestra.events import EventLog
     from orchestra.planner import make_plan
     from orchestra.runners.base import RunContext, TaskResult, TaskState
+    from orchestra.runners.host import HostSlots
     from orchestra.summary.logs import with_excerpt
     from orchestra.summary.progress import StageProgress, api_model_abbrs
     from orchestra.summary.table import build_summary, render_text, write_summary
@@ -403,7 +405,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     paths.make_dirs()
     dump_config(cfg.resolved, paths.config)
     events = EventLog(paths.events)
-    ctx = RunContext(paths, events)
+    ctx = RunContext(paths, events, host=HostSlots())
     received: list[int] = []
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

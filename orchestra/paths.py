@@ -67,6 +67,12 @@ class RunPaths:
         """Batch job scripts and Slurm's own job output (``SlurmRunner(launcher='sbatch')``)."""
         return os.path.join(self.root, "slurm")
 
+    @property
+    def dlc_dir(self) -> str:
+        """``DLCRunner``'s records: the ledger of every DLC job it submitted (``jobs.jsonl``) and the
+        exit codes its jobs write from the cloud (``exit/<job name>``)."""
+        return os.path.join(self.root, "dlc")
+
     def task_spec(self, task_id: str) -> str:
         return os.path.join(self.root, "tasks", f"{task_id}.py")
 

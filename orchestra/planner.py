@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestra.config import RunConfig
 from orchestra.datasets.info import DatasetInfo
-from orchestra.evaluators import evaluator_identity
+from orchestra.evaluators import evaluator_identity, evaluator_resources
 from orchestra.fileio import stable_hash
 from orchestra.models.base import BaseModel
 from orchestra.partitioners.base import BasePartitioner
@@ -52,6 +52,12 @@ def _task_id(stage: str, model_abbr: str, units: list[Unit]) -> str:
     return f"{stage}_{safe_name(model_abbr)}_{safe_name(units[0].name)}{more}"
 
 
+def _eval_needs(units: list[Unit]) -> dict[str, int]:
+    """What an eval task of ``units`` occupies: the most any of their evaluators needs."""
+    every = [evaluator_resources(u.dataset.get("eval_cfg") or {}) for u in units]
+    return {key: max(n[key] for n in every) for key in ("num_gpus", "num_procs")}
+
+
 def _pack(
     stage: str,
     partitioner: BasePartitioner,
@@ -61,12 +67,12 @@ def _pack(
     task_cfg: dict[str, Any],
 ) -> list[TaskSpec]:
     cls = model_class(model)
-    needs = cls.resources(model) if stage == "infer" else {"num_gpus": 0, "num_procs": 1}
     # A warm worker that ran an infer task keeps its model for the next task with this key.
     worker_key = f"infer|{cls.instance_key(model)}" if stage == "infer" else "eval"
     tasks = []
     for group in partitioner.pack([u.cost for u in units]):
         chosen = [units[i] for i in group]
+        needs = cls.resources(model) if stage == "infer" else _eval_needs(chosen)
         tasks.append(
             TaskSpec(
                 stage=stage,

@@ -117,6 +117,7 @@ RUNNERS = Registry(
     {
         "LocalRunner": "orchestra.runners.local.LocalRunner",
         "SlurmRunner": "orchestra.runners.slurm.SlurmRunner",
+        "DLCRunner": "orchestra.runners.dlc.DLCRunner",
     },
     base="orchestra.runners.base.BaseRunner",
 )

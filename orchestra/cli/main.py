@@ -9,11 +9,12 @@ cancelled (the summary names each with its log), or a write failed; 2 bad config
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from orchestra.api import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from orchestra.errors import UserError
+from orchestra.errors import ConfigError, UserError
 
 
 class _Parser(argparse.ArgumentParser):
@@ -36,6 +37,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--slurm", action="store_true", help="run every stage with SlurmRunner")
     p.add_argument("-p", "--partition", help="Slurm partition (with --slurm)")
     p.add_argument("-q", "--qos", help="Slurm QOS (with --slurm)")
+    p.add_argument("--dlc", action="store_true", help="run every stage with DLCRunner (Alibaba Cloud PAI-DLC)")
+    p.add_argument("--aliyun-cfg", metavar="PATH",
+                   help="aliyun config file for --dlc (default ~/.aliyun.cfg; see docs/dlc.md)")
     p.add_argument("--yes", action="store_true", help="run a sweep of more variants than its max_variants")
     p.add_argument("--trace", metavar="PATH",
                    help="also write the run's timeline as a Chrome/Perfetto trace to PATH "
@@ -55,6 +59,7 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
         raise UserError("--slurm needs -p/--partition")
     if (args.partition or args.qos) and not args.slurm:
         raise UserError("-p/--partition and -q/--qos need --slurm")
+    aliyun = _aliyun_cfg(args)
     for stage in ("infer", "eval"):
         st = raw.get(stage)
         if st is None:
@@ -74,6 +79,12 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
             runner["partition"] = args.partition
             if args.qos:
                 runner["qos"] = args.qos
+        if aliyun is not None:
+            if not _is_runner(runner.get("type"), "DLCRunner"):  # a DLCRunner keeps its own options
+                keep = {k: runner[k] for k in ("task", "max_num_workers", "retry", "timeout_s") if k in runner}
+                runner.clear()
+                runner.update(keep, type="orchestra.runners.dlc.DLCRunner")
+            runner["aliyun_cfg"] = dict(aliyun)
         if args.max_num_workers is not None:
             runner["max_num_workers"] = args.max_num_workers
         if args.retry is not None:
@@ -82,8 +93,33 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
 
 def _is_slurm_runner(runner_type: Any) -> bool:
     """Whether a runner ``type`` (a class, a registry name or a dotted path) is SlurmRunner."""
+    return _is_runner(runner_type, "SlurmRunner")
+
+
+def _is_runner(runner_type: Any, cls_name: str) -> bool:
+    """Whether a runner ``type`` (a class, a registry name or a dotted path) names ``cls_name``."""
     name = runner_type.__name__ if isinstance(runner_type, type) else str(runner_type)
-    return name.replace(":", ".").rsplit(".", 1)[-1] == "SlurmRunner"
+    return name.replace(":", ".").rsplit(".", 1)[-1] == cls_name
+
+
+def _aliyun_cfg(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The aliyun config of ``--dlc`` (None without it), read from ``--aliyun-cfg`` or ``~/.aliyun.cfg``."""
+    if args.aliyun_cfg and not args.dlc:
+        raise UserError("--aliyun-cfg needs --dlc")
+    if not args.dlc:
+        return None
+    if args.slurm:
+        raise UserError("--dlc and --slurm exclude each other: one runner per run")
+    from orchestra.runners.dlc_config import load_aliyun_file
+
+    path = args.aliyun_cfg or "~/.aliyun.cfg"
+    if not os.path.isfile(os.path.expanduser(path)):
+        raise UserError(f"--dlc needs an aliyun config file: {path} not found (give --aliyun-cfg PATH; "
+                        "see docs/dlc.md)")
+    try:
+        return load_aliyun_file(path)
+    except ValueError as exc:
+        raise ConfigError(f"--aliyun-cfg {exc}") from None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -29,6 +29,7 @@ __all__ = [
     "NumericMatchEvaluator",
     "build_evaluator",
     "evaluator_identity",
+    "evaluator_resources",
 ]
 
 _LAZY = {"CodeExecEvaluator": "orchestra.evaluators.code", "JudgeEvaluator": "orchestra.evaluators.judge"}
@@ -66,3 +67,14 @@ def evaluator_identity(eval_cfg: dict[str, Any]) -> Any:
     cls = EVALUATORS.resolve(cfg.get("type"), "eval_cfg.evaluator")
     ident = cls.identity(cfg) if issubclass(cls, BaseEvaluator) else None
     return eval_cfg if ident is None else {**eval_cfg, "evaluator": ident}
+
+
+def evaluator_resources(eval_cfg: dict[str, Any]) -> dict[str, int]:
+    """What scoring a dataset with its ``eval_cfg`` occupies (see :meth:`BaseEvaluator.resources`)."""
+    raw = eval_cfg.get("evaluator")
+    if raw is None:
+        return BaseEvaluator.resources({})
+    cfg = _as_dict(raw)
+    cls = EVALUATORS.resolve(cfg.get("type"), "eval_cfg.evaluator")
+    assert issubclass(cls, BaseEvaluator)
+    return cls.resources({k: v for k, v in cfg.items() if k != "type"})

@@ -22,6 +22,12 @@ class BaseEvaluator(abc.ABC):
         return None
 
     @classmethod
+    def resources(cls, cfg: dict[str, Any]) -> dict[str, int]:
+        """What an eval task scoring with this evaluator (config ``cfg``) occupies while it
+        runs: ``num_gpus`` and ``num_procs`` (cores).  Light evaluators: one core."""
+        return {"num_gpus": 0, "num_procs": 1}
+
+    @classmethod
     def check_config(cls, cfg: dict[str, Any], dataset: dict[str, Any], where: str) -> None:
         """Raise ``ConfigError`` if ``cfg`` cannot work for ``dataset`` (run while the config
         is validated, after its keys were checked; must be cheap)."""

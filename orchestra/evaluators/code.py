@@ -19,7 +19,7 @@ from typing import Any
 from orchestra.errors import ConfigError
 from orchestra.evaluators.heavy import HeavyEvaluator, Verdict
 from orchestra.evaluators.programs import PASS_MARKER, build_program
-from orchestra.sandbox import ISOLATIONS, Sandbox, SandboxLimits
+from orchestra.sandbox import ISOLATIONS, Sandbox, SandboxLimits, default_max_sandboxes
 
 #: Bumped whenever the post-processing rules change, so earlier results are scored again.
 POSTPROCESS_VERSION = 1
@@ -115,6 +115,12 @@ class CodeExecEvaluator(HeavyEvaluator):
                 f"limits: {lim['timeout_s']} s wall, {lim['cpu_s']} s CPU, {lim['mem_mb']} MB memory, "
                 f"{lim['max_processes']} processes, {lim['max_output_bytes']} bytes output, {lim['disk_mb']} MB disk; "
                 f"max_sandboxes={info['max_sandboxes']} (host-wide)")
+
+    @classmethod
+    def resources(cls, cfg: dict[str, Any]) -> dict[str, int]:
+        # A program per host-wide sandbox slot runs at once: that many cores.
+        limit = cfg.get("max_sandboxes")
+        return {"num_gpus": 0, "num_procs": limit if isinstance(limit, int) and limit > 0 else default_max_sandboxes()}
 
     def max_concurrency(self) -> int:
         # Enough programs ready that every host-wide slot this task gets is kept busy.

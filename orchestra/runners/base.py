@@ -23,6 +23,7 @@ from orchestra.backoff import exponential_backoff
 from orchestra.events import EventLog
 from orchestra.paths import RunPaths
 from orchestra.runners.command import Command, fill_template
+from orchestra.runners.host import HostSlots
 from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec, output_done
 
@@ -38,10 +39,18 @@ class TaskState(str, enum.Enum):
 
 @dataclass(frozen=True)
 class Exit:
-    """How a job ended: its exit code and, when the backend knows more, why."""
+    """How a job ended: its exit code and, when the backend knows more, why.
+
+    ``infra=True`` (with a non-zero code) says the platform failed, not the task: the job never
+    got to run it to an end (a submission refused or garbled, a job stuck in a queue, a node
+    lost, a preemption).  The loop retries such an attempt without spending the task's own
+    ``retry``, at most ``BaseRunner.max_infra_retries`` times per task (with the same backoff);
+    after that an infrastructure failure counts like any other.
+    """
 
     code: int
     reason: str = ""
+    infra: bool = False
 
 
 @dataclass
@@ -84,6 +93,9 @@ class RunContext:
     #: whose inputs are missing then waits (the eval of a (model, dataset) starts as soon as
     #: its predictions are done); once cleared, a task still missing inputs is skipped
     upstream: threading.Event | None = None
+    #: this machine's GPUs and cores as the run's local runners hand them out (the stages
+    #: share one when they run side by side); None: each local runner keeps its own
+    host: HostSlots | None = None
 
     def inputs_may_come(self) -> bool:
         return self.upstream is not None and self.upstream.is_set()
@@ -95,6 +107,7 @@ class _Pending:
     attempt: int
     not_before: float = 0.0
     first_started: float = 0.0
+    infra_retries: int = 0  # attempts retried as infrastructure failures: they do not count against ``retry``
     inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
     inputs_checked: float = 0.0  # when they were last looked for
 
@@ -113,6 +126,9 @@ class BaseRunner(abc.ABC):
 
     #: names this backend adds to the template's fields (for error messages and docs)
     template_fields: tuple[str, ...] = ("task_id", "stage", "num_gpus", "num_procs", "log_path")
+    #: attempts per task that may end ``Exit(infra=True)`` and be retried without spending ``retry``
+    #: (a backend that reports infrastructure failures sets it, e.g. from a constructor argument)
+    max_infra_retries: int = 0
 
     def __init__(
         self,
@@ -377,14 +393,27 @@ class BaseRunner(abc.ABC):
             reason = f"exited 0 but did not write {os.path.relpath(missing[0], ctx.paths.root)}"
         else:
             reason = ended.reason or f"exit code {ended.code}"
-        self.log_attempt(job, f"===== orchestra: attempt {job.attempt} failed: {reason}\n")
+        infra = ended.infra and ended.code != 0
+        kind = " (infrastructure)" if infra else ""
+        self.log_attempt(job, f"===== orchestra: attempt {job.attempt} failed{kind}: {reason}\n")
         how = {"exit_code": ended.code, "timed_out": job.timed_out, "slot": job.slot,
                "duration_s": round(time.monotonic() - job.started, 3)}
-        if job.attempt <= self.retry and not ctx.stop.is_set():
-            delay = self._backoff(job.attempt)
+        if infra and entry.infra_retries < self.max_infra_retries and not ctx.stop.is_set():
+            # The platform failed, not the task: retried without spending the task's own retries.
+            delay = self._backoff(entry.infra_retries + 1)
+            ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
+                            reason=reason, delay_s=round(delay, 3), infra=True,
+                            infra_retries=entry.infra_retries + 1, **how)
+            pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started,
+                                    entry.infra_retries + 1))
+            return
+        counted = job.attempt - entry.infra_retries  # attempts that spent the task's own retries
+        if counted <= self.retry and not ctx.stop.is_set():
+            delay = self._backoff(counted)
             ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
                             reason=reason, delay_s=round(delay, 3), **how)
-            pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started))
+            pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started,
+                                    entry.infra_retries))
             return
         results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, job.attempt,
                                            job.log_path, reason, time.monotonic() - entry.first_started)

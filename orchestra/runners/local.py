@@ -10,6 +10,7 @@ import subprocess
 from typing import Any
 
 from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
+from orchestra.runners.host import HostSlots, usable_cores
 from orchestra.runners.proc import start_group, stop_groups
 from orchestra.runners.warm import WarmPool, Worker
 from orchestra.tasks.spec import TaskSpec
@@ -36,11 +37,7 @@ def cpu_share(workers: int) -> int | None:
     """Cores each of ``workers`` concurrent tasks gets (None: one task, all of them)."""
     if workers <= 1:
         return None
-    try:
-        cpus = len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // workers)
+    return max(1, usable_cores() // workers)
 
 
 class LocalRunner(BaseRunner):
@@ -85,13 +82,14 @@ class LocalRunner(BaseRunner):
         self.gpus = [str(g) for g in gpus] if gpus is not None else detect_gpus()
         self.max_workers_per_gpu = max_workers_per_gpu
         self.kill_grace_s = kill_grace_s
-        self._gpu_use = {g: 0 for g in self.gpus}
+        self._host: HostSlots | None = None  # the run's (shared by its stages), set by launch
         if reuse_workers and template is not None:
             raise ValueError("reuse_workers=True cannot be combined with a template")
         self.reuse_workers = reuse_workers
         self._pool: WarmPool | None = None  # started by launch, closed by close
 
     def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
+        self._host = ctx.host or HostSlots()
         if self.reuse_workers:
             self._pool = WarmPool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs)
         return super().launch(tasks, ctx)
@@ -106,19 +104,16 @@ class LocalRunner(BaseRunner):
         return None
 
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
-        if task.num_gpus == 0:
-            return {"gpu_ids": []}
-        free = [g for g in self.gpus if self._gpu_use[g] < self.max_workers_per_gpu]
-        if len(free) < task.num_gpus:
+        host = self._host or HostSlots()
+        self._host = host
+        gpu_ids = host.take(task.stage, task.num_procs, self.gpus, task.num_gpus, self.max_workers_per_gpu)
+        if gpu_ids is None:
             return None
-        chosen = sorted(free, key=lambda g: self._gpu_use[g])[: task.num_gpus]
-        for g in chosen:
-            self._gpu_use[g] += 1
-        return {"gpu_ids": chosen}
+        return {"gpu_ids": gpu_ids, "cores": task.num_procs}
 
     def release(self, job: Job) -> None:
-        for g in job.resources.get("gpu_ids", []):
-            self._gpu_use[g] -= 1
+        if self._host is not None and "cores" in job.resources:
+            self._host.give(job.task.stage, job.resources["cores"], job.resources["gpu_ids"])
 
     def command_fields(self, task: TaskSpec, resources: dict[str, Any], log_path: str) -> dict[str, Any]:
         return {**super().command_fields(task, resources, log_path),

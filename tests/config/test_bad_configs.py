@@ -55,7 +55,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "naive_n_zero.py": ("n must be an integer >= 1, got 0", "eval.partitioner"),
     "unknown_stage_key.py": ("unknown key 'runners'; valid keys: partitioner, runner", "infer"),
     "stage_not_dict.py": ("expected a dict with partitioner, runner", "infer"),
-    "runner_unknown_type.py": ("unknown runner type 'KubernetesRunner'; valid: LocalRunner", "infer.runner"),
+    "runner_unknown_type.py": ("unknown runner type 'KubernetesRunner'; valid: DLCRunner, LocalRunner", "infer.runner"),
     "template_without_task_cmd.py": ("must contain {task_cmd}", "infer.runner.template"),
     "template_unknown_field.py": ("unknown field {numa_node}; valid:", "infer.runner.template"),
     "infer_task_on_eval.py": ("InferTask runs the infer stage, not eval", "eval.runner.task"),

@@ -1,0 +1,273 @@
+"""``aliyun_cfg``: what every DLC job of a ``DLCRunner`` asks for, and the shell command it runs.
+
+The keys are OpenCompass's (a user's ``~/.aliyun.cfg`` works unchanged); each is checked here and a
+wrong one is a one-line error listing the valid ones.  The container does not inherit the
+orchestrator's environment or working directory, so :func:`container_command` sets everything a
+task needs in the one shell string DLC runs: the Python environment (bashrc + conda, or
+``python_env_path``), offline flags, caches, proxy, ``extra_envs``, the task's own variables,
+``PYTHONPATH`` and the working directory.  Every value is quoted (``shlex.quote``); in
+``extra_envs`` values, ``$NAME`` and ``${NAME}`` still refer to the container's variables.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_VAR_REF = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
+REQUIRED = ("workspace_id", "resource_id", "worker_image")
+HF_OFFLINE_VARS = ("HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_EVALUATE_OFFLINE", "HF_HUB_OFFLINE")
+FOOTER = "===== orchestra: task exited with code "
+
+
+@dataclass(frozen=True)
+class AliyunConfig:
+    """One runner's ``aliyun_cfg`` (see docs/dlc.md for each key)."""
+
+    workspace_id: str
+    resource_id: str
+    worker_image: str
+    dlc_config_path: str | None = None
+    data_sources: tuple[str, ...] = ()
+    priority: int = 1
+    worker_cpu: int = 12  # at least; a GPU task gets 8 per GPU if that is more
+    worker_memory: int = 192  # GiB at least; a GPU task gets 128 per GPU if that is more
+    preemptible: bool | None = None  # --enable_priority_preemption (None: the service's default)
+    dlc_job_cmd: str = "submit"  # 'submit' (dlc submit pytorchjob) or 'create' (older: dlc create job)
+    bashrc_path: str | None = None
+    conda_env_name: str | None = None
+    python_env_path: str | None = None
+    hf_offline: bool = True
+    huggingface_cache: str | None = None
+    torch_cache: str | None = None
+    hf_endpoint: str | None = None
+    http_proxy: str | None = None
+    extra_envs: tuple[str, ...] = ()
+    pre_cmd: str | None = None
+    umask: str = "0000"
+    dlc_sleep_time: float | None = None  # OpenCompass's poll interval: poll_interval_s unless that is set
+
+    @classmethod
+    def create(cls, raw: Any) -> AliyunConfig:
+        """Check ``raw`` (a dict); ``ValueError`` (one line) names the first problem."""
+        if isinstance(raw, AliyunConfig):
+            return raw
+        if not isinstance(raw, dict):
+            raise ValueError(f"aliyun_cfg must be a dict (or the path of an aliyun config file), got {raw!r}")
+        valid = [f.name for f in fields(cls)]
+        for key in raw:
+            if key not in valid:
+                raise ValueError(f"aliyun_cfg: unknown key {key!r}; valid keys: {', '.join(valid)}")
+        missing = [k for k in REQUIRED if raw.get(k) in (None, "")]
+        if missing:
+            raise ValueError(f"aliyun_cfg: missing required key {missing[0]!r} (required: {', '.join(REQUIRED)})")
+        v = dict(raw)
+        for key in ("workspace_id", "resource_id", "worker_image", "dlc_config_path", "bashrc_path",
+                    "conda_env_name", "python_env_path", "huggingface_cache", "torch_cache", "hf_endpoint",
+                    "http_proxy", "pre_cmd"):
+            if v.get(key) is not None:
+                if isinstance(v[key], int) and not isinstance(v[key], bool) and key in ("workspace_id", "resource_id"):
+                    v[key] = str(v[key])
+                if not isinstance(v[key], str) or not v[key].strip():
+                    raise ValueError(f"aliyun_cfg.{key}: expected a non-empty string, got {v[key]!r}")
+        for key, low in (("priority", 1), ("worker_cpu", 1), ("worker_memory", 1)):
+            if key in v and (not isinstance(v[key], int) or isinstance(v[key], bool) or v[key] < low):
+                raise ValueError(f"aliyun_cfg.{key}: expected an integer >= {low}, got {v[key]!r}")
+        for key in ("hf_offline", "preemptible"):
+            if v.get(key) is not None and not isinstance(v[key], bool):
+                raise ValueError(f"aliyun_cfg.{key}: expected True or False, got {v[key]!r}")
+        if v.get("dlc_job_cmd", "submit") not in ("submit", "create"):
+            raise ValueError(f"aliyun_cfg.dlc_job_cmd: expected 'submit' (dlc submit pytorchjob) or 'create' "
+                             f"(older clients: dlc create job --kind PyTorchJob), got {v['dlc_job_cmd']!r}")
+        if bool(v.get("bashrc_path")) != bool(v.get("conda_env_name")):
+            raise ValueError("aliyun_cfg: bashrc_path and conda_env_name go together (the bashrc sets up conda, "
+                             "then the env is activated); or give python_env_path")
+        sources = v.get("data_sources") or ()
+        if isinstance(sources, str):
+            sources = [s.strip() for s in sources.split(",") if s.strip()]
+        if not isinstance(sources, (list, tuple)) or not all(isinstance(s, str) and s and "," not in s
+                                                             for s in sources):
+            raise ValueError(f"aliyun_cfg.data_sources: expected a list of data source ids, got {sources!r}")
+        v["data_sources"] = tuple(sources)
+        envs = v.get("extra_envs") or ()
+        if isinstance(envs, str) or not isinstance(envs, (list, tuple)):
+            raise ValueError(f"aliyun_cfg.extra_envs: expected a list of 'NAME=value' strings, got {envs!r}")
+        for item in envs:
+            name, eq, _ = item.partition("=") if isinstance(item, str) else ("", "", "")
+            if not eq or not _NAME.fullmatch(name):
+                raise ValueError(f"aliyun_cfg.extra_envs: {item!r} is not 'NAME=value' (NAME a shell variable name)")
+        v["extra_envs"] = tuple(envs)
+        if not re.fullmatch(r"0?[0-7]{3}", str(v.get("umask", "0000")).zfill(4)):
+            raise ValueError(f"aliyun_cfg.umask: expected an octal mask such as '0022', got {v['umask']!r}")
+        v["umask"] = str(v.get("umask", "0000"))
+        sleep = v.get("dlc_sleep_time")
+        if sleep is not None and (isinstance(sleep, bool) or not isinstance(sleep, (int, float)) or sleep <= 0):
+            raise ValueError(f"aliyun_cfg.dlc_sleep_time: expected seconds > 0, got {sleep!r}")
+        return cls(**v)
+
+    def worker_resources(self, num_gpus: int) -> tuple[int, int, int]:
+        """``(gpus, cpus, memory GiB)`` of a task's worker: OpenCompass's scaling (8 cores and
+        128 GiB per GPU, at least ``worker_cpu`` and ``worker_memory``)."""
+        return num_gpus, max(num_gpus * 8, self.worker_cpu), max(num_gpus * 128, self.worker_memory)
+
+    def python(self) -> str:
+        """The interpreter that runs tasks in the container."""
+        return os.path.join(self.python_env_path, "bin", "python") if self.python_env_path else "python"
+
+
+def shell_value(text: str) -> str:
+    """``text`` as one shell word: quoted, except ``$NAME``/``${NAME}``, which still expand."""
+    parts, pos = [], 0
+    for m in _VAR_REF.finditer(text):
+        if m.start() > pos:
+            parts.append(shlex.quote(text[pos : m.start()]))
+        parts.append('"${' + m.group(0).strip("${}") + '}"')
+        pos = m.end()
+    if pos < len(text) or not parts:
+        parts.append(shlex.quote(text[pos:]))
+    return "".join(parts)
+
+
+def code_root() -> str | None:
+    """The folder holding this ``orchestra`` package, for the container's ``PYTHONPATH`` (None when
+    it is installed in a site-packages folder: the container's Python must then have it too)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(root)
+    return None if os.path.basename(root) in ("site-packages", "dist-packages") else root
+
+
+def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str], cwd: str, exit_file: str,
+                      name: str) -> str:
+    """The shell command a DLC job runs: set up, run ``argv``, record its exit code, exit with it.
+
+    The task's exit code is printed as the log's last line (``FOOTER``) and written to
+    ``exit_file`` (on the shared file system), so the runner can tell a task that failed from a
+    job the platform ended before the task did.
+    """
+    q = shlex.quote
+    lines = []
+    if cfg.pre_cmd:
+        lines.append(cfg.pre_cmd.strip().rstrip(";"))  # the user's own shell, as in OpenCompass
+    if cfg.bashrc_path:
+        lines.append(f". {q(cfg.bashrc_path)}; conda activate {q(cfg.conda_env_name or '')}")
+    if cfg.python_env_path:
+        lines.append(f'export PATH={q(os.path.join(cfg.python_env_path, "bin"))}:"$PATH"')
+    exports: list[tuple[str, str]] = []
+    if cfg.hf_offline:
+        exports += [(k, "1") for k in HF_OFFLINE_VARS]
+    if cfg.huggingface_cache:
+        exports += [("HF_HUB_CACHE", cfg.huggingface_cache), ("HUGGINGFACE_HUB_CACHE", cfg.huggingface_cache)]
+    if cfg.torch_cache:
+        exports.append(("TORCH_HOME", cfg.torch_cache))
+    if cfg.http_proxy:
+        exports += [(k, cfg.http_proxy) for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")]
+    if cfg.hf_endpoint:
+        exports.append(("HF_ENDPOINT", cfg.hf_endpoint))
+    exports += [(k, v) for k, v in sorted(env.items())]
+    lines += [f"export {k}={q(v)}" for k, v in exports]
+    for item in cfg.extra_envs:
+        key, _, value = item.partition("=")
+        lines.append(f"export {key}={shell_value(value)}")
+    root = code_root()
+    path = ":".join(q(p) for p in dict.fromkeys(p for p in (root, cwd) if p))
+    lines.append(f'export PYTHONPATH={path}"${{PYTHONPATH:+:$PYTHONPATH}}"')
+    lines.append(f"cd {q(cwd)} || exit 98")
+    lines.append(f"umask {cfg.umask}")
+    lines.append(f'printf "===== dlc: job %s on %s, started %s\\n" {q(name)} "$(hostname)" "$(date -u +%FT%TZ)"')
+    lines.append(shlex.join(argv))
+    lines.append("orc_rc=$?")
+    lines.append(f'printf "{FOOTER}%s\\n" "$orc_rc"')
+    exit_dir = os.path.dirname(exit_file)
+    lines.append(f'mkdir -p {q(exit_dir)} && printf "%s\\n" "$orc_rc" > {q(exit_file + ".tmp")} '
+                 f"&& mv -f {q(exit_file + '.tmp')} {q(exit_file)}")
+    lines.append('exit "$orc_rc"')
+    # One line (task logs and --dry-run show it as one); a pre_cmd ending in '&' needs no ';'.
+    return "".join(line + ("" if i == len(lines) - 1 else " " if line.rstrip().endswith("&") else "; ")
+                   for i, line in enumerate(lines))
+
+
+def submit_argv(dlc_bin: str, cfg: AliyunConfig, name: str, command: str, num_gpus: int) -> list[str]:
+    """The ``dlc submit pytorchjob`` (or ``dlc create job --kind PyTorchJob``) argv of one job."""
+    gpus, cpus, memory = cfg.worker_resources(num_gpus)
+    if cfg.dlc_job_cmd == "create":
+        argv = [dlc_bin, "create", "job", "--kind", "PyTorchJob"]
+        workers = ["--worker_count", "1"]
+    else:
+        argv = [dlc_bin, "submit", "pytorchjob"]
+        workers = ["--workers", "1"]
+    argv += ["--command", command, "--name", name]
+    if cfg.dlc_config_path:
+        argv += ["--config", os.path.expanduser(cfg.dlc_config_path)]
+    argv += ["--workspace_id", cfg.workspace_id, f"--resource_id={cfg.resource_id}", "--priority", str(cfg.priority),
+             *workers, "--worker_cpu", str(cpus), "--worker_gpu", str(gpus), "--worker_memory", f"{memory}Gi",
+             "--worker_image", cfg.worker_image]
+    if cfg.data_sources:
+        argv.append(f"--data_sources={','.join(cfg.data_sources)}")
+    if cfg.preemptible is not None:
+        argv.append(f"--enable_priority_preemption={'true' if cfg.preemptible else 'false'}")
+    return argv
+
+
+def load_aliyun_file(path: str) -> dict[str, Any]:
+    """Read an aliyun config file (``~/.aliyun.cfg`` as OpenCompass's ``--aliyun-cfg`` takes it):
+    JSON, YAML, or Python-style ``key = value`` lines of literals (never executed).
+
+    Raises ``ValueError`` (one line, naming the file and line) on anything else.
+    """
+    full = os.path.expanduser(path)
+    try:
+        with open(full, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the aliyun config: {exc}") from None
+    ext = os.path.splitext(full)[1]
+    if ext == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    elif ext in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    else:
+        data = _python_literals(text, path)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an aliyun config holds keys and values, got {type(data).__name__}")
+    return {str(k): v for k, v in data.items() if not str(k).startswith("_")}
+
+
+def _python_literals(text: str, path: str) -> dict[str, Any]:
+    try:
+        tree = ast.parse(text, path)
+    except SyntaxError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"{path}:{node.lineno}: only 'key = value' lines are allowed in an aliyun config")
+        try:
+            out[node.targets[0].id] = _literal(node.value)
+        except ValueError:
+            raise ValueError(f"{path}:{node.lineno}: the value of {node.targets[0].id!r} is not a plain value "
+                             "(a string, number, bool, None, list or dict)") from None
+    return out
+
+
+def _literal(node: ast.AST) -> Any:
+    """``ast.literal_eval``, plus ``dict(key=literal, ...)``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
+        return {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+    return ast.literal_eval(node)
