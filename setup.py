@@ -19,7 +19,7 @@ setup(
     install_requires=_requirements("requirements.txt"),
     extras_require={
         "hf": ["torch", "transformers", "gguf", "accelerate"],
-        "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter"],
+        "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},
 )

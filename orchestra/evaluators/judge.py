@@ -94,6 +94,8 @@ FIELDS = {
 }
 _RATING = re.compile(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
 _RATING_LOOSE = re.compile(r"rating\s*[:=]\s*\[*\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+_LEAD_NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?)(?![\d.])")
+_LEAD_CHOICE = re.compile(r"\s*([ABC])\b")
 _PAIR = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)
 _KEEP_OUTPUT = 4000
 
@@ -151,6 +153,12 @@ class JudgeEvaluator(HeavyEvaluator):
         max_out_len: the judge's generation length.
         max_samples: samples judged at once by one task (default: twice the judge's
             concurrency).
+        answer_prefix: the start of the judge's answer, written for it (``'Rating: [['``):
+            the system prompt, the judge prompt and this prefix go to the judge as one text
+            to continue, so a small model that does not follow the format's instructions
+            only has to write the grade.  For judges that continue text: an API model with
+            ``endpoint='completions'`` or a local model.  The grade (or ``A``/``B``/``C``)
+            is then read from the format, else from the start of the continuation.
     """
 
     speed_keys = frozenset({"max_samples"})
@@ -165,6 +173,7 @@ class JudgeEvaluator(HeavyEvaluator):
         reference: bool = False,
         max_out_len: int = 512,
         max_samples: int | None = None,
+        answer_prefix: str | None = None,
     ) -> None:
         if not isinstance(judge, dict) or "type" not in judge:
             raise ValueError(f"judge must be a model config dict with 'type', got {judge!r}")
@@ -186,6 +195,8 @@ class JudgeEvaluator(HeavyEvaluator):
             raise ValueError(f"max_out_len must be an integer >= 1, got {max_out_len!r}")
         if max_samples is not None and (not isinstance(max_samples, int) or max_samples < 1):
             raise ValueError(f"max_samples must be an integer >= 1, got {max_samples!r}")
+        if answer_prefix is not None and (not isinstance(answer_prefix, str) or not answer_prefix.strip()):
+            raise ValueError(f"answer_prefix must be a non-empty string, got {answer_prefix!r}")
         self.judge_cfg = {"abbr": "judge", **judge}
         self.mode = mode
         self.prompt_template = prompt_template
@@ -193,6 +204,7 @@ class JudgeEvaluator(HeavyEvaluator):
         self.reference = reference
         self.max_out_len = max_out_len
         self.max_samples = max_samples
+        self.answer_prefix = answer_prefix
         self.model: BaseModel | None = None
 
     # -- config ---------------------------------------------------------------------------
@@ -213,7 +225,17 @@ class JudgeEvaluator(HeavyEvaluator):
             "reference": ev.reference,
             "max_out_len": ev.max_out_len,
             "judge": [str(judge["type"]), cls._model_class(judge).identity(judge)],
+            **({"answer_prefix": ev.answer_prefix} if ev.answer_prefix else {}),
         }
+
+    @classmethod
+    def resources(cls, cfg: dict[str, Any]) -> dict[str, int]:
+        # A local judge model needs what its inference tasks would (its GPUs); an API judge, a core.
+        judge = cfg.get("judge")
+        if not isinstance(judge, dict) or "type" not in judge:
+            return super().resources(cfg)
+        needs = cls._model_class(judge).resources(judge)
+        return {"num_gpus": needs["num_gpus"], "num_procs": max(1, needs["num_procs"])}
 
     @classmethod
     def check_config(cls, cfg: dict[str, Any], dataset: dict[str, Any], where: str) -> None:
@@ -259,10 +281,28 @@ class JudgeEvaluator(HeavyEvaluator):
         if self.system_prompt:
             messages.append({"role": "system", "content": self.system_prompt})
         messages.append({"role": "user", "content": content})
-        text = await self.model.generate(GenRequest(prompt=messages, max_out_len=self.max_out_len))
+        prompt: str | list[Message] = messages
+        if self.answer_prefix:  # one text that ends where the judge's answer begins
+            prompt = prompt_text(messages) + "\n\n" + self.answer_prefix
+        text = await self.model.generate(GenRequest(prompt=prompt, max_out_len=self.max_out_len))
         if not isinstance(text, str):
             raise TypeError(f"the judge model answered {type(text).__name__}, not text")
-        return text
+        return (self.answer_prefix or "") + text
+
+    def _rating(self, text: str) -> float | None:
+        rating = parse_rating(text)
+        if rating is None and self.answer_prefix:  # the grade right where the prefix left off
+            lead = _LEAD_NUMBER.match(text[len(self.answer_prefix):])
+            value = float(lead.group(1)) if lead else 0.0
+            rating = value if 1.0 <= value <= 10.0 else None
+        return rating
+
+    def _preference(self, text: str) -> str | None:
+        found = parse_preference(text)
+        if found is None and self.answer_prefix:
+            lead = _LEAD_CHOICE.match(text[len(self.answer_prefix):])
+            found = lead.group(1).upper() if lead else None
+        return found
 
     def _template(self, multi: bool) -> str:
         if self.prompt_template:
@@ -305,7 +345,7 @@ class JudgeEvaluator(HeavyEvaluator):
                 note=" Compare it with the reference answer shown." if ref else "",
             )
             text = await self._ask(content)
-            rating = parse_rating(text)
+            rating = self._rating(text)
             out: dict[str, Any] = {"rating": rating, "judge_output": text[-_KEEP_OUTPUT:]}
             if rating is None:
                 out["unparsed"] = True
@@ -319,7 +359,7 @@ class JudgeEvaluator(HeavyEvaluator):
         base = [str(g) for g in golds]
         first, second = await asyncio.gather(self._ask(pair_prompt(replies, base)),
                                              self._ask(pair_prompt(base, replies)))
-        p1, p2 = parse_preference(first), parse_preference(second)
+        p1, p2 = self._preference(first), self._preference(second)
         out = {"verdicts": [p1, p2], "judge_outputs": [first[-_KEEP_OUTPUT:], second[-_KEEP_OUTPUT:]]}
         if p1 is None or p2 is None:
             out["outcome"], out["unparsed"] = None, True

@@ -81,6 +81,7 @@ class StageProgress:
         self.gpu_slots = gpu_slots if any(t.num_gpus for t in tasks) else 0
         self.stream = stream if stream is not None else sys.stderr
         self.interval_s = line_interval_s() if interval_s is None else interval_s
+        self.last_state: tuple[Any, ...] = ()
         self.offset = os.path.getsize(events_path) if os.path.exists(events_path) else 0
         self.latest: dict[str, dict[str, Any]] = {}  # task -> its latest progress event
         self.spent: dict[tuple[str, Any], dict[str, Any]] = {}  # (task, attempt) -> its latest one
@@ -229,8 +230,12 @@ class StageProgress:
             self.bar.set_postfix_str(text, refresh=False)
             self.bar.refresh()
             return
-        if final or now - self.last_line >= self.interval_s:
-            self.last_line = now
+        # A line when the interval has passed and something moved (a stage waiting for its
+        # inputs stays quiet), and at least every ten intervals as a sign of life.
+        state = (s["done"], tuple(sorted(self.counts.items())))
+        due = now - self.last_line >= self.interval_s and state != self.last_state
+        if final or due or now - self.last_line >= 10 * self.interval_s:
+            self.last_line, self.last_state = now, state
             pct = 100.0 * s["done"] / self.total if self.total else 100.0
             print(f"[{self.stage}] {s['done']}/{self.total} samples ({pct:.0f}%), "
                   f"{_duration(now - self.t0)} elapsed; {text}", file=self.stream, flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import io
 import json
+import time
 import zlib
 from pathlib import Path
 
@@ -127,3 +128,20 @@ def test_sample_packs_fit_their_budget_by_shortening_texts(failed_run: RunResult
     cols = json.loads(zlib.decompress(base64.b64decode(pack.data), -15))
     assert len(cols["id"]) == 40 and cols["score"].count(False) == 8
     assert read_run(paths).usage["det_broken"].samples_done == 0
+
+
+def test_a_stage_that_waits_prints_a_line_only_when_something_moved(tmp_path: Path) -> None:
+    events = EventLog(str(tmp_path / "events.jsonl"))
+    out = io.StringIO()
+    bar = StageProgress("eval", [_task("t1", "m", 10)], events.path, stream=out, interval_s=0.5)
+    waiting = {"pending": 1, "running": 0}
+    for _ in range(3):  # rounds of a stage waiting for its predictions: nothing changes
+        bar(waiting)
+        time.sleep(1.05)  # an unchanged stage is redrawn at most every second
+    bar(waiting)
+    assert len(out.getvalue().splitlines()) == 1, out.getvalue()
+    events.emit("progress", task_id="t1", model="m", attempt=1, samples_done=4)
+    bar({"pending": 0, "running": 1})
+    time.sleep(1.05)
+    bar({"pending": 0, "running": 1})
+    assert out.getvalue().splitlines()[-1].startswith("[eval] 4/10 samples"), out.getvalue()
