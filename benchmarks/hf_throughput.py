@@ -1,11 +1,11 @@
 """HFCausalLM throughput on this machine: today's code against an earlier commit and a plain
 transformers loop, on the same requests, in one run.
 
-    python benchmarks/hf_throughput.py [--base-ref 39d7831 | --base-tree DIR] [--arc 64 --hellaswag 24 --boolq 32 --gsm8k 16]
-                                       [--repeats 2] [--threads 1]
+    python benchmarks/hf_throughput.py [--base-ref 39d7831 | --base-tree DIR]
+                                       [--arc 64 --hellaswag 24 --boolq 32 --gsm8k 16] [--repeats 2] [--threads 1]
 
 Three worker processes each load SmolLM2-135M (from the weights cache) once: ``new`` runs this
-tree, ``base`` runs ``--base-ref`` (exported with ``git archive``), ``plain`` is a bare
+tree, ``base`` runs ``--base-ref`` (exported with ``git archive``) or ``--base-tree``, ``plain`` is a bare
 transformers loop.  Every measurement runs the three one after the other, ``--repeats``
 times, so a busy machine slows all three alike; the table gives the median of each and the
 ratios.  ``new`` and ``base`` go through the real engine path (``run_samples``: concurrent
