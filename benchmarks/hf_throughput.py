@@ -1,11 +1,11 @@
 """HFCausalLM throughput on this machine: today's code against an earlier commit and a plain
 transformers loop, on the same requests, in one run.
 
-    python benchmarks/hf_throughput.py [--base-ref 59fb67c] [--arc 64 --hellaswag 24 --boolq 32 --gsm8k 16]
-                                       [--repeats 2] [--threads 1]
+    python benchmarks/hf_throughput.py [--base-ref 39d7831 | --base-tree DIR]
+                                       [--arc 64 --hellaswag 24 --boolq 32 --gsm8k 16] [--repeats 2] [--threads 1]
 
 Three worker processes each load SmolLM2-135M (from the weights cache) once: ``new`` runs this
-tree, ``base`` runs ``--base-ref`` (exported with ``git archive``), ``plain`` is a bare
+tree, ``base`` runs ``--base-ref`` (exported with ``git archive``) or ``--base-tree``, ``plain`` is a bare
 transformers loop.  Every measurement runs the three one after the other, ``--repeats``
 times, so a busy machine slows all three alike; the table gives the median of each and the
 ratios.  ``new`` and ``base`` go through the real engine path (``run_samples``: concurrent
@@ -168,7 +168,8 @@ def export_tree(ref: str, dest: Path) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base-ref", default="59fb67c", help="the commit to compare with (default: main before issue 13)")
+    ap.add_argument("--base-ref", default="39d7831", help="the commit to compare with (default: main before issue 13)")
+    ap.add_argument("--base-tree", type=Path, help="a checkout to run as the base instead (e.g. a git worktree)")
     ap.add_argument("--arc", type=int, default=64)
     ap.add_argument("--hellaswag", type=int, default=24)
     ap.add_argument("--boolq", type=int, default=32)
@@ -183,8 +184,9 @@ def main() -> int:
             ("loglik", "boolq", args.boolq, "BoolQ"), ("gen", "gsm8k", args.gsm8k, "GSM8K")]
     work = [w for w in work if w[2] > 0]
     with tempfile.TemporaryDirectory() as tmp:
-        base_tree = Path(tmp)
-        export_tree(args.base_ref, base_tree)
+        base_tree = args.base_tree.resolve() if args.base_tree else Path(tmp)
+        if args.base_tree is None:
+            export_tree(args.base_ref, base_tree)
         workers = [Worker("new", REPO, args.threads, {"batch_size": args.new_batch}),
                    Worker("base", base_tree, args.threads, {"batch_size": args.base_batch}),
                    Worker("plain", REPO, args.threads, {})]
@@ -223,7 +225,8 @@ def main() -> int:
             same_plain = sum(a == b for a, b in zip(new, plain))
             rows.append((f"{label}: answers equal to base / to plain", f"{same_base}/{n} / {same_plain}/{n}"))
     print_table(rows)
-    print(f"(base: {args.base_ref} with batch_size={args.base_batch}; new: batch_size={args.new_batch}; "
+    base = f"{args.base_tree} ({args.base_ref})" if args.base_tree else args.base_ref
+    print(f"(base: {base} with batch_size={args.base_batch}; new: batch_size={args.new_batch}; "
           f"plain: {args.plain_batch} per pass; {args.threads} torch thread(s) each; median of {args.repeats})")
     return 0
 

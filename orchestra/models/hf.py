@@ -84,6 +84,18 @@ class HFCausalLM(BatchedModel):
     validate_by_construction = True
     speed_keys = BatchedModel.speed_keys | {"num_threads", "cache_dir", "max_batch_tokens", "kv_cache_gb"}
 
+    @classmethod
+    def resources(cls, cfg: dict[str, Any]) -> dict[str, int]:
+        """A model on ``device='cuda'`` (or ``'cuda:N'``) asks for one GPU when its
+        ``run_cfg`` names no ``num_gpus``: the runner hides the GPUs of a task that asks for
+        none, so without it the task would find no CUDA device.  ``device='auto'`` asks for
+        none (it must also run on a machine without GPUs); a model spread with
+        ``device_map='auto'`` sets ``run_cfg=dict(num_gpus=N)`` itself."""
+        out = super().resources(cfg)
+        if "num_gpus" not in (cfg.get("run_cfg") or {}) and str(cfg.get("device", "auto")).startswith("cuda"):
+            out["num_gpus"] = 1
+        return out
+
     def __init__(
         self,
         abbr: str,

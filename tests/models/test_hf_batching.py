@@ -370,8 +370,9 @@ OOM_SCRIPT = textwrap.dedent(
             for i in range(48)]
     free = m.loglikelihood_batch(reqs)  # small passes, no limit yet
     story = "Once upon a time there was a small robot who lived in a lighthouse by the sea. " * 6
-    gen = [GenRequest(story + "Question: what colour was robot number %d?\\nAnswer:" % i, max_out_len=40)
-           for i in range(16)]
+    # chat messages: this instruct model ends a bare "...Answer:" prompt at once (<|im_end|>)
+    gen = [GenRequest([{"role": "user", "content": story + "Question: what colour was robot number %d?" % i}],
+                      max_out_len=40) for i in range(16)]
     m._gen_rows_cap = 2
     gen_free = m.generate_batch(gen)  # two rows at a time, no limit yet
     vm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize:")][0] * 1024
@@ -402,7 +403,9 @@ def test_a_pass_that_does_not_fit_in_memory_is_split_not_failed(smol: HFCausalLM
     allocator refuse one pass of all 48 scoring requests (their ~600 scored positions alone
     need ~200 MB of logits over the 49k-token vocabulary) and one generation batch of 16
     rows (a KV cache of ~16 x 200 positions x 46 KB, copied as it grows); both are split
-    until they fit, and the answers are the ones the same process gave before the limit."""
+    until they fit, and the answers are the ones the same process gave before the limit.
+    The generation prompts are chat messages: given the bare text, SmolLM2-Instruct emits its
+    end-of-turn token first (plain ``model.generate`` too), and empty answers would prove nothing."""
     script = tmp_path / "oom.py"
     script.write_text(OOM_SCRIPT)
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
