@@ -306,6 +306,9 @@ class HFCausalLM(BatchedModel):
             torch.manual_seed(int(settings["seed"]))
         new_ids, rounds = generate_rounds(torch, transformers, model, tok, lm.left_pad, prompts, limits, stops, config)
         self.stats.extra["gen_rounds"] = self.stats.extra.get("gen_rounds", 0) + rounds
+        eos = config["eos_token_id"]
+        ends = {e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None}
+        self._count_tokens(sum(len(p) for p in prompts), sum(_generated(ids, ends) for ids in new_ids))
         return [
             truncate_at_stop(tok.decode(ids, skip_special_tokens=True), stop) for ids, stop in zip(new_ids, stops)
         ]
@@ -328,4 +331,20 @@ class HFCausalLM(BatchedModel):
         lm.apply_threads()
         assert self._scorer is not None
         rows = loglik_rows(lm.tokenizer, requests, self.use_chat_template, lm.max_len(self.max_seq_len))
-        return loglik_scores(requests, rows, self._scorer.score(rows))
+        scores = loglik_scores(requests, rows, self._scorer.score(rows))
+        self._count_tokens(sum(len(row.ids) for row in rows), 0)
+        return scores
+
+    def _count_tokens(self, prompt: int, completion: int) -> None:
+        """Tokens read and written, as an API reports them (``usage``): the report's costs."""
+        extra = self.stats.extra
+        extra["prompt_tokens"] = extra.get("prompt_tokens", 0) + prompt
+        extra["completion_tokens"] = extra.get("completion_tokens", 0) + completion
+
+
+def _generated(ids: list[int], ends: set[int]) -> int:
+    """Tokens a row generated: up to its first end-of-sequence token (the rest is padding)."""
+    for i, t in enumerate(ids):
+        if t in ends:
+            return i + 1
+    return len(ids)

@@ -424,3 +424,30 @@ def test_chat_template_switch(smol: dict) -> None:
     msgs = [{"role": "user", "content": "Hi"}]
     assert render_prompt(model.tokenizer, msgs, None)[1] is True
     assert render_prompt(model.tokenizer, msgs, False) == ("Hi", False)
+
+
+@pytest.mark.slow
+@real_model
+def test_tokens_read_and_written_are_counted(smol: dict) -> None:
+    """The report's costs need tokens: prompt tokens as the tokenizer counts them, and the
+    generated tokens up to the end of each answer (padding after an early end is not counted)."""
+    model = smol["model"]
+    tok = model.tokenizer
+    before = dict(model.stats.extra)
+    prompt = "Question: What is 2+3?\nAnswer:"
+    (out,) = model.generate_batch([GenRequest(prompt, max_out_len=6)])
+    read = model.stats.extra["prompt_tokens"] - before.get("prompt_tokens", 0)
+    written = model.stats.extra["completion_tokens"] - before.get("completion_tokens", 0)
+    assert read == len(tok(prompt)["input_ids"])
+    assert len(tok(out, add_special_tokens=False)["input_ids"]) <= written <= 6
+    # a short answer next to a long one: the short row's padding is not counted
+    before = dict(model.stats.extra)
+    outs = model.generate_batch([GenRequest("Say yes.", max_out_len=40, stop=["\n"]),
+                                 GenRequest("Once upon a time", max_out_len=40)])
+    written = model.stats.extra["completion_tokens"] - before["completion_tokens"]
+    assert written <= 80 and written >= sum(len(tok(o, add_special_tokens=False)["input_ids"]) for o in outs)
+    before = dict(model.stats.extra)
+    model.loglikelihood_batch([LoglikRequest("The capital of France is", (" Paris", " London"))])
+    read = model.stats.extra["prompt_tokens"] - before["prompt_tokens"]
+    assert read == 2 * len(tok("The capital of France is Paris")["input_ids"])  # both rows, same length
+    assert model.stats.extra["completion_tokens"] == before["completion_tokens"]
