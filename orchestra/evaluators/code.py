@@ -19,7 +19,7 @@ from typing import Any
 from orchestra.errors import ConfigError
 from orchestra.evaluators.heavy import HeavyEvaluator, Verdict
 from orchestra.evaluators.programs import PASS_MARKER, build_program
-from orchestra.sandbox import ISOLATIONS, Sandbox, SandboxLimits, default_max_sandboxes
+from orchestra.sandbox import ISOLATIONS, Sandbox, SandboxLimits
 
 #: Bumped whenever the post-processing rules change, so earlier results are scored again.
 POSTPROCESS_VERSION = 1
@@ -118,9 +118,11 @@ class CodeExecEvaluator(HeavyEvaluator):
 
     @classmethod
     def resources(cls, cfg: dict[str, Any]) -> dict[str, int]:
-        # A program per host-wide sandbox slot runs at once: that many cores.
+        # A program per sandbox slot runs at once: ``max_sandboxes`` cores when it is set.  Unset,
+        # the cap is the CPU count of the machine the task runs on (host-wide, whatever the task
+        # holds), which the planner cannot know for a remote one: one core is declared.
         limit = cfg.get("max_sandboxes")
-        return {"num_gpus": 0, "num_procs": limit if isinstance(limit, int) and limit > 0 else default_max_sandboxes()}
+        return {"num_gpus": 0, "num_procs": limit if isinstance(limit, int) and limit > 0 else 1}
 
     def max_concurrency(self) -> int:
         # Enough programs ready that every host-wide slot this task gets is kept busy.

@@ -64,6 +64,7 @@ def test_evaluators_declare_what_an_eval_task_occupies() -> None:
     assert evaluator_resources({"evaluator": gpu_judge}) == {"num_gpus": 2, "num_procs": 1}
     assert evaluator_resources({"evaluator": api_judge}) == {"num_gpus": 0, "num_procs": 1}
     assert evaluator_resources({"evaluator": code}) == {"num_gpus": 0, "num_procs": 3}
+    assert evaluator_resources({"evaluator": {"type": "code_exec"}}) == {"num_gpus": 0, "num_procs": 1}
     # An eval task of several datasets needs the most any of them does.
     assert _eval_needs([unit(code), unit(gpu_judge), unit("accuracy")]) == {"num_gpus": 2, "num_procs": 3}
 
