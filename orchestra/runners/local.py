@@ -33,6 +33,10 @@ def detect_gpus() -> list[str]:
     return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
 
 
+#: tasks at once when ``max_num_workers`` is not given and there are fewer GPU slots
+DEFAULT_WORKERS = 4
+
+
 def cpu_share(workers: int) -> int | None:
     """Cores each of ``workers`` concurrent tasks gets (None: one task, all of them)."""
     if workers <= 1:
@@ -44,7 +48,8 @@ class LocalRunner(BaseRunner):
     """One subprocess per task attempt, each in its own process group.
 
     Args:
-        max_num_workers: tasks running at once.
+        max_num_workers: tasks running at once (default: one per GPU slot, i.e. GPUs x
+            ``max_workers_per_gpu``, and at least 4, so a GPU box is used whole).
         retry: extra attempts for a failed task.
         retry_backoff_s: first retry delay (doubles, with jitter).
         timeout_s: limit of one attempt; the task's process group is killed after it.
@@ -61,7 +66,7 @@ class LocalRunner(BaseRunner):
 
     def __init__(
         self,
-        max_num_workers: int = 4,
+        max_num_workers: int | None = None,
         retry: int = 0,
         retry_backoff_s: float = 1.0,
         timeout_s: float | None = None,
@@ -72,14 +77,16 @@ class LocalRunner(BaseRunner):
         poll_interval_s: float = 0.02,
         template: str | list[str] | None = None,
     ) -> None:
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
         if not isinstance(max_workers_per_gpu, int) or max_workers_per_gpu < 1:
             raise ValueError(f"max_workers_per_gpu must be an integer >= 1, got {max_workers_per_gpu!r}")
-        if kill_grace_s < 0:
-            raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s}")
         if isinstance(gpus, str):  # '0,1' as CUDA_VISIBLE_DEVICES writes it
             gpus = [g.strip() for g in gpus.split(",") if g.strip()]
         self.gpus = [str(g) for g in gpus] if gpus is not None else detect_gpus()
+        if max_num_workers is None:
+            max_num_workers = max(DEFAULT_WORKERS, len(self.gpus) * max_workers_per_gpu)
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
+        if kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s}")
         self.max_workers_per_gpu = max_workers_per_gpu
         self.kill_grace_s = kill_grace_s
         self._host: HostSlots | None = None  # the run's (shared by its stages), set by launch

@@ -35,7 +35,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "bad_jsonl_row.py": ("not valid JSON", "broken.jsonl:2"),
     "negative_max_num_workers.py": ("max_num_workers must be an integer >= 1, got -1", "infer.runner"),
     "negative_retry.py": ("retry must be an integer >= 0, got -1", "eval.runner"),
-    "wrong_type_max_num_workers.py": ("expected int, got str 'two'", "infer.runner.max_num_workers"),
+    "wrong_type_max_num_workers.py": ("expected int | None, got str 'two'", "infer.runner.max_num_workers"),
     "missing_models.py": ("missing required key 'models'", None),
     "empty_datasets.py": ("datasets must be a non-empty list", None),
     "dataset_missing_abbr.py": ("missing required key 'abbr'", "datasets[0]"),

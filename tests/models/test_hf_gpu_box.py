@@ -53,6 +53,14 @@ def test_one_task_per_gpu_by_default_spread_over_the_gpus() -> None:
     assert runner.task_env(task("cpu", 0), {"gpu_ids": []}, 1)["CUDA_VISIBLE_DEVICES"] == ""  # GPUs hidden
 
 
+def test_the_default_worker_count_uses_every_gpu_slot() -> None:
+    assert LocalRunner(gpus="0,1,2,3,4,5,6,7").max_num_workers == 8
+    assert LocalRunner(gpus="0,1,2,3,4,5", max_workers_per_gpu=2).max_num_workers == 12
+    assert LocalRunner(gpus=[]).max_num_workers == 4  # no GPUs: 4 tasks at once
+    assert LocalRunner(gpus="0,1").max_num_workers == 4
+    assert LocalRunner(gpus="0,1,2,3,4,5,6,7", max_num_workers=2).max_num_workers == 2  # the user's wins
+
+
 def test_max_workers_per_gpu_shares_a_gpu_least_used_first() -> None:
     runner = LocalRunner(max_num_workers=8, gpus=["0", "1"], max_workers_per_gpu=2)
     first = [runner.acquire(task(f"t{i}", 1))["gpu_ids"][0] for i in range(2)]  # type: ignore[index]
