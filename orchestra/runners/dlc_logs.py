@@ -55,8 +55,11 @@ def read_window(client: DLCClient, job_id: str, pod_id: str, start_s: int, end_s
         return lines
     if end_s - start_s >= 2:
         mid = (start_s + end_s) // 2
-        return (read_window(client, job_id, pod_id, start_s, mid, max_events)
-                + read_window(client, job_id, pod_id, mid, end_s, max_events))
+        # The later half first: lines become readable in the order they were written, so the
+        # earlier half, asked after it, holds at least every line before the later half's first,
+        # and the two together are always a prefix of the log (never a hole with lines after it).
+        later = read_window(client, job_id, pod_id, mid, end_s, max_events)
+        return read_window(client, job_id, pod_id, start_s, mid, max_events) + later
     if max_events < _MAX_EVENTS_ONE_SECOND:
         return read_window(client, job_id, pod_id, start_s, end_s, _MAX_EVENTS_ONE_SECOND)
     return [*lines, f"===== orchestra: more than {max_events} lines in one second of the DLC log; some are missing"]

@@ -252,3 +252,30 @@ def test_ledger_folds_states(tmp_path: Path) -> None:
     assert (jobs["a"].state, jobs["a"].job_id, jobs["a"].digest, jobs["a"].attempt) == \
         ("stop_sent", "dlc0123456789abc", "d1", 1)
     assert (jobs["b"].state, jobs["b"].attempt) == ("submitting", 2)
+
+
+class _GrowingLog:
+    """A log service whose lines become readable in the order they were written: before its
+    n-th call, ``schedule[n]`` of them (the last number holds from then on)."""
+
+    def __init__(self, times: list[float], schedule: list[int]) -> None:
+        self.times, self.schedule, self.calls = times, schedule, 0
+
+    def logs(self, job_id: str, pod_id: str, start_s: int, end_s: int, max_events: int) -> list[str]:
+        visible = self.schedule[min(self.calls, len(self.schedule) - 1)]
+        self.calls += 1
+        out = [f"l{i}" for i, t in enumerate(self.times[:visible]) if start_s <= t < end_s]
+        return out[:max_events]
+
+
+def test_a_split_window_read_while_lines_arrive_is_a_prefix_of_the_log() -> None:
+    """Regression: a window split in halves was read earlier half first, so lines arriving
+    between the two reads could leave a hole (the task's last lines lost, the footer kept)."""
+    from orchestra.runners.dlc_logs import read_window
+
+    times = [10.1, 10.2, 10.3, 11.5, 12.2, 13.9, 13.95]  # a burst, then lines in later seconds
+    for jump_after in range(1, 8):  # the rest of the lines arrive after that many calls
+        service = _GrowingLog(times, [3] * jump_after + [len(times)])
+        got = read_window(service, "j", "p", 10, 14, max_events=2)  # type: ignore[arg-type]
+        assert service.calls > 1  # the window was split
+        assert got == [f"l{i}" for i in range(len(got))], (jump_after, got)  # no hole before the last line
