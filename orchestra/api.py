@@ -183,7 +183,10 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
         edit_raw(raw)
     raw_prices = raw.pop("prices", None)  # the report's, checked by orchestra/summary/costs.py
     cfg = validate(raw, source)
+    from orchestra.privdir import check_temp_folders
     from orchestra.summary.costs import check_prices
+
+    check_temp_folders()  # a shared temp folder another user planted: one line now, not failed tasks
 
     prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], source)
     if cfg.sweep is not None and cfg.sweep.count() > cfg.sweep.max_variants and not yes:

@@ -1,23 +1,76 @@
-"""Small file helpers: atomic writes, JSON lines, content hashes."""
+"""Small file helpers: atomic writes, JSON lines, content hashes, encodable text."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import os
-import tempfile
+import re
+import secrets
 from collections.abc import Callable, Iterable
 from typing import Any
 
+# A UTF-16 surrogate code point on its own: valid in JSON (``"\ud83d"``) and in a Python
+# str, but not encodable as UTF-8.
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# The JSON escape of one (a high or low surrogate), in the text of a JSON document.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 
-def atomic_write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+
+def encodable(value: Any) -> Any:
+    """``value`` with every lone surrogate in its strings (dict keys too, lists and dicts
+    walked) replaced by U+FFFD, so that it can be written as UTF-8.
+
+    Text from outside (a model's answer, a data row) can hold one: JSON allows ``"\ud83d"``,
+    and a server that cuts an emoji's surrogate pair at ``max_tokens`` sends exactly that.
+    Text without one is returned as it is (the same object), so outputs stay byte-identical.
+    """
+    if isinstance(value, str):
+        return _SURROGATE.sub("\ufffd", value) if _SURROGATE.search(value) else value
+    if isinstance(value, list):
+        return [encodable(v) for v in value]
+    if isinstance(value, dict):
+        return {encodable(k): encodable(v) for k, v in value.items()}
+    return value
+
+
+def may_hold_surrogates(json_text: str) -> bool:
+    """Whether a JSON document's text escapes a surrogate (then :func:`encodable` its value)."""
+    return "\\u" in json_text and _SURROGATE_ESCAPE.search(json_text) is not None
+
+
+def utf8(text: str) -> bytes:
+    """``text`` as UTF-8, a lone surrogate written as U+FFFD instead of raising."""
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        return str(encodable(text)).encode("utf-8")
+
+
+def _create_temp(folder: str, name: str) -> tuple[int, str]:
+    """A new file next to the target, mode 0666 less the umask (as ``open`` would make it;
+    ``mkstemp`` would make every output 0600 whatever the umask)."""
+    for _ in range(100):
+        tmp = os.path.join(folder, f".tmp-{secrets.token_hex(4)}{name}")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name for {name} in {folder}")
+
+
+def atomic_write_bytes(path: str, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
+
+    The new file gets the mode a plain ``open`` would give it (0666 less the process umask):
+    under ``umask 002`` a group shares the outputs, under ``umask 077`` they are private.
+    """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
+    fd, tmp = _create_temp(folder, os.path.basename(path))
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
@@ -25,6 +78,11 @@ def atomic_write_text(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """:func:`atomic_write_bytes` of ``text`` as UTF-8 (see :func:`utf8`)."""
+    atomic_write_bytes(path, utf8(text))
 
 
 def atomic_write_json(path: str, obj: Any) -> None:
@@ -62,7 +120,7 @@ def append_line(path: str, line: bytes) -> None:
     If the file does not end with a newline (an earlier append was torn), a newline goes
     first, so the torn bytes stay alone on their line instead of spoiling this one.
     """
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the umask decides
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -76,9 +134,9 @@ def write_sealed_jsonl(path: str, meta: dict[str, Any], records: Iterable[Any]) 
     """Write records atomically after a ``{"_meta": ...}`` line that seals them: the meta
     holds the record count and the SHA-256 of the record lines, so a truncated or damaged
     file is recognised (:func:`read_sealed_jsonl`) instead of trusted."""
-    body = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+    body = utf8("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
     seal = {**meta, "count": body.count(b"\n"), "sha256": hashlib.sha256(body).hexdigest()}
-    atomic_write_text(path, json.dumps({"_meta": seal}, ensure_ascii=False) + "\n" + body.decode("utf-8"))
+    atomic_write_bytes(path, utf8(json.dumps({"_meta": seal}, ensure_ascii=False) + "\n") + body)
 
 
 def read_sealed_jsonl(path: str) -> tuple[dict[str, Any], list[Any]] | None:

@@ -9,10 +9,12 @@ from typing import Any
 from orchestra.datasets.base import BaseDataset
 from orchestra.datasets.digest import shared_rows
 from orchestra.errors import ConfigError
+from orchestra.fileio import encodable, may_hold_surrogates
 
 
 class JsonlDataset(BaseDataset):
-    """One JSON object per line; each object is a row.
+    """One JSON object per line; each object is a row.  A lone surrogate escape in a string
+    (``"\\ud800"``, valid JSON but not encodable text) is read as U+FFFD.
 
     Arguments are those of :class:`BaseDataset`; ``path`` is the ``.jsonl`` file.
     """
@@ -39,5 +41,7 @@ class JsonlDataset(BaseDataset):
                     raise ConfigError(f"{self.path}:{lineno}: not valid JSON: {exc}") from None
                 if not isinstance(row, dict):
                     raise ConfigError(f"{self.path}:{lineno}: a row must be a JSON object")
+                if may_hold_surrogates(line):  # "\ud800" alone: U+FFFD, or no prompt or output could be written
+                    row = encodable(row)
                 rows.append(row)
         return rows

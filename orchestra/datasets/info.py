@@ -88,6 +88,8 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = Tr
                 fresh[key] = facts
         except ConfigError as exc:
             raise ConfigError(f"{here}: {exc}") from None
+        if facts["num_rows"] == 0:  # not "column 'x' not in FILE; columns are:" with nothing after it
+            raise ConfigError(f"{here}: {ds.path} holds no rows; put at least one row in it or drop the dataset")
         for col in ds.needed_columns():
             row = facts.get("partial", {}).get(col)
             if row is not None:

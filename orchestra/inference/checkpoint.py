@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from orchestra.errors import TaskFailedError
-from orchestra.fileio import write_sealed_jsonl
+from orchestra.fileio import encodable, write_sealed_jsonl
 
 
 class _Syncer:
@@ -112,7 +112,7 @@ class Checkpoint:
     def _take_lock(self) -> None:
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(folder, exist_ok=True)
-        lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+        lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -146,7 +146,7 @@ class Checkpoint:
         if self._lock_fd is None:
             self._take_lock()  # reopened after close()
         new = not os.path.exists(self.path) or os.path.getsize(self.path) == 0
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the umask decides
         if new:
             os.write(fd, (json.dumps({"_meta": {"hash": self.hash}}) + "\n").encode())
         self._fd = fd
@@ -160,7 +160,11 @@ class Checkpoint:
     def append(self, record: dict[str, Any]) -> None:
         """Record one finished (or failed) sample; it is safe from a crash once this returns."""
         fd = self._fd if self._fd is not None else self._open()
-        line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        try:
+            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate from a model or a row: U+FFFD, not a lost task
+            record = encodable(record)
+            line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
         os.write(fd, line)
         self.records[int(record["id"])] = record
         if self.fsync_interval_s <= 0:

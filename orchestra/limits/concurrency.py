@@ -22,12 +22,13 @@ import hashlib
 import math
 import os
 import random
-import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
 from types import TracebackType
 from typing import Protocol
+
+from orchestra.privdir import is_own_regular_file, open_private_file, private_dir, temp_folder
 
 
 class Slots(Protocol):
@@ -123,7 +124,20 @@ def default_lock_dir() -> str:
     env = os.environ.get("ORCHESTRA_LOCK_DIR")
     if env:
         return env
-    return os.path.join(tempfile.gettempdir(), f"orchestra-{os.getuid()}", "slots")
+    return os.path.join(temp_folder("slots"), "slots")
+
+
+def _private_scope_dir(lock_dir: str | None, key: str) -> str:
+    """``<lock dir>/<key>`` (and its ``members`` folder), each a private folder of this user
+    (:func:`orchestra.privdir.private_dir`): slot and member files are never made, locked or
+    removed where another user could have put them or a link to elsewhere."""
+    if lock_dir is None and os.environ.get("ORCHESTRA_LOCK_DIR"):
+        lock_dir = os.environ["ORCHESTRA_LOCK_DIR"]
+    if lock_dir is None:  # the default: <tmp>/orchestra-<uid>/slots, checked from <tmp>/orchestra-<uid>
+        folder = private_dir(temp_folder("slots"), "slots", key, "members")
+    else:
+        folder = private_dir(lock_dir, key, "members", env="ORCHESTRA_LOCK_DIR")
+    return os.path.dirname(folder)
 
 
 class HostSlots:
@@ -144,8 +158,7 @@ class HostSlots:
         self.name = name
         self.limit = limit
         key = hashlib.sha256(name.encode("utf-8")).hexdigest()[:20]
-        self.dir = os.path.join(lock_dir or default_lock_dir(), key)
-        os.makedirs(os.path.join(self.dir, "members"), mode=0o700, exist_ok=True)
+        self.dir = _private_scope_dir(lock_dir, key)
         self.poll_s = poll_s
         self._fds: dict[int, int] = {}
         self._held: set[int] = set()
@@ -163,7 +176,7 @@ class HostSlots:
         if self._member_fd is not None:
             return
         path = os.path.join(self.dir, "members", f"{os.getpid()}-{self._rng.getrandbits(32):08x}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fd = open_private_file(path, os.O_RDWR | os.O_CREAT | os.O_EXCL)
         fcntl.flock(fd, fcntl.LOCK_EX)
         self._member_fd, self._member_path = fd, path
         self._count_members(force=True)
@@ -180,11 +193,13 @@ class HostSlots:
             if path == self._member_path:
                 live += 1
                 continue
-            try:
-                fd = os.open(path, os.O_RDWR)
+            try:  # never through a link; only our own regular files are counted or removed
+                fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
             except OSError:
                 continue
             try:
+                if not is_own_regular_file(fd):
+                    continue
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 live += 1  # held: its process is alive
@@ -205,7 +220,7 @@ class HostSlots:
     def _fd(self, slot: int) -> int:
         fd = self._fds.get(slot)
         if fd is None:
-            fd = os.open(os.path.join(self.dir, f"slot-{slot}"), os.O_RDWR | os.O_CREAT, 0o600)
+            fd = open_private_file(os.path.join(self.dir, f"slot-{slot}"), os.O_RDWR | os.O_CREAT)
             self._fds[slot] = fd
         return fd
 

@@ -13,13 +13,13 @@ import importlib.util
 import logging
 import os
 import sys
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
 from orchestra.errors import ModelError
 from orchestra.models import weights_cache
 from orchestra.models.hf_common import ModelSource, auto_num_threads
+from orchestra.privdir import temp_folder
 
 log = logging.getLogger(__name__)
 #: errors that mean "this cache folder cannot be written", not "the weights are bad"
@@ -147,8 +147,10 @@ def _weights_folder(abbr: str, source: ModelSource, cache_dir: str | None, trans
     if importlib.util.find_spec("gguf") is None:
         raise ModelError(f"model {abbr}: loading {gguf} needs the gguf package; pip install gguf")
     manifest = {"gguf": gguf, "transformers": transformers.__version__}
-    fallback = os.path.join(tempfile.gettempdir(), f"orchestra-weights-{os.getuid()}")
+    fallback = temp_folder("weights")
     for root in (cache_dir, fallback):
+        if root is fallback:  # a shared place: used only as a private folder of ours
+            root = weights_cache.fallback_dir()
         entry = weights_cache.entry_for(gguf, root, extra=transformers.__version__)
         try:
             folder, converted = weights_cache.get_or_convert(

@@ -21,6 +21,7 @@ import urllib.parse
 from typing import Any
 
 from orchestra.errors import ModelError
+from orchestra.fileio import encodable
 from orchestra.limits.concurrency import HostSlots, ProcessSlots, concurrency
 from orchestra.limits.ratelimit import AdaptiveRate
 from orchestra.limits.retry import (
@@ -272,7 +273,7 @@ class OpenAIAPI(BaseModel):
             text = choice["message"]["content"] if self.endpoint == "chat" else choice["text"]
         except (KeyError, IndexError, TypeError):
             raise ModelError(f"answer without choices: {self._scrub(json.dumps(data)[:300])}") from None
-        return text or ""
+        return encodable(text or "")  # a lone surrogate (a pair cut at max_tokens) becomes U+FFFD
 
     async def loglikelihood(self, request: LoglikRequest) -> list[float]:
         """Sum of the log-probabilities of each continuation's tokens, from ``echo`` logprobs.

@@ -8,7 +8,8 @@ Several workers that start at once convert only once: the conversion is guarded 
 folder that exists is always complete.
 
 The cache lives in ``$ORCHESTRA_CACHE_DIR/weights`` (default ``~/.cache/orchestra/weights``)
-unless a model passes its own ``cache_dir``.
+unless a model passes its own ``cache_dir``; if that cannot be written, in the private temporary
+folder of :func:`fallback_dir`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from orchestra.errors import ModelError
+from orchestra.privdir import private_dir, temp_folder
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,13 @@ def default_cache_dir() -> str:
     """``$ORCHESTRA_CACHE_DIR/weights``, or ``~/.cache/orchestra/weights``."""
     root = os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
     return os.path.join(root, "weights")
+
+
+def fallback_dir() -> str:
+    """``<tmp>/orchestra-weights-<uid>``, where converted weights go when the cache cannot be
+    written: created 0700, or refused (:class:`~orchestra.privdir.UnsafeFolderError`) if it is
+    not a private folder of this user, so weights another user planted are never loaded."""
+    return private_dir(temp_folder("weights"))
 
 
 def gguf_content_key(gguf_path: str, extra: str = "") -> str:

@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import tempfile
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any
 
 from orchestra.errors import OrchestraError, UserError
 from orchestra.limits.concurrency import HostSlots, ProcessSlots
+from orchestra.privdir import private_dir, temp_folder
 from orchestra.sandbox.isolation import ISOLATIONS, Isolation, Job
 from orchestra.sandbox.limits import SandboxLimits
 from orchestra.sandbox.process import MAX_SLOTS, run_process, subprocess_slots
@@ -41,9 +41,11 @@ _PROBED: dict[str, str | None] = {}
 def boxes_dir(scope_dir: str) -> str:
     """Where the sandbox folders of the host-wide scope kept in ``scope_dir`` live:
     ``$ORCHESTRA_SANDBOX_DIR`` or ``<temp>/orchestra-sandbox-<uid>``, then a key of the scope
-    (the folders must be reachable by the sandbox users, so not under a private lock folder)."""
-    root = os.environ.get("ORCHESTRA_SANDBOX_DIR") or os.path.join(tempfile.gettempdir(),
-                                                                    f"orchestra-sandbox-{os.geteuid()}")
+    (the folders must be reachable by the sandbox users, so not under a private lock folder).
+    The root is created 0711 or must be a folder of this user that no one else can write
+    (:func:`orchestra.privdir.private_dir`; else a one-line :class:`UserError`)."""
+    root = private_dir(os.environ.get("ORCHESTRA_SANDBOX_DIR") or temp_folder("sandbox"), mode=0o711,
+                       env="ORCHESTRA_SANDBOX_DIR")
     return os.path.join(root, hashlib.sha256(scope_dir.encode("utf-8")).hexdigest()[:16])
 
 

@@ -100,3 +100,18 @@ def test_a_truncated_or_damaged_prediction_file_is_not_done(tmp_path: Any) -> No
     assert not output_done(str(path), "h")
     path.write_bytes(whole)
     assert output_done(str(path), "h")
+
+
+def test_a_lone_surrogate_from_any_model_is_written_as_a_replacement_character(tmp_path: Any) -> None:
+    """A model class that hands back "4 \\ud83d" (a pair cut in half) loses nothing: the line is
+    written with U+FFFD, ordinary text byte for byte as before."""
+    path = tmp_path / "p.jsonl.ckpt"
+    ck = Checkpoint(str(path), "h")
+    ck.append({"id": 0, "prediction": "The answer is 4 \ud83d", "prompt": "é \U0001f600"})
+    ck.append({"id": 1, "prediction": "中文"})
+    assert ck.done_ids() == {0, 1}
+    out = tmp_path / "p.jsonl"
+    ck.finalize(str(out), {})
+    raw = out.read_bytes()
+    assert "中文".encode() in raw and "é \U0001f600".encode() in raw
+    assert lines(out)[1]["prediction"] == "The answer is 4 \ufffd"
