@@ -33,12 +33,12 @@ from typing import Any
 
 from orchestra.paths import RunPaths
 from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
-from orchestra.runners.command import Command, fill_template
+from orchestra.runners.command import Command, fill_template, forward_env_names
 from orchestra.runners.dlc_cli import DLCClient, DLCError, JobInfo
 from orchestra.runners.dlc_config import AliyunConfig, container_command, load_aliyun_file, submit_argv
 from orchestra.runners.dlc_job import DLCJob, dlc_job_name, orphan, spec_digest, triage
 from orchestra.runners.dlc_ledger import MAYBE_ALIVE, JobRecord, Ledger
-from orchestra.runners.dlc_secrets import check_names, env_file_path, remove_env_file, write_env_file
+from orchestra.runners.dlc_secrets import env_file_path, remove_env_file, write_env_file
 from orchestra.runners.dlc_worker import JobWorker, Timings
 from orchestra.tasks.kinds import TASK_MODULES
 from orchestra.tasks.spec import TaskSpec
@@ -99,7 +99,7 @@ class DLCRunner(BaseRunner):
         template: str | list[str] | None = None,
         forward_env: list[str] | tuple[str, ...] = (),
     ) -> None:
-        self.forward_env = check_names(forward_env)
+        self.forward_env = forward_env_names(forward_env)
         cfg = AliyunConfig.create(load_aliyun_file(aliyun_cfg) if isinstance(aliyun_cfg, str) else aliyun_cfg)
         interval = poll_interval_s if poll_interval_s is not None else (cfg.dlc_sleep_time or 10.0)
         for name, value in (("poll_interval_s", interval), ("max_poll_interval_s", max_poll_interval_s),

@@ -13,25 +13,8 @@ The container must run as root or as the orchestrator's user to read it.
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import Mapping, Sequence
-
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-def check_names(names: object, what: str = "forward_env") -> tuple[str, ...]:
-    """``names`` as a tuple of variable names; ``ValueError`` (one line, values never shown) if it
-    is not a list of names, or one of them is not set in this process's environment."""
-    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
-            isinstance(n, str) and _NAME.fullmatch(n) for n in names):
-        raise ValueError(f"{what} must be a list of environment variable names, got {names!r}")
-    unset = [n for n in names if n not in os.environ]
-    if unset:
-        raise ValueError(f"{what}: {', '.join(unset)} not set in the orchestrator's environment (export "
-                         f"{'it' if len(unset) == 1 else 'them'} before the run, or leave {what} without "
-                         f"{'it' if len(unset) == 1 else 'them'})")
-    return tuple(names)
 
 
 def env_file_path(dlc_dir: str, stage: str) -> str:
