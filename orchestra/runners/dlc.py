@@ -157,7 +157,7 @@ class DLCRunner(BaseRunner):
         self._ctx = ctx
         self._unfit = self._check_tools()
         config = os.path.expanduser(self.cfg.dlc_config_path) if self.cfg.dlc_config_path else None
-        self.client = DLCClient(self.dlc_bin, config, self.cli_timeout_s, self.max_calls_per_s)
+        self.client = DLCClient(self.dlc_bin, config, self.cli_timeout_s, self.max_calls_per_s, abort=ctx.stop)
         self._worker = JobWorker(self.client, Ledger(ctx.paths.dlc_dir), ctx.events, self.timings)
         self._pool = ThreadPoolExecutor(self.cli_concurrency, thread_name_prefix="dlc")
         try:
