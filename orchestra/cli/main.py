@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestra.api import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from orchestra.errors import ConfigError, UserError
+from orchestra.terminal import printable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -129,14 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         if args.debug:
             raise
-        print(f"orchestra: error: {exc}", file=sys.stderr)
+        print(printable(f"orchestra: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a full disk, a read-only folder, a permission: one line, no traceback
         if args.debug:
             raise
         where = f" {exc.filename}" if exc.filename else ""
-        print(f"orchestra: error:{where}: {exc.strerror or exc} (check that the folder exists, is writable "
-              "and its disk has room; --debug shows the traceback)", file=sys.stderr)
+        print(printable(f"orchestra: error:{where}: {exc.strerror or exc} (check that the folder exists, is "
+                        "writable and its disk has room; --debug shows the traceback)"), file=sys.stderr)
         return EXIT_FAILED
 
 
