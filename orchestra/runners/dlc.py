@@ -3,7 +3,7 @@
 Each attempt of a task is one DLC job (``dlc submit pytorchjob``, one worker) that runs the task's
 command from the shared file system: the run folder and the code must be on storage the container
 mounts (``data_sources``), as with OpenCompass.  The pieces, imported one way (this module ->
-``dlc_worker`` -> ``dlc_job``/``dlc_logs``/``dlc_stop`` -> ``dlc_ledger``/``dlc_config``/``dlc_cli``):
+``dlc_worker`` -> ``dlc_job``/``dlc_logs``/``dlc_stop`` -> ``core.ledger``/``dlc_config``/``dlc_cli``):
 
 * ``submit`` only queues the job; ``flush`` hands every job that is due to a few threads
   (``cli_concurrency``), where ``JobWorker.step`` submits it, checks it (``dlc get job``, backing
@@ -28,16 +28,20 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestra.paths import RunPaths
-from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
 from orchestra.runners.command import Command, fill_template, forward_env_names
+from orchestra.runners.core.contract import Exit, Job, NoResources, Session
+from orchestra.runners.core.ledger import MAYBE_ALIVE, JobRecord, Ledger, spec_digest
+from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.run import RunContext
+from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.dlc_cli import DLCClient, DLCError, JobInfo
 from orchestra.runners.dlc_config import AliyunConfig, container_command, load_aliyun_file, submit_argv
-from orchestra.runners.dlc_job import DLCJob, dlc_job_name, orphan, spec_digest, triage
-from orchestra.runners.dlc_ledger import MAYBE_ALIVE, JobRecord, Ledger
+from orchestra.runners.dlc_job import DLCJob, dlc_job_name, orphan, triage
 from orchestra.runners.dlc_secrets import env_file_path, remove_env_file, write_env_file
 from orchestra.runners.dlc_worker import JobWorker, Timings
 from orchestra.tasks.kinds import TASK_MODULES
@@ -115,7 +119,8 @@ class DLCRunner(BaseRunner):
         if log_settle_s < 0:
             raise ValueError(f"log_settle_s must be >= 0, got {log_settle_s}")
         # The loop itself only reads what the threads found: it may go round often and cheaply.
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, min(0.05, interval), template)
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, min(0.05, interval), template,
+                         infra_retry)
         self.cfg = cfg
         self.dlc_bin = dlc_bin
         self.timings = Timings(interval, max(max_poll_interval_s, interval), queue_timeout_s, log_settle_s,
@@ -123,7 +128,6 @@ class DLCRunner(BaseRunner):
         self.max_calls_per_s = max_calls_per_s
         self.cli_concurrency = cli_concurrency
         self.cli_timeout_s = cli_timeout_s
-        self.max_infra_retries = infra_retry
         self.client: DLCClient | None = None  # the last launch's (its call counts stay readable)
         self._worker: JobWorker | None = None
         self._ctx: RunContext | None = None
@@ -153,7 +157,7 @@ class DLCRunner(BaseRunner):
         return self._name_base.get(task.task_id, 0) + attempt
 
     # -- the launch ----------------------------------------------------------------------------------
-    def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         self._ctx = ctx
         self._unfit = self._check_tools()
         config = os.path.expanduser(self.cfg.dlc_config_path) if self.cfg.dlc_config_path else None
@@ -168,11 +172,11 @@ class DLCRunner(BaseRunner):
             if self._unfit is None:
                 for rec in self._active().ledger.jobs().values():  # job names count on from every earlier one
                     self._name_base[rec.task_id] = max(self._name_base.get(rec.task_id, 0), rec.seq)
-                self._recover(tasks, tasks[0].stage if tasks else None)
+                self._recover(list(tasks), tasks[0].stage if tasks else None)
         except BaseException:
             self.close()
             raise
-        return super().launch(tasks, ctx)  # its last act is close()
+        return DLCSession(self)
 
     def _check_tools(self) -> str | None:
         if shutil.which(self.dlc_bin) is None:
@@ -182,9 +186,6 @@ class DLCRunner(BaseRunner):
         if config and not os.path.isfile(os.path.expanduser(config)):
             return f"aliyun_cfg.dlc_config_path {config!r} does not exist on this machine"
         return None
-
-    def unfit_reason(self, task: TaskSpec) -> str | None:
-        return self._unfit
 
     def submit(self, job: Job) -> None:
         task = job.task
@@ -240,17 +241,25 @@ class DLCRunner(BaseRunner):
         return handle.result
 
     # -- stopping --------------------------------------------------------------------------------------
-    def cancel(self, jobs: list[Job]) -> None:
+    def cancel(self, jobs: Sequence[Job], stops: BackgroundStops) -> None:
+        """Mark the jobs cancelled here, then stop them (``dlc stop``, confirmed) in the background."""
         handles = [job.handle for job in jobs if isinstance(job.handle, DLCJob)]
         why = {id(job.handle): ("timeout_s" if job.timed_out else self._stop_cause()) for job in jobs}
-        self._settle(handles)
-        groups: dict[str, list[DLCJob]] = {}
         for h in handles:
+            h.cancelled = True
             self._live.pop(h.name, None)
-            if h.job_id and not h.over:
-                groups.setdefault(why[id(h)], []).append(h)
-        for reason, group in groups.items():
-            self._active().stop(group, reason)
+        worker = self._active()
+
+        def stop(_: list[Job]) -> None:
+            self._settle(handles)
+            groups: dict[str, list[DLCJob]] = {}
+            for h in handles:
+                if h.job_id and not h.over:
+                    groups.setdefault(why[id(h)], []).append(h)
+            for reason, group in groups.items():
+                worker.stop(group, reason)
+
+        stops.start(jobs, stop)
 
     def _settle(self, handles: list[DLCJob]) -> None:
         """Mark these jobs cancelled and wait for their submissions in flight: a job created meanwhile
@@ -268,7 +277,9 @@ class DLCRunner(BaseRunner):
             return f"orchestrator error: {sys.exc_info()[0].__name__}"  # type: ignore[union-attr]
         return "orchestrator shutdown"
 
-    def close(self) -> None:
+    def close(self, stops: BackgroundStops | None = None) -> None:
+        if stops is not None:
+            stops.wait(self.cli_timeout_s + self.timings.cancel_timeout_s + 10)
         # The loop stopped or finished every job it knows; this is the net under an unexpected exit.
         try:
             self._settle(list(self._live.values()))
@@ -328,6 +339,40 @@ class DLCRunner(BaseRunner):
         self._adopt.update({rec.task_id: (rec, info) for rec, info in adopt})
         if to_stop:
             worker.stop([orphan(r) for r in to_stop], "left by an earlier orchestrator of this run folder, not needed")
+
+
+class DLCSession(Session):
+    """One launch of a DLCRunner: the loop's batched calls over the runner's job threads."""
+
+    def __init__(self, runner: DLCRunner) -> None:
+        self.runner = runner
+        self.resources = NoResources(runner._unfit)
+        self.stops = BackgroundStops("dlc")
+
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        for job in jobs:
+            self.runner.submit(job)
+        self.runner.flush()
+        return {}
+
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        self.runner.flush()
+        ended: dict[Job, Exit] = self.stops.ended(jobs)
+        for job in jobs:
+            if job not in ended and not self.stops.stopping(job):
+                exit_ = self.runner.poll(job)
+                if exit_ is not None:
+                    ended[job] = exit_
+        return ended
+
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        self.runner.cancel(jobs, self.stops)
+
+    def placement(self, job: Job) -> dict[str, Any]:
+        return self.runner.placement(job)
+
+    def close(self) -> None:
+        self.runner.close(self.stops)
 
 
 __all__ = ["AliyunConfig", "DLCJob", "DLCRunner", "dlc_job_name", "spec_digest"]

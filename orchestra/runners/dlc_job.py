@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 
 from orchestra.fileio import stable_hash
 from orchestra.runners.base import Exit
+from orchestra.runners.core.ledger import JobRecord
 from orchestra.runners.dlc_cli import SUCCEEDED, JobInfo
-from orchestra.runners.dlc_ledger import JobRecord
 from orchestra.runners.dlc_logs import LogCursor
 from orchestra.runners.slurm_common import job_name, run_tag
 from orchestra.tasks.spec import TaskSpec
@@ -48,11 +48,6 @@ class DLCJob:
     cancelled: bool = False
     stop_reason: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
-
-
-def spec_digest(task: TaskSpec) -> str:
-    """The content hash of a task spec: a job is adopted only by a task with the same spec."""
-    return stable_hash(task.to_dict())
 
 
 def dlc_job_name(task: TaskSpec, seq: int) -> str:

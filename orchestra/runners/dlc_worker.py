@@ -17,10 +17,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.events import EventLog
+from orchestra.fileio import append_line
 from orchestra.runners.base import Exit
+from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.dlc_cli import LOGGING, WAITING, DLCClient, DLCError, JobInfo
 from orchestra.runners.dlc_job import DLCJob, attempt_exit, read_exit_code
-from orchestra.runners.dlc_ledger import Ledger
 from orchestra.runners.dlc_logs import LogCursor, copy_final, copy_settled
 from orchestra.runners.dlc_stop import stop_jobs
 
@@ -181,8 +182,8 @@ class JobWorker:
         if not lines:
             return
         try:
-            with h.lock, open(h.log_path, "a", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
+            with h.lock:
+                append_line(h.log_path, ("\n".join(lines) + "\n").encode("utf-8", "replace"))
         except OSError:
             pass  # a log we cannot write must not stop the run
 

@@ -10,9 +10,11 @@ itself; the loop then records it as cancelled.
 from __future__ import annotations
 
 import signal
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
+from orchestra.runners.core.contract import Exit, Job, Session
+from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.run import RunContext
 from orchestra.tasks.kinds import run_task
 from orchestra.tasks.spec import TaskSpec
 
@@ -22,39 +24,45 @@ class InProcessRunner(BaseRunner):
 
     def __init__(self) -> None:
         super().__init__(max_num_workers=1, retry=0, poll_interval_s=0.001)
-        self._ctx: RunContext | None = None
 
-    def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
-        self._ctx = ctx
-        try:
-            return super().launch(tasks, ctx)
-        finally:
-            self._ctx = None
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
+        return InProcessSession(ctx)
 
     def log_attempt(self, job: Job, text: str) -> None:
         """No task log: the task writes to this terminal."""
 
-    def submit(self, job: Job) -> None:
-        # Ctrl-C must reach the task as KeyboardInterrupt: there is no child to signal.
-        handler = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            run_task(job.task)
-            job.handle = Exit(0)
-        except KeyboardInterrupt:
-            assert self._ctx is not None
-            self._ctx.stop.set()  # the loop stops and records this job as cancelled
-            job.handle = None
-        except Exception as exc:  # noqa: BLE001 - kept, and raised from poll with its traceback
-            # Raised here, an OSError would read as "could not start"; from poll it ends the launch.
-            job.handle = exc
-        finally:
-            signal.signal(signal.SIGINT, handler)
 
-    def poll(self, job: Job) -> Exit | None:
-        ended: Any = job.handle
-        if isinstance(ended, Exception):
-            raise ended
-        return ended if isinstance(ended, Exit) else None
+class InProcessSession(Session):
+    """Runs a job to its end inside ``submit``; ``poll`` reports it (or raises its exception)."""
 
-    def cancel(self, jobs: list[Job]) -> None:
-        """Nothing runs in the background: a job has ended by the time ``submit`` returns."""
+    def __init__(self, ctx: RunContext) -> None:
+        self.ctx = ctx
+
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        for job in jobs:
+            # Ctrl-C must reach the task as KeyboardInterrupt: there is no child to signal.
+            handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+            try:
+                run_task(job.task)
+                job.handle = Exit(0)
+            except KeyboardInterrupt:
+                self.ctx.stop.set()  # the loop stops and records this job as cancelled
+                job.handle = None  # not ended: cancel (which the stop brings) ends it
+            except Exception as exc:  # noqa: BLE001 - kept, and raised from poll with its traceback
+                # Raised here, an OSError would read as "could not start"; from poll it ends the launch.
+                job.handle = exc
+            finally:
+                signal.signal(signal.SIGINT, handler)
+        return {}
+
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        for job in jobs:
+            if isinstance(job.handle, Exception):
+                raise job.handle
+        return {job: job.handle for job in jobs if isinstance(job.handle, Exit)}
+
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        """Nothing runs in the background: only an interrupted job is left, and it is over."""
+        for job in jobs:
+            if job.handle is None:
+                job.handle = Exit(-1, "cancelled")

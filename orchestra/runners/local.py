@@ -7,9 +7,13 @@ import shutil
 import signal
 import socket
 import subprocess
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
+from orchestra.runners.core.contract import Exit, Job, Session, cannot_start
+from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.run import RunContext
+from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.host import HostSlots, usable_cores
 from orchestra.runners.proc import start_group, stop_groups
 from orchestra.runners.warm import WarmPool, Worker
@@ -95,14 +99,13 @@ class LocalRunner(BaseRunner):
         self.reuse_workers = reuse_workers
         self._pool: WarmPool | None = None  # started by launch, closed by close
 
-    def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         self._host = ctx.host or HostSlots()
-        if self.reuse_workers:
-            self._pool = WarmPool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs)
-        return super().launch(tasks, ctx)
+        pool = WarmPool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs) if self.reuse_workers else None
+        return LocalSession(self, pool)
 
     # -- resources ---------------------------------------------------------------------------
-    def unfit_reason(self, task: TaskSpec) -> str | None:
+    def unfit(self, task: TaskSpec) -> str | None:
         if task.num_gpus > len(self.gpus):
             return (
                 f"needs {task.num_gpus} GPU(s) but this runner has {len(self.gpus)} "
@@ -118,7 +121,7 @@ class LocalRunner(BaseRunner):
             return None
         return {"gpu_ids": gpu_ids, "cores": task.num_procs}
 
-    def release(self, job: Job) -> None:
+    def release(self, job: Job, ended: Exit | None) -> None:
         if self._host is not None and "cores" in job.resources:
             self._host.give(job.task.stage, job.resources["cores"], job.resources["gpu_ids"])
 
@@ -137,13 +140,29 @@ class LocalRunner(BaseRunner):
             env["OMP_NUM_THREADS"] = str(share)
         return env
 
-    # -- backend -------------------------------------------------------------------------------
-    def submit(self, job: Job) -> None:
-        if self._pool is not None:
-            key = f"{job.task.worker_key}|{job.command.env.get('CUDA_VISIBLE_DEVICES', '')}"
-            job.handle = self._pool.run(job, key)
-            return
-        job.handle = start_group(job.command.argv, job.command.env, job.log_path)
+
+
+class LocalSession(Session):
+    """One launch of a LocalRunner: its processes (or warm workers), and those being stopped."""
+
+    def __init__(self, runner: LocalRunner, pool: WarmPool | None) -> None:
+        self.runner = runner
+        self.resources = runner
+        self.pool = pool
+        self.stops = BackgroundStops("local")
+
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        refused: dict[Job, Exit] = {}
+        for job in jobs:
+            try:
+                if self.pool is not None:
+                    key = f"{job.task.worker_key}|{job.command.env.get('CUDA_VISIBLE_DEVICES', '')}"
+                    job.handle = self.pool.run(job, key)
+                else:
+                    job.handle = start_group(job.command.argv, job.command.env, job.log_path)
+            except OSError as exc:
+                refused.update(cannot_start([job], exc))
+        return refused
 
     def placement(self, job: Job) -> dict[str, Any]:
         if isinstance(job.handle, Worker):
@@ -151,10 +170,20 @@ class LocalRunner(BaseRunner):
         pid = getattr(job.handle, "pid", None)
         return {"host": _HOST, "pid": pid} if pid is not None else {"host": _HOST}
 
-    def poll(self, job: Job) -> Exit | None:
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        ended: dict[Job, Exit] = self.stops.ended(jobs)
+        for job in jobs:
+            if job in ended or self.stops.stopping(job):
+                continue
+            exit_ = self._poll_one(job)
+            if exit_ is not None:
+                ended[job] = exit_
+        return ended
+
+    def _poll_one(self, job: Job) -> Exit | None:
         if isinstance(job.handle, Worker):
-            assert self._pool is not None
-            return self._pool.poll(job.handle)
+            assert self.pool is not None
+            return self.pool.poll(job.handle)
         proc: subprocess.Popen[bytes] = job.handle
         code = proc.poll()
         if code is None:
@@ -163,13 +192,16 @@ class LocalRunner(BaseRunner):
             return Exit(code, f"killed by signal {signal.Signals(-code).name}")
         return Exit(code)
 
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.close()
-        self._pool = None
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        if self.pool is not None:
+            procs = self.pool.detach([job.handle for job in jobs if isinstance(job.handle, Worker)])
+        else:
+            procs = [job.handle for job in jobs if job.handle is not None]
+        grace = self.runner.kill_grace_s
+        self.stops.start(jobs, lambda _: stop_groups(procs, grace))
 
-    def cancel(self, jobs: list[Job]) -> None:
-        if self._pool is not None:
-            self._pool.stop([job.handle for job in jobs if isinstance(job.handle, Worker)])
-            return
-        stop_groups([job.handle for job in jobs if job.handle is not None], self.kill_grace_s)
+    def close(self) -> None:
+        self.stops.wait(self.runner.kill_grace_s + 10)
+        if self.pool is not None:
+            self.pool.close()
+        self.pool = None

@@ -18,10 +18,15 @@ import importlib.util
 import os
 import secrets
 import socket
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from orchestra.errors import UserError
-from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
+from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
+from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.run import RunContext
 from orchestra.runners.slurm_common import run_tag
 from orchestra.tasks.spec import TaskSpec
 
@@ -69,7 +74,7 @@ class RayRunner(BaseRunner):
         idle_timeout_s: an idle worker that no waiting task can use is released after this long.
         infra_retry: attempts of one task that may lose their worker (dead actor, node removed
             or preempted, out of memory) and rerun at once without spending ``retry`` (the loop's
-            ``max_infra_retries``, as DLCRunner's ``infra_retry``); further losses count as failures.
+            ``infra_retry``, as DLCRunner's); further losses count as failures.
         poll_interval_s: how often the loop checks workers and tasks.
     """
 
@@ -92,7 +97,7 @@ class RayRunner(BaseRunner):
         infra_retry: int = 3,
         poll_interval_s: float = 0.02,
     ) -> None:
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s)
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, infra_retry=infra_retry)
         missing = ray_missing()
         if missing:
             raise ValueError(missing)
@@ -108,8 +113,6 @@ class RayRunner(BaseRunner):
             raise ValueError(f"forward_env must be a list of variable names, got {forward_env!r}")
         if idle_timeout_s < 0:
             raise ValueError(f"idle_timeout_s must be >= 0, got {idle_timeout_s}")
-        if not isinstance(infra_retry, int) or isinstance(infra_retry, bool) or infra_retry < 0:
-            raise ValueError(f"infra_retry must be an integer >= 0, got {infra_retry!r}")
         self.address = address.strip() if address else None
         self.reuse_workers = reuse_workers
         self.runtime_env = runtime_env
@@ -117,18 +120,10 @@ class RayRunner(BaseRunner):
         self.mem_gb = mem_gb
         self.forward_env = tuple(forward_env)
         self.idle_timeout_s = idle_timeout_s
-        self.max_infra_retries = infra_retry
-        self._pool: Any = None  # a RayPool while a launch runs
-        self._connected = False  # between launch's connect and close's disconnect
-        self._in_flight: dict[Any, Job] = {}  # ObjectRef of a task's call -> its job
-        self._ended: set[Any] = set()  # refs that ended by this round's check
-        self._lost: dict[Any, BaseException] = {}  # refs whose worker died under them
-        self._unroute: Any = None  # undoes route_cluster_messages
         self._kinds: dict[str, Any] = {}  # task id -> WorkerKind
-        self._losses: dict[str, int] = {}  # task id -> attempts that lost their worker
 
     # -- connecting ---------------------------------------------------------------------------------
-    def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         unreachable = self._unreachable()
         if unreachable:
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
@@ -140,17 +135,17 @@ class RayRunner(BaseRunner):
                 raise  # not Ray missing: a real error, with its traceback
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
         connect(self.address, self.runtime_env)
-        self._connected = True  # close() pairs it with a disconnect
+        session = RaySession(self)  # its close() pairs the connect with a disconnect
         try:
-            self._unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
+            session.unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
             stage = tasks[0].stage if tasks else "run"
             prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
-            self._pool = RayPool(self.max_num_workers, self.reuse_workers, self.idle_timeout_s, ctx.events, prefix)
-            self._pool.tick()  # reads the nodes, for unfit_reason
+            session.pool = RayPool(self.max_num_workers, self.reuse_workers, self.idle_timeout_s, ctx.events, prefix)
+            session.pool.tick()  # reads the nodes, for unfit
         except BaseException:
-            self.close()
+            session.close()
             raise
-        return super().launch(tasks, ctx)
+        return session
 
     def _unreachable(self) -> str | None:
         """Why the head of an address given as ``[ray://]host:port`` does not answer as a Ray head,
@@ -184,105 +179,130 @@ class RayRunner(BaseRunner):
                                                           float(task.num_gpus), memory)
         return kind
 
-    def unfit_reason(self, task: TaskSpec) -> str | None:
-        kind = self.worker_kind(task)
-        if self._pool.could_ever_hold(kind):
-            return None
-        needs = {k: v for k, v in kind.needs().items() if v}
-        known = self._pool.node_resources + self._pool.node_type_resources
-        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
-        want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
-        return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
-                f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
-
     def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
         env = super().task_env(task, resources, attempt)
         if task.num_gpus == 0:  # Ray sets CUDA_VISIBLE_DEVICES for GPU workers only: hide them from the rest
             env["CUDA_VISIBLE_DEVICES"] = ""
         return env
 
+
+
+@dataclass
+class RayCall:
+    """One attempt's call on its actor, and the error it ended with once it did."""
+
+    ref: Any
+    error: BaseException | None = None
+    cancel_by: float = 0.0  # once cancelled: when it is reported gone even if Ray has not said so
+
+
+class RaySession(Session):
+    """One launch of a RayRunner: its connection, its warm pool of actors, the calls in flight."""
+
+    def __init__(self, runner: RayRunner) -> None:
+        self.runner = runner
+        self.resources = self
+        self.pool: Any = None  # a RayPool
+        self.unroute: Any = None  # undoes route_cluster_messages
+        self.losses: dict[str, int] = {}  # task id -> attempts that lost their worker
+
+    # -- resources: a warm actor per job ---------------------------------------------------------
+    def unfit(self, task: TaskSpec) -> str | None:
+        kind = self.runner.worker_kind(task)
+        if self.pool.could_ever_hold(kind):
+            return None
+        needs = {k: v for k, v in kind.needs().items() if v}
+        known = self.pool.node_resources + self.pool.node_type_resources
+        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
+        want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
+        return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
+                f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
+
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
-        kind = self.worker_kind(task)
-        broken = self._pool.broken(kind)
+        kind = self.runner.worker_kind(task)
+        broken = self.pool.broken(kind)
         if broken:
-            return {"error": broken}
-        actor = self._pool.take(kind)
+            raise CannotStart(broken)
+        actor = self.pool.take(kind)
         if actor is None:
             return None
-        return {"actor_id": actor.actor_id, **self._pool.place(actor), "num_cpus": kind.num_cpus,
+        return {"actor_id": actor.actor_id, **self.pool.place(actor), "num_cpus": kind.num_cpus,
                 "num_gpus": kind.num_gpus}
 
-    def release(self, job: Job) -> None:
-        error = self._lost.pop(job.handle, None)
-        self._in_flight.pop(job.handle, None)
-        actor = self._pool.actors.get(job.resources.get("actor_id")) if self._pool is not None else None
+    def release(self, job: Job, ended: Exit | None) -> None:
+        actor = self.pool.actors.get(job.resources.get("actor_id")) if self.pool is not None else None
         if actor is None:
             return  # killed by a timeout or a cancel: already gone from the pool
-        if error is not None:
-            self._pool.lost(actor, error)
+        call = job.handle
+        if ended is not None and ended.infra and isinstance(call, RayCall) and call.error is not None:
+            self.pool.lost(actor, call.error)
         else:
-            self._pool.finished(actor)
+            self.pool.finished(actor)
 
-    # -- backend ------------------------------------------------------------------------------------
+    # -- jobs ------------------------------------------------------------------------------------
     def placement(self, job: Job) -> dict[str, Any]:
         """The node (id, ip), actor and its pid: the ``started`` event's ``where``."""
         keys = ("node_id", "node_ip", "actor_id", "pid")
         return {k: job.resources[k] for k in keys if k in job.resources}
 
-    def submit(self, job: Job) -> None:
-        if "error" in job.resources:
-            raise OSError(job.resources["error"])
-        actor = self._pool.actors[job.resources["actor_id"]]
-        forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
-        request = {"spec": job.command.argv[-1], "log": job.log_path, "env": {**job.command.env, **forwarded}}
-        job.handle = actor.handle.run.remote(request)
-        self._in_flight[job.handle] = job
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        forwarded = {name: os.environ[name] for name in self.runner.forward_env if name in os.environ}
+        for job in jobs:
+            actor = self.pool.actors[job.resources["actor_id"]]
+            request = {"spec": job.command.argv[-1], "log": job.log_path, "env": {**job.command.env, **forwarded}}
+            job.handle = RayCall(actor.handle.run.remote(request))
+        return {}
 
-    def flush(self) -> None:
-        """Once per round: the pool's housekeeping, then one check of every task in flight."""
-        self._pool.tick()
-        self._ended = self._pool.ended(list(self._in_flight))
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        """The pool's housekeeping, then one ``ray.wait`` over every call in flight."""
+        self.pool.tick()
+        calls = {job.handle.ref: job for job in jobs if isinstance(job.handle, RayCall)}
+        done = self.pool.ended(list(calls))
+        now = time.monotonic()
+        out: dict[Job, Exit] = {}
+        for ref, job in calls.items():
+            call: RayCall = job.handle
+            if call.cancel_by:
+                if ref in done or now >= call.cancel_by:
+                    out[job] = Exit(-1, "cancelled")
+            elif ref in done:
+                out[job] = self._exit(job, call)
+        return out
 
-    def poll(self, job: Job) -> Exit | None:
+    def _exit(self, job: Job, call: RayCall) -> Exit:
         from orchestra.runners.ray_pool import describe, lost_worker
 
-        if job.handle not in self._ended:
-            return None
-        result = self._pool.result(job.handle)
+        result = self.pool.result(call.ref)
         if not isinstance(result, BaseException):
             return Exit(int(result))
         if lost_worker(result):
-            self._lost[job.handle] = result  # release() hands it to the pool
+            call.error = result  # release() hands it to the pool
             where = f"{job.resources.get('node_ip', '?')} {str(job.resources.get('node_id', '?'))[:12]}"
-            losses = self._losses[job.task.task_id] = self._losses.get(job.task.task_id, 0) + 1
+            losses = self.losses[job.task.task_id] = self.losses.get(job.task.task_id, 0) + 1
             times = f" (this task has lost its worker {losses} times)" if losses > 1 else ""
             return Exit(-1, f"worker lost (node {where}): {describe(result)}{times}", infra=True)
         return Exit(-1, f"Ray error: {describe(result)}")
 
-    def cancel(self, jobs: list[Job]) -> None:
-        actors = [self._pool.actors[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self._pool.actors]
-        self._pool.stop(actors, "cancelled")
-        # return once the killed actors' calls have ended
-        self._pool.ended([job.handle for job in jobs if job.handle is not None], wait_s=CANCEL_WAIT_S)
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        """Kill the jobs' actors now; ``poll`` reports each job once its call ended (or after a while)."""
+        actors = [self.pool.actors[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self.pool.actors]
+        self.pool.stop(actors, "cancelled")
+        for job in jobs:
+            if isinstance(job.handle, RayCall):
+                job.handle.cancel_by = time.monotonic() + CANCEL_WAIT_S
 
     def close(self) -> None:
-        if not self._connected:
-            return
         try:
-            if self._pool is not None:
-                self._pool.close()
+            if self.pool is not None:
+                self.pool.close()
         finally:
-            self._pool = None
-            self._in_flight.clear()
-            self._lost.clear()
-            self._kinds.clear()
-            self._losses.clear()
-            if self._unroute is not None:
-                self._unroute()
-                self._unroute = None
+            self.pool = None
+            self.runner._kinds.clear()
+            if self.unroute is not None:
+                self.unroute()
+                self.unroute = None
             from orchestra.runners.ray_session import disconnect
 
-            self._connected = False
             disconnect()
 
 

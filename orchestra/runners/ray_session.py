@@ -20,6 +20,7 @@ import ray
 from ray import exceptions as rex
 
 from orchestra.errors import UserError
+from orchestra.fileio import append_line
 
 #: what this process's Ray connection was made for by :func:`connect` (None: not by it)
 _connected_for: tuple[str, str] | None = None
@@ -196,8 +197,8 @@ def _to_log(log_path: str) -> Callable[[], None]:
             original(data, ignore_prefix)
             return
         os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        with open(log_path, "a", encoding="utf-8") as log:
-            log.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] " + "\n".join(data.get("lines", [])) + "\n")
+        text = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] " + "\n".join(data.get("lines", [])) + "\n"
+        append_line(log_path, text.encode("utf-8", "replace"))
 
     worker_module.print_to_stdstream = to_log
 

@@ -23,10 +23,13 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+from collections.abc import Sequence
 from typing import Any
 
-from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
 from orchestra.runners.command import Command, fill_template, forward_env_names
+from orchestra.runners.core.contract import Session
+from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.run import RunContext
 from orchestra.runners.slurm_common import (
     LAUNCHERS,
     SlurmLauncher,
@@ -81,6 +84,8 @@ class SlurmRunner(BaseRunner):
             the job script or the logs.  Each must be set when the runner is built.  Without
             ``forward_env`` Slurm's default still applies: with the cluster's default export
             setting every variable of the orchestrator reaches the job.
+        infra_retry: attempts per task that may end for the cluster's sake (preempted, its node
+            failed or did not boot) and be retried without spending ``retry``.
     """
 
     template_fields = (
@@ -107,6 +112,7 @@ class SlurmRunner(BaseRunner):
         cancel_timeout_s: float = 60.0,
         template: str | list[str] | None = None,
         forward_env: list[str] | tuple[str, ...] = (),
+        infra_retry: int = 3,
     ) -> None:
         self.forward_env = forward_env_names(forward_env)
         if self.forward_env:
@@ -119,7 +125,8 @@ class SlurmRunner(BaseRunner):
             raise ValueError(f"launcher must be one of {', '.join(map(repr, LAUNCHERS))}, got {launcher!r}")
         if poll_interval_s is None:
             poll_interval_s = 0.1 if launcher == "srun" else 1.0
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template,
+                         infra_retry)
         self.options = SlurmOptions.create(partition, qos, gres, cpus_per_task, mem_gb, time_limit, extra_args,
                                            cancel_timeout_s)
         self.launcher = launcher
@@ -138,8 +145,6 @@ class SlurmRunner(BaseRunner):
 
             sbatch_long_options(self.options.extra_args)  # validates now, not at the first submission
         self._tag = ""
-        self._launcher: SlurmLauncher | None = None
-        self._unfit: str | None = None
 
     # -- what a job asks for ---------------------------------------------------------------------
     def command_fields(self, task: TaskSpec, resources: dict[str, Any], log_path: str) -> dict[str, Any]:
@@ -172,19 +177,24 @@ class SlurmRunner(BaseRunner):
         return Command(tuple(argv), env)
 
     # -- the backend ---------------------------------------------------------------------------------
-    def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         self._tag = run_tag(ctx.paths.root)
-        self._unfit = self._check_tools()
-        if self._unfit is None:
-            if self.launcher == "sbatch":
-                from orchestra.runners.slurm_batch import SbatchLauncher
+        unfit = self._check_tools()
+        launcher: SlurmLauncher
+        if self.launcher == "sbatch":
+            from orchestra.runners.core.ledger import Ledger
+            from orchestra.runners.slurm_batch import SbatchLauncher
+            from orchestra.runners.slurm_recover import recover
 
-                self._launcher = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array)
-            else:
-                from orchestra.runners.slurm_srun import SrunLauncher
+            ledger = Ledger(ctx.paths.slurm_dir)
+            adopt = recover(ledger, tasks, self.options.cancel_timeout_s) if unfit is None else {}
+            launcher = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, adopt,
+                                      ctx.events)
+        else:
+            from orchestra.runners.slurm_srun import SrunLauncher
 
-                self._launcher = SrunLauncher(self.options, self._tag)
-        return super().launch(tasks, ctx)
+            launcher = SrunLauncher(self.options, self._tag, unfit)
+        return launcher
 
     def _check_tools(self) -> str | None:
         needed = ["srun" if self.launcher == "srun" else "sbatch", "squeue", "scancel"]
@@ -192,34 +202,6 @@ class SlurmRunner(BaseRunner):
         if missing:
             return f"{', '.join(missing)} not found in PATH: SlurmRunner must run where Slurm's commands are"
         return None
-
-    def unfit_reason(self, task: TaskSpec) -> str | None:
-        return self._unfit
-
-    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
-        return {"num_gpus": task.num_gpus}
-
-    def _active(self) -> SlurmLauncher:
-        if self._launcher is None:
-            raise RuntimeError("SlurmRunner: submit/poll/cancel called outside launch()")
-        return self._launcher
-
-    def submit(self, job: Job) -> None:
-        self._active().submit(job)
-
-    def flush(self) -> None:
-        self._active().flush()
-
-    def poll(self, job: Job) -> Exit | None:
-        return self._active().poll(job)
-
-    def cancel(self, jobs: list[Job]) -> None:
-        self._active().cancel(jobs)
-
-    def close(self) -> None:
-        if self._launcher is not None:
-            self._launcher.close()
-        self._launcher = None
 
 
 __all__ = ["LAUNCHERS", "SlurmRunner", "job_name", "run_tag", "time_limit_minutes"]

@@ -22,12 +22,15 @@ import os
 import re
 import shlex
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestra.fileio import atomic_write_text
-from orchestra.runners.base import Exit, Job
+from orchestra.events import EventLog
+from orchestra.fileio import append_line, atomic_write_text
+from orchestra.runners.core.contract import Exit, Job
+from orchestra.runners.core.ledger import JobRecord, Ledger, spec_digest
 from orchestra.runners.slurm_common import SlurmLauncher, SlurmOptions, job_header, log_offset
+from orchestra.runners.slurm_recover import cancel_records
 from orchestra.runners.slurm_state import (
     JobInfo,
     SlurmCommandError,
@@ -139,47 +142,71 @@ class BatchHandle:
     name: str
     log_offset: int
     job_id: str | None = None
-    submit_error: str | None = None
     slurm_log: str = ""  # the job's sbatch --output (the batch shell's own messages)
     misses: int = 0
 
 
 class SbatchLauncher(SlurmLauncher):
-    """Queue a round's jobs, submit them in ``flush`` (arrays by resources), watch them with squeue.
+    """Submit a round's jobs (arrays by resources), watch them all with one squeue per poll.
 
     Args:
         options: what every job asks for.
         tag: the run tag (``run_tag``) in every job name.
         folder: where job scripts and Slurm's own job output go (``RunPaths.slurm_dir``).
         array: submit a round's jobs with the same resources as one job array (False: one by one).
+        ledger: where every job is recorded before its id is relied on (None: nowhere).
+        adopt: jobs an earlier orchestrator left running, by task id, for its first attempt.
+        events: the run's event log (``slurm_adopted``).
     """
 
-    def __init__(self, options: SlurmOptions, tag: str, folder: str, array: bool = True) -> None:
-        super().__init__(options, tag)
+    def __init__(self, options: SlurmOptions, tag: str, folder: str, array: bool = True,
+                 unfit: str | None = None, ledger: Ledger | None = None,
+                 adopt: dict[str, JobRecord] | None = None, events: EventLog | None = None) -> None:
+        super().__init__(options, tag, unfit)
+        self.ledger = ledger
+        self.adopt = dict(adopt or {})
+        self.events = events
         os.makedirs(folder, exist_ok=True)
         self.folder = folder
         self.array = array
         self.extra = sbatch_long_options(options.extra_args)
-        self.queued: list[Job] = []
         self.live: dict[str, Job] = {}
         self.states: dict[str, JobInfo] = {}
 
     # -- submitting -----------------------------------------------------------------------------
-    def submit(self, job: Job) -> None:
-        job.handle = BatchHandle(self.name_of(job), log_offset(job.log_path))
-        self.queued.append(job)
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        refused: dict[Job, Exit] = {}
+        groups: dict[str | None, list[Job]] = {}
+        for job in jobs:
+            job.handle = BatchHandle(self.name_of(job), log_offset(job.log_path))
+            record = self.adopt.pop(job.task.task_id, None) if job.attempt == 1 else None
+            if record is not None:
+                self._adopt(job, record)
+                continue
+            groups.setdefault(self.options.gres_for(job.task), []).append(job)
+        for group in groups.values():
+            size = MAX_ARRAY_SIZE if self.array else 1
+            for start in range(0, len(group), size):
+                refused.update(self._send(group[start : start + size]))
+        return refused
 
-    def flush(self) -> None:
-        if self.queued:
-            batch, self.queued = self.queued, []
-            groups: dict[str | None, list[Job]] = {}
-            for job in batch:
-                groups.setdefault(self.options.gres_for(job.task), []).append(job)
-            for group in groups.values():
-                size = MAX_ARRAY_SIZE if self.array else 1
-                for start in range(0, len(group), size):
-                    self._send(group[start : start + size])
-        self._refresh()
+    def _record(self, state: str, job: Job, **fields: object) -> None:
+        if self.ledger is not None:
+            self.ledger.record(state, job.handle.name, **fields)
+
+    def _adopt(self, job: Job, record: JobRecord) -> None:
+        """Let ``job`` be the job an earlier orchestrator submitted for its task (still alive)."""
+        handle: BatchHandle = job.handle
+        handle.name, handle.job_id, handle.log_offset = record.name, record.job_id, 0
+        handle.slurm_log = os.path.join(self.folder, f"{record.job_id}.out")
+        self.live[record.job_id] = job
+        if self.ledger is not None:
+            self.ledger.record("adopted", record.name, job_id=record.job_id, by_attempt=job.attempt)
+        if self.events is not None:
+            self.events.emit("slurm_adopted", task_id=job.task.task_id, stage=job.task.stage, job_id=record.job_id,
+                             name=record.name)
+        _append(job.log_path, f"===== slurm: adopted job {record.job_id} ({record.name}), submitted by an earlier "
+                              "orchestrator of this run folder\n")
 
     def sbatch_args(self, task: TaskSpec, name: str, count: int) -> list[str]:
         """sbatch's options (without the script) for ``count`` jobs like ``task``, as one array if > 1."""
@@ -190,20 +217,23 @@ class SbatchLauncher(SlurmLauncher):
         # No --signal: Slurm sends nothing before the time limit, so an over-limit job ends TIMEOUT.
         return [*args, *self.options.resource_args(task), *self.extra]
 
-    def _send(self, jobs: list[Job]) -> None:
+    def _send(self, jobs: list[Job]) -> dict[Job, Exit]:
         first = jobs[0]
         name = first.handle.name if len(jobs) == 1 else f"orc-{self.tag}-{first.task.stage}"
         args = self.sbatch_args(first.task, name, len(jobs))
         pending = os.path.join(self.folder, f"submit-{uuid.uuid4().hex[:12]}.sh")
+        for job in jobs:  # recorded before the call: a SIGKILL inside it leaves a trace
+            self._record("submitting", job, task_id=job.task.task_id, stage=job.task.stage, attempt=job.attempt,
+                         digest=spec_digest(job.task))
         try:
             atomic_write_text(pending, job_script(jobs, args))
             job_id, _ = submit_batch(["sbatch", *args, pending])
         except (SbatchError, OSError, ValueError) as exc:
             message = " ".join(str(exc).split())[:500]
             for job in jobs:
-                job.handle.submit_error = f"sbatch failed: {message}"
+                self._record("submit_failed", job)
                 _append(job.log_path, f"===== slurm: sbatch did not take {pending}\n")
-            return
+            return {job: Exit(-1, f"sbatch failed: {message}") for job in jobs}
         script = os.path.join(self.folder, f"{job_id}.sh")
         try:
             os.replace(pending, script)  # sbatch has sent the script to slurmctld: renaming is safe
@@ -214,9 +244,11 @@ class SbatchLauncher(SlurmLauncher):
             handle: BatchHandle = job.handle
             handle.job_id = f"{job_id}_{i}" if len(jobs) > 1 else job_id
             handle.slurm_log = os.path.join(self.folder, f"{handle.job_id}.out")
+            self._record("submitted", job, job_id=handle.job_id)
             self.live[handle.job_id] = job
             _append(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, name {name}, "
                                   f"script {script})\n")
+        return {}
 
     # -- watching -------------------------------------------------------------------------------
     def _refresh(self) -> None:
@@ -241,20 +273,30 @@ class SbatchLauncher(SlurmLauncher):
                 job.handle.misses += 1
         self.states.update(states)
 
-    def poll(self, job: Job) -> Exit | None:
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        ended: dict[Job, Exit] = self.stops.ended(jobs)
+        self._refresh()
+        for job in jobs:
+            if job not in ended and not self.stops.stopping(job):
+                exit_ = self._poll_one(job)
+                if exit_ is not None:
+                    ended[job] = exit_
+        return ended
+
+    def _poll_one(self, job: Job) -> Exit | None:
         handle: BatchHandle = job.handle
-        if handle.submit_error:
-            return Exit(-1, handle.submit_error)
         if handle.job_id is None:
-            return None  # queued; flush submits it this round
+            return None
         info = self.states.get(handle.job_id)
         if info is None or not info.terminal:
             if info is None and handle.misses >= LOST_AFTER_MISSES:
                 self._forget(handle.job_id)
+                self._record("ended", job, job_id=handle.job_id, slurm_state="LOST")
                 return Exit(-1, f"Slurm job {handle.job_id} was lost: squeue and sacct no longer know it "
                                 "and its log has no end")
             return None
         self._forget(handle.job_id)
+        self._record("ended", job, job_id=handle.job_id, slurm_state=info.state)
         ended = exit_of(info, self.options.time_limit, self.options.mem_gb)
         if ended.code != 0:
             self._append_slurm_log(job)
@@ -276,27 +318,34 @@ class SbatchLauncher(SlurmLauncher):
                                   f"{text.rstrip()}\n")
 
     # -- stopping -------------------------------------------------------------------------------
-    def cancel(self, jobs: list[Job]) -> None:
-        self.queued = [job for job in self.queued if job not in jobs]  # never submitted
-        ids = [job.handle.job_id for job in jobs if isinstance(job.handle, BatchHandle) and job.handle.job_id]
-        cancel_and_wait(ids, self.options.cancel_timeout_s)
-        for job_id in ids:
-            self._forget(job_id)
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        records = [JobRecord(job.handle.name, job_id=job.handle.job_id) for job in jobs
+                   if isinstance(job.handle, BatchHandle) and job.handle.job_id]
+        for rec in records:
+            self._forget(rec.job_id)
+        self.stops.start(jobs, lambda _: self._cancel(records, "cancelled"))
+
+    def _cancel(self, records: list[JobRecord], why: str) -> None:
+        if self.ledger is not None:
+            cancel_records(records, self.ledger, self.options.cancel_timeout_s, why)
+        else:
+            cancel_and_wait([r.job_id for r in records], self.options.cancel_timeout_s)
 
     def close(self) -> None:
-        # Every job ended or was cancelled by the loop; this is the net under an unexpected exit.
-        leftover = list(self.live)
-        self.queued = []
-        cancel_and_wait(leftover, self.options.cancel_timeout_s)
+        # Every job ended or was cancelled by the loop; this is the net under an unexpected exit,
+        # and for jobs kept for adoption by a task that never started.
+        self.stops.wait(self.options.cancel_timeout_s + 10)
+        leftover = [JobRecord(job.handle.name, job_id=job_id) for job_id, job in self.live.items()]
+        self._cancel(leftover + list(self.adopt.values()), "the launch ended")
         self.live.clear()
         self.states.clear()
+        self.adopt.clear()
 
 
 def _append(path: str, text: str) -> None:
     """Append a line of our own to a task log; a log we cannot write must not stop the run."""
     try:
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(text)
+        append_line(path, text.encode("utf-8", "replace"))
     except OSError:
         pass
 

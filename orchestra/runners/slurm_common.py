@@ -7,7 +7,6 @@ runner.
 
 from __future__ import annotations
 
-import abc
 import hashlib
 import os
 import re
@@ -15,7 +14,8 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
-from orchestra.runners.base import Exit, Job
+from orchestra.runners.core.contract import Job, NoResources, Session
+from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.tasks.spec import TaskSpec
 
 LAUNCHERS = ("srun", "sbatch")
@@ -162,36 +162,21 @@ class SlurmOptions:
         }
 
 
-class SlurmLauncher(abc.ABC):
-    """How jobs reach Slurm (srun processes or sbatch arrays): the runner's submit/poll/cancel.
+class SlurmLauncher(Session):
+    """How jobs reach Slurm (srun processes or sbatch arrays): one launch's session.
 
     Args:
         options: what every job asks for.
         tag: the run tag of the run folder (``run_tag``), the middle of every job name.
+        unfit: why no task can run (Slurm's commands missing), or None.
     """
 
-    def __init__(self, options: SlurmOptions, tag: str) -> None:
+    def __init__(self, options: SlurmOptions, tag: str, unfit: str | None = None) -> None:
         self.options = options
         self.tag = tag
+        self.resources = NoResources(unfit)
+        self.stops = BackgroundStops("slurm")  # scancel and wait for squeue to agree, off the loop
 
     def name_of(self, job: Job) -> str:
         """The Slurm job name of ``job`` (see ``job_name``)."""
         return job_name(self.tag, job.task.task_id, job.attempt)
-
-    @abc.abstractmethod
-    def submit(self, job: Job) -> None:
-        """Start (or queue, until ``flush``) one attempt."""
-
-    def flush(self) -> None:
-        """Called once per scheduling round, after its submissions."""
-
-    @abc.abstractmethod
-    def poll(self, job: Job) -> Exit | None:
-        """``None`` while the job is alive, else how it ended."""
-
-    @abc.abstractmethod
-    def cancel(self, jobs: list[Job]) -> None:
-        """scancel these jobs; return once squeue shows none of them alive (bounded wait)."""
-
-    def close(self) -> None:
-        """The launch is over; nothing of it may be left running."""

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestra.runners.base import Exit, Job
+from orchestra.runners.core.contract import Exit, Job, cannot_start
 from orchestra.runners.proc import signal_group, start_group
 from orchestra.runners.slurm_common import SlurmLauncher, log_offset
 from orchestra.runners.slurm_state import (
@@ -51,14 +52,31 @@ class SrunHandle:
 class SrunLauncher(SlurmLauncher):
     """Each attempt is ``srun ... <task argv>``, a local process in its own process group."""
 
-    def submit(self, job: Job) -> None:
-        offset = log_offset(job.log_path)
-        # Its own process group (Ctrl-C is the orchestrator's to handle, not srun's); SIGTERM,
-        # not SIGKILL, if the orchestrator dies, so that srun cancels its job.
-        proc = start_group(job.command.argv, job.command.env, job.log_path, parent_death_signal=signal.SIGTERM)
-        job.handle = SrunHandle(proc, self.name_of(job), offset)
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        refused: dict[Job, Exit] = {}
+        for job in jobs:
+            offset = log_offset(job.log_path)
+            # Its own process group (Ctrl-C is the orchestrator's to handle, not srun's); SIGTERM,
+            # not SIGKILL, if the orchestrator dies, so that srun cancels its job.
+            try:
+                proc = start_group(job.command.argv, job.command.env, job.log_path,
+                                   parent_death_signal=signal.SIGTERM)
+            except OSError as exc:
+                refused.update(cannot_start([job], exc))
+                continue
+            job.handle = SrunHandle(proc, self.name_of(job), offset)
+        return refused
 
-    def poll(self, job: Job) -> Exit | None:
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        ended: dict[Job, Exit] = self.stops.ended(jobs)
+        for job in jobs:
+            if job not in ended and not self.stops.stopping(job):
+                exit_ = self._poll_one(job)
+                if exit_ is not None:
+                    ended[job] = exit_
+        return ended
+
+    def _poll_one(self, job: Job) -> Exit | None:
         handle: SrunHandle = job.handle
         code = handle.proc.poll()
         if code is None:
@@ -75,12 +93,17 @@ class SrunLauncher(SlurmLauncher):
                 info = squeue([header.group(1)]).get(header.group(1))
             except SlurmCommandError:
                 info = None
-            if info is not None and info.state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL",
+            if info is not None and info.state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
                                                    "OUT_OF_MEMORY"):
                 return exit_of(info, self.options.time_limit, self.options.mem_gb)
         return ended
 
-    def cancel(self, jobs: list[Job]) -> None:
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        self.stops.start(jobs, self._stop)
+
+    def _stop(self, jobs: list[Job]) -> None:
+        """scancel the jobs (SIGTERM an srun still waiting for its allocation), wait for squeue to
+        agree and the srun processes to exit (bounded), then SIGKILL whatever is left."""
         handles = [job.handle for job in jobs if isinstance(job.handle, SrunHandle)]
         if not handles:
             return
@@ -105,3 +128,6 @@ class SrunLauncher(SlurmLauncher):
                 h.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
+
+    def close(self) -> None:
+        self.stops.wait(self.options.cancel_timeout_s + 10)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from orchestra.runners.base import Exit
+from orchestra.runners.core.contract import Exit
 
 #: states after which a job never runs again (anything else is still alive: PENDING, RUNNING,
 #: COMPLETING, CONFIGURING, SUSPENDED, REQUEUED, RESIZING, SIGNALING, STAGE_OUT, ...)
@@ -22,6 +22,10 @@ TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
     "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT",
 })
+
+#: terminal states in which the cluster, not the task, ended the job (``Exit.infra``), and the words
+INFRA_STATES = {"PREEMPTED": "was preempted", "NODE_FAIL": "failed: its node failed",
+                "BOOT_FAIL": "failed: its node did not boot"}
 
 SLURM_CALL_TIMEOUT_S = 60.0
 _SQUEUE_FORMAT = "JobArrayID:|,State:|,exit_code:|,Reason:|"
@@ -240,10 +244,8 @@ def exit_of(info: JobInfo, time_limit: str | None, mem_gb: float | None) -> Exit
         return Exit(-1, f"Slurm time limit (time_limit={time_limit or 'partition default'}) reached by {job}")
     if info.state == "CANCELLED":
         return Exit(-1, f"{job} was cancelled (scancel) after it was submitted")
-    if info.state == "PREEMPTED":
-        return Exit(-1, f"{job} was preempted")
-    if info.state == "NODE_FAIL":
-        return Exit(-1, f"{job} failed: its node failed")
+    if info.state in INFRA_STATES:  # the cluster's doing, not the task's: retried without spending retry
+        return Exit(-1, f"{job} {INFRA_STATES[info.state]}", infra=True)
     if info.state == "OUT_OF_MEMORY":
         return Exit(-1, f"{job} ran out of memory (mem_gb={mem_gb if mem_gb is not None else 'default'})")
     if info.state == "FAILED":
@@ -270,9 +272,9 @@ def srun_exit(code: int, log_tail: str, time_limit: str | None) -> Exit:
             return Exit(code or -1, f"Slurm time limit (time_limit={time_limit or 'partition default'}) "
                                     f"reached by {job}")
         if why == "PREEMPTION":
-            return Exit(code or -1, f"{job} was preempted")
+            return Exit(code or -1, f"{job} was preempted", infra=True)
         if why == "NODE FAILURE":
-            return Exit(code or -1, f"{job} failed: its node failed")
+            return Exit(code or -1, f"{job} failed: its node failed", infra=True)
         return Exit(code or -1, f"{job} was cancelled (scancel) after it was submitted")
     if "oom-kill" in log_tail or "Exceeded job memory limit" in log_tail:
         return Exit(code, "out of memory (Slurm's memory limit)")

@@ -15,7 +15,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
-from orchestra.runners.base import Exit, Job
+from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.proc import start_group, stop_groups
 
 
@@ -98,6 +98,12 @@ class WarmPool:
         stop_groups([w.proc for w in workers], self.kill_grace_s)
         for w in workers:
             self._forget(w)
+
+    def detach(self, workers: list[Worker]) -> list[subprocess.Popen[bytes]]:
+        """Take these workers out of the pool (a cancel stops their processes, off the loop)."""
+        for w in workers:
+            self._forget(w)
+        return [w.proc for w in workers]
 
     def _forget(self, worker: Worker) -> None:
         if worker in self.workers:

@@ -11,6 +11,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from helpers import events, jsonl, predictions, run_dirs, summary_rows  # noqa: F401 - the suite's names
+from helpers import run_cli as _run_cli
+from helpers import start_cli as _start_cli
+
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(__file__).resolve().parent / "bin"
 DLC = BIN / "dlc"
@@ -98,38 +102,30 @@ def env_with_double(state: Path) -> dict[str, str]:
     return {**os.environ, "FAKE_DLC_STATE": str(state), "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
+
+
+
+
+
+
+
+
+
+
+
+
+
+
 def run_cli(state: Path, *args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env_with_double(state))
+    return _run_cli(*args, timeout=timeout, env=env_with_double(state))
 
 
 def start_cli(state: Path, *args: str | Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "run.py", *map(str, args)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env_with_double(state))
+    return _start_cli(*args, env=env_with_double(state))
 
 
 def ledger(run: Path) -> list[dict[str, Any]]:
-    path = run / "dlc" / "jobs.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def events(run: Path) -> list[dict[str, Any]]:
-    path = run / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def run_dirs(work: Path) -> list[Path]:
-    return sorted(p for p in work.iterdir() if p.is_dir()) if work.exists() else []
-
-
-def summary_rows(run: Path) -> dict[tuple[str, str], dict]:
-    summary = json.loads((run / "summary/summary.json").read_text())
-    return {(r["dataset"], r["metric"]): {k: v for k, v in r.items() if k not in ("dataset", "metric")}
-            for r in summary["rows"]}
-
-
-def predictions(run: Path) -> dict[str, str]:
-    return {str(p.relative_to(run)): p.read_text() for p in sorted((run / "predictions").rglob("*.jsonl"))}
+    return jsonl(run / "dlc" / "jobs.jsonl")
 
 
 def write_config(folder: Path, runner: str, *, model: str = "", tasks: int = 3, work_dir: Path | None = None,

@@ -14,8 +14,8 @@ from orchestra.events import EventLog
 from orchestra.paths import RunPaths
 from orchestra.runners import DLCRunner
 from orchestra.runners.base import RunContext
+from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.dlc import dlc_job_name, spec_digest
-from orchestra.runners.dlc_ledger import Ledger
 from orchestra.tasks.spec import TaskSpec
 
 

@@ -12,6 +12,7 @@ from dlc_helpers import aliyun_cfg
 
 from orchestra.registry import RUNNERS
 from orchestra.runners import DLCRunner
+from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.dlc import dlc_job_name
 from orchestra.runners.dlc_cli import format_time, parse_job_id, parse_job_info, parse_time
 from orchestra.runners.dlc_config import (
@@ -21,7 +22,6 @@ from orchestra.runners.dlc_config import (
     shell_value,
     submit_argv,
 )
-from orchestra.runners.dlc_ledger import Ledger
 from orchestra.tasks.spec import TaskSpec
 
 BASE = {"workspace_id": "ws", "resource_id": "q", "worker_image": "img"}

@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, ray_env
+from conftest import ray_env
+from helpers import events  # noqa: F401 - the suite's names
+from helpers import run_cli as _run_cli
+from helpers import start_cli as _start_cli
 
 LOCAL_EVAL = "dict(type=LocalRunner, max_num_workers=2, task=dict(type=EvalTask))"
 
@@ -57,20 +59,20 @@ work_dir = {str(tmp_path / 'out')!r}
     return cfg
 
 
-def cli_args(cfg: Path, *args: str) -> list[str]:
-    return [sys.executable, "run.py", str(cfg), *args]
+
+
+
+
 
 
 def run_cli(cfg: Path, *args: str, timeout: float = 120,
             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cli_args(cfg, *args), cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**ray_env(), **(env or {})})
+    return _run_cli(cfg, *args, timeout=timeout, env={**ray_env(), **(env or {})})
 
 
 def start_cli(cfg: Path, *args: str) -> subprocess.Popen[str]:
     """The CLI in its own session (as in a terminal: a Ctrl-C goes to its whole process group)."""
-    return subprocess.Popen(cli_args(cfg, *args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ray_env(), start_new_session=True)
+    return _start_cli(cfg, *args, env=ray_env(), new_session=True)
 
 
 def run_dir(tmp_path: Path) -> Path:
@@ -79,11 +81,6 @@ def run_dir(tmp_path: Path) -> Path:
     return runs[0]
 
 
-def events(run: Path) -> list[dict[str, Any]]:
-    path = run / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def wait_for_event(tmp_path: Path, match: Any, timeout_s: float = 60.0,

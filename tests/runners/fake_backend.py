@@ -1,8 +1,10 @@
 """A backend that runs nothing: each attempt's fate comes from a script, time from poll counts.
 
-``FakeBackend`` implements the hooks of ``BaseRunner`` and records every call, so tests of the
-shared scheduling loop can assert what the loop asked of its backend (how many jobs at once,
-which were cancelled together, which slots came back) without processes, threads or sleeps.
+``FakeBackend`` opens a ``FakeSession`` whose ``submit``/``poll``/``cancel`` of many jobs call the
+backend's per-job methods, each recorded, so tests of the shared scheduling loop can assert what
+the loop asked of its backend (how many jobs at once, which were submitted and cancelled
+together, which slots came back) without processes, threads or sleeps.  A ``submit`` call ends
+with a ``flush`` entry in the trace (the end of one batch).
 """
 
 from __future__ import annotations
@@ -10,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from orchestra.events import EventLog
 from orchestra.fileio import write_sealed_jsonl
 from orchestra.paths import RunPaths
-from orchestra.runners.base import BaseRunner, Exit, Job, RunContext
+from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, Session
 from orchestra.tasks.spec import TaskSpec, Unit
 
 
@@ -84,18 +87,20 @@ class FakeBackend(BaseRunner):
         stop_after_polls: set ``ctx.stop`` once this many polls (all jobs together) have been made.
         stop_on_submit: set ``ctx.stop`` inside ``submit`` of this task id (a Ctrl-C arriving mid-round).
         raise_on: ``{method: n}``: the n-th call of that method raises ``BackendFailure``.
+        cancel_polls: polls after its ``cancel`` before a cancelled job is reported gone.
         **loop: ``BaseRunner`` options (``max_num_workers``, ``retry``, ...); tiny intervals by default.
     """
 
     def __init__(self, script: dict[str, list[Outcome]], gpus: int = 0, ctx: RunContext | None = None,
                  stop_after_polls: int | None = None, stop_on_submit: str | None = None,
-                 raise_on: dict[str, int] | None = None, **loop: Any) -> None:
+                 raise_on: dict[str, int] | None = None, cancel_polls: int = 0, **loop: Any) -> None:
         super().__init__(**{"poll_interval_s": 0.001, "retry_backoff_s": 0.0, **loop})
         self.script = script
         self.ctx = ctx
         self.stop_after_polls = stop_after_polls
         self.stop_on_submit = stop_on_submit
         self.raise_on = raise_on or {}
+        self.cancel_polls = cancel_polls
         self.free_gpus = list(range(gpus))
         self.num_gpus = gpus
         # what the loop asked for
@@ -106,12 +111,14 @@ class FakeBackend(BaseRunner):
         self.end_times: dict[tuple[str, int], float] = {}  # when poll reported the exit
         self.cancelled: list[list[tuple[str, int]]] = []  # one list per cancel call
         self.cancel_times: dict[tuple[str, int], float] = {}
+        self.end_of_cancel = 0.0  # when the session last reported a cancelled job gone
         self.acquired: list[int] = []  # slot tokens handed out
         self.released: list[int] = []
         self.running: set[tuple[str, int]] = set()
         self.peak_running = 0
         self.gpu_owner: dict[int, str] = {}
         self.total_polls = 0
+        self.batches: list[tuple[str, list[str]]] = []  # ("submit" | "poll", task ids): one per session call
 
     def _count(self, method: str, task_id: str = "") -> None:
         self.trace.append((method, task_id))
@@ -120,8 +127,11 @@ class FakeBackend(BaseRunner):
             raise BackendFailure(f"fake {method} failure")
 
     # -- resources ---------------------------------------------------------------------------
-    def unfit_reason(self, task: TaskSpec) -> str | None:
-        self._count("unfit_reason", task.task_id)
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
+        return FakeSession(self)
+
+    def unfit(self, task: TaskSpec) -> str | None:
+        self._count("unfit", task.task_id)
         if task.num_gpus > self.num_gpus:
             return f"needs {task.num_gpus} GPU(s) but this runner has {self.num_gpus}"
         return None
@@ -140,7 +150,7 @@ class FakeBackend(BaseRunner):
         self.acquired.append(token)
         return {"slot": token, "gpus": gpus}
 
-    def release(self, job: Job) -> None:
+    def release(self, job: Job, ended: Exit | None) -> None:
         self._count("release", job.task.task_id)
         self.released.append(job.resources["slot"])
         for g in job.resources["gpus"]:
@@ -201,6 +211,51 @@ class FakeBackend(BaseRunner):
 
     def close(self) -> None:
         self._count("close")
+
+
+class FakeSession(Session):
+    """The contract's batched calls over ``FakeBackend``'s recorded per-job methods."""
+
+    def __init__(self, backend: FakeBackend) -> None:
+        self.backend = backend
+        self.resources = backend
+        self.cancelling: dict[Job, int] = {}  # cancelled job -> polls left until it is reported gone
+
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        refused = {}
+        self.backend.batches.append(("submit", [job.task.task_id for job in jobs]))
+        for job in jobs:
+            try:
+                self.backend.submit(job)
+            except OSError as exc:
+                refused[job] = Exit(-1, f"could not start: {exc}")
+        self.backend.flush()
+        return refused
+
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        ended = {}
+        self.backend.batches.append(("poll", [job.task.task_id for job in jobs]))
+        for job in jobs:
+            if job in self.cancelling:
+                self.cancelling[job] -= 1
+                if self.cancelling[job] < 0:
+                    del self.cancelling[job]
+                    ended[job] = Exit(-1, "cancelled")
+                    self.backend.end_of_cancel = time.monotonic()
+                continue
+            got = self.backend.poll(job)
+            if got is not None:
+                ended[job] = got
+        return ended
+
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        started = [job for job in jobs if job.handle is not None]  # a submit that raised started no more
+        if started:
+            self.backend.cancel(started)
+        self.cancelling.update(dict.fromkeys(jobs, self.backend.cancel_polls))
+
+    def close(self) -> None:
+        self.backend.close()
 
 
 # -- tasks and runs ----------------------------------------------------------------------------

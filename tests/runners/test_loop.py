@@ -166,15 +166,32 @@ def test_stop_set_before_launch_starts_nothing(tmp_path: Path) -> None:
     assert backend.calls["close"] == 1
 
 
-def test_stop_during_a_round_of_submits_starts_no_further_job(tmp_path: Path) -> None:
-    """A Ctrl-C that lands while the loop submits (slow ``sbatch`` calls) must end the submitting."""
+def test_stop_during_a_round_of_submits_cancels_that_round_and_starts_no_further_one(tmp_path: Path) -> None:
+    """A Ctrl-C that lands while the loop submits (a slow ``sbatch`` call): the round's jobs went in
+    one ``submit``; they are cancelled together and nothing more starts."""
     ctx = make_context(tmp_path)
-    script = {"t0": [HANG], "t1": [HANG], "t2": [HANG]}
+    script = {"t0": [HANG], "t1": [HANG], "t2": [HANG], "t3": [HANG]}
     backend = FakeBackend(script, ctx=ctx, stop_on_submit="t0", max_num_workers=3)
     results = backend.launch([infer_task(t) for t in script], ctx)
-    assert backend.submitted == [("t0", 1)]
-    assert [r.state for r in results] == [TaskState.CANCELLED] * 3
-    assert backend.cancelled == [[("t0", 1)]]
+    assert backend.submitted == [("t0", 1), ("t1", 1), ("t2", 1)]
+    assert [r.state for r in results] == [TaskState.CANCELLED] * 4
+    assert backend.cancelled == [[("t0", 1), ("t1", 1), ("t2", 1)]]
+    assert [kind for kind, _ in backend.batches].count("submit") == 1
+    assert_slots_balanced(backend)
+
+
+def test_a_slow_cancel_does_not_hold_the_loop(tmp_path: Path) -> None:
+    """``cancel`` returns at once: while a timed-out job is being stopped (its session reports it
+    gone only many polls later) the other jobs are polled, end and are replaced."""
+    ctx = make_context(tmp_path)
+    script = {"slow": [HANG], "a": [exits(0, polls=3)], "b": [OK], "c": [OK]}
+    backend = FakeBackend(script, ctx=ctx, max_num_workers=2, cancel_polls=50, timeout_s=0.05,
+                          poll_interval_s=0.005)
+    results = {r.task_id: r for r in backend.launch([infer_task(t) for t in script], ctx)}
+    assert results["slow"].state == TaskState.FAILED and "timed out" in results["slow"].reason
+    assert all(results[t].state == TaskState.DONE for t in "abc")
+    ended = [backend.end_times[(t, 1)] for t in "bc"]
+    assert max(ended) < backend.end_of_cancel, "the other jobs waited for the cancel to end"
     assert_slots_balanced(backend)
 
 
@@ -282,29 +299,18 @@ def test_eval_task_with_missing_or_stale_predictions_is_skipped_unsubmitted(tmp_
 
 
 # -- flush, close, exceptions --------------------------------------------------------------------
-def test_flush_follows_each_rounds_submits_once_per_round(tmp_path: Path) -> None:
+def test_each_round_submits_its_jobs_in_one_call_and_polls_every_job_once(tmp_path: Path) -> None:
     ctx = make_context(tmp_path)
     script = {"a": [exits(1), exits(0, polls=2)], "b": [exits(0, polls=3)], "c": [OK], "d": [exits(0, polls=2)]}
     backend = FakeBackend(script, max_num_workers=2, retry=1)
     results = backend.launch([infer_task(t) for t in script], ctx)
     assert [r.state for r in results] == [TaskState.DONE] * 4
     assert backend.trace[-1] == ("close", "") and backend.calls["close"] == 1
-    # a round is: submits, flush, one poll of each running job; so between two flushes come
-    # the previous round's polls (each job at most once), then this round's submits
-    calls = [c for c in backend.trace[:-1] if c[0] in ("submit", "poll", "flush")]
-    assert calls[-1][0] == "poll"
-    segments: list[list[tuple[str, str]]] = [[]]
-    for call in calls:
-        if call[0] == "flush":
-            segments.append([])
-        else:
-            segments[-1].append(call)
-    for segment in segments:
-        kinds = [method for method, _ in segment]
-        assert kinds == sorted(kinds, key=lambda m: m == "submit"), f"a poll before this round's flush: {segment}"
-        polled = [t for method, t in segment if method == "poll"]
-        assert len(polled) == len(set(polled)), f"a job polled twice in one round: {segment}"
-    assert backend.calls["flush"] == len(segments) - 1 >= 4
+    assert backend.batches[0] == ("submit", ["a", "b"])  # the first round's two jobs, together
+    assert backend.batches[1] == ("poll", ["a", "b"])
+    for kind, ids in backend.batches:
+        assert len(ids) == len(set(ids)) and len(ids) <= 2, (kind, ids)
+    assert backend.calls["poll"] == sum(len(ids) for kind, ids in backend.batches if kind == "poll")
 
 
 # (method, which call raises): with the script below, each is reached once the loop is under way

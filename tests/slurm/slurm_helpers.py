@@ -6,8 +6,12 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from helpers import events, predictions, summary_rows  # noqa: F401 - the suite's names
+from helpers import run_cli as _run_cli
+from helpers import run_dirs as _run_dirs
+from helpers import start_cli as _start_cli
 
 REPO = Path(__file__).resolve().parents[2]
 ARITH_ROWS = 40
@@ -72,35 +76,15 @@ work_dir = {str(work_dir or folder / 'out')!r}
 
 
 def run_cli(*args: str | Path, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return _run_cli(*args, timeout=timeout)
 
 
 def start_cli(*args: str | Path) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "run.py", *map(str, args)], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return _start_cli(*args)
 
 
 def run_dirs(folder: Path, work_dir: Path | None = None) -> list[Path]:
-    out = work_dir or folder / "out"
-    return sorted(p for p in out.iterdir() if p.is_dir()) if out.exists() else []
-
-
-def events(run: Path) -> list[dict]:
-    path = run / "events.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def summary_rows(run: Path) -> dict[tuple[str, str], dict]:
-    summary = json.loads((run / "summary/summary.json").read_text())
-    return {(r["dataset"], r["metric"]): {k: v for k, v in r.items() if k not in ("dataset", "metric")}
-            for r in summary["rows"]}
-
-
-def predictions(run: Path) -> dict[str, str]:
-    return {str(p.relative_to(run)): p.read_text() for p in sorted((run / "predictions").rglob("*.jsonl"))}
+    return _run_dirs(work_dir or folder / "out")
 
 
 def job_prefix(run: Path) -> str:

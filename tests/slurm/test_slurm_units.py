@@ -144,6 +144,27 @@ def test_exit_reasons_name_what_slurm_did() -> None:
     assert describe_status(9) == (-9, "signal SIGKILL")
 
 
+@pytest.mark.parametrize("state, infra", [
+    ("PREEMPTED", True), ("NODE_FAIL", True), ("BOOT_FAIL", True),  # the cluster's doing: retry is not spent
+    ("COMPLETED", False), ("FAILED", False), ("TIMEOUT", False), ("CANCELLED", False), ("OUT_OF_MEMORY", False),
+    ("DEADLINE", False),
+])
+def test_only_what_the_cluster_did_is_an_infrastructure_exit(state: str, infra: bool) -> None:
+    ended = exit_of(JobInfo("5", state, 15 if state != "COMPLETED" else 0), None, None)
+    assert ended.infra is infra
+    assert (ended.code != 0) is (state != "COMPLETED")
+
+
+def test_srun_sees_preemption_and_node_failure_as_infrastructure() -> None:
+    line = "slurmstepd-localhost: error: *** JOB 31 ON localhost CANCELLED AT 2026-11-22T04:50:30 DUE TO {} ***\n"
+    preempted = srun_exit(143, line.format("PREEMPTION"), None)
+    assert preempted.infra and preempted.reason == "Slurm job 31 was preempted"
+    node = srun_exit(143, line.format("NODE FAILURE"), None)
+    assert node.infra and node.reason == "Slurm job 31 failed: its node failed"
+    assert not srun_exit(143, line.format("TIME LIMIT"), "5").infra
+    assert not srun_exit(1, "boom\n", None).infra
+
+
 def test_srun_exit_reads_what_slurm_wrote() -> None:
     limit = ("srun: Job step aborted: Waiting up to 7 seconds for job step to finish.\n"
              "slurmstepd-localhost: error: *** STEP 221.0 ON localhost CANCELLED AT 2026-11-22T04:52:13 "

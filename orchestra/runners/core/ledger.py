@@ -1,10 +1,11 @@
-"""The run folder's record of every DLC job a ``DLCRunner`` submitted: ``<run>/dlc/jobs.jsonl``.
+"""The run folder's record of every cluster job a backend submitted: ``<run>/<backend>/jobs.jsonl``.
 
 A line is appended (and fsynced) *before* each step that the record must survive: ``submitting``
-before the ``dlc submit`` call, ``submitted`` with the job id before the id is used for anything,
-``stop_sent`` before a stop, then ``stopped`` / ``ended`` once the service shows the job over.  A
-later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the lines into one
-state per job name (:meth:`Ledger.jobs`) and stops or adopts every job not known to be over.
+before the submit call (``dlc submit``, ``sbatch``), ``submitted`` with the job id before the id is
+used for anything, ``stop_sent`` before a stop, then ``stopped`` / ``ended`` once the cluster shows
+the job over.  A later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the
+lines into one state per job name (:meth:`Ledger.jobs`) and stops or adopts every job not known to
+be over (a job still running the very spec of a task it runs is adopted: ``spec_digest``).
 
 Within one process several launches may share a run folder at once (the eval stage runs beside the
 infer stage): each job name is *claimed* (:meth:`Ledger.claim`) by the launch that submits, adopts
@@ -20,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from orchestra.fileio import read_jsonl
+from orchestra.fileio import read_jsonl, stable_hash
+from orchestra.tasks.spec import TaskSpec
 
 #: states after which a job needs nothing more from anyone
 OVER = frozenset({"stopped", "ended", "submit_failed", "submit_unknown"})
@@ -29,6 +31,11 @@ MAYBE_ALIVE = frozenset({"submitted", "adopted", "stop_sent", "stop_acknowledged
 
 _claimed: dict[str, set[str]] = {}  # ledger path -> job names some launch of this process handles
 _claim_lock = threading.Lock()
+
+
+def spec_digest(task: TaskSpec) -> str:
+    """The content hash of a task spec: a job is adopted only by a task with the same spec."""
+    return stable_hash(task.to_dict())
 
 
 @dataclass

@@ -1,0 +1,54 @@
+"""What a launch gets from the run (``RunContext``) and what it gives back (``TaskResult``)."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from orchestra.events import EventLog
+from orchestra.paths import RunPaths
+from orchestra.runners.host import HostSlots
+
+
+class TaskState(str, enum.Enum):
+    """Where a task ended up."""
+
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class TaskResult:
+    """The outcome of a task after all its attempts."""
+
+    task_id: str
+    stage: str
+    state: TaskState
+    attempts: int
+    log_path: str
+    reason: str = ""
+    duration_s: float = 0.0
+
+
+@dataclass
+class RunContext:
+    """What a runner needs from the run: its folder, its event log, and the stop flag."""
+
+    paths: RunPaths
+    events: EventLog
+    stop: threading.Event = field(default_factory=threading.Event)
+    on_change: Callable[[dict[str, int]], None] | None = None  # progress display hook
+    #: set while an upstream stage still runs and may write this launch's inputs: a task
+    #: whose inputs are missing then waits (the eval of a (model, dataset) starts as soon as
+    #: its predictions are done); once cleared, a task still missing inputs is skipped
+    upstream: threading.Event | None = None
+    #: this machine's GPUs and cores as the run's local runners hand them out (the stages
+    #: share one when they run side by side); None: each local runner keeps its own
+    host: HostSlots | None = None
+
+    def inputs_may_come(self) -> bool:
+        return self.upstream is not None and self.upstream.is_set()
