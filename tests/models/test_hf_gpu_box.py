@@ -13,7 +13,7 @@ import pytest
 
 from orchestra.models.hf import HFCausalLM
 from orchestra.runners.base import Exit
-from orchestra.runners.local import LocalRunner
+from orchestra.runners.local.runner import LocalRunner
 from orchestra.tasks.spec import TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from orchestra.runners.command import Command
+from orchestra.runners.core.command import Command
 from orchestra.tasks.spec import TaskSpec
 
 

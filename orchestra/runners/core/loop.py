@@ -16,39 +16,17 @@ import os
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from orchestra.backoff import exponential_backoff
 from orchestra.fileio import append_line
-from orchestra.runners.command import Command, fill_template
+from orchestra.runners.core.command import Command, fill_template
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
-from orchestra.runners.core.run import RunContext, TaskResult, TaskState
+from orchestra.runners.core.run import InFlight, PendingTask, RunContext, TaskResult, TaskState
 from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec, output_done
 
-#: the longest the loop waits, once the launch is over, for its sessions to report cancelled
-#: jobs gone (each backend bounds its own stop; this only guards against one that never answers)
-DRAIN_LIMIT_S = 300.0
-
-
-@dataclass
-class _Pending:
-    task: TaskSpec
-    attempt: int
-    not_before: float = 0.0
-    first_started: float = 0.0
-    infra_retries: int = 0  # attempts retried as infrastructure failures: they do not count against ``retry``
-    inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
-    inputs_checked: float = 0.0  # when they were last looked for
-
-
-@dataclass
-class _Flight:
-    """The jobs of one launch that a session still answers for."""
-
-    running: dict[Job, _Pending]
-    stopping: dict[Job, _Pending]  # cancelled (timeout or stop), not yet reported gone
+DRAIN_LIMIT_S = 300.0  #: the longest a stop waits for cancelled jobs reported gone (a net: backends bound their own)
 
 
 class BaseRunner(abc.ABC):
@@ -151,8 +129,8 @@ class BaseRunner(abc.ABC):
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
         session = self.open(ctx, tasks)
         results: dict[str, TaskResult] = {}
-        flight = _Flight({}, {})
-        pending: deque[_Pending] = deque()
+        flight = InFlight({}, {})
+        pending: deque[PendingTask] = deque()
         try:
             pending.extend(self._queue(tasks, session, results, ctx))
             self._free_slots = list(range(self.max_num_workers))  # a heap: the lowest free slot first
@@ -178,8 +156,8 @@ class BaseRunner(abc.ABC):
         return [results[t.task_id] for t in tasks if t.task_id in results]
 
     def _queue(self, tasks: list[TaskSpec], session: Session, results: dict[str, TaskResult],
-               ctx: RunContext) -> deque[_Pending]:
-        pending: deque[_Pending] = deque()
+               ctx: RunContext) -> deque[PendingTask]:
+        pending: deque[PendingTask] = deque()
         for task in tasks:
             log_path = ctx.paths.task_log(task.stage, task.task_id)
             missing = task.missing_inputs()
@@ -193,7 +171,7 @@ class BaseRunner(abc.ABC):
                 ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit, name=task.display_name,
                                 model=task.model_abbr)
                 continue
-            pending.append(_Pending(task, 1, inputs_ready=not waits, inputs_checked=time.monotonic()))
+            pending.append(PendingTask(task, 1, inputs_ready=not waits, inputs_checked=time.monotonic()))
             ctx.events.emit("queued", task_id=task.task_id, stage=task.stage, cost=task.cost, name=task.display_name,
                             model=task.model_abbr, samples=task.num_samples, num_gpus=task.num_gpus)
         return pending
@@ -208,7 +186,7 @@ class BaseRunner(abc.ABC):
     #: how often a task waiting for its inputs looks for them (each look reads and checks files)
     INPUT_CHECK_S = 0.5
 
-    def _look_for_inputs(self, pending: deque[_Pending], results: dict[str, TaskResult], ctx: RunContext,
+    def _look_for_inputs(self, pending: deque[PendingTask], results: dict[str, TaskResult], ctx: RunContext,
                          now: float) -> None:
         """Release waiting tasks whose inputs now exist; skip those whose inputs can no longer come."""
         may_come = ctx.inputs_may_come()
@@ -223,10 +201,10 @@ class BaseRunner(abc.ABC):
                 pending.remove(entry)
                 self._skip(entry.task, missing, results, ctx)
 
-    def _start_ready(self, session: Session, pending: deque[_Pending], flight: _Flight,
+    def _start_ready(self, session: Session, pending: deque[PendingTask], flight: InFlight,
                      results: dict[str, TaskResult], ctx: RunContext, now: float) -> None:
         """Reserve and prepare every job that may start now, then submit them in one call."""
-        batch: dict[Job, _Pending] = {}
+        batch: dict[Job, PendingTask] = {}
         busy = len(flight.running) + len(flight.stopping)
         for entry in list(pending):
             if busy + len(batch) >= self.max_num_workers or ctx.stop.is_set():
@@ -282,7 +260,7 @@ class BaseRunner(abc.ABC):
                             resources=job.resources, log=job.log_path, name=task.display_name, slot=job.slot,
                             runner=type(self).__name__, where=session.placement(job))
 
-    def _job(self, entry: _Pending, resources: dict[str, Any], ctx: RunContext) -> Job:
+    def _job(self, entry: PendingTask, resources: dict[str, Any], ctx: RunContext) -> Job:
         job = Job(entry.task, entry.attempt, Command(()), ctx.paths.task_log(entry.task.stage, entry.task.task_id),
                   resources, slot=heapq.heappop(self._free_slots))
         job.started = time.monotonic()  # set again at the submit: a timeout counts from there
@@ -296,12 +274,12 @@ class BaseRunner(abc.ABC):
         finally:
             heapq.heappush(self._free_slots, job.slot)
 
-    def _end_attempt(self, session: Session, job: Job, entry: _Pending, ended: Exit, pending: deque[_Pending],
+    def _end_attempt(self, session: Session, job: Job, entry: PendingTask, ended: Exit, pending: deque[PendingTask],
                results: dict[str, TaskResult], ctx: RunContext) -> None:
         self._give_back(session, job, ended)
         self._finish(job, entry, ended, pending, results, ctx)
 
-    def _poll(self, session: Session, pending: deque[_Pending], flight: _Flight,
+    def _poll(self, session: Session, pending: deque[PendingTask], flight: InFlight,
               results: dict[str, TaskResult], ctx: RunContext) -> None:
         """One poll of every job in flight (made even with none: a session may keep house there, e.g.
         a warm pool that grows for the tasks waiting); time out the overdue, finish the ended."""
@@ -324,7 +302,7 @@ class BaseRunner(abc.ABC):
                 continue
             self._end_attempt(session, job, entry, ended, pending, results, ctx)
 
-    def _stop_all(self, session: Session, pending: deque[_Pending], flight: _Flight,
+    def _stop_all(self, session: Session, pending: deque[PendingTask], flight: InFlight,
                   results: dict[str, TaskResult], ctx: RunContext, drain: bool) -> None:
         """Cancel every running job (one ``cancel`` call), record running and pending tasks as
         cancelled, and (``drain``) keep polling until the session reports every stopped job gone."""
@@ -354,7 +332,7 @@ class BaseRunner(abc.ABC):
                 ctx.events.emit("cancelled", task_id=entry.task.task_id, stage=entry.task.stage)
             pending.clear()
 
-    def _cancelled(self, session: Session, job: Job, entry: _Pending, results: dict[str, TaskResult],
+    def _cancelled(self, session: Session, job: Job, entry: PendingTask, results: dict[str, TaskResult],
                    ctx: RunContext) -> None:
         try:
             self._give_back(session, job, None)
@@ -366,7 +344,7 @@ class BaseRunner(abc.ABC):
             ctx.events.emit("cancelled", task_id=job.task.task_id, stage=job.task.stage, attempt=job.attempt,
                             slot=job.slot, duration_s=round(time.monotonic() - job.started, 3))
 
-    def _finish(self, job: Job, entry: _Pending, ended: Exit, pending: deque[_Pending],
+    def _finish(self, job: Job, entry: PendingTask, ended: Exit, pending: deque[PendingTask],
                 results: dict[str, TaskResult], ctx: RunContext) -> None:
         task = job.task
         if ended.code == 0:
@@ -391,7 +369,7 @@ class BaseRunner(abc.ABC):
             ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
                             reason=reason, delay_s=round(delay, 3), infra=True,
                             infra_retries=entry.infra_retries + 1, **how)
-            again = _Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started,
+            again = PendingTask(task, job.attempt + 1, time.monotonic() + delay, entry.first_started,
                              entry.infra_retries + 1)
             if self.infra_retry_at_once:
                 pending.appendleft(again)  # it had started: it goes before tasks that have not
@@ -403,7 +381,7 @@ class BaseRunner(abc.ABC):
             delay = self._backoff(counted)
             ctx.events.emit("retry", task_id=task.task_id, stage=task.stage, attempt=job.attempt,
                             reason=reason, delay_s=round(delay, 3), **how)
-            pending.append(_Pending(task, job.attempt + 1, time.monotonic() + delay, entry.first_started,
+            pending.append(PendingTask(task, job.attempt + 1, time.monotonic() + delay, entry.first_started,
                                     entry.infra_retries))
             return
         results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, job.attempt,
@@ -411,7 +389,7 @@ class BaseRunner(abc.ABC):
         ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, attempt=job.attempt, reason=reason,
                         log=job.log_path, **how)
 
-    def _report(self, ctx: RunContext, pending: deque[_Pending], flight: _Flight,
+    def _report(self, ctx: RunContext, pending: deque[PendingTask], flight: InFlight,
                 results: dict[str, TaskResult]) -> None:
         if ctx.on_change is None:
             return

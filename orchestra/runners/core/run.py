@@ -9,7 +9,9 @@ from dataclasses import dataclass, field
 
 from orchestra.events import EventLog
 from orchestra.paths import RunPaths
-from orchestra.runners.host import HostSlots
+from orchestra.runners.core.contract import Job
+from orchestra.runners.core.host import HostSlots
+from orchestra.tasks.spec import TaskSpec
 
 
 class TaskState(str, enum.Enum):
@@ -52,3 +54,24 @@ class RunContext:
 
     def inputs_may_come(self) -> bool:
         return self.upstream is not None and self.upstream.is_set()
+
+
+@dataclass
+class PendingTask:
+    """A task waiting for its next attempt (the loop's queue entry)."""
+
+    task: TaskSpec
+    attempt: int
+    not_before: float = 0.0
+    first_started: float = 0.0
+    infra_retries: int = 0  # attempts retried as infrastructure failures: they do not count against ``retry``
+    inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
+    inputs_checked: float = 0.0  # when they were last looked for
+
+
+@dataclass
+class InFlight:
+    """The jobs of one launch that a session still answers for."""
+
+    running: dict[Job, PendingTask]
+    stopping: dict[Job, PendingTask]  # cancelled (timeout or stop), not yet reported gone
