@@ -25,15 +25,14 @@ from __future__ import annotations
 
 import calendar
 import json
-import os
 import re
-import signal
-import subprocess
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
+
+from orchestra.runners.core.cli import CallError, CallTimeout, call, shared_limiter
 
 #: every ``Status`` a DLC job reports
 STATUSES = (
@@ -139,42 +138,6 @@ def short(output: str, limit: int = 300) -> str:
     return text[:limit] + ("..." if len(text) > limit else "") if text else "(no output)"
 
 
-class RateLimiter:
-    """At most ``rate`` calls per second over all threads (a token bucket of ``burst`` calls)."""
-
-    def __init__(self, rate: float, burst: int = 5) -> None:
-        self.rate = rate
-        self.burst = float(burst)
-        self.tokens = float(burst)
-        self.stamp = time.monotonic()
-        self.lock = threading.Lock()
-
-    def acquire(self) -> None:
-        while True:
-            with self.lock:
-                now = time.monotonic()
-                self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-                self.stamp = now
-                if self.tokens >= 1:
-                    self.tokens -= 1
-                    return
-                wait = (1 - self.tokens) / self.rate
-            time.sleep(wait)
-
-
-_limiters: dict[tuple[str, str | None, float], RateLimiter] = {}
-_limiters_lock = threading.Lock()
-
-
-def shared_limiter(dlc_bin: str, config_path: str | None, rate: float) -> RateLimiter:
-    """One rate for every client of one account in this process (the infer and eval stages run at once)."""
-    with _limiters_lock:
-        key = (dlc_bin, config_path, rate)
-        if key not in _limiters:
-            _limiters[key] = RateLimiter(rate, burst=max(5, int(rate)))
-        return _limiters[key]
-
-
 class DLCClient:
     """The ``dlc`` calls of one launch, counted by verb (``submit``, ``get``, ``logs``, ``stop``).
 
@@ -190,7 +153,7 @@ class DLCClient:
         self.dlc_bin = dlc_bin
         self.config = ["--config", config_path] if config_path else []
         self.timeout_s = timeout_s
-        self.limiter = shared_limiter(dlc_bin, config_path, max_calls_per_s)
+        self.limiter = shared_limiter((dlc_bin, config_path), max_calls_per_s)
         self.calls: Counter[str] = Counter()
         self.abort = abort  # the run's stop flag: set, submits and status checks in flight give up
         self._lock = threading.Lock()
@@ -205,31 +168,18 @@ class DLCClient:
         with self._lock:
             self.calls[verb] += 1
         label = f"dlc {what or verb}"
-        try:
-            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                    text=True, errors="replace", start_new_session=True)
-        except OSError as exc:
-            raise DLCError(f"cannot run {argv[0]}: {exc}") from None
         abortable = self.abort is not None and (verb == "submit" or (verb == "get" and not urgent))
-        deadline = time.monotonic() + self.timeout_s
-        aborted_at: float | None = None
-        while True:
-            try:
-                out, err = proc.communicate(timeout=0.1 if abortable else max(0.0, deadline - time.monotonic()))
-                return proc.returncode, (out or "") + (err or "")
-            except subprocess.TimeoutExpired:
-                pass
-            now = time.monotonic()
-            if abortable and aborted_at is None and self.abort is not None and self.abort.is_set():
-                aborted_at = now
-            if now >= deadline:
-                _kill_group(proc)
-                raise DLCError(f"{label} did not answer within cli_timeout_s={self.timeout_s:g} s; "
-                               "killed it and its child processes") from None
-            if aborted_at is not None and now - aborted_at >= ABORT_GRACE_S:
-                _kill_group(proc)
+        try:
+            res = call(argv, self.timeout_s, self.abort if abortable else None, ABORT_GRACE_S)
+        except CallError as exc:
+            raise DLCError(str(exc)) from None
+        except CallTimeout as exc:
+            if exc.aborted:
                 raise DLCError(f"{label} was still running when the run was stopped; killed it and its "
                                "child processes") from None
+            raise DLCError(f"{label} did not answer within cli_timeout_s={self.timeout_s:g} s; "
+                           "killed it and its child processes") from None
+        return res.returncode, res.stdout + res.stderr
 
     def submit(self, argv: list[str], urgent: bool = False) -> str:
         """Run a prepared ``dlc submit`` argv; the new job's id."""
@@ -272,16 +222,3 @@ class DLCClient:
         if "code: 400" in out:
             return False
         raise DLCError(f"dlc stop job {job_id} exited {code}: {short(out)}")
-
-
-def _kill_group(proc: subprocess.Popen[str]) -> None:
-    """SIGKILL the process group a call leads (the client and whatever it started) and reap it."""
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    try:
-        proc.communicate(timeout=5)  # a grandchild that left the group may hold the pipes: bounded
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from orchestra.runners.core.cli import CallError, CallTimeout, call
 from orchestra.runners.core.contract import Exit
 
 #: states after which a job never runs again (anything else is still alive: PENDING, RUNNING,
@@ -63,10 +64,11 @@ def run_client(argv: list[str]) -> subprocess.CompletedProcess[str]:
     Raises ``SlurmCommandError`` when it cannot be started or does not answer in time.
     """
     try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=SLURM_CALL_TIMEOUT_S,
-                              stdin=subprocess.DEVNULL, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SlurmCommandError(f"{argv[0]}: {exc}") from None
+        return call(argv, SLURM_CALL_TIMEOUT_S)  # its process group is killed on the deadline
+    except CallError as exc:
+        raise SlurmCommandError(str(exc)) from None
+    except CallTimeout:
+        raise SlurmCommandError(f"{argv[0]}: no answer within {SLURM_CALL_TIMEOUT_S:g} s") from None
 
 
 def _expand_pending(line_id: str) -> list[str]:
