@@ -28,6 +28,7 @@ from types import FrameType
 from typing import Any
 
 from orchestra.errors import ConfigError, RunFolderBusyError, UserError
+from orchestra.terminal import printable
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_HANGUP = 0, 1, 2, 130, 129
 MODES = ("all", "infer", "eval", "viz")
@@ -35,12 +36,13 @@ MODES = ("all", "infer", "eval", "viz")
 
 def say(*values: Any, file: Any = None, quiet: bool = False) -> None:
     """``print`` that survives a reader who left (``orchestra ... | head``): the run goes on and
-    its exit code still says how it went."""
+    its exit code still says how it went.  What it prints may come from outside (an endpoint's
+    error, a log's line): terminal control characters are removed (``terminal.printable``)."""
     if quiet:
         return
     stream = file or sys.stdout
     try:
-        print(*values, file=stream, flush=True)
+        print(*(printable(str(v)) for v in values), file=stream, flush=True)
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 

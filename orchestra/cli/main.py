@@ -3,18 +3,26 @@
 A thin wrapper on :mod:`orchestra.api`: flags become config edits, then ``api.plan`` or
 ``api.run`` does the work.  Exit codes: 0 every task done; 1 some task failed, was skipped or
 cancelled (the summary names each with its log), or a write failed; 2 bad config or usage;
-130 interrupted; 129 SIGHUP.
+130 interrupted (Ctrl-C or SIGTERM); 129 SIGHUP.
+
+While tasks run, a signal stops them and the run still ends with its summary (``api.run``).
+Anywhere else (a config loading, the summary and report being built, ``--mode viz``) the CLI's
+own handlers end the process at once with one line and the same exit code, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from types import FrameType
 from typing import Any
 
-from orchestra.api import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from orchestra.api import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from orchestra.errors import ConfigError, UserError
+from orchestra.terminal import printable
 
 
 class _Parser(argparse.ArgumentParser):
@@ -122,21 +130,54 @@ def _aliyun_cfg(args: argparse.Namespace) -> dict[str, Any] | None:
         raise ConfigError(f"--aliyun-cfg {exc}") from None
 
 
+class _Signalled(BaseException):
+    """A SIGINT, SIGTERM or SIGHUP outside the window where ``api.run`` stops tasks for it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, frame: FrameType | None) -> None:
+    raise _Signalled(signum)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def main(argv: list[str] | None = None) -> int:
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _raise_signalled) for sig in _SIGNALS}
+    try:
+        return _guarded(argv)
+    except (_Signalled, KeyboardInterrupt) as exc:
+        for sig in previous:  # the process is on its way out: a second signal must not interrupt that
+            signal.signal(sig, signal.SIG_IGN)
+        signum = exc.signum if isinstance(exc, _Signalled) else signal.SIGINT
+        print(f"\norchestra: {signal.Signals(signum).name} received, stopped (files already written stay; "
+              "-r continues the run)", file=sys.stderr)
+        return EXIT_HANGUP if signum == signal.SIGHUP else EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _guarded(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
     except UserError as exc:
         if args.debug:
             raise
-        print(f"orchestra: error: {exc}", file=sys.stderr)
+        print(printable(f"orchestra: error: {exc}"), file=sys.stderr)
         return EXIT_USAGE
     except OSError as exc:  # a full disk, a read-only folder, a permission: one line, no traceback
         if args.debug:
             raise
         where = f" {exc.filename}" if exc.filename else ""
-        print(f"orchestra: error:{where}: {exc.strerror or exc} (check that the folder exists, is writable "
-              "and its disk has room; --debug shows the traceback)", file=sys.stderr)
+        print(printable(f"orchestra: error:{where}: {exc.strerror or exc} (check that the folder exists, is "
+                        "writable and its disk has room; --debug shows the traceback)"), file=sys.stderr)
         return EXIT_FAILED
 
 

@@ -11,6 +11,8 @@ one shell-quoted string, which is what a command that takes a shell string needs
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import string
 from dataclasses import dataclass, field
@@ -32,6 +34,7 @@ class Command:
         return (prefix + " " if prefix else "") + shlex.join(self.argv)
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _QUOTED_TASK_CMD = "task_cmd\x00quoted"  # a field name no user can write
 
 
@@ -112,3 +115,18 @@ def fill_template(template: str | list[str], task_cmd: list[str], fields: dict[s
         except (IndexError, ValueError, AttributeError) as exc:
             raise ConfigError(f"template {template!r}: cannot fill {arg!r}: {exc}; valid fields: {valid}") from None
     return out
+
+
+def forward_env_names(names: object, what: str = "forward_env") -> tuple[str, ...]:
+    """A runner's ``forward_env`` (variables that reach its tasks by name, never by value) as a
+    tuple; ``ValueError`` (one line, no value shown) if it is not a list of variable names, or
+    names one that is not set in this process's environment."""
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
+            isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in names):
+        raise ValueError(f"{what} must be a list of environment variable names, got {names!r}")
+    unset = [n for n in names if n not in os.environ]
+    if unset:
+        raise ValueError(f"{what}: {', '.join(unset)} not set in the orchestrator's environment (export "
+                         f"{'it' if len(unset) == 1 else 'them'} before the run, or leave {what} without "
+                         f"{'it' if len(unset) == 1 else 'them'})")
+    return tuple(names)

@@ -33,11 +33,12 @@ from typing import Any
 
 from orchestra.paths import RunPaths
 from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
-from orchestra.runners.command import Command, fill_template
+from orchestra.runners.command import Command, fill_template, forward_env_names
 from orchestra.runners.dlc_cli import DLCClient, DLCError, JobInfo
 from orchestra.runners.dlc_config import AliyunConfig, container_command, load_aliyun_file, submit_argv
 from orchestra.runners.dlc_job import DLCJob, dlc_job_name, orphan, spec_digest, triage
 from orchestra.runners.dlc_ledger import MAYBE_ALIVE, JobRecord, Ledger
+from orchestra.runners.dlc_secrets import env_file_path, remove_env_file, write_env_file
 from orchestra.runners.dlc_worker import JobWorker, Timings
 from orchestra.tasks.kinds import TASK_MODULES
 from orchestra.tasks.spec import TaskSpec
@@ -71,6 +72,10 @@ class DLCRunner(BaseRunner):
         lost_after_s: ``dlc get job`` failing this long makes the job count as lost (stopped, retried).
         dlc_bin: the ``dlc`` client (a path, or a name on PATH).
         template: a command around ``{task_cmd}`` inside the container.
+        forward_env: names of environment variables of the orchestrator that every container
+            gets (e.g. ``['HF_TOKEN']``): their values go into a 0600 file in the run folder that
+            the job's command sources, never into the ``dlc submit`` argv, config.py or the logs
+            (``dlc_secrets.py``); the file is deleted when the launch ends.
     """
 
     def __init__(
@@ -92,7 +97,9 @@ class DLCRunner(BaseRunner):
         lost_after_s: float = 600.0,
         dlc_bin: str = "dlc",
         template: str | list[str] | None = None,
+        forward_env: list[str] | tuple[str, ...] = (),
     ) -> None:
+        self.forward_env = forward_env_names(forward_env)
         cfg = AliyunConfig.create(load_aliyun_file(aliyun_cfg) if isinstance(aliyun_cfg, str) else aliyun_cfg)
         interval = poll_interval_s if poll_interval_s is not None else (cfg.dlc_sleep_time or 10.0)
         for name, value in (("poll_interval_s", interval), ("max_poll_interval_s", max_poll_interval_s),
@@ -126,6 +133,7 @@ class DLCRunner(BaseRunner):
         self._name_base: dict[str, int] = {}  # task id -> the highest job name number in the ledger
         self._unfit: str | None = None
         self._last_exit_scan = 0.0
+        self._env_files: set[str] = set()
 
     # -- what a job runs ---------------------------------------------------------------------------
     def get_command(self, task: TaskSpec, spec_path: str, resources: dict[str, Any], attempt: int = 1,
@@ -136,8 +144,9 @@ class DLCRunner(BaseRunner):
             argv = fill_template(self.template, argv, self.command_fields(task, resources, log_path))
         name = dlc_job_name(task, self._seq(task, attempt))
         exit_file = os.path.join(RunPaths(task.run_dir).dlc_dir, "exit", name)
+        env_file = env_file_path(RunPaths(task.run_dir).dlc_dir, task.stage) if self.forward_env else None
         command = container_command(self.cfg, argv, self.task_env(task, resources, attempt), os.getcwd(),
-                                    exit_file, name)
+                                    exit_file, name, env_file)
         return Command(tuple(submit_argv(self.dlc_bin, self.cfg, name, command, task.num_gpus)))
 
     def _seq(self, task: TaskSpec, attempt: int) -> int:
@@ -148,10 +157,14 @@ class DLCRunner(BaseRunner):
         self._ctx = ctx
         self._unfit = self._check_tools()
         config = os.path.expanduser(self.cfg.dlc_config_path) if self.cfg.dlc_config_path else None
-        self.client = DLCClient(self.dlc_bin, config, self.cli_timeout_s, self.max_calls_per_s)
+        self.client = DLCClient(self.dlc_bin, config, self.cli_timeout_s, self.max_calls_per_s, abort=ctx.stop)
         self._worker = JobWorker(self.client, Ledger(ctx.paths.dlc_dir), ctx.events, self.timings)
         self._pool = ThreadPoolExecutor(self.cli_concurrency, thread_name_prefix="dlc")
         try:
+            if self.forward_env and tasks:  # before any job can start: each one sources it
+                path = env_file_path(ctx.paths.dlc_dir, tasks[0].stage)
+                self._env_files.add(path)
+                write_env_file(path, self.forward_env)
             if self._unfit is None:
                 for rec in self._active().ledger.jobs().values():  # job names count on from every earlier one
                     self._name_base[rec.task_id] = max(self._name_base.get(rec.task_id, 0), rec.seq)
@@ -267,6 +280,9 @@ class DLCRunner(BaseRunner):
             if self._worker is not None and self._unfit is None and self._pool is not None:
                 self._recover([], None)  # what earlier orchestrators left of a stage no launch here took
         finally:
+            for path in self._env_files:  # every job of this launch is over (or stopped)
+                remove_env_file(path)
+            self._env_files.clear()
             self._live.clear()
             self._adopt.clear()
             if self._pool is not None:

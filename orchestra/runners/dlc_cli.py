@@ -3,6 +3,9 @@
 Every call is an argv list (no shell), bounded by a timeout, started in a session of its own
 (a Ctrl-C at the terminal reaches the orchestrator, never a ``dlc submit`` in flight, whose job
 would then exist without a recorded id), and rate-limited (``max_calls_per_s``) except for stops.
+A call that outlives its timeout is killed with its whole process group (a wrapper script's
+children too).  Once the run is stopped (``abort``), a submit or a status check still in flight
+gets ``ABORT_GRACE_S`` to answer, then is killed the same way: Ctrl-C never waits for a hung client.
 What the runner relies on, from Alibaba's PAI-DLC CLI and GetJob documentation:
 
 * ``dlc submit pytorchjob ... --name N`` prints the new job's id (``dlc`` + 13 lower-case letters
@@ -22,7 +25,9 @@ from __future__ import annotations
 
 import calendar
 import json
+import os
 import re
+import signal
 import subprocess
 import threading
 import time
@@ -45,6 +50,7 @@ JOB_ID = re.compile(r"(?<![0-9A-Za-z])dlc[0-9a-z]{13}(?![0-9A-Za-z])")
 NO_LOGS = "[WARN] No logs found for the pod"
 _FAILED_LINE = re.compile(r"\[FAILED\][^\n]*")
 _TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+ABORT_GRACE_S = 2.0  # how long a submit in flight may still finish once the run is stopped
 
 
 class DLCError(RuntimeError):
@@ -179,32 +185,56 @@ class DLCClient:
         max_calls_per_s: the rate of all calls but stops (which are never delayed).
     """
 
-    def __init__(self, dlc_bin: str, config_path: str | None, timeout_s: float, max_calls_per_s: float) -> None:
+    def __init__(self, dlc_bin: str, config_path: str | None, timeout_s: float, max_calls_per_s: float,
+                 abort: threading.Event | None = None) -> None:
         self.dlc_bin = dlc_bin
         self.config = ["--config", config_path] if config_path else []
         self.timeout_s = timeout_s
         self.limiter = shared_limiter(dlc_bin, config_path, max_calls_per_s)
         self.calls: Counter[str] = Counter()
+        self.abort = abort  # the run's stop flag: set, submits and status checks in flight give up
         self._lock = threading.Lock()
 
-    def run(self, verb: str, argv: list[str], urgent: bool = False) -> tuple[int, str]:
-        """Run one call; ``(exit code, stdout + stderr)``.  ``DLCError`` if it cannot run in time."""
+    def run(self, verb: str, argv: list[str], urgent: bool = False, what: str = "") -> tuple[int, str]:
+        """Run one call; ``(exit code, stdout + stderr)``.  ``DLCError`` if it cannot run in time.
+
+        ``what`` names the call in errors (``submit of job N``); argv is never repeated there.
+        """
         if not urgent:
             self.limiter.acquire()
         with self._lock:
             self.calls[verb] += 1
+        label = f"dlc {what or verb}"
         try:
-            res = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=self.timeout_s,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, check=False)
-        except subprocess.TimeoutExpired:
-            raise DLCError(f"dlc {verb} did not answer within {self.timeout_s:g} s") from None
+            proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                    text=True, errors="replace", start_new_session=True)
         except OSError as exc:
             raise DLCError(f"cannot run {argv[0]}: {exc}") from None
-        return res.returncode, (res.stdout or "") + (res.stderr or "")
+        abortable = self.abort is not None and (verb == "submit" or (verb == "get" and not urgent))
+        deadline = time.monotonic() + self.timeout_s
+        aborted_at: float | None = None
+        while True:
+            try:
+                out, err = proc.communicate(timeout=0.1 if abortable else max(0.0, deadline - time.monotonic()))
+                return proc.returncode, (out or "") + (err or "")
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if abortable and aborted_at is None and self.abort is not None and self.abort.is_set():
+                aborted_at = now
+            if now >= deadline:
+                _kill_group(proc)
+                raise DLCError(f"{label} did not answer within cli_timeout_s={self.timeout_s:g} s; "
+                               "killed it and its child processes") from None
+            if aborted_at is not None and now - aborted_at >= ABORT_GRACE_S:
+                _kill_group(proc)
+                raise DLCError(f"{label} was still running when the run was stopped; killed it and its "
+                               "child processes") from None
 
     def submit(self, argv: list[str], urgent: bool = False) -> str:
         """Run a prepared ``dlc submit`` argv; the new job's id."""
-        code, out = self.run("submit", argv, urgent)
+        name = argv[argv.index("--name") + 1] if "--name" in argv[:-1] else "?"
+        code, out = self.run("submit", argv, urgent, what=f"submit (job {name})")
         job_id = parse_job_id(out)
         if code != 0:
             raise DLCError(f"dlc submit exited {code}: {short(out)}")
@@ -213,7 +243,7 @@ class DLCClient:
         return job_id
 
     def get(self, job_id: str, urgent: bool = False) -> JobInfo:
-        code, out = self.run("get", [self.dlc_bin, "get", "job", job_id, *self.config], urgent)
+        code, out = self.run("get", [self.dlc_bin, "get", "job", job_id, *self.config], urgent, f"get job {job_id}")
         if code != 0:
             raise DLCError(f"dlc get job {job_id} exited {code}: {short(out)}")
         try:
@@ -225,7 +255,7 @@ class DLCClient:
         """The pod's lines logged in ``[start_s, end_s)`` (whole epoch seconds, service clock)."""
         argv = [self.dlc_bin, "logs", job_id, pod_id, "--start_time", format_time(start_s), "--end_time",
                 format_time(end_s), "--max_events_num", str(max_events), *self.config]
-        code, out = self.run("logs", argv)
+        code, out = self.run("logs", argv, what=f"logs {job_id}")
         if code != 0:
             raise DLCError(f"dlc logs {job_id} exited {code}: {short(out)}")
         lines = out.splitlines()
@@ -235,9 +265,23 @@ class DLCClient:
 
     def stop(self, job_id: str) -> bool:
         """``dlc stop job ID --force``; True if stopped now, False if it had already ended."""
-        code, out = self.run("stop", [self.dlc_bin, "stop", "job", job_id, "--force", *self.config], urgent=True)
+        code, out = self.run("stop", [self.dlc_bin, "stop", "job", job_id, "--force", *self.config], urgent=True,
+                             what=f"stop job {job_id}")
         if code == 0 and "[FAILED]" not in out:
             return True
         if "code: 400" in out:
             return False
         raise DLCError(f"dlc stop job {job_id} exited {code}: {short(out)}")
+
+
+def _kill_group(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the process group a call leads (the client and whatever it started) and reap it."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.communicate(timeout=5)  # a grandchild that left the group may hold the pipes: bounded
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

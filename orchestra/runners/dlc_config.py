@@ -7,6 +7,10 @@ task needs in the one shell string DLC runs: the Python environment (bashrc + co
 ``python_env_path``), offline flags, caches, proxy, ``extra_envs``, the task's own variables,
 ``PYTHONPATH`` and the working directory.  Every value is quoted (``shlex.quote``); in
 ``extra_envs`` values, ``$NAME`` and ``${NAME}`` still refer to the container's variables.
+That string is in the ``dlc submit`` argv, the task logs and the run's config.py, so a secret
+never goes there: ``extra_envs`` refuses secret-looking names (:func:`secret_looking`), and
+``DLCRunner(forward_env=[...])`` passes variables by name through a private file
+(``dlc_secrets.py``) that the command sources.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+#: a variable name that says it holds a secret (HF_TOKEN, OPENAI_API_KEY, DB_PASSWORD, ...)
+_SECRET_NAME = re.compile(r"(?:^|_)(?:[A-Z]*TOKEN|[A-Z]*KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)S?(?:_|$)", re.I)
 _VAR_REF = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 REQUIRED = ("workspace_id", "resource_id", "worker_image")
 HF_OFFLINE_VARS = ("HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_EVALUATE_OFFLINE", "HF_HUB_OFFLINE")
@@ -103,6 +109,11 @@ class AliyunConfig:
             name, eq, _ = item.partition("=") if isinstance(item, str) else ("", "", "")
             if not eq or not _NAME.fullmatch(name):
                 raise ValueError(f"aliyun_cfg.extra_envs: {item!r} is not 'NAME=value' (NAME a shell variable name)")
+            if secret_looking(name, item.partition("=")[2]):  # the value is never repeated in the message
+                raise ValueError(f"aliyun_cfg.extra_envs: {name} looks like a secret, and extra_envs values end up "
+                                 "in the dlc submit argv, config.py and every task log; pass it by name: set "
+                                 f"{name} in the orchestrator's environment and give DLCRunner(forward_env="
+                                 f"[{name!r}]) (docs/dlc.md)")
         v["extra_envs"] = tuple(envs)
         if not re.fullmatch(r"0?[0-7]{3}", str(v.get("umask", "0000")).zfill(4)):
             raise ValueError(f"aliyun_cfg.umask: expected an octal mask such as '0022', got {v['umask']!r}")
@@ -120,6 +131,13 @@ class AliyunConfig:
     def python(self) -> str:
         """The interpreter that runs tasks in the container."""
         return os.path.join(self.python_env_path, "bin", "python") if self.python_env_path else "python"
+
+
+def secret_looking(name: str, value: str) -> bool:
+    """Whether ``NAME=value`` looks like a secret given in clear: a name such as ``*TOKEN*``,
+    ``*KEY*``, ``*SECRET*``, ``*PASSWORD*`` with a value that is more than a ``$VAR`` reference
+    (a reference to a variable of the container holds no secret itself)."""
+    return bool(_SECRET_NAME.search(name)) and not (value == "" or _VAR_REF.fullmatch(value))
 
 
 def shell_value(text: str) -> str:
@@ -144,8 +162,11 @@ def code_root() -> str | None:
 
 
 def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str], cwd: str, exit_file: str,
-                      name: str) -> str:
+                      name: str, env_file: str | None = None) -> str:
     """The shell command a DLC job runs: set up, run ``argv``, record its exit code, exit with it.
+
+    ``env_file`` (on the shared file system) holds the variables of ``forward_env``: the command
+    sources it by path, so their values are never in the command itself.
 
     The task's exit code is printed as the log's last line (``FOOTER``) and written to
     ``exit_file`` (on the shared file system), so the runner can tell a task that failed from a
@@ -175,6 +196,10 @@ def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str
     for item in cfg.extra_envs:
         key, _, value = item.partition("=")
         lines.append(f"export {key}={shell_value(value)}")
+    if env_file:
+        why = f"orchestra: cannot read {env_file} (forward_env; the orchestrator deletes it when it stops)"
+        lines.append(f"{{ [ -r {q(env_file)} ] || {{ echo {q(why)} >&2; exit 97; }}; }}")
+        lines.append(f". {q(env_file)}")
     root = code_root()
     path = ":".join(q(p) for p in dict.fromkeys(p for p in (root, cwd) if p))
     lines.append(f'export PYTHONPATH={path}"${{PYTHONPATH:+:$PYTHONPATH}}"')

@@ -21,11 +21,12 @@ cancelling returns only once ``squeue`` shows none of the jobs alive
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 from typing import Any
 
 from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, TaskResult
-from orchestra.runners.command import Command, fill_template
+from orchestra.runners.command import Command, fill_template, forward_env_names
 from orchestra.runners.slurm_common import (
     LAUNCHERS,
     SlurmLauncher,
@@ -74,6 +75,12 @@ class SlurmRunner(BaseRunner):
             (``'srun -p {partition} --gres=gpu:{num_gpus} {task_cmd}'``) replaces the runner's
             own srun line (launcher='srun' only; keep ``--job-name`` out of it); any other
             (``'apptainer exec img.sif {task_cmd}'``) runs inside the job.
+        forward_env: names of the orchestrator's environment variables the job must get (e.g.
+            ``['HF_TOKEN']``).  Their values travel the way Slurm propagates an environment: in
+            srun's/sbatch's own environment, with ``--export=ALL`` made explicit, never in argv,
+            the job script or the logs.  Each must be set when the runner is built.  Without
+            ``forward_env`` Slurm's default still applies: with the cluster's default export
+            setting every variable of the orchestrator reaches the job.
     """
 
     template_fields = (
@@ -99,7 +106,15 @@ class SlurmRunner(BaseRunner):
         poll_interval_s: float | None = None,
         cancel_timeout_s: float = 60.0,
         template: str | list[str] | None = None,
+        forward_env: list[str] | tuple[str, ...] = (),
     ) -> None:
+        self.forward_env = forward_env_names(forward_env)
+        if self.forward_env:
+            extra = shlex.split(extra_args) if isinstance(extra_args, str) else list(extra_args or [])
+            if any(a == "--export" or a.startswith("--export=") for a in extra):
+                raise ValueError("forward_env needs Slurm to propagate the environment (--export=ALL): leave "
+                                 "--export out of extra_args")
+            extra_args = [*extra, "--export=ALL"]  # whatever SLURM_EXPORT_ENV/SBATCH_EXPORT say
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {', '.join(map(repr, LAUNCHERS))}, got {launcher!r}")
         if poll_interval_s is None:

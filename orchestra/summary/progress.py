@@ -21,6 +21,7 @@ from typing import IO, Any
 from orchestra.models.base import BatchedModel
 from orchestra.registry import MODELS
 from orchestra.tasks.spec import TaskSpec
+from orchestra.terminal import printable
 
 _ENDED = ("done", "failed", "cancelled", "skipped")
 #: seconds of history the sample rate (and so the ETA) is measured over
@@ -225,6 +226,7 @@ class StageProgress:
 
     def _draw(self, now: float, final: bool = False) -> None:
         s, text = self.postfix(now)
+        text = printable(text)  # counts today, but it is shown raw on a terminal
         if self.bar is not None:
             self.bar.n = s["done"]
             self.bar.set_postfix_str(text, refresh=False)

@@ -115,17 +115,28 @@ def _cell(value: Any) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def md_cell(text: Any) -> str:
+    """``text`` as one Markdown table cell (or list item): ``|`` and ``\\`` escaped, line breaks
+    made spaces, so an abbr such as ``a|b`` can never add a column or shift the row."""
+    flat = " ".join(str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    return flat.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def md_row(cells: list[Any]) -> str:
+    """One Markdown table row of ``cells``, each escaped with :func:`md_cell`."""
+    return "| " + " | ".join(md_cell(c) for c in cells) + " |"
+
+
 def render_markdown(summary: Summary) -> str:
     header = ["dataset", "metric", *summary.models]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [md_row(header), "|" + "---|" * len(header)]
     for row in summary.rows:
-        cells = [row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(md_row([row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)]))
     if summary.missing:
         lines.append("")
         lines.append("Missing results:")
         for miss in summary.missing:
-            lines.append(f"- {miss['model']} / {miss['dataset']}: {miss['reason']}")
+            lines.append(f"- {md_cell(miss['model'])} / {md_cell(miss['dataset'])}: {md_cell(miss['reason'])}")
     return "\n".join(lines) + "\n"
 
 

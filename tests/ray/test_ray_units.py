@@ -4,9 +4,14 @@ that is gone when the run ends."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -172,3 +177,43 @@ def test_ray_client_start_failure_is_tried_again_then_one_line(monkeypatch: pyte
     with pytest.raises(UserError):  # not Ray Client: no second try
         ray_session._ray_init("h:6379", "h:6379", None)
     assert calls == ["h:6379"]
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["http", "silent", "http-ray-client"])
+def test_an_address_where_no_ray_head_listens_is_one_line_in_seconds(tmp_path: Path, kind: str) -> None:
+    """An HTTP server (as on Ray's dashboard port) or a socket that accepts and says nothing, at the
+    address of RayRunner: one line naming the address and what was expected, exit 2, in seconds (Ray
+    alone hangs there for 10+ minutes)."""
+    with contextlib.ExitStack() as stack:
+        if kind == "silent":
+            listener = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+            held: list[socket.socket] = []
+            accepting = threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True)
+            accepting.start()
+            port = listener.getsockname()[1]
+        else:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+            stack.callback(server.server_close)
+            stack.callback(server.shutdown)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            port = server.server_address[1]
+        address = f"{'ray://' if kind == 'http-ray-client' else ''}127.0.0.1:{port}"
+        cfg = write_config(tmp_path, f"type=RayRunner, address={address!r}")
+        start = time.monotonic()
+        res = run_cli(cfg, "--mode", "infer", timeout=120)
+        took = time.monotonic() - start
+    assert res.returncode == 2, res.stderr[-2000:]
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0] == res.stderr.strip().splitlines()[-1], res.stderr
+    assert errors[0].startswith(f"orchestra: error: RayRunner could not connect to the Ray cluster at {address}: ")
+    assert "expected a Ray head's gRPC port" in errors[0] or "not a Ray head's gRPC port" in errors[0], errors[0]
+    assert ("HTTP/1 server" if kind != "silent" else "said nothing within") in errors[0]
+    assert took < 60, took  # a hang guard only (the probe gives up after 3 s)
