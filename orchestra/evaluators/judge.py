@@ -98,6 +98,30 @@ _LEAD_NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?)(?![\d.])")
 _LEAD_CHOICE = re.compile(r"\s*([ABC])\b")
 _PAIR = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)
 _KEEP_OUTPUT = 4000
+#: Bumped when what the judge is shown or how its answer is read changes (2: quoted text is
+#: neutralised, role headers when flattened, a prefix's grade is read right after it).
+FORMAT_VERSION = 2
+#: The role headers of a conversation flattened into one text (``answer_prefix``).
+ROLE_HEADERS = {"system": "### System:", "user": "### Instruction:", "assistant": "### Response:"}
+# Lines of quoted text that could pass for a boundary: a role header, a [Section] label.
+_LOOKALIKE = re.compile(r"^([ \t]*)(?=#{3}|\[[A-Za-z][^\[\]\n]*\][ \t]*$)", re.MULTILINE)
+
+
+def neutralise(text: str) -> str:
+    """Quoted text (a question, an answer, a reference) with every line that could pass for a
+    boundary of the judge's prompt - a role header (``### ...``) or a section label on a line
+    of its own (``[End of the answer]``) - escaped with a backslash, so it reads the same but
+    can neither close the section it is quoted in nor open one of the grader's own."""
+    return _LOOKALIKE.sub(lambda m: m.group(1) + "\\", text)
+
+
+def flatten(messages: list[Message], answer_prefix: str) -> str:
+    """Chat messages as one text to continue, each under its role's header, ending with the
+    grader's own header and ``answer_prefix``: the roles stay apart for a judge that
+    continues text (quoted text cannot hold a header: :func:`neutralise`)."""
+    parts = [f"{ROLE_HEADERS[m['role']]}\n{m['content'].strip()}" for m in messages]
+    parts.append(f"{ROLE_HEADERS['assistant']}\n{answer_prefix}")
+    return "\n\n".join(parts)
 
 
 def parse_rating(text: str) -> float | None:
@@ -157,8 +181,9 @@ class JudgeEvaluator(HeavyEvaluator):
             the system prompt, the judge prompt and this prefix go to the judge as one text
             to continue, so a small model that does not follow the format's instructions
             only has to write the grade.  For judges that continue text: an API model with
-            ``endpoint='completions'`` or a local model.  The grade (or ``A``/``B``/``C``)
-            is then read from the format, else from the start of the continuation.
+            ``endpoint='completions'`` or a local model.  The messages are then flattened
+            under role headers (:func:`flatten`), and the grade (or ``A``/``B``/``C``) is
+            read right after the prefix, nowhere else.
     """
 
     speed_keys = frozenset({"max_samples"})
@@ -224,6 +249,7 @@ class JudgeEvaluator(HeavyEvaluator):
             "system_prompt": ev.system_prompt,
             "reference": ev.reference,
             "max_out_len": ev.max_out_len,
+            "format_version": FORMAT_VERSION,
             "judge": [str(judge["type"]), cls._model_class(judge).identity(judge)],
             **({"answer_prefix": ev.answer_prefix} if ev.answer_prefix else {}),
         }
@@ -283,26 +309,26 @@ class JudgeEvaluator(HeavyEvaluator):
         messages.append({"role": "user", "content": content})
         prompt: str | list[Message] = messages
         if self.answer_prefix:  # one text that ends where the judge's answer begins
-            prompt = prompt_text(messages) + "\n\n" + self.answer_prefix
+            prompt = flatten(messages, self.answer_prefix)
         text = await self.model.generate(GenRequest(prompt=prompt, max_out_len=self.max_out_len))
         if not isinstance(text, str):
             raise TypeError(f"the judge model answered {type(text).__name__}, not text")
         return (self.answer_prefix or "") + text
 
     def _rating(self, text: str) -> float | None:
-        rating = parse_rating(text)
-        if rating is None and self.answer_prefix:  # the grade right where the prefix left off
-            lead = _LEAD_NUMBER.match(text[len(self.answer_prefix):])
-            value = float(lead.group(1)) if lead else 0.0
-            rating = value if 1.0 <= value <= 10.0 else None
-        return rating
+        if not self.answer_prefix:
+            return parse_rating(text)
+        # With a prefix the grade is what the judge wrote right after it, and nothing later:
+        # a grade it quotes (from the answer, say) never replaces its own.
+        lead = _LEAD_NUMBER.match(text[len(self.answer_prefix):])
+        value = float(lead.group(1)) if lead else 0.0
+        return value if 1.0 <= value <= 10.0 else None
 
     def _preference(self, text: str) -> str | None:
-        found = parse_preference(text)
-        if found is None and self.answer_prefix:
-            lead = _LEAD_CHOICE.match(text[len(self.answer_prefix):])
-            found = lead.group(1).upper() if lead else None
-        return found
+        if not self.answer_prefix:
+            return parse_preference(text)
+        lead = _LEAD_CHOICE.match(text[len(self.answer_prefix):])
+        return lead.group(1).upper() if lead else None
 
     def _template(self, multi: bool) -> str:
         if self.prompt_template:
@@ -329,6 +355,8 @@ class JudgeEvaluator(HeavyEvaluator):
             if len(golds) != len(users) or not all(isinstance(g, str) for g in golds):
                 raise ValueError(f"{'pairwise' if self.mode == 'pairwise' else 'reference'} judging needs the "
                                  f"dataset's answer as text per turn; gold is {repr(gold)[:80]}")
+            golds = [neutralise(str(g)) for g in golds]
+        users, replies = [neutralise(u) for u in users], [neutralise(r) for r in replies]
         turns = await asyncio.gather(*(self._judge_turn(users, replies, golds, k, multi) for k in range(len(users))))
         return {"turns": list(turns)}
 

@@ -17,14 +17,17 @@ equals everything.  What it cannot do is pass by leaving early or by printing so
 Run by the sandbox's system interpreter: standard library only, no syntax newer than 3.8.
 """
 
+from __future__ import annotations
+
 import os
 import sys
 import types
+from collections.abc import Callable
 
 PROGRAM = "main.py"
 
 
-def _take_token():  # type: ignore[no-untyped-def]
+def _take_token() -> Callable[[], None]:
     """Read the token, close the way to it, and return the function that prints it."""
     chunks = []
     while True:
@@ -41,7 +44,7 @@ def _take_token():  # type: ignore[no-untyped-def]
     def vouch() -> None:
         for stream in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
             try:
-                stream.flush()
+                stream.flush()  # type: ignore[union-attr]
             except Exception:  # noqa: BLE001, S110 - a stream the program closed or replaced
                 pass
         os.write(out, b"\n" + token + b"\n")
