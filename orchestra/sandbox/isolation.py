@@ -299,7 +299,7 @@ def kill_as_user(uid: int) -> None:
         subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
-        pass  # the sweep below still runs
+        pass  # the sweep in kill_user still runs
 
 
 def kill_user(uid: int, passes: int = 50) -> None:

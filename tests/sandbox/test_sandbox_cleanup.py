@@ -94,7 +94,7 @@ def zombies_reaped(uid_from: int, max_wait_s: float = 20.0) -> None:
         time.sleep(0.1)
 
 
-def test_isolation_none_leaves_no_process_even_when_pids_keep_moving() -> None:
+def test_isolation_none_leaves_no_process_even_when_pids_keep_moving(nothing_left: None) -> None:
     sandbox = Sandbox("none", limits=dict(timeout_s=20, max_processes=4000), allow_unisolated=True)
     survivors: list[list[tuple[int, int, str]]] = []
     try:
@@ -113,7 +113,7 @@ def test_isolation_none_leaves_no_process_even_when_pids_keep_moving() -> None:
 
 
 @pytest.mark.parametrize("method", ["bwrap", "unshare", "none"])
-def test_a_wrapper_that_cannot_start_the_program_is_a_sandbox_error(method: str) -> None:
+def test_a_wrapper_that_cannot_start_the_program_is_a_sandbox_error(method: str, nothing_left: None) -> None:
     sandbox = Sandbox(method, allow_unisolated=True)
 
     async def go() -> SandboxResult:
