@@ -14,9 +14,10 @@ namespace, in a private mount namespace, still root.  It
 4. reaps every process until the program exits and exits with its status (``128 + signal``
    when it was killed).  When process 1 exits, the kernel kills the rest of the namespace.
 
-It is run as a script by path and imports only the standard library.  Exit status 125 (and
-one line on stderr, tagged with the spec's ``nonce``, which the program cannot read) means
-the sandbox could not be set up.
+It is run as a script by path and imports only the standard library.  When the sandbox could
+not be set up it exits 125 with one line on stderr, tagged with the spec's ``nonce`` (which
+the program cannot read), and the start byte was never written: that, not the line, is how
+the caller knows the program never ran.
 """
 
 from __future__ import annotations
