@@ -42,7 +42,7 @@ HOPPERS = """
     ready = b""
     while len(ready) < 3:  # every chain left the process group: the program may end
         ready += os.read(ready_r, 3 - len(ready))
-    print("hopping")
+    print("hopping", os.getuid())
 """
 
 
@@ -54,19 +54,24 @@ def run(sandbox: Sandbox, program: str) -> SandboxResult:
     return asyncio.run(go())
 
 
-def survivors_after_hopping(max_wait_s: float = 5.0) -> list[tuple[int, int, str]]:
-    """Sandbox processes once any chain that escaped had time to stop hopping."""
+def of_user(uid: int) -> list[tuple[int, int, str]]:
+    """The live processes of one sandbox user (other sandboxes on the host are not ours)."""
+    return [p for p in sandbox_processes() if p[1] == uid]
+
+
+def survivors_after_hopping(uid: int, max_wait_s: float = 5.0) -> list[tuple[int, int, str]]:
+    """The processes of ``uid`` once any chain that escaped had time to stop hopping."""
     deadline = time.monotonic() + max_wait_s
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        left = sandbox_processes()
+        left = of_user(uid)
         if not left:
             return []
         if all("main.py" in cmd for _, _, cmd in left) and len(left) <= 3:
             states = {pid: _state(pid) for pid, _, _ in left}
             if all(s == "S" for s in states.values()):
                 return left  # the chains' last links, asleep: survivors
-    return sandbox_processes()
+    return of_user(uid)
 
 
 def _state(pid: int) -> str:
@@ -77,7 +82,7 @@ def _state(pid: int) -> str:
         return "gone"
 
 
-def zombies_reaped(uid_from: int, max_wait_s: float = 20.0) -> None:
+def zombies_reaped(uid: int, max_wait_s: float = 20.0) -> None:
     """Wait until the host's init reaped the exited links (zombies count towards the process
     limit of the next run of the slot)."""
     deadline = time.monotonic() + max_wait_s
@@ -89,7 +94,7 @@ def zombies_reaped(uid_from: int, max_wait_s: float = 20.0) -> None:
                     owners.append(int(f.read().split("\nUid:", 1)[1].split()[0]))
             except (OSError, IndexError):
                 continue
-        if not any(uid >= uid_from for uid in owners):
+        if uid not in owners:
             return
         time.sleep(0.1)
 
@@ -97,14 +102,19 @@ def zombies_reaped(uid_from: int, max_wait_s: float = 20.0) -> None:
 def test_isolation_none_leaves_no_process_even_when_pids_keep_moving(nothing_left: None) -> None:
     sandbox = Sandbox("none", limits=dict(timeout_s=20, max_processes=4000), allow_unisolated=True)
     survivors: list[list[tuple[int, int, str]]] = []
+    uids: set[int] = set()
     try:
         for _ in range(4):
-            zombies_reaped(1_900_000_000)
+            for uid in uids:
+                zombies_reaped(uid)
             res = run(sandbox, HOPPERS)
             assert res.status == "ok" and "hopping" in res.stdout, res.stderr
-            survivors.append(survivors_after_hopping())
+            uid = int(res.stdout.split()[-1])
+            uids.add(uid)
+            survivors.append(survivors_after_hopping(uid))
     finally:
-        for pid, _, _ in sandbox_processes():  # a failed check must not leave its sleepers to later tests
+        # a failed check must not leave its sleepers to later tests (only this test's own user)
+        for pid, _, _ in [p for uid in uids for p in of_user(uid)]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
