@@ -19,146 +19,37 @@ grade (single) or a loss (pairwise) and is counted in ``answers_missing``.
 from __future__ import annotations
 
 import asyncio
-import re
-import string
 from collections.abc import Mapping
 from typing import Any
 
 from orchestra.errors import ConfigError
 from orchestra.evaluators.heavy import HeavyEvaluator, Verdict
+from orchestra.evaluators.judge_text import (
+    FIELDS,
+    FORMAT_VERSION,
+    MODES,
+    PAIR_MULTI_TEMPLATE,
+    PAIR_TEMPLATE,
+    SINGLE_MULTI_TEMPLATE,
+    SINGLE_TEMPLATE,
+    SYSTEM_PROMPT,
+    flatten,
+    lead_choice,
+    lead_rating,
+    neutralise,
+    parse_preference,
+    parse_rating,
+    question_of,
+    template_fields,
+    transcript,
+)
 from orchestra.models.base import BaseModel
 from orchestra.models.registry_cache import get_model
 from orchestra.registry import MODELS
-from orchestra.requests import GenRequest, Message, prompt_text
+from orchestra.requests import GenRequest, Message
 
-MODES = ("single", "pairwise")
-SYSTEM_PROMPT = "You are a careful and impartial grader of answers written by AI assistants."
-
-SINGLE_TEMPLATE = """Grade the AI assistant's answer to the question below. Judge whether it is correct, \
-helpful and relevant, and whether it is as detailed as the question needs; length alone earns nothing.{note}
-First justify your grade in a few sentences. Then, on the last line, give a grade from 1 (very poor) \
-to 10 (excellent) written exactly like this: Rating: [[5]]
-
-[Question]
-{question}
-{reference_block}
-[The assistant's answer]
-{answer}
-[End of the answer]"""
-
-SINGLE_MULTI_TEMPLATE = """Below is a conversation between a user and an AI assistant. Grade only the \
-assistant's last reply (its reply to user message {turn}), in the light of the whole conversation. \
-Judge whether it is correct, helpful and relevant, and whether it is as detailed as needed; length \
-alone earns nothing.{note}
-First justify your grade in a few sentences. Then, on the last line, give a grade from 1 (very poor) \
-to 10 (excellent) written exactly like this: Rating: [[5]]
-
-{conversation}
-{reference_block}"""
-
-PAIR_TEMPLATE = """Two AI assistants answered the same question. Decide which answer is better: more \
-correct, more helpful, more relevant. Neither the order in which they are shown nor their length may \
-sway you.
-First compare them in a few sentences. Then, on the last line, give your verdict written exactly as \
-one of: [[A]] if assistant A is better, [[B]] if assistant B is better, [[C]] for a tie.
-
-[Question]
-{question}
-
-[Assistant A's answer]
-{answer_a}
-[End of assistant A's answer]
-
-[Assistant B's answer]
-{answer_b}
-[End of assistant B's answer]"""
-
-PAIR_MULTI_TEMPLATE = """Two AI assistants had the same conversation with a user. Decide whose reply to \
-user message {turn} (the last reply of each conversation) is better: more correct, more helpful, more \
-relevant. Neither the order in which they are shown nor their length may sway you.
-First compare them in a few sentences. Then, on the last line, give your verdict written exactly as \
-one of: [[A]] if assistant A is better, [[B]] if assistant B is better, [[C]] for a tie.
-
-[Conversation with assistant A]
-{conversation_a}
-[End of the conversation with assistant A]
-
-[Conversation with assistant B]
-{conversation_b}
-[End of the conversation with assistant B]"""
-
-#: the fields each mode's template may use
-FIELDS = {
-    "single": {"question", "answer", "reference", "reference_block", "note", "conversation", "turn"},
-    "pairwise": {"question", "answer_a", "answer_b", "conversation_a", "conversation_b", "turn"},
-}
-_RATING = re.compile(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
-_RATING_LOOSE = re.compile(r"rating\s*[:=]\s*\[*\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
-_LEAD_NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?)(?![\d.])")
-_LEAD_CHOICE = re.compile(r"\s*([ABC])\b")
-_PAIR = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)
+__all__ = ["SYSTEM_PROMPT", "JudgeEvaluator", "parse_preference", "parse_rating"]
 _KEEP_OUTPUT = 4000
-#: Bumped when what the judge is shown or how its answer is read changes (2: quoted text is
-#: neutralised, role headers when flattened, a prefix's grade is read right after it).
-FORMAT_VERSION = 2
-#: The role headers of a conversation flattened into one text (``answer_prefix``).
-ROLE_HEADERS = {"system": "### System:", "user": "### Instruction:", "assistant": "### Response:"}
-# Lines of quoted text that could pass for a boundary: a role header, a [Section] label.
-_LOOKALIKE = re.compile(r"^([ \t]*)(?=#{3}|\[[A-Za-z][^\[\]\n]*\][ \t]*$)", re.MULTILINE)
-
-
-def neutralise(text: str) -> str:
-    """Quoted text (a question, an answer, a reference) with every line that could pass for a
-    boundary of the judge's prompt - a role header (``### ...``) or a section label on a line
-    of its own (``[End of the answer]``) - escaped with a backslash, so it reads the same but
-    can neither close the section it is quoted in nor open one of the grader's own."""
-    return _LOOKALIKE.sub(lambda m: m.group(1) + "\\", text)
-
-
-def flatten(messages: list[Message], answer_prefix: str) -> str:
-    """Chat messages as one text to continue, each under its role's header, ending with the
-    grader's own header and ``answer_prefix``: the roles stay apart for a judge that
-    continues text (quoted text cannot hold a header: :func:`neutralise`)."""
-    parts = [f"{ROLE_HEADERS[m['role']]}\n{m['content'].strip()}" for m in messages]
-    parts.append(f"{ROLE_HEADERS['assistant']}\n{answer_prefix}")
-    return "\n\n".join(parts)
-
-
-def parse_rating(text: str) -> float | None:
-    """The grade in a judge's answer (the last ``[[n]]``, else ``Rating: n``), if within 1..10."""
-    found = _RATING.findall(text) or _RATING_LOOSE.findall(text)
-    if not found:
-        return None
-    value = float(found[-1])
-    return value if 1.0 <= value <= 10.0 else None
-
-
-def parse_preference(text: str) -> str | None:
-    """``'A'``, ``'B'`` or ``'C'`` (tie) from the last ``[[A]]`` / ``[[B]]`` / ``[[C]]``."""
-    found = _PAIR.findall(text)
-    if not found:
-        return None
-    last = found[-1].upper()
-    return "C" if last == "TIE" else last
-
-
-def _fields(template: str) -> set[str]:
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
-
-
-def _transcript(users: list[str], replies: list[str]) -> str:
-    parts = []
-    for i, (user, reply) in enumerate(zip(users, replies), start=1):
-        parts.append(f"[User message {i}]\n{user}\n\n[Assistant reply {i}]\n{reply}")
-    return "\n\n".join(parts)
-
-
-def _question(record: dict[str, Any]) -> str:
-    prompt = record.get("prompt", "")
-    if isinstance(prompt, list):
-        users = [str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        return "\n\n".join(users) if users else prompt_text(prompt)
-    return str(prompt)
 
 
 class JudgeEvaluator(HeavyEvaluator):
@@ -210,7 +101,7 @@ class JudgeEvaluator(HeavyEvaluator):
             if not isinstance(prompt_template, str):
                 raise ValueError(f"prompt_template must be a string, got {type(prompt_template).__name__}")
             try:
-                unknown = sorted(_fields(prompt_template) - FIELDS[mode])
+                unknown = sorted(template_fields(prompt_template) - FIELDS[mode])
             except ValueError as exc:
                 raise ValueError(f"prompt_template: {exc} (write {{{{ and }}}} for a brace)") from None
             if unknown:
@@ -320,15 +211,12 @@ class JudgeEvaluator(HeavyEvaluator):
             return parse_rating(text)
         # With a prefix the grade is what the judge wrote right after it, and nothing later:
         # a grade it quotes (from the answer, say) never replaces its own.
-        lead = _LEAD_NUMBER.match(text[len(self.answer_prefix):])
-        value = float(lead.group(1)) if lead else 0.0
-        return value if 1.0 <= value <= 10.0 else None
+        return lead_rating(text[len(self.answer_prefix):])
 
     def _preference(self, text: str) -> str | None:
         if not self.answer_prefix:
             return parse_preference(text)
-        lead = _LEAD_CHOICE.match(text[len(self.answer_prefix):])
-        return lead.group(1).upper() if lead else None
+        return lead_choice(text[len(self.answer_prefix):])
 
     def _template(self, multi: bool) -> str:
         if self.prompt_template:
@@ -341,7 +229,7 @@ class JudgeEvaluator(HeavyEvaluator):
         pred = record.get("prediction")
         if "turns" in record and isinstance(record["turns"], list):
             return [str(t) for t in record["turns"]], pred, True
-        return [_question(record)], pred, False
+        return [question_of(record)], pred, False
 
     async def ajudge(self, record: dict[str, Any]) -> Verdict:
         users, pred, multi = self._turns(record)
@@ -367,7 +255,7 @@ class JudgeEvaluator(HeavyEvaluator):
             ref = golds[k] if self.reference else None
             content = template.format(
                 question=users[k], answer=replies[k], turn=k + 1,
-                conversation=_transcript(users[: k + 1], replies[: k + 1]),
+                conversation=transcript(users[: k + 1], replies[: k + 1]),
                 reference=ref or "",
                 reference_block=f"\n[Reference answer]\n{ref}\n[End of the reference answer]\n" if ref else "",
                 note=" Compare it with the reference answer shown." if ref else "",
@@ -381,8 +269,8 @@ class JudgeEvaluator(HeavyEvaluator):
 
         def pair_prompt(a: list[str], b: list[str]) -> str:
             return template.format(question=users[k], answer_a=a[k], answer_b=b[k], turn=k + 1,
-                                   conversation_a=_transcript(users[: k + 1], a[: k + 1]),
-                                   conversation_b=_transcript(users[: k + 1], b[: k + 1]))
+                                   conversation_a=transcript(users[: k + 1], a[: k + 1]),
+                                   conversation_b=transcript(users[: k + 1], b[: k + 1]))
 
         base = [str(g) for g in golds]
         first, second = await asyncio.gather(self._ask(pair_prompt(replies, base)),
