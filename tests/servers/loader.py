@@ -20,3 +20,17 @@ def load_server_module() -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_batch_server_module() -> ModuleType:
+    """The OpenAI Files + Batches double (tests/servers/openai_batch_server.py)."""
+    name = "orchestra_test_openai_batch_server"
+    if name in sys.modules:
+        return sys.modules[name]
+    path = os.path.join(os.path.dirname(SERVER_PATH), "openai_batch_server.py")
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
