@@ -43,7 +43,8 @@ from typing import Any
 from aiohttp import web
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
-_spec = importlib.util.spec_from_file_location("orchestra_test_openai_server_b", os.path.join(_HERE, "openai_server.py"))
+_spec = importlib.util.spec_from_file_location("orchestra_test_openai_server_b",
+                                               os.path.join(_HERE, "openai_server.py"))
 assert _spec is not None and _spec.loader is not None
 _answers = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _answers
@@ -284,13 +285,9 @@ class BatchServer:
         if any("TOKEN_LIMIT_ONCE" in json.dumps(r["body"]) and self.stats.prompts[self._key(r)] == 1 for r in rows):
             batch["_token_limit"] = True  # failed once it is next retrieved
             return
-        await asyncio.sleep(c.turnaround_s / 10)
-        if batch["status"] == "validating":
+        if await self._runs(batch, c.turnaround_s / 10) and batch["status"] == "validating":
             batch["status"], batch["in_progress_at"] = "in_progress", int(time.time())
-        t_end = time.monotonic() + c.turnaround_s * 0.8
-        while time.monotonic() < t_end and batch["status"] == "in_progress":
-            await asyncio.sleep(min(0.05, max(0.0, t_end - time.monotonic())))
-        if batch["status"] == "cancelling":
+        if not await self._runs(batch, c.turnaround_s * 0.8):
             await asyncio.sleep(c.cancel_delay_s)
             self._finish(batch, rows, done=0, final="cancelled", cut="batch_cancelled")
             return
@@ -300,6 +297,14 @@ class BatchServer:
             self._finish(batch, rows, done=c.expire_after, final="expired", cut="batch_expired")
         else:
             self._finish(batch, rows, done=len(rows), final="completed", cut="")
+
+    @staticmethod
+    async def _runs(batch: dict[str, Any], seconds: float) -> bool:
+        """Wait ``seconds`` unless the batch is cancelled meanwhile; False if it was."""
+        t_end = time.monotonic() + seconds
+        while time.monotonic() < t_end and batch["status"] != "cancelling":
+            await asyncio.sleep(min(0.05, max(0.0, t_end - time.monotonic())))
+        return batch["status"] != "cancelling"
 
     @staticmethod
     def _key(row: dict[str, Any]) -> str:

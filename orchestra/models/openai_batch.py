@@ -1,0 +1,476 @@
+"""Batch mode of :class:`~orchestra.models.openai_api.OpenAIAPI`: every request through the
+provider's Batch API, at the batch price, without ever paying twice.
+
+Requests gather for ``flush_s`` (or until ``size`` of them wait) and go out as one JSONL file
+per batch, split so that no file passes ``size`` requests or ``max_bytes``.  Each batch is in the
+run folder's ledger (:mod:`orchestra.models.batch_ledger`) before it is created and before it is
+relied on; its metadata names the run, the task and its ledger key.  Answers are matched by
+``custom_id`` (a hash of the request and the sample it belongs to), never by line order.
+
+Resume: a request whose ``custom_id`` some recorded batch holds waits for that batch (or reads
+its files, if it is over) instead of being submitted again; a batch created but never recorded
+is found by its metadata.  A row that failed for a passing reason (429, 5xx, an expired or
+cancelled batch, a batch that failed validation) goes into a later batch, at most
+``max_retries`` times; any other row error fails its sample with the provider's message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from orchestra.errors import ModelError
+from orchestra.fileio import stable_hash
+from orchestra.limits.retry import RetryPolicy
+from orchestra.models.base import ModelStats, current_sample
+from orchestra.models.batch_ledger import FINAL, BatchLedger, BatchRecord
+from orchestra.models.openai_batch_http import BatchHTTP
+
+#: row statuses worth another batch (as for direct calls: rate limits, server errors)
+RETRY_STATUSES = frozenset({408, 409, 425, 429})
+
+
+@dataclass(frozen=True)
+class BatchOptions:
+    """The ``batch`` option of an API model.
+
+    Args:
+        size: most requests in one batch (the provider's limit is 50,000).
+        max_bytes: most bytes of one batch's input file (the provider's limit is 200 MB).
+        poll_s: seconds between two status checks of a batch.
+        flush_s: how long requests gather before a batch smaller than ``size`` is sent.
+        max_requests_in_flight: requests in batches (or waiting for one) at once.
+        cancel_wait_s: on Ctrl-C, how long cancelled batches are watched for ``cancelled``.
+    """
+
+    size: int = 50_000
+    max_bytes: int = 190 * 1024 * 1024
+    poll_s: float = 30.0
+    flush_s: float = 2.0
+    max_requests_in_flight: int = 100_000
+    cancel_wait_s: float = 2.0
+
+    @classmethod
+    def parse(cls, value: Any) -> BatchOptions | None:
+        """``False``/``None``: no batch mode; ``True``: defaults; a dict: these settings."""
+        if value is None or value is False:
+            return None
+        if value is True:
+            return cls()
+        valid = [f.name for f in fields(cls)]
+        if not isinstance(value, dict):
+            raise ValueError(f"batch must be True, False or a dict with keys {', '.join(valid)}; got {value!r}")
+        unknown = sorted(set(value) - set(valid))
+        if unknown:
+            raise ValueError(f"batch: unknown key {unknown[0]!r}; valid keys: {', '.join(valid)}")
+        opts = cls(**value)
+        limits = {"size": (1, 50_000), "max_bytes": (1, 200 * 1024 * 1024), "max_requests_in_flight": (1, None)}
+        for name, (low, high) in limits.items():
+            v = getattr(opts, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < low or (high is not None and v > high):
+                raise ValueError(f"batch.{name} must be an integer in [{low}, {high or 'inf'}], got {v!r}")
+        for name in ("poll_s", "flush_s", "cancel_wait_s"):
+            v = getattr(opts, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (name == "poll_s" and v == 0):
+                raise ValueError(f"batch.{name} must be a number of seconds > 0, got {v!r}")
+        return opts
+
+
+def custom_id(path: str, body: dict[str, Any]) -> str:
+    """A stable ``custom_id``: the request's hash, its sample and its number among the sample's
+    identical calls, so that a resumed run finds the row an earlier run already paid for."""
+    digest = stable_hash({"url": path, "body": body}, 20)
+    tag = current_sample.get()
+    if tag is None:
+        return f"o{digest}"
+    n = tag.seen.get(digest, 0)
+    tag.seen[digest] = n + 1
+    return f"o{digest}-s{tag.id}-{n}"
+
+
+@dataclass
+class _Req:
+    path: str
+    body: dict[str, Any]
+    futures: list[asyncio.Future[dict[str, Any]]] = field(default_factory=list)
+    key: str = ""  # the batch holding it now
+    attempts: int = 0
+
+
+@dataclass
+class _Batch:
+    key: str
+    batch_id: str
+    custom_ids: list[str]
+    status: str = ""
+    next_poll: float = 0.0
+    polls: int = 0
+
+
+class OpenAIBatcher:
+    """Sends one model's requests through the Batch API (see the module docstring)."""
+
+    def __init__(self, options: BatchOptions, http: BatchHTTP, policy: RetryPolicy, stats: ModelStats,
+                 model_name: str) -> None:
+        self.options = options
+        self.http = http
+        self.policy = policy
+        self.stats = stats
+        self.model_name = model_name
+        self.ledger: BatchLedger | None = None
+        self.run_id = ""
+        self.task_id = ""
+        self._emit: Callable[..., None] = lambda event, **f: None
+        self._reqs: dict[str, _Req] = {}
+        self._queue: list[str] = []
+        self._batches: dict[str, _Batch] = {}
+        self._known: dict[str, BatchRecord] = {}  # ledger records by key (from earlier runs too)
+        self._held_by: dict[str, str] = {}  # custom_id -> latest recorded batch key holding it
+        self._recovery: asyncio.Task[None] | None = None
+        self._creating: set[str] = set()  # keys whose create call is out
+        self._full: asyncio.Event | None = None
+        self._flusher: asyncio.Task[None] | None = None
+        self._poller: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+
+    def bind(self, ledger_path: str, run_id: str, task_id: str, emit: Callable[..., None]) -> None:
+        """Record batches in ``ledger_path`` for task ``task_id`` of run ``run_id``."""
+        self.ledger = BatchLedger(ledger_path)
+        self.run_id, self.task_id, self._emit = run_id, task_id, emit
+        self._recovery = None
+        self._full = None  # events bind to a loop: a warm worker runs one loop per task
+        self._wake = None
+        for name in ("batches_submitted", "batches_in_progress", "batches_completed", "batches_adopted"):
+            self.stats.extra[name] = 0
+
+    def _count(self, name: str, delta: int = 1) -> None:
+        self.stats.extra[name] = self.stats.extra.get(name, 0) + delta
+
+    # -- submitting ---------------------------------------------------------------------
+    async def submit(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The response body of ``body`` sent to ``path`` (``/chat/completions``) in a batch."""
+        if self.ledger is None:
+            raise ModelError("batch mode needs a run folder (the task binds one); none was bound")
+        await self._recover()
+        cid = custom_id(path, body)
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        req = self._reqs.get(cid)
+        if req is not None:  # the same request of the same sample: one row answers both
+            req.futures.append(fut)
+            return await fut
+        req = self._reqs[cid] = _Req(path, body, [fut])
+        held = self._held_by.get(cid)
+        if held is not None and self._known[held].batch_id:
+            req.key = held
+            self._adopt(self._known[held])
+        else:
+            self._enqueue(cid)
+        self.stats.in_flight += 1
+        try:
+            return await fut
+        finally:
+            self.stats.in_flight -= 1
+
+    def _enqueue(self, cid: str) -> None:
+        self._queue.append(cid)
+        if self._full is None:
+            self._full = asyncio.Event()
+        if len(self._queue) >= self.options.size:
+            self._full.set()
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+
+    async def _flush_loop(self) -> None:
+        assert self._full is not None
+        while self._queue:
+            try:
+                await asyncio.wait_for(self._full.wait(), self.options.flush_s)
+            except asyncio.TimeoutError:
+                pass
+            self._full.clear()
+            while self._queue:
+                chunk = self._cut()
+                if chunk:
+                    await self._create(chunk)
+
+    def _cut(self) -> list[str]:
+        """The next batch's custom_ids: at most ``size`` requests, ``max_bytes`` bytes, one endpoint."""
+        chunk: list[str] = []
+        size = 0
+        self._queue = [cid for cid in self._queue if cid in self._reqs]
+        if not self._queue:
+            return chunk
+        path = self._reqs[self._queue[0]].path
+        rest: list[str] = []
+        for cid in self._queue:
+            req = self._reqs[cid]
+            n = len(self._line(cid, req))
+            if req.path != path or len(chunk) >= self.options.size or (chunk and size + n > self.options.max_bytes):
+                rest.append(cid)
+                continue
+            chunk.append(cid)
+            size += n
+        self._queue = rest
+        return chunk
+
+    @staticmethod
+    def _line(cid: str, req: _Req) -> bytes:
+        row = {"custom_id": cid, "method": "POST", "url": "/v1" + req.path, "body": req.body}
+        return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+
+    async def _create(self, cids: list[str]) -> None:
+        assert self.ledger is not None
+        key = uuid.uuid4().hex[:16]
+        path = self._reqs[cids[0]].path
+        content = b"".join(self._line(cid, self._reqs[cid]) for cid in cids)
+        try:
+            file = await self.http.upload(f"orchestra-{key}.jsonl", content)
+            self.ledger.record("submitting", key, task_id=self.task_id, file_id=file["id"], custom_ids=cids)
+            self._creating.add(key)
+            meta = {"orchestra_run": self.run_id, "orchestra_task": self.task_id, "orchestra_key": key,
+                    "orchestra_model": self.model_name[:512]}
+            try:
+                batch = await self.http.create(file["id"], "/v1" + path, "24h", meta)
+            except ModelError:
+                # A create that failed in flight may still have made the batch: look for it.
+                batch = (await self.http.find({key}, time.time() - 3600)).get(key) or {}
+                if not batch:
+                    self.ledger.record("not_created", key)
+                    raise
+        except ModelError as exc:
+            self._creating.discard(key)
+            for cid in cids:
+                self._retry_or_fail(cid, str(exc))
+            return
+        self._creating.discard(key)
+        self.ledger.record("created", key, batch_id=batch["id"])
+        self._known[key] = BatchRecord(key, self.task_id, cids, file["id"], batch["id"], "created")
+        for cid in cids:
+            self._held_by[cid] = key
+            self._reqs[cid].key = key
+        self._track(_Batch(key, batch["id"], cids, batch.get("status", ""),
+                           time.monotonic() + self.options.poll_s))
+        self._count("batches_submitted")
+        self._emit("batch_submitted", batch_id=batch["id"], key=key, requests=len(cids), bytes=len(content))
+
+    def _track(self, batch: _Batch) -> None:
+        self._batches[batch.key] = batch
+        self.stats.extra["batches_in_progress"] = len(self._batches)
+        if self._wake is not None:
+            self._wake.set()
+        if self._poller is None or self._poller.done():
+            self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+
+    def _adopt(self, rec: BatchRecord) -> None:
+        """Watch a batch an earlier run recorded (read at once: it may be over already)."""
+        if rec.key in self._batches:
+            return
+        self._count("batches_adopted")
+        self._emit("batch_adopted", batch_id=rec.batch_id, key=rec.key, requests=len(rec.custom_ids),
+                   recorded_state=rec.state)
+        self._track(_Batch(rec.key, rec.batch_id, rec.custom_ids, rec.status, 0.0))
+
+    # -- resume ---------------------------------------------------------------------------
+    async def _recover(self) -> None:
+        """Every request waits for the one recovery of this task (no request may be queued
+        before it is known which batches already hold what)."""
+        if self._recovery is None:
+            self._recovery = asyncio.get_running_loop().create_task(self._read_ledger())
+        await asyncio.shield(self._recovery)
+
+    async def _read_ledger(self) -> None:
+        """Read the ledger once per task: which batches hold which requests; find this task's
+        batches whose create call was sent but never recorded, by their metadata."""
+        assert self.ledger is not None
+        self._known = self.ledger.load()
+        orphans = BatchLedger.orphans(self._known, self.task_id)
+        if orphans:
+            found = await self.http.find({r.key for r in orphans}, min(r.ts for r in orphans) - 3600)
+            for rec in orphans:
+                batch = found.get(rec.key)
+                if batch is None:
+                    self.ledger.record("not_created", rec.key)
+                    rec.state = "not_created"
+                else:
+                    self.ledger.record("created", rec.key, batch_id=batch["id"], adopted_by_metadata=True)
+                    rec.state, rec.batch_id = "created", str(batch["id"])
+        for rec in sorted(self._known.values(), key=lambda r: r.ts):
+            if rec.batch_id:
+                for cid in rec.custom_ids:
+                    self._held_by[cid] = rec.key
+
+    # -- polling and results ----------------------------------------------------------------
+    async def _poll_loop(self) -> None:
+        self._wake = asyncio.Event()
+        while self._batches:
+            now = time.monotonic()
+            due = [b for b in self._batches.values() if b.next_poll <= now]
+            if due:
+                await asyncio.gather(*(self._poll(b) for b in due))
+                continue
+            self._wake.clear()
+            wait = min(b.next_poll for b in self._batches.values()) - now
+            try:
+                await asyncio.wait_for(self._wake.wait(), max(0.0, wait))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _poll(self, batch: _Batch) -> None:
+        batch.next_poll = time.monotonic() + self.options.poll_s
+        batch.polls += 1
+        try:
+            obj = await self.http.get(batch.batch_id)
+        except ModelError as exc:
+            self._emit("batch_poll_failed", batch_id=batch.batch_id, error=str(exc))
+            return
+        status = str(obj.get("status", ""))
+        if status != batch.status:
+            batch.status = status
+            self._emit("batch_status", batch_id=batch.batch_id, status=status,
+                       counts=obj.get("request_counts"))
+        if status in FINAL:
+            await self._finish(batch, obj)
+
+    async def _finish(self, batch: _Batch, obj: dict[str, Any]) -> None:
+        assert self.ledger is not None
+        rows: dict[str, dict[str, Any]] = {}
+        try:
+            for fid in (obj.get("error_file_id"), obj.get("output_file_id")):  # output rows win
+                if fid:
+                    for line in (await self.http.content(str(fid))).splitlines():
+                        if line.strip():
+                            row = json.loads(line)
+                            rows[str(row.get("custom_id"))] = row
+        except (ModelError, ValueError) as exc:
+            self._emit("batch_read_failed", batch_id=batch.batch_id, error=str(exc))
+            batch.next_poll = time.monotonic() + self.options.poll_s
+            return
+        self._batches.pop(batch.key, None)
+        self.stats.extra["batches_in_progress"] = len(self._batches)
+        self._count("batches_completed")
+        self.ledger.record("ended", batch.key, batch_id=batch.batch_id, status=batch.status)
+        reason = _batch_reason(obj)
+        ok = 0
+        for cid in batch.custom_ids:
+            req = self._reqs.get(cid)
+            if req is None or req.key != batch.key:
+                continue  # not needed now (done, or waiting for a later batch)
+            row = rows.get(cid)
+            resp = (row or {}).get("response") or {}
+            if row is not None and resp.get("status_code") == 200 and isinstance(resp.get("body"), dict):
+                ok += 1
+                self._resolve(cid, resp["body"])
+            elif row is not None and resp.get("status_code"):
+                status, message = int(resp["status_code"]), _message(resp.get("body"))
+                text = f"HTTP {status}: {message}"
+                if status >= 500 or status in RETRY_STATUSES:
+                    self._retry_or_fail(cid, text)
+                else:
+                    self._fail(cid, text)
+            else:
+                err = (row or {}).get("error") or {}
+                self._retry_or_fail(cid, f"{err.get('code')}: {err.get('message')}" if err else reason)
+        self._emit("batch_ended", batch_id=batch.batch_id, status=batch.status, polls=batch.polls,
+                   rows=len(batch.custom_ids), answered=ok, errors=_errors_of(obj))
+
+    def _resolve(self, cid: str, body: dict[str, Any]) -> None:
+        req = self._reqs.pop(cid)
+        self.stats.done += 1
+        for fut in req.futures:
+            if not fut.done():
+                fut.set_result(body)
+
+    def _fail(self, cid: str, text: str) -> None:
+        req = self._reqs.pop(cid)
+        self.stats.errors += 1
+        for fut in req.futures:
+            if not fut.done():
+                fut.set_exception(ModelError(text))
+
+    def _retry_or_fail(self, cid: str, reason: str) -> None:
+        req = self._reqs.get(cid)
+        if req is None:
+            return
+        req.attempts += 1
+        req.key = ""
+        if req.attempts > self.policy.max_retries:
+            self._fail(cid, f"gave up after {req.attempts} batches ({self.policy.max_retries} retries): {reason}")
+            return
+        self.stats.retries += 1
+        delay = self.policy.backoff_s(req.attempts)
+        asyncio.get_running_loop().call_later(delay, self._requeue, cid)
+
+    def _requeue(self, cid: str) -> None:
+        if cid in self._reqs and not self._reqs[cid].key:
+            self._enqueue(cid)
+
+    # -- stopping -------------------------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Cancel every batch still in flight (Ctrl-C, a failed task), recorded, waiting at most
+        ``cancel_wait_s`` for the provider to show each one cancelled."""
+        for task in (self._flusher, self._poller):
+            if task is not None and not task.done():
+                task.cancel()
+        self._flusher = self._poller = None
+        deadline = time.monotonic() + self.options.cancel_wait_s
+        live = [b for b in self._batches.values() if b.status not in FINAL]
+        self._batches.clear()
+        if self._creating and self.ledger is not None:  # stopped during a create: did it make one?
+            try:
+                found = await asyncio.wait_for(self.http.find(set(self._creating), time.time() - 3600),
+                                               max(0.1, deadline - time.monotonic()))
+            except (ModelError, asyncio.TimeoutError):
+                found = {}
+            for key, obj in found.items():
+                self.ledger.record("created", key, batch_id=obj["id"], adopted_by_metadata=True)
+                live.append(_Batch(key, str(obj["id"]), [], str(obj.get("status", ""))))
+            self._creating.clear()
+        if live and self.ledger is not None:
+            await asyncio.gather(*(self._cancel(b, deadline) for b in live))
+        for cid in list(self._reqs):
+            self._fail(cid, "stopped before its batch ended")
+        self._queue.clear()
+
+    async def _cancel(self, batch: _Batch, deadline: float) -> None:
+        assert self.ledger is not None
+        self.ledger.record("cancel_sent", batch.key, batch_id=batch.batch_id)
+        status = ""
+        try:
+            status = str((await asyncio.wait_for(self.http.cancel(batch.batch_id),
+                                                 max(0.1, deadline - time.monotonic()))).get("status", ""))
+            while status not in FINAL and time.monotonic() < deadline:
+                await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
+                status = str((await asyncio.wait_for(self.http.get(batch.batch_id),
+                                                     max(0.1, deadline - time.monotonic()))).get("status", ""))
+        except (ModelError, asyncio.TimeoutError) as exc:
+            status = status or f"unconfirmed ({exc})"
+        self.ledger.record("cancelled" if status in FINAL else "cancel_unconfirmed", batch.key,
+                           batch_id=batch.batch_id, status=status)
+        self._emit("batch_cancelled", batch_id=batch.batch_id, status=status)
+
+
+def _message(body: Any) -> str:
+    if isinstance(body, dict):
+        err = body.get("error")
+        if isinstance(err, dict) and err.get("message"):
+            return str(err["message"])
+    return json.dumps(body)[:300]
+
+
+def _errors_of(obj: dict[str, Any]) -> list[dict[str, Any]]:
+    errors = obj.get("errors")
+    data = errors.get("data") if isinstance(errors, dict) else None
+    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
+
+
+def _batch_reason(obj: dict[str, Any]) -> str:
+    """Why a batch's rows got no answer: its errors (validation, token limit) or its status."""
+    errors = _errors_of(obj)
+    if errors:
+        return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors[:3])
+    return f"batch {obj.get('id')} ended {obj.get('status')} without an answer for this request"
