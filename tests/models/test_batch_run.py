@@ -106,9 +106,18 @@ def test_plain_path_every_request_in_one_batch_only(tmp_path: Path, batch_server
     assert states["submitting"] == states["created"] == states["ended"] == 4
     assert sum(len(line["custom_ids"]) for line in ledger(run) if line["state"] == "submitting") == 30
     # progress shows batches; usage of each row is what the report counts
-    progress = events(run, "progress")[-1]
-    assert progress["batches_completed"] == 2 and progress["prompt_tokens"] > 0
+    last = {e["task_id"]: e for e in events(run, "progress")}
+    assert [e["batches_completed"] for e in last.values()] == [2, 2]
+    # the double counts a character as a token: the usage of every row, and nothing else
+    assert sum(e["prompt_tokens"] for e in last.values()) == sum(len(f"What is {i} + {2 * i}?") for i in range(30))
     assert "batches:" in res.stderr
+
+
+def test_bad_batch_option_is_one_line_exit_2(tmp_path: Path, batch_server: Any) -> None:
+    res = orchestra(write_config(tmp_path, batch_server.base_url, batch="dict(sise=8)"))
+    assert res.returncode == 2
+    assert "batch: unknown key 'sise'; valid keys: size, max_bytes, poll_s" in res.stderr
+    assert "Traceback" not in res.stderr
 
 
 def test_key_never_reaches_the_run_folder(tmp_path: Path, batch_server: Any) -> None:

@@ -81,6 +81,8 @@ class BatchStats:
     gets: Counter[str] = field(default_factory=Counter)  # batch id -> GET /batches/{id}
     cancelled: list[str] = field(default_factory=list)
     unauthorized: int = 0
+    first_call_t: float | None = None  # time.time() of the first call, and of the last answer
+    last_call_t: float | None = None
 
 
 def _err(status: int, message: str, code: str | None = None, param: str | None = None) -> web.Response:
@@ -115,11 +117,14 @@ class BatchServer:
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         route = request.match_info.route.resource
         self.stats.calls[f"{request.method} {route.canonical if route else request.path}"] += 1
+        if self.stats.first_call_t is None:
+            self.stats.first_call_t = time.time()
         key = self.config.api_key
         if key is not None and request.headers.get("Authorization") != f"Bearer {key}":
             self.stats.unauthorized += 1
             return _err(401, "Incorrect API key provided.", "invalid_api_key")
         resp: web.StreamResponse = await handler(request)
+        self.stats.last_call_t = time.time()
         return resp
 
     def _id(self, prefix: str) -> str:
