@@ -5,7 +5,7 @@ local key, the task, the uploaded file and every ``custom_id`` it carries) befor
 call, ``created`` with the provider's batch id as soon as it is known, ``cancel_sent`` before a
 cancel, then ``ended`` (the final status) or ``cancelled``.  The same key is set in the batch's
 metadata, so a batch whose ``created`` line a SIGKILL cut off is found by listing the
-provider's batches (:meth:`BatchLedger.orphans`) and adopted.
+provider's batches (:meth:`BatchLedger.recover`) and adopted.
 
 A later task on the same run folder (``-r``) folds the lines into one record per key
 (:meth:`BatchLedger.load`) and, for each request it needs, looks for a batch that already holds
@@ -18,6 +18,7 @@ import json
 import os
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +80,21 @@ class BatchLedger:
                 rec.custom_ids = [str(c) for c in line["custom_ids"]]
         return out
 
-    @staticmethod
-    def orphans(records: dict[str, BatchRecord], task_id: str) -> list[BatchRecord]:
-        """This task's batches whose create call was sent but whose id was never recorded."""
-        return [r for r in records.values() if r.task_id == task_id and r.state == "submitting"]
+    async def recover(self, task_id: str, find: Callable[[set[str], float], Awaitable[dict[str, dict[str, Any]]]],
+                      ) -> dict[str, BatchRecord]:
+        """:meth:`load`, after settling this task's batches whose create call was sent but whose
+        id was never recorded: ``find(keys, since)`` looks them up by their metadata key (the
+        provider's list); found ones are recorded ``created``, the others ``not_created``."""
+        records = self.load()
+        orphans = [r for r in records.values() if r.task_id == task_id and r.state == "submitting"]
+        if orphans:
+            found = await find({r.key for r in orphans}, min(r.ts for r in orphans) - 3600)
+            for rec in orphans:
+                batch = found.get(rec.key)
+                if batch is None:
+                    self.record("not_created", rec.key)
+                    rec.state = "not_created"
+                else:
+                    self.record("created", rec.key, batch_id=batch["id"], adopted_by_metadata=True)
+                    rec.state, rec.batch_id = "created", str(batch["id"])
+        return records

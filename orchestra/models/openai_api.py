@@ -33,7 +33,8 @@ from orchestra.limits.retry import (
     send_with_retries,
 )
 from orchestra.models.base import BaseModel
-from orchestra.models.openai_batch import BatchOptions, OpenAIBatcher
+from orchestra.models.batch_rows import BatchOptions
+from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.paths import RunPaths
 from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, prompt_text
@@ -83,7 +84,7 @@ class OpenAIAPI(BaseModel):
             limit from 429 answers only).
         batch: send every request through the endpoint's Batch API (half the token price,
             answers within 24 h): ``True`` or a dict of
-            :class:`~orchestra.models.openai_batch.BatchOptions` (``size``, ``poll_s``,
+            :class:`~orchestra.models.batch_rows.BatchOptions` (``size``, ``poll_s``,
             ``flush_s``, ...).  See docs/api.md, "Batch mode".
     """
 

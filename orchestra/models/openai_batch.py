@@ -7,11 +7,9 @@ run folder's ledger (:mod:`orchestra.models.batch_ledger`) before it is created 
 relied on; its metadata names the run, the task and its ledger key.  Answers are matched by
 ``custom_id`` (a hash of the request and the sample it belongs to), never by line order.
 
-Resume: a request whose ``custom_id`` some recorded batch holds waits for that batch (or reads
-its files, if it is over) instead of being submitted again; a batch created but never recorded
-is found by its metadata.  A row that failed for a passing reason (429, 5xx, an expired or
-cancelled batch, a batch that failed validation) goes into a later batch, at most
-``max_retries`` times; any other row error fails its sample with the provider's message.
+Resume: a request some recorded batch holds waits for that batch (or reads its files) instead
+of being sent again.  Rows that failed for a passing reason go into a later batch, at most
+``max_retries`` times (:func:`~orchestra.models.batch_rows.row_outcome`).
 """
 
 from __future__ import annotations
@@ -21,76 +19,15 @@ import json
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.errors import ModelError
-from orchestra.fileio import stable_hash
 from orchestra.limits.retry import RetryPolicy
-from orchestra.models.base import ModelStats, current_sample
+from orchestra.models.base import ModelStats
 from orchestra.models.batch_ledger import FINAL, BatchLedger, BatchRecord
+from orchestra.models.batch_rows import BatchOptions, batch_reason, custom_id, errors_of, row_outcome
 from orchestra.models.openai_batch_http import BatchHTTP
-
-#: row statuses worth another batch (as for direct calls: rate limits, server errors)
-RETRY_STATUSES = frozenset({408, 409, 425, 429})
-
-
-@dataclass(frozen=True)
-class BatchOptions:
-    """The ``batch`` option of an API model.
-
-    Args:
-        size: most requests in one batch (the provider's limit is 50,000).
-        max_bytes: most bytes of one batch's input file (the provider's limit is 200 MB).
-        poll_s: seconds between two status checks of a batch.
-        flush_s: how long requests gather before a batch smaller than ``size`` is sent.
-        max_requests_in_flight: requests in batches (or waiting for one) at once.
-        cancel_wait_s: on Ctrl-C, how long cancelled batches are watched for ``cancelled``.
-    """
-
-    size: int = 50_000
-    max_bytes: int = 190 * 1024 * 1024
-    poll_s: float = 30.0
-    flush_s: float = 2.0
-    max_requests_in_flight: int = 100_000
-    cancel_wait_s: float = 2.0
-
-    @classmethod
-    def parse(cls, value: Any) -> BatchOptions | None:
-        """``False``/``None``: no batch mode; ``True``: defaults; a dict: these settings."""
-        if value is None or value is False:
-            return None
-        if value is True:
-            return cls()
-        valid = [f.name for f in fields(cls)]
-        if not isinstance(value, dict):
-            raise ValueError(f"batch must be True, False or a dict with keys {', '.join(valid)}; got {value!r}")
-        unknown = sorted(set(value) - set(valid))
-        if unknown:
-            raise ValueError(f"batch: unknown key {unknown[0]!r}; valid keys: {', '.join(valid)}")
-        opts = cls(**value)
-        limits = {"size": (1, 50_000), "max_bytes": (1, 200 * 1024 * 1024), "max_requests_in_flight": (1, None)}
-        for name, (low, high) in limits.items():
-            v = getattr(opts, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < low or (high is not None and v > high):
-                raise ValueError(f"batch.{name} must be an integer in [{low}, {high or 'inf'}], got {v!r}")
-        for name in ("poll_s", "flush_s", "cancel_wait_s"):
-            v = getattr(opts, name)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (name == "poll_s" and v == 0):
-                raise ValueError(f"batch.{name} must be a number of seconds > 0, got {v!r}")
-        return opts
-
-
-def custom_id(path: str, body: dict[str, Any]) -> str:
-    """A stable ``custom_id``: the request's hash, its sample and its number among the sample's
-    identical calls, so that a resumed run finds the row an earlier run already paid for."""
-    digest = stable_hash({"url": path, "body": body}, 20)
-    tag = current_sample.get()
-    if tag is None:
-        return f"o{digest}"
-    n = tag.seen.get(digest, 0)
-    tag.seen[digest] = n + 1
-    return f"o{digest}-s{tag.id}-{n}"
 
 
 @dataclass
@@ -110,6 +47,7 @@ class _Batch:
     status: str = ""
     next_poll: float = 0.0
     polls: int = 0
+    failures: int = 0  # polls or file reads in a row that failed (bounded by max_retries)
 
 
 class OpenAIBatcher:
@@ -143,6 +81,7 @@ class OpenAIBatcher:
         self.ledger = BatchLedger(ledger_path)
         self.run_id, self.task_id, self._emit = run_id, task_id, emit
         self._recovery = None
+        self._held_by.clear()
         self._full = None  # events bind to a loop: a warm worker runs one loop per task
         self._wake = None
         for name in ("batches_submitted", "batches_in_progress", "batches_completed", "batches_adopted"):
@@ -184,6 +123,7 @@ class OpenAIBatcher:
             self._full.set()
         if self._flusher is None or self._flusher.done():
             self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
+            self._flusher.add_done_callback(self._crashed)
 
     async def _flush_loop(self) -> None:
         assert self._full is not None
@@ -258,6 +198,14 @@ class OpenAIBatcher:
         self._count("batches_submitted")
         self._emit("batch_submitted", batch_id=batch["id"], key=key, requests=len(cids), bytes=len(content))
 
+    def _crashed(self, task: asyncio.Task[None]) -> None:
+        """A bug in a background loop must not leave requests waiting forever: fail them."""
+        if task.cancelled() or task.exception() is None:
+            return
+        exc = task.exception()
+        for cid in list(self._reqs):
+            self._fail(cid, f"batch mode stopped: {type(exc).__name__}: {exc}")
+
     def _track(self, batch: _Batch) -> None:
         self._batches[batch.key] = batch
         self.stats.extra["batches_in_progress"] = len(self._batches)
@@ -265,6 +213,7 @@ class OpenAIBatcher:
             self._wake.set()
         if self._poller is None or self._poller.done():
             self._poller = asyncio.get_running_loop().create_task(self._poll_loop())
+            self._poller.add_done_callback(self._crashed)
 
     def _adopt(self, rec: BatchRecord) -> None:
         """Watch a batch an earlier run recorded (read at once: it may be over already)."""
@@ -287,18 +236,7 @@ class OpenAIBatcher:
         """Read the ledger once per task: which batches hold which requests; find this task's
         batches whose create call was sent but never recorded, by their metadata."""
         assert self.ledger is not None
-        self._known = self.ledger.load()
-        orphans = BatchLedger.orphans(self._known, self.task_id)
-        if orphans:
-            found = await self.http.find({r.key for r in orphans}, min(r.ts for r in orphans) - 3600)
-            for rec in orphans:
-                batch = found.get(rec.key)
-                if batch is None:
-                    self.ledger.record("not_created", rec.key)
-                    rec.state = "not_created"
-                else:
-                    self.ledger.record("created", rec.key, batch_id=batch["id"], adopted_by_metadata=True)
-                    rec.state, rec.batch_id = "created", str(batch["id"])
+        self._known = await self.ledger.recover(self.task_id, self.http.find)
         for rec in sorted(self._known.values(), key=lambda r: r.ts):
             if rec.batch_id:
                 for cid in rec.custom_ids:
@@ -327,7 +265,9 @@ class OpenAIBatcher:
             obj = await self.http.get(batch.batch_id)
         except ModelError as exc:
             self._emit("batch_poll_failed", batch_id=batch.batch_id, error=str(exc))
+            self._give_up_after(batch, str(exc))
             return
+        batch.failures = 0
         status = str(obj.get("status", ""))
         if status != batch.status:
             batch.status = status
@@ -349,34 +289,41 @@ class OpenAIBatcher:
         except (ModelError, ValueError) as exc:
             self._emit("batch_read_failed", batch_id=batch.batch_id, error=str(exc))
             batch.next_poll = time.monotonic() + self.options.poll_s
+            self._give_up_after(batch, str(exc))
             return
         self._batches.pop(batch.key, None)
         self.stats.extra["batches_in_progress"] = len(self._batches)
         self._count("batches_completed")
         self.ledger.record("ended", batch.key, batch_id=batch.batch_id, status=batch.status)
-        reason = _batch_reason(obj)
+        reason = batch_reason(obj)
         ok = 0
         for cid in batch.custom_ids:
             req = self._reqs.get(cid)
             if req is None or req.key != batch.key:
                 continue  # not needed now (done, or waiting for a later batch)
-            row = rows.get(cid)
-            resp = (row or {}).get("response") or {}
-            if row is not None and resp.get("status_code") == 200 and isinstance(resp.get("body"), dict):
+            kind, value = row_outcome(rows.get(cid), reason)
+            if kind == "ok":
                 ok += 1
-                self._resolve(cid, resp["body"])
-            elif row is not None and resp.get("status_code"):
-                status, message = int(resp["status_code"]), _message(resp.get("body"))
-                text = f"HTTP {status}: {message}"
-                if status >= 500 or status in RETRY_STATUSES:
-                    self._retry_or_fail(cid, text)
-                else:
-                    self._fail(cid, text)
+                self._resolve(cid, value)
+            elif kind == "retry":
+                self._retry_or_fail(cid, value)
             else:
-                err = (row or {}).get("error") or {}
-                self._retry_or_fail(cid, f"{err.get('code')}: {err.get('message')}" if err else reason)
+                self._fail(cid, value)
         self._emit("batch_ended", batch_id=batch.batch_id, status=batch.status, polls=batch.polls,
-                   rows=len(batch.custom_ids), answered=ok, errors=_errors_of(obj))
+                   rows=len(batch.custom_ids), answered=ok, errors=errors_of(obj))
+
+    def _give_up_after(self, batch: _Batch, reason: str) -> None:
+        """After ``max_retries`` failed polls or reads in a row, stop watching the batch: its
+        requests go into a later batch (as for a failed batch), bounded by their own retries."""
+        batch.failures += 1
+        if batch.failures <= self.policy.max_retries:
+            return
+        self._batches.pop(batch.key, None)
+        self.stats.extra["batches_in_progress"] = len(self._batches)
+        for cid in batch.custom_ids:
+            req = self._reqs.get(cid)
+            if req is not None and req.key == batch.key:
+                self._retry_or_fail(cid, f"batch {batch.batch_id} could not be read: {reason}")
 
     def _resolve(self, cid: str, body: dict[str, Any]) -> None:
         req = self._reqs.pop(cid)
@@ -452,25 +399,3 @@ class OpenAIBatcher:
         self.ledger.record("cancelled" if status in FINAL else "cancel_unconfirmed", batch.key,
                            batch_id=batch.batch_id, status=status)
         self._emit("batch_cancelled", batch_id=batch.batch_id, status=status)
-
-
-def _message(body: Any) -> str:
-    if isinstance(body, dict):
-        err = body.get("error")
-        if isinstance(err, dict) and err.get("message"):
-            return str(err["message"])
-    return json.dumps(body)[:300]
-
-
-def _errors_of(obj: dict[str, Any]) -> list[dict[str, Any]]:
-    errors = obj.get("errors")
-    data = errors.get("data") if isinstance(errors, dict) else None
-    return [e for e in data if isinstance(e, dict)] if isinstance(data, list) else []
-
-
-def _batch_reason(obj: dict[str, Any]) -> str:
-    """Why a batch's rows got no answer: its errors (validation, token limit) or its status."""
-    errors = _errors_of(obj)
-    if errors:
-        return "; ".join(f"{e.get('code')}: {e.get('message')}" for e in errors[:3])
-    return f"batch {obj.get('id')} ended {obj.get('status')} without an answer for this request"

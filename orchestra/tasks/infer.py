@@ -131,7 +131,9 @@ def run_task(spec: TaskSpec) -> None:
     async def main() -> None:
         task = asyncio.current_task()
         loop = asyncio.get_running_loop()
-        handled = threading.current_thread() is threading.main_thread() and task is not None
+        # Only a task process of its own: in-process (--debug) the orchestrator's handler stays.
+        handled = (threading.current_thread() is threading.main_thread() and task is not None
+                   and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
         if handled and task is not None:
             loop.add_signal_handler(signal.SIGTERM, task.cancel)
         try:
