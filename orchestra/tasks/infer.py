@@ -134,11 +134,20 @@ def run_task(spec: TaskSpec) -> None:
         # Only a task process of its own: in-process (--debug) the orchestrator's handler stays.
         handled = (threading.current_thread() is threading.main_thread() and task is not None
                    and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
-        if handled and task is not None:
-            loop.add_signal_handler(signal.SIGTERM, task.cancel)
+        terminated: list[bool] = []
+
+        def on_term() -> None:
+            terminated.append(True)
+            if task is not None:
+                task.cancel()
+
+        if handled:
+            loop.add_signal_handler(signal.SIGTERM, on_term)
         try:
             await _run_units(spec)
         except asyncio.CancelledError:
+            if not terminated:
+                raise  # Ctrl-C in-process (--debug): asyncio.run turns it back into KeyboardInterrupt
             raise TaskFailedError("stopped (SIGTERM) before the end; finished samples are checkpointed") from None
         finally:
             if handled:
