@@ -15,7 +15,6 @@ of being sent again.  Rows that failed for a passing reason go into a later batc
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from collections.abc import Callable
@@ -26,7 +25,7 @@ from orchestra.errors import ModelError
 from orchestra.limits.retry import RetryPolicy
 from orchestra.models.base import ModelStats
 from orchestra.models.batch_ledger import FINAL, BatchLedger, BatchRecord
-from orchestra.models.batch_rows import BatchOptions, batch_reason, custom_id, errors_of, row_outcome
+from orchestra.models.batch_rows import BatchOptions, custom_id
 from orchestra.models.openai_batch_http import BatchHTTP
 
 
@@ -149,7 +148,7 @@ class OpenAIBatcher:
         rest: list[str] = []
         for cid in self._queue:
             req = self._reqs[cid]
-            n = len(self._line(cid, req))
+            n = len(self.http.line(cid, req.path, req.body))
             if req.path != path or len(chunk) >= self.options.size or (chunk and size + n > self.options.max_bytes):
                 rest.append(cid)
                 continue
@@ -158,24 +157,19 @@ class OpenAIBatcher:
         self._queue = rest
         return chunk
 
-    @staticmethod
-    def _line(cid: str, req: _Req) -> bytes:
-        row = {"custom_id": cid, "method": "POST", "url": "/v1" + req.path, "body": req.body}
-        return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
-
     async def _create(self, cids: list[str]) -> None:
         assert self.ledger is not None
         key = uuid.uuid4().hex[:16]
         path = self._reqs[cids[0]].path
-        content = b"".join(self._line(cid, self._reqs[cid]) for cid in cids)
+        content = b"".join(self.http.line(cid, self._reqs[cid].path, self._reqs[cid].body) for cid in cids)
         try:
-            file = await self.http.upload(f"orchestra-{key}.jsonl", content)
-            self.ledger.record("submitting", key, task_id=self.task_id, file_id=file["id"], custom_ids=cids)
+            handle = await self.http.prepare(key, content)
+            self.ledger.record("submitting", key, task_id=self.task_id, file_id=handle, custom_ids=cids)
             self._creating.add(key)
             meta = {"orchestra_run": self.run_id, "orchestra_task": self.task_id, "orchestra_key": key,
                     "orchestra_model": self.model_name[:512]}
             try:
-                batch = await self.http.create(file["id"], "/v1" + path, "24h", meta)
+                batch = await self.http.create_batch(handle, path, content, meta)
             except ModelError:
                 # A create that failed in flight may still have made the batch: look for it.
                 batch = (await self.http.find({key}, time.time() - 3600)).get(key) or {}
@@ -189,7 +183,7 @@ class OpenAIBatcher:
             return
         self._creating.discard(key)
         self.ledger.record("created", key, batch_id=batch["id"])
-        self._known[key] = BatchRecord(key, self.task_id, cids, file["id"], batch["id"], "created")
+        self._known[key] = BatchRecord(key, self.task_id, cids, handle, batch["id"], "created")
         for cid in cids:
             self._held_by[cid] = key
             self._reqs[cid].key = key
@@ -278,14 +272,8 @@ class OpenAIBatcher:
 
     async def _finish(self, batch: _Batch, obj: dict[str, Any]) -> None:
         assert self.ledger is not None
-        rows: dict[str, dict[str, Any]] = {}
         try:
-            for fid in (obj.get("error_file_id"), obj.get("output_file_id")):  # output rows win
-                if fid:
-                    for line in (await self.http.content(str(fid))).splitlines():
-                        if line.strip():
-                            row = json.loads(line)
-                            rows[str(row.get("custom_id"))] = row
+            rows = await self.http.rows(obj)
         except (ModelError, ValueError) as exc:
             self._emit("batch_read_failed", batch_id=batch.batch_id, error=str(exc))
             batch.next_poll = time.monotonic() + self.options.poll_s
@@ -295,22 +283,22 @@ class OpenAIBatcher:
         self.stats.extra["batches_in_progress"] = len(self._batches)
         self._count("batches_completed")
         self.ledger.record("ended", batch.key, batch_id=batch.batch_id, status=batch.status)
-        reason = batch_reason(obj)
+        reason = self.http.reason(obj)
         ok = 0
         for cid in batch.custom_ids:
             req = self._reqs.get(cid)
             if req is None or req.key != batch.key:
                 continue  # not needed now (done, or waiting for a later batch)
-            kind, value = row_outcome(rows.get(cid), reason)
+            kind, value = rows.get(cid, ("retry", reason))
             if kind == "ok":
                 ok += 1
                 self._resolve(cid, value)
             elif kind == "retry":
-                self._retry_or_fail(cid, value)
+                self._retry_or_fail(cid, str(value))
             else:
-                self._fail(cid, value)
+                self._fail(cid, str(value))
         self._emit("batch_ended", batch_id=batch.batch_id, status=batch.status, polls=batch.polls,
-                   rows=len(batch.custom_ids), answered=ok, errors=errors_of(obj))
+                   rows=len(batch.custom_ids), answered=ok, errors=self.http.errors(obj))
 
     def _give_up_after(self, batch: _Batch, reason: str) -> None:
         """After ``max_retries`` failed polls or reads in a row, stop watching the batch: its

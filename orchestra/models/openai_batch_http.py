@@ -26,6 +26,7 @@ from orchestra.limits.retry import (
     send_with_retries,
 )
 from orchestra.models.base import ModelStats
+from orchestra.models.batch_rows import batch_reason, errors_of, row_outcome
 
 
 class BatchHTTP:
@@ -88,6 +89,42 @@ class BatchHTTP:
         attempt = functools.partial(self._attempt, method, path, data, headers, raw)
         return await send_with_retries(attempt, policy, self._slots, self._rate, self.stats, self._explain)
 
+    # -- what the batcher asks of a provider (AnthropicBatchHTTP answers the same) --------------
+    @staticmethod
+    def line(cid: str, path: str, body: dict[str, Any]) -> bytes:
+        """One request as a line of the batch input (the provider's JSONL row)."""
+        row = {"custom_id": cid, "method": "POST", "url": "/v1" + path, "body": body}
+        return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+
+    async def prepare(self, key: str, content: bytes) -> str:
+        """Make the batch's input available before it is recorded: the uploaded file's id."""
+        return str((await self.upload(f"orchestra-{key}.jsonl", content))["id"])
+
+    async def create_batch(self, handle: str, path: str, content: bytes, meta: dict[str, str]) -> dict[str, Any]:
+        return await self.create(handle, "/v1" + path, "24h", meta)
+
+    async def rows(self, obj: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+        """Each row of a finished batch by ``custom_id``: ``(kind, value)`` of
+        :func:`~orchestra.models.batch_rows.row_outcome` (output rows win over error rows)."""
+        rows: dict[str, dict[str, Any]] = {}
+        for fid in (obj.get("error_file_id"), obj.get("output_file_id")):
+            if fid:
+                for line in (await self.content(str(fid))).splitlines():
+                    if line.strip():
+                        row = json.loads(line)
+                        rows[str(row.get("custom_id"))] = row
+        reason = self.reason(obj)
+        return {cid: row_outcome(row, reason) for cid, row in rows.items()}
+
+    @staticmethod
+    def reason(obj: dict[str, Any]) -> str:
+        return batch_reason(obj)
+
+    @staticmethod
+    def errors(obj: dict[str, Any]) -> list[dict[str, Any]]:
+        return errors_of(obj)
+
+    # -- OpenAI's calls ----------------------------------------------------------------------------
     async def upload(self, name: str, content: bytes) -> dict[str, Any]:
         """Upload a batch input file (multipart, ``purpose=batch``); the File object."""
         boundary = uuid.uuid4().hex
