@@ -24,8 +24,8 @@ from typing import Any
 
 from orchestra.fileio import append_line, read_jsonl
 
-#: statuses after which a batch changes no more
-FINAL = frozenset({"completed", "expired", "cancelled", "failed"})
+#: statuses after which a batch changes no more (OpenAI's four; Anthropic's batches just "end")
+FINAL = frozenset({"completed", "expired", "cancelled", "failed", "ended"})
 
 
 @dataclass

@@ -148,12 +148,16 @@ class OpenAIAPI(BaseModel):
         return self.max_connections
 
     # -- batch mode (orchestra/models/openai_batch.py) ------------------------------------
+    def _batch_http_class(self) -> type[BatchHTTP]:
+        """The provider's batch calls (Anthropic's differ)."""
+        return BatchHTTP
+
     def bind_task(self, run_dir: str, task_id: str, emit: Callable[..., None]) -> None:
         if self.batch_options is None:
             return
         if self._batcher is None:
-            http = BatchHTTP(self.base_url, self._client, lambda: (self._proxy, self._proxy_auth), self.policy,
-                             self._explain, self.scope_name)
+            http = self._batch_http_class()(self.base_url, self._client, lambda: (self._proxy, self._proxy_auth),
+                                            self.policy, self._explain, self.scope_name)
             self._batcher = OpenAIBatcher(self.batch_options, http, self.policy, self.stats, self.path)
         self._batcher.bind(RunPaths(run_dir).batch_ledger(self.abbr), os.path.basename(os.path.abspath(run_dir)),
                            task_id, emit)
@@ -195,15 +199,17 @@ class OpenAIAPI(BaseModel):
                 self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self.url))
             except LookupError:
                 self._proxy, self._proxy_auth = None, None
-            headers = {"Content-Type": "application/json"}
-            key = self._secret().value
-            if key:
-                headers["Authorization"] = f"Bearer {key}"
+            headers = {"Content-Type": "application/json", **self._auth_headers()}
             self._session = aiohttp.ClientSession(connector=connector, headers=headers,
                                                   cookie_jar=aiohttp.DummyCookieJar(),
                                                   timeout=aiohttp.ClientTimeout(total=None))
             self._session_loop = loop
         return self._session
+
+    def _auth_headers(self) -> dict[str, str]:
+        """Headers that carry the key (a provider with another scheme overrides this)."""
+        key = self._secret().value
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _scope(self) -> ProcessSlots | HostSlots:
         if self._slots is None:

@@ -27,7 +27,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "unknown_top_level_key.py": ("unknown top-level key 'max_num_worker'", None),
     "misspelt_list_key.py": ("unknown top-level key 'work_dirs'", None),
     "model_unknown_key.py": ("unknown key 'max_out_length' for DeterministicModel; valid keys:", "models[0]"),
-    "model_unknown_class.py": ("unknown model type 'NoSuchModel'; valid: DeterministicModel", "models[0]"),
+    "model_unknown_class.py": ("unknown model type 'NoSuchModel'; valid: AnthropicAPI, DeterministicModel", "models[0]"),
     "model_bool_for_int.py": ("expected int, got True", "models[0].batch_size"),
     "run_cfg_unknown_key.py": ("unknown key 'num_gpu'; valid keys: num_gpus, num_procs", "models[0].run_cfg"),
     "dataset_unknown_class.py": ("unknown dataset type 'ParquetDatasetX'; valid:", "datasets[0]"),

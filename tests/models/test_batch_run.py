@@ -20,7 +20,7 @@ KEY = "sk-batch-secret-4a1f9c"
 
 def write_config(tmp_path: Path, base_url: str, rows: int = 30, batch: str = "dict(size=8, poll_s=0.2, flush_s=0.2)",
                  question: str = "What is {i} + {j}?", max_task_size: int = 10_000, max_retries: int = 3,
-                 retry: int = 0) -> Path:
+                 retry: int = 0, model: str = "OpenAIAPI", extra: str = "") -> Path:
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     with open(data / "arith.jsonl", "w") as f:
@@ -29,13 +29,13 @@ def write_config(tmp_path: Path, base_url: str, rows: int = 30, batch: str = "di
     cfg = tmp_path / "cfg.py"
     cfg.write_text(f"""
 from orchestra.datasets import JsonlDataset
-from orchestra.models import OpenAIAPI
+from orchestra.models import AnthropicAPI, OpenAIAPI
 from orchestra.partitioners import NaivePartitioner, SizePartitioner
 from orchestra.runners import LocalRunner
 from orchestra.tasks import EvalTask, InferTask
 
-models = [dict(type=OpenAIAPI, abbr='gpt-batch', path='test-model', base_url={base_url!r},
-               key_env='BATCH_TEST_KEY', max_out_len=16, max_retries={max_retries}, batch={batch})]
+models = [dict(type={model}, abbr='gpt-batch', path='test-model', base_url={base_url!r},
+               key_env='BATCH_TEST_KEY', max_out_len=16, max_retries={max_retries}, batch={batch}{extra})]
 datasets = [
     dict(type=JsonlDataset, abbr='arith', path={str(data / 'arith.jsonl')!r},
          reader_cfg=dict(input_columns=['question'], output_column='answer'),
