@@ -2,8 +2,9 @@
 
     python benchmarks/batch_bench.py                         # prints a markdown table
     python benchmarks/batch_bench.py --n 2000 --turnaround-s 5 --poll-s 1 --size 500
+    python benchmarks/batch_bench.py --provider anthropic     # Message Batches
 
-The double (tests/servers/openai_batch_server.py) runs on a thread of this process with a
+The double (tests/servers/openai_batch_server.py, or anthropic_server.py) runs on a thread of this process with a
 fixed turnaround per batch; ``python run.py CONFIG`` runs the whole pipeline in a child process,
 whose CPU time (orchestrator + task processes, start-up included) is read from
 ``RUSAGE_CHILDREN``.  Measures: HTTP calls per request (every call the double answered: uploads,
@@ -26,10 +27,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "servers"))
 
-from loader import load_batch_server_module  # noqa: E402
+from loader import load_anthropic_server_module, load_batch_server_module  # noqa: E402
 
 
-def config(folder: Path, base_url: str, n: int, size: int, poll_s: float, flush_s: float, tasks: int) -> Path:
+def config(folder: Path, base_url: str, n: int, size: int, poll_s: float, flush_s: float, tasks: int,
+           model: str) -> Path:
     data = folder / "rows.jsonl"
     with open(data, "w") as f:
         for i in range(n):
@@ -37,12 +39,12 @@ def config(folder: Path, base_url: str, n: int, size: int, poll_s: float, flush_
     cfg = folder / "cfg.py"
     cfg.write_text(f"""
 from orchestra.datasets import JsonlDataset
-from orchestra.models import OpenAIAPI
+from orchestra.models import AnthropicAPI, OpenAIAPI
 from orchestra.partitioners import NaivePartitioner, SizePartitioner
 from orchestra.runners import LocalRunner
 from orchestra.tasks import EvalTask, InferTask
 
-models = [dict(type=OpenAIAPI, abbr='gpt-batch', path='test-model', base_url={base_url!r}, key_env=None,
+models = [dict(type={model}, abbr='gpt-batch', path='test-model', base_url={base_url!r}, key_env=None,
                max_out_len=16, batch=dict(size={size}, poll_s={poll_s}, flush_s={flush_s}))]
 datasets = [dict(type=JsonlDataset, abbr='rows', path={str(data)!r},
                  reader_cfg=dict(input_columns=['question'], output_column='answer'),
@@ -64,11 +66,16 @@ def main() -> int:
     p.add_argument("--flush-s", type=float, default=0.5)
     p.add_argument("--size", type=int, default=500)
     p.add_argument("--tasks", type=int, default=1)
+    p.add_argument("--provider", choices=("openai", "anthropic"), default="openai")
     args = p.parse_args()
-    mod = load_batch_server_module()
-    with mod.BatchServerThread(mod.BatchConfig(turnaround_s=args.turnaround_s)) as srv, \
-            tempfile.TemporaryDirectory() as tmp:
-        cfg = config(Path(tmp), srv.base_url, args.n, args.size, args.poll_s, args.flush_s, args.tasks)
+    if args.provider == "openai":
+        mod = load_batch_server_module()
+        double, model = mod.BatchServerThread(mod.BatchConfig(turnaround_s=args.turnaround_s)), "OpenAIAPI"
+    else:
+        mod = load_anthropic_server_module()
+        double, model = mod.AnthropicServerThread(mod.AnthropicConfig(turnaround_s=args.turnaround_s)), "AnthropicAPI"
+    with double as srv, tempfile.TemporaryDirectory() as tmp:
+        cfg = config(Path(tmp), srv.base_url, args.n, args.size, args.poll_s, args.flush_s, args.tasks, model)
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.monotonic()
         res = subprocess.run([sys.executable, "run.py", str(cfg)], cwd=ROOT, capture_output=True, text=True,
@@ -87,6 +94,7 @@ def main() -> int:
         goal = args.turnaround_s + 2 * args.poll_s + args.flush_s
         assert len(st.submitted) == args.n and set(st.submitted.values()) == {1}
         rows = [
+            ("provider (double)", args.provider),
             ("requests", str(args.n)),
             ("batches (size)", f"{len(batches)} ({args.size})"),
             ("turnaround / poll_s / flush_s", f"{args.turnaround_s:g} / {args.poll_s:g} / {args.flush_s:g} s"),

@@ -68,6 +68,8 @@ class AnthropicStats:
     gets: Counter[str] = field(default_factory=Counter)
     cancelled: list[str] = field(default_factory=list)
     unauthorized: int = 0
+    first_call_t: float | None = None  # time.time() of the first call, and of the last answer
+    last_call_t: float | None = None
 
 
 def _iso(t: float | None) -> str | None:
@@ -101,6 +103,8 @@ class AnthropicServer:
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         route = request.match_info.route.resource
         self.stats.calls[f"{request.method} {route.canonical if route else request.path}"] += 1
+        if self.stats.first_call_t is None:
+            self.stats.first_call_t = time.time()
         key = self.config.api_key
         if key is not None and request.headers.get("x-api-key") != key:
             self.stats.unauthorized += 1
@@ -108,6 +112,7 @@ class AnthropicServer:
         if not request.headers.get("anthropic-version"):
             return _err(400, "invalid_request_error", "anthropic-version: header is required")
         resp: web.StreamResponse = await handler(request)
+        self.stats.last_call_t = time.time()
         return resp
 
     # -- one message --------------------------------------------------------------------
