@@ -20,7 +20,7 @@ KEY = "sk-batch-secret-4a1f9c"
 
 def write_config(tmp_path: Path, base_url: str, rows: int = 30, batch: str = "dict(size=8, poll_s=0.2, flush_s=0.2)",
                  question: str = "What is {i} + {j}?", max_task_size: int = 10_000, max_retries: int = 3,
-                 retry: int = 0, model: str = "OpenAIAPI", extra: str = "") -> Path:
+                 retry: int = 0, model: str = "OpenAIAPI", extra: str = "", runner: str = "max_num_workers=2") -> Path:
     data = tmp_path / "data"
     data.mkdir(exist_ok=True)
     with open(data / "arith.jsonl", "w") as f:
@@ -44,7 +44,7 @@ datasets = [
 ]
 infer = dict(
     partitioner=dict(type=SizePartitioner, max_task_size={max_task_size}, gen_task_coef=1, granularity=1),
-    runner=dict(type=LocalRunner, max_num_workers=2, retry={retry}, retry_backoff_s=0.1, task=dict(type=InferTask)),
+    runner=dict(type=LocalRunner, {runner}, retry={retry}, retry_backoff_s=0.1, task=dict(type=InferTask)),
 )
 eval = dict(partitioner=dict(type=NaivePartitioner), runner=dict(type=LocalRunner, task=dict(type=EvalTask)))
 work_dir = {str(tmp_path / 'out')!r}
@@ -118,6 +118,18 @@ def test_bad_batch_option_is_one_line_exit_2(tmp_path: Path, batch_server: Any) 
     assert res.returncode == 2
     assert "batch: unknown key 'sise'; valid keys: size, max_bytes, poll_s" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_warm_worker_runs_two_tasks_with_one_model_object(tmp_path: Path, batch_server: Any) -> None:
+    """A warm worker keeps the model between tasks: each task binds its own ledger and loop."""
+    res = orchestra(write_config(tmp_path, batch_server.base_url, rows=20, max_task_size=10,
+                                 runner="max_num_workers=1, reuse_workers=True"))
+    assert res.returncode == 0, res.stderr
+    run = the_run(tmp_path)
+    assert score(run) == 1.0
+    assert set(batch_server.stats().submitted.values()) == {1} and len(batch_server.stats().submitted) == 20
+    assert {e["task_id"] for e in events(run, "batch_submitted")} == {e["task_id"] for e in events(run, "done")
+                                                                       if e["stage"] == "infer"}
 
 
 def test_key_never_reaches_the_run_folder(tmp_path: Path, batch_server: Any) -> None:
