@@ -21,7 +21,6 @@ SDK (tests/servers/test_batch_double.py):
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import datetime
 import importlib.util
 import json
@@ -29,7 +28,6 @@ import os
 import random
 import re
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -43,6 +41,12 @@ assert _spec is not None and _spec.loader is not None
 _answers = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _answers
 _spec.loader.exec_module(_answers)
+_tspec = importlib.util.spec_from_file_location(
+    "orchestra_test_double_thread", os.path.join(os.path.dirname(os.path.abspath(__file__)), "double_thread.py"))
+assert _tspec is not None and _tspec.loader is not None
+_thread = sys.modules.get(_tspec.name) or importlib.util.module_from_spec(_tspec)
+sys.modules[_tspec.name] = _thread
+_tspec.loader.exec_module(_thread)
 
 PARAMS = {"model", "max_tokens", "messages", "system", "temperature", "top_p", "top_k", "stop_sequences",
           "metadata", "stream", "tools", "tool_choice", "thinking", "service_tier"}
@@ -255,73 +259,8 @@ class AnthropicServer:
         return web.Response(body=b["results"], content_type="application/binary")
 
 
-class AnthropicServerThread:
+class AnthropicServerThread(_thread.DoubleThread):
     """The double on its own thread and event loop, on 127.0.0.1 and a free port."""
 
     def __init__(self, config: AnthropicConfig | None = None) -> None:
-        self.server = AnthropicServer(config)
-        self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-
-        async def serve() -> None:
-            runner = web.AppRunner(self.server.app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self._stop = asyncio.Event()
-            self._ready.set()
-            await self._stop.wait()
-            await runner.cleanup()
-
-        loop.run_until_complete(serve())
-        loop.close()
-
-    def start(self) -> AnthropicServerThread:
-        self._thread = threading.Thread(target=self._run, name="anthropic-double", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("anthropic double did not start in 10 s")
-        return self
-
-    def call(self, fn: Any) -> Any:
-        assert self._loop is not None
-        done, out = threading.Event(), []
-        self._loop.call_soon_threadsafe(lambda: (out.append(fn()), done.set()))
-        done.wait(10)
-        return out[0] if out else None
-
-    def configure(self, **changes: Any) -> None:
-        def apply() -> None:
-            self.server.config = dataclasses.replace(self.server.config, **changes)
-
-        self.call(apply)
-
-    def stats(self) -> AnthropicStats:
-        return self.call(lambda: dataclasses.replace(self.server.stats))
-
-    def batches(self) -> list[dict[str, Any]]:
-        return self.call(lambda: [dict(self.server.batches[i]) for i in self.server.order])
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> AnthropicServerThread:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        super().__init__(AnthropicServer(config), "anthropic-double")

@@ -28,13 +28,11 @@ Counters: HTTP calls per route, submissions per custom_id, gets per batch.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import importlib.util
 import json
 import os
 import random
 import sys
-import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -49,6 +47,12 @@ assert _spec is not None and _spec.loader is not None
 _answers = sys.modules.get(_spec.name) or importlib.util.module_from_spec(_spec)
 sys.modules[_spec.name] = _answers
 _spec.loader.exec_module(_answers)
+_tspec = importlib.util.spec_from_file_location(
+    "orchestra_test_double_thread", os.path.join(os.path.dirname(os.path.abspath(__file__)), "double_thread.py"))
+assert _tspec is not None and _tspec.loader is not None
+_thread = sys.modules.get(_tspec.name) or importlib.util.module_from_spec(_tspec)
+sys.modules[_tspec.name] = _thread
+_tspec.loader.exec_module(_thread)
 
 ENDPOINTS = {"/v1/chat/completions", "/v1/completions"}
 CHAT_PARAMS = {"model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "seed",
@@ -246,7 +250,8 @@ class BatchServer:
         batch["status"], batch["failed_at"] = "failed", int(time.time())
         batch["errors"] = {"object": "list", "data": errors}
 
-    def _validate(self, batch: dict[str, Any]) -> list[dict[str, Any]] | list[dict[str, Any]]:
+    def _validate(self, batch: dict[str, Any]) -> list[dict[str, Any]]:
+        """The batch's rows, or (when it fails validation) its errors."""
         rows: list[dict[str, Any]] = []
         seen: set[str] = set()
         for n, raw in enumerate(self.contents[batch["input_file_id"]].splitlines(), 1):
@@ -375,79 +380,8 @@ class BatchServer:
             int(time.time())
 
 
-class BatchServerThread:
+class BatchServerThread(_thread.DoubleThread):
     """The double on its own thread and event loop, on 127.0.0.1 and a free port."""
 
     def __init__(self, config: BatchConfig | None = None) -> None:
-        self.server = BatchServer(config)
-        self.port = 0
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stop: asyncio.Event | None = None
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-
-        async def serve() -> None:
-            runner = web.AppRunner(self.server.app, access_log=None)
-            await runner.setup()
-            site = web.TCPSite(runner, "127.0.0.1", 0)
-            await site.start()
-            self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-            self._stop = asyncio.Event()
-            self._ready.set()
-            await self._stop.wait()
-            await runner.cleanup()
-
-        loop.run_until_complete(serve())
-        loop.close()
-
-    def start(self) -> BatchServerThread:
-        self._thread = threading.Thread(target=self._run, name="openai-batch-double", daemon=True)
-        self._thread.start()
-        if not self._ready.wait(10):
-            raise RuntimeError("batch double did not start in 10 s")
-        return self
-
-    def call(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn`` on the server's loop (its state is only touched there)."""
-        assert self._loop is not None
-        done, out = threading.Event(), []
-
-        def run() -> None:
-            out.append(fn(*args, **kwargs))
-            done.set()
-
-        self._loop.call_soon_threadsafe(run)
-        done.wait(10)
-        return out[0] if out else None
-
-    def configure(self, **changes: Any) -> None:
-        def apply() -> None:
-            self.server.config = dataclasses.replace(self.server.config, **changes)
-
-        self.call(apply)
-
-    def stats(self) -> BatchStats:
-        return self.call(lambda: dataclasses.replace(self.server.stats))
-
-    def batches(self) -> list[dict[str, Any]]:
-        return self.call(lambda: [dict(self.server.batches[i]) for i in self.server.order])
-
-    def stop(self) -> None:
-        if self._loop is not None and self._stop is not None:
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(10)
-
-    def __enter__(self) -> BatchServerThread:
-        return self.start()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
+        super().__init__(BatchServer(config), "openai-batch-double")
