@@ -70,6 +70,7 @@ class OpenAIBatcher:
         self._held_by: dict[str, str] = {}  # custom_id -> latest recorded batch key holding it
         self._recovery: asyncio.Task[None] | None = None
         self._creating: set[str] = set()  # keys whose create call is out
+        self._to_retry: list[str] = []  # rows that failed in this loop step, requeued together
         self._full: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
@@ -81,6 +82,7 @@ class OpenAIBatcher:
         self.run_id, self.task_id, self._emit = run_id, task_id, emit
         self._recovery = None
         self._held_by.clear()
+        self._to_retry = []
         self._full = None  # events bind to a loop: a warm worker runs one loop per task
         self._wake = None
         for name in ("batches_submitted", "batches_in_progress", "batches_completed", "batches_adopted"):
@@ -337,12 +339,19 @@ class OpenAIBatcher:
             self._fail(cid, f"gave up after {req.attempts} batches ({self.policy.max_retries} retries): {reason}")
             return
         self.stats.retries += 1
-        delay = self.policy.backoff_s(req.attempts)
-        asyncio.get_running_loop().call_later(delay, self._requeue, cid)
+        if not self._to_retry:  # the rows failing together go into one later batch, after one backoff
+            asyncio.get_running_loop().call_soon(self._schedule_retries)
+        self._to_retry.append(cid)
 
-    def _requeue(self, cid: str) -> None:
-        if cid in self._reqs and not self._reqs[cid].key:
-            self._enqueue(cid)
+    def _schedule_retries(self) -> None:
+        cids, self._to_retry = self._to_retry, []
+        attempts = max((self._reqs[c].attempts for c in cids if c in self._reqs), default=1)
+        asyncio.get_running_loop().call_later(self.policy.backoff_s(attempts), self._requeue, cids)
+
+    def _requeue(self, cids: list[str]) -> None:
+        for cid in cids:
+            if cid in self._reqs and not self._reqs[cid].key:
+                self._enqueue(cid)
 
     # -- stopping -------------------------------------------------------------------------------
     async def aclose(self) -> None:
