@@ -21,7 +21,7 @@ setup(
         "hf": ["torch", "transformers", "gguf", "accelerate"],
         # RayRunner; [client] for ray:// addresses (Ray Client); tested with Ray 2.60
         "ray": ["ray[client]>=2.60"],
-        "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp"],
+        "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp", "openai", "anthropic"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},
 )

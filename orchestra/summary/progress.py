@@ -205,6 +205,12 @@ class StageProgress:
                                 if self.models.get(task) in self.api_models and task not in self.ended)
                 api_part = f"requests: {in_flight} in flight, {limited} answered 429, {retries} retries"
             parts.append(api_part)
+            batched = [ev for ev in api if "batches_submitted" in ev]
+            if batched:  # batch mode: the provider's batches of these tasks
+                sums = {k: sum(int(ev.get(f"batches_{k}") or 0) for ev in batched)
+                        for k in ("submitted", "in_progress", "completed")}
+                parts.append(f"batches: {sums['submitted']} submitted, {sums['in_progress']} in progress, "
+                             f"{sums['completed']} completed")
         if self.gpu_slots and not self.closed:
             busy = len({g for ids in self.gpus.values() for g in ids})
             parts.append(f"GPUs {busy}/{self.gpu_slots} busy")
