@@ -20,7 +20,7 @@ from typing import Any
 from orchestra.fileio import atomic_write_text, read_sealed_jsonl
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: a 100,000-task plan holds 200,000 of them
 class Unit:
     """One output of a task."""
 
@@ -40,7 +40,7 @@ class Unit:
         return self.dataset_abbr if self.shard is None else f"{self.dataset_abbr}_{self.shard}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TaskSpec:
     """Everything a task script needs, and nothing about the runner that starts it."""
 

@@ -1,0 +1,124 @@
+"""Sweep scale: planning 1k / 10k / 100k tasks, and a real run of many trivial tasks.
+
+``plan``: N models x N datasets (each its own 1,000-row file), DeterministicModel,
+SizePartitioner cut so that every (model, dataset) is one infer task and one eval task.  Each
+point is a fresh ``run.py --dry-run`` process (wall, its own CPU time and peak RSS).  Give
+``--base-tree DIR`` (e.g. ``git archive 30be510 | tar -x -C DIR``) to measure another
+checkout the same way in the same run; the table then shows the ratios.
+
+``run``: ``--run-tasks`` infer tasks of one row each (plus as many eval tasks) through
+LocalRunner with warm workers; then ``-r`` of the finished run, streaming events.jsonl,
+``--mode viz`` (summary, pivot, report) and the report opened in headless Chromium.
+
+    python benchmarks/scale_bench.py plan [--sides 32,100,316] [--base-tree DIR] [--repeat 1]
+    python benchmarks/scale_bench.py run [--run-tasks 10000] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from bench_common import REPO, print_table
+
+ROWS = 1000
+
+
+def write_plan_config(folder: Path, side: int) -> Path:
+    """``side`` models x ``side`` datasets, one infer and one eval task per pair."""
+    data = folder / "data"
+    data.mkdir(exist_ok=True)
+    for i in range(side):
+        path = data / f"d{i}.jsonl"
+        if not path.exists():
+            with open(path, "w") as f:
+                for r in range(ROWS):
+                    f.write(json.dumps({"question": f"What is {r} + {i}?", "answer": str(r + i)}) + "\n")
+    cfg = folder / f"plan_{side}.py"
+    cfg.write_text(f"""
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+from orchestra.partitioners import NaivePartitioner, SizePartitioner
+
+models = [dict(type=DeterministicModel, abbr=f'm{{i}}', path=f'det-{{i}}') for i in range({side})]
+datasets = [dict(type=JsonlDataset, abbr=f'd{{i}}', path={str(data)!r} + f'/d{{i}}.jsonl',
+                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
+                 infer_cfg=dict(prompt_template='{{question}}', inferencer=dict(type='gen', max_out_len=8)),
+                 eval_cfg=dict(evaluator='numeric_match')) for i in range({side})]
+infer = dict(partitioner=dict(type=SizePartitioner, max_task_size={ROWS * 20}, granularity=1))
+eval = dict(partitioner=dict(type=NaivePartitioner))
+work_dir = {str(folder / 'out')!r}
+""")
+    return cfg
+
+
+_MEASURE = (
+    "import resource, subprocess, sys, time\n"
+    "t0 = time.perf_counter()\n"
+    "code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
+    "wall = time.perf_counter() - t0\n"
+    "ru = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "print(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss, code)\n"
+)
+
+
+def measured(tree: Path, argv: list[str], cache: Path) -> tuple[float, float, float]:
+    """Wall s, CPU s and peak RSS MB of ``run.py ARGV`` from ``tree``, in a wrapper of its own."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(cache)}
+    res = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "run.py", *argv],
+                         cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    wall, cpu, peak_kb, code = res.stdout.split()
+    if int(code) != 0:
+        raise SystemExit(f"{tree}: run.py {' '.join(argv)} exited {code}")
+    return float(wall), float(cpu), int(peak_kb) / 1024
+
+
+def plan_main(args: argparse.Namespace) -> None:
+    sides = [int(s) for s in args.sides.split(",")]
+    trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for side in sides:
+            cfg = write_plan_config(folder, side)
+            got: dict[str, tuple[float, float, float]] = {}
+            for label, tree in trees:
+                best = min((measured(tree, [str(cfg), "--dry-run"], folder / f"cache-{label}")
+                            for _ in range(args.repeat)), key=lambda m: m[1])
+                got[label] = best
+                wall, cpu, peak = best
+                rows.append((f"{label}: {side}x{side} = {side * side} + {side * side} tasks, "
+                             f"{side * side * ROWS / 1e6:g}M samples: wall / CPU / peak RSS",
+                             f"{wall:.2f} s / {cpu:.2f} s / {peak:.0f} MB"))
+            if "base" in got:
+                (nw, nc, nm), (bw, bc, bm) = got["new"], got["base"]
+                rows.append((f"base / new at {side * side} + {side * side} tasks: wall / CPU / RSS",
+                             f"{bw / nw:.1f}x / {bc / nc:.1f}x / {bm / nm:.1f}x"))
+    print_table(rows)
+
+
+def run_main(args: argparse.Namespace) -> None:
+    print("run: see docs/benchmarks.md", file=sys.stderr)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("plan")
+    p.add_argument("--sides", default="32,100,316", help="N for N models x N datasets, comma-separated")
+    p.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
+    p.add_argument("--repeat", type=int, default=1, help="runs per point; the one with the least CPU is kept")
+    r = sub.add_parser("run")
+    r.add_argument("--run-tasks", type=int, default=10000)
+    r.add_argument("--workers", type=int, default=2)
+    args = ap.parse_args()
+    plan_main(args) if args.what == "plan" else run_main(args)
+
+
+if __name__ == "__main__":
+    main()
