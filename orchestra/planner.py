@@ -193,6 +193,7 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                 else:
                     own.append(unit)
                 shard_units.append(first)
+            hashes = ", ".join(f'"{u.hash}"' for u in shard_units)  # hex: their JSON needs no escaping
             eval_unit = Unit(
                 dataset=info.cfg,
                 dataset_abbr=info.abbr,
@@ -201,7 +202,7 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                 shard=None,
                 num_shards=1,
                 output=f"{result_dir}{os.sep}{ds.safe}.json",
-                hash=_hash_of_json(f"[{_json([u.hash for u in shard_units])}, {ds.eval_json}]"),
+                hash=_hash_of_json(f"[[{hashes}], {ds.eval_json}]"),
                 cost=float(info.size),
                 inputs=tuple((u.output, u.hash) for u in shard_units),
             )

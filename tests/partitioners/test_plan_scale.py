@@ -120,3 +120,13 @@ def test_dry_run_summarises_a_large_plan_and_lists_it_on_request(tmp_path: Path)
     assert alone.returncode == 2 and alone.stderr.strip() == "orchestra: error: --list needs --dry-run (it lists the " \
         "tasks a run would start)"
     assert not (tmp_path / "out").exists()
+
+
+def test_one_item_per_bin_is_largest_first_as_the_general_path_gives() -> None:
+    from orchestra.partitioners.base import balanced_bins
+
+    costs = [3.0, 1.0, 7.0, 1.0, 2.5]
+    assert balanced_bins(costs, 5) == [[2], [0], [4], [1], [3]]
+    assert balanced_bins(costs, 9) == [[2], [0], [4], [1], [3]]
+    # the general path (a zero cost keeps it) agrees on the positive ones
+    assert balanced_bins([*costs, 0.0], 6)[:5] == [[2], [0], [4], [1], [3]]
