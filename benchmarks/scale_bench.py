@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from bench_common import REPO, print_table
@@ -102,8 +103,68 @@ def plan_main(args: argparse.Namespace) -> None:
     print_table(rows)
 
 
+def _timed(tree: Path, argv: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "run.py", *argv], cwd=tree, env=env, capture_output=True, text=True,
+                         timeout=3600)
+    if res.returncode != 0:
+        raise SystemExit(f"run.py {' '.join(argv)} exited {res.returncode}:\n{res.stderr[-3000:]}")
+    return time.perf_counter() - t0, res
+
+
+def _open_in_chromium(report: Path) -> float | None:
+    """Seconds for headless Chromium to load the report and leave (None without Chromium)."""
+    chromium = next((c for c in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(c)), None)
+    if chromium is None:
+        return None
+    with tempfile.TemporaryDirectory() as profile:
+        t0 = time.perf_counter()
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                        "--virtual-time-budget=1000", "--dump-dom", report.as_uri()],
+                       capture_output=True, timeout=120, check=True)
+        return time.perf_counter() - t0
+
+
+def _run_one(tree: Path, label: str, folder: Path, args: argparse.Namespace) -> list[tuple[str, str]]:
+    from bench_common import stage_wall, trivial_config
+
+    env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
+    runner = f"dict(type=LocalRunner, max_num_workers={args.workers}, reuse_workers=True"
+    cfg = trivial_config(folder, f"run_{label}", args.run_tasks, "from orchestra.runners import LocalRunner", runner,
+                         folder / f"out_{label}")
+    total, _ = _timed(tree, [str(cfg)], env)
+    (run,) = [p for p in (folder / f"out_{label}").iterdir() if p.is_dir()]
+    wall, done = stage_wall(run, "infer")
+    rows = [(f"{label}: infer stage, {done} tasks, {args.workers} warm workers: wall", f"{wall:.1f} s"),
+            (f"{label}: overhead per task (wall x workers / tasks)", f"{wall * args.workers / done:.4f} s"),
+            (f"{label}: whole run (plan, both stages, summary, report)", f"{total:.1f} s")]
+    reuse_s, res = _timed(tree, [str(cfg), "-r"], env)
+    rows.append((f"{label}: -r of the finished run (decides all done, rebuilds the summary)", f"{reuse_s:.2f} s"))
+    size = (run / "events.jsonl").stat().st_size
+    t0 = time.perf_counter()
+    with open(run / "events.jsonl", encoding="utf-8") as f:
+        lines = sum(1 for line in f if json.loads(line))
+    rows.append((f"{label}: events.jsonl: {lines} events, {size / 1e6:.1f} MB, streamed once",
+                 f"{time.perf_counter() - t0:.2f} s"))
+    viz_s, _ = _timed(tree, [str(cfg), "-r", "--mode", "viz"], env)
+    rows.append((f"{label}: --mode viz (summary, pivot, report.html)", f"{viz_s:.2f} s"))
+    report = run / "summary" / "report.html"
+    rows.append((f"{label}: report.html size", f"{report.stat().st_size / 1e6:.1f} MB"))
+    opened = _open_in_chromium(report)
+    rows.append((f"{label}: report opened in headless Chromium (load + dump, incl. browser start)",
+                 "no chromium" if opened is None else f"{opened:.2f} s"))
+    return rows
+
+
 def run_main(args: argparse.Namespace) -> None:
-    print("run: see docs/benchmarks.md", file=sys.stderr)
+    trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, tree in trees:
+            folder = Path(tmp) / label
+            folder.mkdir()
+            rows += _run_one(tree, label, folder, args)
+    print_table(rows)
 
 
 def main() -> None:
@@ -116,6 +177,7 @@ def main() -> None:
     r = sub.add_parser("run")
     r.add_argument("--run-tasks", type=int, default=10000)
     r.add_argument("--workers", type=int, default=2)
+    r.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
     args = ap.parse_args()
     plan_main(args) if args.what == "plan" else run_main(args)
 

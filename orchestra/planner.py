@@ -95,11 +95,15 @@ def _dataset_plans(infos: list[DatasetInfo], infer: BasePartitioner) -> list[_Da
     return out
 
 
-def _eval_needs(units: list[Unit], needs: dict[str, dict[str, int]]) -> dict[str, int]:
-    """What an eval task of ``units`` occupies: the most any of their evaluators needs."""
-    if len(units) == 1:
+def _eval_needs(units: list[Unit], needs: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
+    """What an eval task of ``units`` occupies: the most any of their evaluators needs
+    (``needs``: each dataset's, by abbr, worked out once; else asked of each evaluator)."""
+    if needs is None:
+        every = [evaluator_resources(u.dataset.get("eval_cfg") or {}) for u in units]
+    elif len(units) == 1:
         return needs[units[0].dataset_abbr]
-    every = [needs[u.dataset_abbr] for u in units]
+    else:
+        every = [needs[u.dataset_abbr] for u in units]
     return {key: max(n[key] for n in every) for key in ("num_gpus", "num_procs")}
 
 
