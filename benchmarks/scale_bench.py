@@ -11,7 +11,8 @@ LocalRunner with warm workers; then ``-r`` of the finished run, streaming events
 ``--mode viz`` (summary, pivot, report) and the report opened in headless Chromium.
 
     python benchmarks/scale_bench.py plan [--sides 32,100,316] [--base-tree DIR] [--repeat 1]
-    python benchmarks/scale_bench.py run [--run-tasks 10000] [--workers 2]
+    python benchmarks/scale_bench.py run [--run-tasks 10000] [--workers 2] [--base-tree DIR]
+    python benchmarks/scale_bench.py refuse [--side 300] [--base-tree DIR]   # issue 20.8
 """
 
 from __future__ import annotations
@@ -167,6 +168,38 @@ def run_main(args: argparse.Namespace) -> None:
     print_table(rows)
 
 
+def refuse_main(args: argparse.Namespace) -> None:
+    """A sweep over max_variants (issue 20.8): how long until run.py refuses it, and at what memory."""
+    trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        data = folder / "rows.jsonl"
+        data.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+        cfg = folder / "sweep.py"
+        cfg.write_text(f"""
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+
+models = [dict(type=DeterministicModel, abbr=f'm{{i}}') for i in range({args.side})]
+datasets = [dict(type=JsonlDataset, abbr=f'd{{i}}', path={str(data)!r},
+                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
+                 infer_cfg=dict(prompt_template='{{question}}', inferencer=dict(type='gen', max_out_len=8)),
+                 eval_cfg=dict(evaluator='numeric_match')) for i in range({args.side})]
+sweep = dict(params={{'models.max_out_len': [8, 16, 32]}}, max_variants=50)
+work_dir = {str(folder / 'out')!r}
+""")
+        for label, tree in trees:
+            env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
+            res = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "run.py", str(cfg)],
+                                 cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+            wall, cpu, peak_kb, code = res.stdout.split()
+            rows.append((f"{label}: {args.side} models x {args.side} datasets x 3 values, max_variants=50: "
+                         "refused after (wall / CPU / peak RSS, exit code)",
+                         f"{float(wall):.2f} s / {float(cpu):.2f} s / {int(peak_kb) / 1024:.0f} MB, {code}"))
+    print_table(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -178,8 +211,11 @@ def main() -> None:
     r.add_argument("--run-tasks", type=int, default=10000)
     r.add_argument("--workers", type=int, default=2)
     r.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
+    f = sub.add_parser("refuse")
+    f.add_argument("--side", type=int, default=300)
+    f.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
     args = ap.parse_args()
-    plan_main(args) if args.what == "plan" else run_main(args)
+    {"plan": plan_main, "run": run_main, "refuse": refuse_main}[args.what](args)
 
 
 if __name__ == "__main__":

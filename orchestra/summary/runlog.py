@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestra.events import read_events
+from orchestra.events import iter_events
 from orchestra.paths import RunPaths
 from orchestra.summary.logs import read_sections
 from orchestra.tasks.spec import TaskSpec
@@ -130,7 +130,7 @@ def read_run(paths: RunPaths, api_models: set[str] | frozenset[str] = frozenset(
     open_attempts: dict[tuple[int, str, int], Attempt] = {}
     progress: dict[tuple[int, str, Any], dict[str, Any]] = {}  # (invocation, task, attempt) -> latest
     last_ts = 0.0
-    for ev in read_events(paths.events):
+    for ev in iter_events(paths.events):
         kind, ts = ev.get("event"), float(ev.get("ts") or 0.0)
         last_ts = max(last_ts, ts)
         if kind == "run_started":

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestra.events import read_events
+from orchestra.events import iter_events
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
 from orchestra.summary.logs import with_excerpt
@@ -50,7 +50,7 @@ def _task_index(paths: RunPaths) -> dict[str, tuple[str, str]]:
 
 def _last_states(paths: RunPaths) -> dict[str, dict[str, Any]]:
     states: dict[str, dict[str, Any]] = {}
-    for ev in read_events(paths.events):
+    for ev in iter_events(paths.events):
         if ev.get("event") in ("queued", "started", "retry", "done", "failed", "cancelled", "skipped"):
             states[ev["task_id"]] = ev
     return states
