@@ -127,6 +127,7 @@ class _Pending:
     infra_retries: int = 0  # attempts retried as infrastructure failures: they do not count against ``retry``
     inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
     inputs_checked: float = 0.0  # when they were last looked for
+    inputs_seen: int = 0  # its first inputs_seen inputs were found done (they stay done during a launch)
 
 
 class BaseRunner(abc.ABC):
@@ -335,12 +336,25 @@ class BaseRunner(abc.ABC):
             if may_come and now - entry.inputs_checked < self.INPUT_CHECK_S:
                 continue
             entry.inputs_checked = now
-            missing = entry.task.missing_inputs()
-            if not missing:
+            missing = self._first_missing(entry)
+            if missing is None:
                 entry.inputs_ready = True
             elif not may_come:
                 pending.remove(entry)
-                self._skip(entry.task, missing, results, ctx)
+                self._skip(entry.task, [missing], results, ctx)
+
+    @staticmethod
+    def _first_missing(entry: _Pending) -> str | None:
+        """The first input of a waiting task that is not done yet, or None.  Inputs found done
+        are not read again: an eval task over 10,000 predictions looks at each file once, not
+        at every one of them every :attr:`INPUT_CHECK_S`."""
+        inputs = [pair for unit in entry.task.units for pair in unit.inputs]
+        while entry.inputs_seen < len(inputs):
+            path, expected = inputs[entry.inputs_seen]
+            if not output_done(path, expected):
+                return path
+            entry.inputs_seen += 1
+        return None
 
     def _cancel_all(self, running: list[tuple[Job, _Pending]], pending: deque[_Pending],
                     results: dict[str, TaskResult], ctx: RunContext) -> None:
