@@ -172,7 +172,8 @@ def run_main(args: argparse.Namespace) -> None:
 
 
 def refuse_main(args: argparse.Namespace) -> None:
-    """A sweep over max_variants (issue 20.8): how long until run.py refuses it, and at what memory."""
+    """A sweep over max_variants (issue 20.8): one model swept over SIDE x SIDE x 3 values; how
+    long until run.py refuses it, and at what memory (a base that expands first is stopped at 60 s)."""
     trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -184,20 +185,22 @@ def refuse_main(args: argparse.Namespace) -> None:
 from orchestra.datasets import JsonlDataset
 from orchestra.models import DeterministicModel
 
-models = [dict(type=DeterministicModel, abbr=f'm{{i}}') for i in range({args.side})]
-datasets = [dict(type=JsonlDataset, abbr=f'd{{i}}', path={str(data)!r},
+models = [dict(type=DeterministicModel, abbr='m')]
+datasets = [dict(type=JsonlDataset, abbr='d', path={str(data)!r},
                  reader_cfg=dict(input_columns=['question'], output_column='answer'),
                  infer_cfg=dict(prompt_template='{{question}}', inferencer=dict(type='gen', max_out_len=8)),
-                 eval_cfg=dict(evaluator='numeric_match')) for i in range({args.side})]
-sweep = dict(params={{'models.max_out_len': [8, 16, 32]}}, max_variants=50)
+                 eval_cfg=dict(evaluator='numeric_match'))]
+sweep = dict(params={{'models.generation_kwargs.temperature': [i / {args.side} for i in range({args.side})],
+                      'models.generation_kwargs.top_p': [i / {args.side} for i in range({args.side})],
+                      'models.max_out_len': [8, 16, 32]}}, max_variants=50)
 work_dir = {str(folder / 'out')!r}
 """)
         for label, tree in trees:
             env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
-            res = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "run.py", str(cfg)],
-                                 cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+            res = subprocess.run([sys.executable, "-c", _MEASURE, "timeout", "60", sys.executable, "run.py",
+                                  str(cfg)], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
             wall, cpu, peak_kb, code = res.stdout.split()
-            rows.append((f"{label}: {args.side} models x {args.side} datasets x 3 values, max_variants=50: "
+            rows.append((f"{label}: {args.side} x {args.side} x 3 values, max_variants=50: "
                          "refused after (wall / CPU / peak RSS, exit code)",
                          f"{float(wall):.2f} s / {float(cpu):.2f} s / {int(peak_kb) / 1024:.0f} MB, {code}"))
     print_table(rows)
