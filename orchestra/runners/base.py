@@ -150,6 +150,10 @@ class BaseRunner(abc.ABC):
     #: rerun such an attempt at once, ahead of the queue, instead of after the backoff: for a
     #: backend whose other workers are ready to take it (a warm pool that replaces a dead worker)
     infra_retry_at_once: bool = False
+    #: start the next round at once when a job ended and tasks wait, instead of after a wait:
+    #: for a backend whose ``poll`` costs nothing (local processes); one that asks a scheduler
+    #: (``squeue``, a cloud API) keeps one poll per interval
+    refill_at_once: bool = False
 
     def __init__(
         self,
@@ -308,7 +312,7 @@ class BaseRunner(abc.ABC):
                     heapq.heappush(self._free_slots, job.slot)
                     self._finish(job, entry, ended, pending, results, ctx)
                 self._report(ctx, pending, running, results)
-                if (pending or running) and not (ended_any and pending):  # a freed slot is filled at once
+                if (pending or running) and not (ended_any and pending and self.refill_at_once):
                     self.wait([job for job, _ in running], self.poll_interval_s, ctx.stop)
         finally:
             try:

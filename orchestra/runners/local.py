@@ -165,6 +165,8 @@ class LocalRunner(BaseRunner):
             return Exit(code, f"killed by signal {signal.Signals(-code).name}")
         return Exit(code)
 
+    refill_at_once = True  # polling a local process or a warm worker's pipe costs nothing
+
     def wait(self, jobs: list[Job], timeout_s: float, stop: threading.Event) -> None:
         fds = [job.handle.reply_fd for job in jobs if isinstance(job.handle, Worker)]
         if not fds or len(fds) < len(jobs) or any(job.handle.buffer for job in jobs):
