@@ -13,6 +13,7 @@ LocalRunner with warm workers; then ``-r`` of the finished run, streaming events
     python benchmarks/scale_bench.py plan [--sides 32,100,316] [--base-tree DIR] [--repeat 1]
     python benchmarks/scale_bench.py run [--run-tasks 10000] [--workers 2] [--base-tree DIR]
     python benchmarks/scale_bench.py refuse [--side 300] [--base-tree DIR]   # issue 20.8
+    python benchmarks/scale_bench.py slurm [--run-tasks 300] [--partition debug]   # Slurm client calls
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -206,6 +209,42 @@ work_dir = {str(folder / 'out')!r}
     print_table(rows)
 
 
+def slurm_main(args: argparse.Namespace) -> None:
+    """``--run-tasks`` one-row tasks through SlurmRunner(launcher='sbatch') (job arrays), with every
+    Slurm client call counted by a shim on PATH that logs its name and runs the real one."""
+    from bench_common import stage_wall, trivial_config
+
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shims, calls = folder / "shims", folder / "calls.log"
+        shims.mkdir()
+        for name in ("sbatch", "squeue", "sacct", "scancel", "srun"):
+            real = shutil.which(name)
+            if real is None:
+                raise SystemExit(f"{name} not on PATH: start a cluster (tools/slurm_cluster.sh) first")
+            shim = shims / name
+            shim.write_text(f"#!/bin/sh\necho {name} >> {shlex.quote(str(calls))}\nexec {shlex.quote(real)} \"$@\"\n")
+            shim.chmod(0o755)
+        runner = (f"dict(type=SlurmRunner, launcher='sbatch', partition={args.partition!r}, "
+                  f"max_num_workers={args.run_tasks}")
+        cfg = trivial_config(folder, "slurm", args.run_tasks, "from orchestra.runners import SlurmRunner", runner,
+                             folder / "out")
+        env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+               "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
+        total, _ = _timed(REPO, [str(cfg), "--mode", "infer"], env)
+        (run,) = [p for p in (folder / "out").iterdir() if p.is_dir()]
+        wall, done = stage_wall(run, "infer")
+        counts: dict[str, int] = {}
+        for line in calls.read_text().split():
+            counts[line] = counts.get(line, 0) + 1
+        rows += [(f"sbatch arrays: infer stage, {done} tasks: wall", f"{wall:.1f} s"),
+                 ("whole run (--mode infer)", f"{total:.1f} s")]
+        rows += [(f"{name} calls", str(counts.get(name, 0))) for name in ("sbatch", "squeue", "sacct", "scancel")]
+        rows.append(("squeue calls per task", f"{counts.get('squeue', 0) / max(done, 1):.3f}"))
+    print_table(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -217,11 +256,14 @@ def main() -> None:
     r.add_argument("--run-tasks", type=int, default=10000)
     r.add_argument("--workers", type=int, default=2)
     r.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
+    sl = sub.add_parser("slurm")
+    sl.add_argument("--run-tasks", type=int, default=300)
+    sl.add_argument("--partition", default="debug")
     f = sub.add_parser("refuse")
     f.add_argument("--side", type=int, default=300)
     f.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
     args = ap.parse_args()
-    {"plan": plan_main, "run": run_main, "refuse": refuse_main}[args.what](args)
+    {"plan": plan_main, "run": run_main, "refuse": refuse_main, "slurm": slurm_main}[args.what](args)
 
 
 if __name__ == "__main__":
