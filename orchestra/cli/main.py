@@ -39,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["all", "infer", "eval", "viz"], default="all",
                    help="run both stages (all), one stage, or only rebuild the summary and report (viz)")
     p.add_argument("--debug", action="store_true", help="run tasks in this process, one by one, with tracebacks")
-    p.add_argument("--dry-run", action="store_true", help="print the plan of both stages; write nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan of both stages (a summary when a stage has many tasks); write nothing")
+    p.add_argument("--list", action="store_true", help="with --dry-run: list every task and sweep variant")
     p.add_argument("--max-num-workers", type=int, help="tasks running at once, for every stage")
     p.add_argument("--retry", type=int, help="extra attempts for a failed task, for every stage")
     p.add_argument("--slurm", action="store_true", help="run every stage with SlurmRunner")
@@ -191,9 +193,17 @@ def _main(args: argparse.Namespace) -> int:
     def edit(raw: dict[str, Any]) -> None:
         _apply_cli_overrides(raw, args)
 
+    if args.list and not args.dry_run:
+        raise UserError("--list needs --dry-run (it lists the tasks a run would start)")
     if args.dry_run:
         view = api.plan(args.config, reuse=args.reuse, mode=args.mode, cfg_options=args.cfg_options, _edit_raw=edit)
-        api.say(view.render())
+        chunk: list[str] = []
+        for line in view.lines(full=args.list):  # 200,000 tasks: printed in chunks, never one string
+            chunk.append(line)
+            if len(chunk) >= 2000:
+                api.say("\n".join(chunk))
+                chunk.clear()
+        api.say("\n".join(chunk))
         return EXIT_OK
     run = api.run(args.config, mode=args.mode, reuse=args.reuse, debug=args.debug, yes=args.yes,
                   cfg_options=args.cfg_options, trace=args.trace, _edit_raw=edit)

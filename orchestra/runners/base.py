@@ -82,6 +82,22 @@ class TaskResult:
     duration_s: float = 0.0
 
 
+class _Results(dict[str, TaskResult]):
+    """Results by task id, with a running count per end state: the progress hook gets the
+    counts every round, and counting 10,000 results each round would make the loop quadratic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __setitem__(self, task_id: str, result: TaskResult) -> None:
+        old = self.get(task_id)
+        if old is not None:
+            self.counts[old.state.value] -= 1
+        super().__setitem__(task_id, result)
+        self.counts[result.state.value] = self.counts.get(result.state.value, 0) + 1
+
+
 @dataclass
 class RunContext:
     """What a runner needs from the run: its folder, its event log, and the stop flag."""
@@ -111,6 +127,7 @@ class _Pending:
     infra_retries: int = 0  # attempts retried as infrastructure failures: they do not count against ``retry``
     inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
     inputs_checked: float = 0.0  # when they were last looked for
+    inputs_seen: int = 0  # its first inputs_seen inputs were found done (they stay done during a launch)
 
 
 class BaseRunner(abc.ABC):
@@ -133,6 +150,10 @@ class BaseRunner(abc.ABC):
     #: rerun such an attempt at once, ahead of the queue, instead of after the backoff: for a
     #: backend whose other workers are ready to take it (a warm pool that replaces a dead worker)
     infra_retry_at_once: bool = False
+    #: start the next round at once when a job ended and tasks wait, instead of after a wait:
+    #: for a backend whose ``poll`` costs nothing (local processes); one that asks a scheduler
+    #: (``squeue``, a cloud API) keeps one poll per interval
+    refill_at_once: bool = False
 
     def __init__(
         self,
@@ -199,6 +220,14 @@ class BaseRunner(abc.ABC):
     def close(self) -> None:
         """Called once after ``launch`` (e.g. to stop warm workers)."""
 
+    def wait(self, jobs: list[Job], timeout_s: float, stop: threading.Event) -> None:
+        """Block between two rounds of the loop: until ``timeout_s`` has passed or ``stop`` is set.
+
+        A backend that can tell when one of ``jobs`` ends (a pipe it reads, say) may return as
+        soon as that happens, so that short tasks do not each wait out ``poll_interval_s``.
+        """
+        stop.wait(timeout_s)
+
     def flush(self) -> None:
         """Called after each round of ``submit`` calls; a backend that batches submissions
         (e.g. one Slurm job array for every job submitted in the round) sends them here."""
@@ -239,7 +268,7 @@ class BaseRunner(abc.ABC):
 
     def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
-        results: dict[str, TaskResult] = {}
+        results = _Results()
         pending: deque[_Pending] = deque()
         self._free_slots = list(range(self.max_num_workers))  # a heap: the lowest free slot first
         for task in tasks:
@@ -267,6 +296,7 @@ class BaseRunner(abc.ABC):
                 self._look_for_inputs(pending, results, ctx, now)
                 self._start_ready(pending, running, results, ctx, now)
                 self.flush()
+                ended_any = False
                 for job, entry in list(running):
                     ended = self.poll(job)
                     if ended is None:
@@ -276,13 +306,14 @@ class BaseRunner(abc.ABC):
                             ended = Exit(-1, f"timed out after {self.timeout_s:g} s")
                         else:
                             continue
+                    ended_any = True
                     running.remove((job, entry))
                     self.release(job)
                     heapq.heappush(self._free_slots, job.slot)
                     self._finish(job, entry, ended, pending, results, ctx)
                 self._report(ctx, pending, running, results)
-                if pending or running:
-                    ctx.stop.wait(self.poll_interval_s)
+                if (pending or running) and not (ended_any and pending and self.refill_at_once):
+                    self.wait([job for job, _ in running], self.poll_interval_s, ctx.stop)
         finally:
             try:
                 if running or (ctx.stop.is_set() and pending):
@@ -309,12 +340,25 @@ class BaseRunner(abc.ABC):
             if may_come and now - entry.inputs_checked < self.INPUT_CHECK_S:
                 continue
             entry.inputs_checked = now
-            missing = entry.task.missing_inputs()
-            if not missing:
+            missing = self._first_missing(entry)
+            if missing is None:
                 entry.inputs_ready = True
             elif not may_come:
                 pending.remove(entry)
-                self._skip(entry.task, missing, results, ctx)
+                self._skip(entry.task, [missing], results, ctx)
+
+    @staticmethod
+    def _first_missing(entry: _Pending) -> str | None:
+        """The first input of a waiting task that is not done yet, or None.  Inputs found done
+        are not read again: an eval task over 10,000 predictions looks at each file once, not
+        at every one of them every :attr:`INPUT_CHECK_S`."""
+        inputs = [pair for unit in entry.task.units for pair in unit.inputs]
+        while entry.inputs_seen < len(inputs):
+            path, expected = inputs[entry.inputs_seen]
+            if not output_done(path, expected):
+                return path
+            entry.inputs_seen += 1
+        return None
 
     def _cancel_all(self, running: list[tuple[Job, _Pending]], pending: deque[_Pending],
                     results: dict[str, TaskResult], ctx: RunContext) -> None:
@@ -429,10 +473,9 @@ class BaseRunner(abc.ABC):
                         log=job.log_path, **how)
 
     def _report(self, ctx: RunContext, pending: deque[_Pending], running: list[tuple[Job, _Pending]],
-                results: dict[str, TaskResult]) -> None:
+                results: _Results) -> None:
         if ctx.on_change is None:
             return
         counts = {"pending": len(pending), "running": len(running)}
-        for r in results.values():
-            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+        counts.update((state, n) for state, n in results.counts.items() if n)
         ctx.on_change(counts)

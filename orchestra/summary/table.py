@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestra.events import read_events
+from orchestra.events import iter_events
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
 from orchestra.summary.logs import with_excerpt
@@ -50,7 +50,7 @@ def _task_index(paths: RunPaths) -> dict[str, tuple[str, str]]:
 
 def _last_states(paths: RunPaths) -> dict[str, dict[str, Any]]:
     states: dict[str, dict[str, Any]] = {}
-    for ev in read_events(paths.events):
+    for ev in iter_events(paths.events):
         if ev.get("event") in ("queued", "started", "retry", "done", "failed", "cancelled", "skipped"):
             states[ev["task_id"]] = ev
     return states
@@ -78,8 +78,8 @@ def _why(output: str, index: dict[str, tuple[str, str]], states: dict[str, dict[
 
 def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str, Unit]]) -> Summary:
     """Collect every planned (model, dataset) result, or the reason it is missing."""
-    index = _task_index(paths)
-    states = _last_states(paths)
+    index: dict[str, tuple[str, str]] | None = None  # read (every task spec, every event) only if a result is missing
+    states: dict[str, dict[str, Any]] = {}
     summary = Summary(models=models)
     by_dataset: dict[str, dict[str, dict[str, float]]] = {}
     order: list[str] = []
@@ -91,6 +91,8 @@ def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str
             with open(unit.output, encoding="utf-8") as f:
                 by_dataset[unit.dataset_abbr][model] = json.load(f)["metrics"]
             continue
+        if index is None:
+            index, states = _task_index(paths), _last_states(paths)
         reason = ""
         for pred, h in unit.inputs:
             if not output_done(pred, h):
