@@ -120,7 +120,7 @@ class LoglikInferencer(Inferencer):
             raise ConfigError(f"{where}: inferencer loglik needs choices_column or choices")
         template = cfg.get("continuation_template", " {choice}")
         continuations = tuple(template.format(choice=c, **row) for c in choices)
-        return Sample(id=idx, kind=self.name, gold=gold,
+        return Sample(id=idx, kind=self.name, gold=gold, choices=tuple(str(c) for c in choices),
                       loglik=LoglikRequest(context=prompt, continuations=continuations))
 
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
@@ -129,8 +129,8 @@ class LoglikInferencer(Inferencer):
         lls = await model.loglikelihood(sample.loglik)
         best = max(range(len(lls)), key=lls.__getitem__)
         return {"id": sample.id, "prompt": _serializable_prompt(sample.loglik.context),
-                "continuations": list(sample.loglik.continuations), "logliks": lls, "prediction": best,
-                "gold": sample.gold}
+                "continuations": list(sample.loglik.continuations), "choices": list(sample.choices), "logliks": lls,
+                "prediction": best, "gold": sample.gold}
 
 
 class ChatInferencer(Inferencer):

@@ -51,59 +51,66 @@ def _quiet() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+_MANAGERS: dict[tuple[str, ...], Any] = {}
+
+
 def _task_manager(settings: dict[str, Any]) -> Any:
+    """lm-eval's task index (seconds to build), one per ``include_path`` in a process."""
     from lm_eval.tasks import TaskManager
 
-    return TaskManager(include_path=settings["include_path"] or None)
+    key = tuple(settings["include_path"])
+    if key not in _MANAGERS:
+        _MANAGERS[key] = TaskManager(include_path=list(key) or None)
+    return _MANAGERS[key]
 
 
-def _selection(settings: dict[str, Any], tm: Any) -> tuple[list[tuple[str, int]], Any, Any]:
-    """(subtask, documents in range) in row order, and simple_evaluate's ``limit``/``samples``."""
+def _counts(settings: dict[str, Any], tm: Any) -> tuple[list[tuple[str, int]], dict[str, list[int]]]:
+    """(subtask, documents in range) in row order (subtasks by name), and each subtask's
+    document indices; loads the tasks (their datasets)."""
     loaded = tm.load([settings["task"]])
     lo, hi = settings["test_range"]
     counts: list[tuple[str, int]] = []
-    samples: dict[str, list[int]] = {}
+    picked: dict[str, list[int]] = {}
     for name in sorted(loaded["tasks"]):
         obj = loaded["tasks"][name]
         kind = obj.get_config("output_type")
         if kind in UNSUPPORTED_OUTPUT:
             raise ConfigError(f"lm-eval task {name}: {UNSUPPORTED_OUTPUT[kind]}")
-        n = len(obj.eval_docs)
-        picked = range(n)[lo:hi]
-        counts.append((name, len(picked)))
-        samples[name] = list(picked)
-    if lo:  # as --samples: lm-eval numbers these documents 0.. in order
-        return counts, None, samples
-    return counts, hi, None
+        picked[name] = list(range(len(obj.eval_docs))[lo:hi])
+        counts.append((name, len(picked[name])))
+    return counts, picked
 
 
 def probe(settings: dict[str, Any]) -> dict[str, Any]:
     """What the planner needs: ``tasks`` as ``[[name, documents in range], ...]``."""
     _quiet()
-    counts, _, _ = _selection(settings, _task_manager(settings))
+    counts, _ = _counts(settings, _task_manager(settings))
     return {"tasks": counts}
 
 
 def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int) -> tuple[dict[str, Any], list[tuple[str, int]]]:
-    """simple_evaluate on ``lm`` as ``lm_eval`` runs it; its results and the documents per subtask."""
+    """simple_evaluate on ``lm`` as ``lm_eval`` runs it; its results and the documents per
+    subtask in row order."""
     from lm_eval.evaluator import simple_evaluate
 
     tm = _task_manager(settings)
-    counts, limit, samples = _selection(settings, tm)
+    lo, hi = settings["test_range"]
+    samples = _counts(settings, tm)[1] if lo else None  # as --samples (lm-eval numbers them 0..)
     results = simple_evaluate(
-        model=lm, tasks=[settings["task"]], num_fewshot=settings["num_fewshot"], limit=limit, samples=samples,
-        gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters, log_samples=True,
-        **SEEDS,
+        model=lm, tasks=[settings["task"]], num_fewshot=settings["num_fewshot"], limit=None if lo else hi,
+        samples=samples, gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters,
+        log_samples=True, **SEEDS,
     )
     if results is None:
         raise TaskFailedError(f"lm-eval returned no results for {settings['task']}")
+    counts = [(name, int(n["effective"])) for name, n in sorted(results["n-samples"].items())]
     return results, counts
 
 
 def _lm_class() -> type:
     from lm_eval.api.model import LM
 
-    class _Scripted(LM):  # type: ignore[misc]
+    class _Scripted(LM):
         """lm-eval's model interface answered by ``answer(kind, instances)``."""
 
         def __init__(self, answer: Any) -> None:
@@ -185,10 +192,10 @@ def _number(value: Any) -> float | None:
 
 def score(settings: dict[str, Any], records: list[dict[str, Any]]
           ) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
-    """lm-eval's metrics for orchestra's answers: the top task's or group's metrics under
-    lm-eval's names (``acc,none``, ``exact_match,strict-match``), then each subtask's as
-    ``<subtask>/<metric>``; per-document details as lm-eval logs them; and lm-eval's own
-    results table (``lmeval``)."""
+    """lm-eval's metrics for orchestra's answers: the task's (or group's aggregate) metrics
+    under lm-eval's names (``acc,none``, ``exact_match,strict-match``), values before
+    stderrs; per-document details as lm-eval logs them; and lm-eval's own results table
+    (``lmeval``: every subtask and subgroup)."""
     _quiet()
     from lm_eval.utils import handle_non_serializable
 
@@ -196,13 +203,11 @@ def score(settings: dict[str, Any], records: list[dict[str, Any]]
     table = json.loads(json.dumps(results["results"], default=handle_non_serializable))
     top = settings["task"]
     metrics: dict[str, float] = {}
-    for name in [top, *sorted(n for n in table if n != top)]:
-        values = table.get(name, {})
-        ordered = sorted(values, key=lambda k: ("_stderr" in k, k))
-        for key in ordered:
-            v = _number(values[key])
-            if v is not None and key != "sample_len" and not math.isnan(v):
-                metrics[key if name == top else f"{name}/{key}"] = v
+    values = table.get(top, {})
+    for key in sorted(values, key=lambda k: ("_stderr" in k, k)):
+        v = _number(values[key])
+        if v is not None and "," in key and not math.isnan(v):
+            metrics[key] = v
     ids = {(r["gold"]["task"], int(r["gold"]["doc_id"])): int(r["id"]) for r in records}
     details: list[dict[str, Any]] = []
     for name, logged in sorted(results.get("samples", {}).items()):
