@@ -237,13 +237,14 @@ def test_planning_imports_neither_lm_eval_nor_torch(tmp_path: Path, offline: Pat
         "                 test_range='[0:7]')]\n"
         f"work_dir = {str(tmp_path / 'out')!r}\n"
     )
-    code = ("import sys, runpy; sys.argv = ['run.py', sys.argv[1], '--dry-run']\n"
-            "try:\n    runpy.run_path(sys.argv[0].replace('run.py', '') + " + repr(str(REPO / "run.py")) +
-            ", run_name='__main__')\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+    code = ("import runpy, sys\n"
+            f"sys.argv = [{str(REPO / 'run.py')!r}, sys.argv[1], '--dry-run']\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
             "heavy = sorted(m for m in ('lm_eval', 'torch', 'transformers', 'datasets') if m in sys.modules)\n"
             "print('HEAVY', heavy)\n")
     proc = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True,
                           env={**_env(), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")})
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "HEAVY []" in proc.stdout, proc.stdout[-2000:]
-    assert "7" in proc.stdout  # the planned size: 7 documents
+    assert "arc[0:7]" in proc.stdout  # the planned shard: the 7 documents the probe counted
