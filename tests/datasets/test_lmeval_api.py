@@ -45,6 +45,7 @@ def _predictions(tmp_path: Path, name: str) -> list[dict[str, Any]]:
     return [r for r in (json.loads(line) for line in open(path) if line.strip()) if "_meta" not in r]
 
 
+@pytest.mark.slow
 def test_gsm8k_and_arc_through_the_openai_compatible_api(tmp_path: Path, offline: Path, server: Any) -> None:
     cfg = tmp_path / "api.py"
     cfg.write_text(
