@@ -101,6 +101,7 @@ DATASETS = Registry(
         "CsvDataset": "orchestra.datasets.tabular.CsvDataset",
         "ArrowDataset": "orchestra.datasets.tabular.ArrowDataset",
         "OlmoEvalDataset": "orchestra.datasets.olmo.OlmoEvalDataset",
+        "LmEvalDataset": "orchestra.datasets.lmeval.LmEvalDataset",
     },
     base="orchestra.datasets.base.BaseDataset",
 )
