@@ -1,5 +1,5 @@
 """Shared batches: the requests of every task of one model in one run folder, on one host, go
-into the same batches (``<run>/batches/<model>.spool/``).
+into the same batches (``<run>/batches/<model>.spool/<host>/``).
 
 Each task (an *owner*) writes the requests it wants batched as small JSON files into the spool,
 one *entry* per request with a fresh ``nonce``.  Whichever owner holds ``lead.lock`` (a
@@ -22,6 +22,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 import time
 import uuid
 from typing import Any
@@ -41,8 +42,9 @@ class BatchSpool:
     """One owner's side of a model's spool folder (see the module docstring)."""
 
     def __init__(self, folder: str, task_id: str) -> None:
-        self.folder = folder
-        self.owner = f"{safe_name(task_id)[:80]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        self.host = safe_name(socket.gethostname())[:64]
+        self.folder = os.path.join(folder, self.host)  # one spool per host: flock and pids are local
+        self.owner = f"{self.host}~{safe_name(task_id)[:80]}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
         self._owner_fd = -1
         self._lead_fd = -1
         self._seq = 0
@@ -124,8 +126,12 @@ class BatchSpool:
             out.extend({**e, "ts": float(blob["ts"])} for e in left)
         return out
 
+    def here(self, owner: str) -> bool:
+        """Whether ``owner`` (as a ledger line names it) ran on this host."""
+        return owner.split("~")[0] == self.host and "~" in owner
+
     def alive(self, owner: str) -> bool:
-        """Whether spool owner ``owner`` (this one included) still lives."""
+        """Whether spool owner ``owner`` of this host (this one included) still lives."""
         return owner == self.owner or (bool(owner) and not self._reap(owner))
 
     def _reap(self, owner: str) -> bool:

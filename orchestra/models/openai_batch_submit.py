@@ -170,8 +170,7 @@ class BatchSubmitter:
         while not self.spool.try_lead():
             await asyncio.sleep(0.05)
         try:
-            self._known = await self.ledger.recover(None, self.http.find, lambda r: self.spool is not None
-                                                    and self.spool.alive(r.owner))
+            self._known = await self.ledger.recover(None, self.http.find, self._busy)
             self._offset = self.ledger.tail(0)[1]
         finally:
             self.spool.unlead()
@@ -180,13 +179,22 @@ class BatchSubmitter:
                 for cid in rec.custom_ids:
                     self._held_by[cid] = rec.key
 
+    def _busy(self, rec: BatchRecord) -> bool:
+        """Whether a ``submitting`` line without an outcome is not ours to settle: its creator on
+        this host still lives (it settles its own create), or it was made on another host (only
+        its own task settles it there, on its next run)."""
+        assert self.spool is not None
+        if self.spool.here(rec.owner):
+            return self.spool.alive(rec.owner)
+        return rec.task_id != self.task_id
+
     # -- the leader ---------------------------------------------------------------------------------
     async def _lead(self) -> None:
         """One round as leader: settle dead creators' batches, cut every live owner's entries
         into batches and create those due (full ones at once, the last after ``flush_s``)."""
         assert self.ledger is not None and self.spool is not None
         spool = self.spool
-        records = await self.ledger.recover(None, self.http.find, lambda r: spool.alive(r.owner))
+        records = await self.ledger.recover(None, self.http.find, self._busy)
         consumed = {n for r in records.values() for n in r.nonces}
         entries = spool.gather(consumed)
         for chunk in cut(entries, self.options.size, self.options.max_bytes, self.http.line,

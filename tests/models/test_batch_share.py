@@ -43,7 +43,7 @@ def test_four_tasks_fill_shared_batches(tmp_path: Path, batch_server: Any) -> No
     assert max(len(e["tasks"]) for e in submitted) > 1, "a batch holds requests of several tasks"
     # each task polled and checkpointed its own samples; no spool entry is left behind
     spool = run / "batches" / "gpt-batch.spool"
-    assert [p.name for p in spool.iterdir() if p.name != "lead.lock"] == []
+    assert [p.name for p in spool.rglob("*") if p.is_file() and p.name != "lead.lock"] == []
 
 
 def test_sigkill_of_the_run_then_resume_with_shared_batches(tmp_path: Path, batch_server: Any) -> None:

@@ -79,3 +79,43 @@ def test_ledger_folds_lines_and_skips_a_torn_one(tmp_path: Path) -> None:
     ledger.record("ended", "k1", batch_id="batch_1", status="completed")  # appended after the torn bytes
     assert ledger.load()["k1"].state == "ended"
     assert os.path.getsize(ledger.path) > 0
+
+
+def test_spool_takes_live_owners_entries_once_and_drops_a_dead_owners(tmp_path: Path) -> None:
+    """A real second process joins the spool, spools an entry and dies by SIGKILL: its lock is
+    free, so the leader drops its entries unread; consumed nonces are never taken again."""
+    import signal
+    import subprocess
+    import sys
+
+    from orchestra.models.batch_spool import BatchSpool, cut
+
+    code = ("import sys, time; from orchestra.models.batch_spool import BatchSpool; "
+            "s = BatchSpool(sys.argv[1], 'dead-task'); s.open(); "
+            "s.put([{'cid': 'd', 'path': '/p', 'body': {}, 'nonce': 'nd'}]); print('ok', flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert child.stdout is not None and child.stdout.readline().strip() == "ok"
+    me, other = BatchSpool(str(tmp_path), "task-a"), BatchSpool(str(tmp_path), "task-b")
+    me.open()
+    other.open()
+    me.put([{"cid": "a1", "path": "/p", "body": {}, "nonce": "n1"},
+            {"cid": "a2", "path": "/p", "body": {}, "nonce": "n2"}])
+    other.put([{"cid": "b1", "path": "/p", "body": {}, "nonce": "n3"}])
+    assert me.try_lead() and not other.try_lead()  # one leader at a time
+    (child_owner,) = [n[:-6] for n in os.listdir(me.folder) if n.startswith(me.host + "~dead") and n.endswith(".owner")]
+    assert me.alive(child_owner)
+    assert sorted(e["cid"] for e in me.gather(set())) == ["a1", "a2", "b1", "d"]  # the child still lives
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert not me.alive(child_owner)
+    left = me.gather({"n1"})  # n1 went into a batch: never taken again; the dead owner's entry is gone
+    assert sorted(e["cid"] for e in left) == ["a2", "b1"]
+    assert [len(c) for c in cut(left, 8, 10**6, lambda c, p, b: b"x" * 10, 1.0, left[0]["ts"] + 0.5)] == []
+    assert [len(c) for c in cut(left, 8, 10**6, lambda c, p, b: b"x" * 10, 1.0, left[0]["ts"] + 1.0)] == [2]
+    assert [len(c) for c in cut(left, 1, 10**6, lambda c, p, b: b"x" * 10, 1.0, 0.0)] == [1, 1]  # full: at once
+    me.unlead()
+    assert other.try_lead()  # released: the next owner leads
+    other.close()
+    me.close()
+    assert sorted(os.listdir(me.folder)) == ["lead.lock"]
