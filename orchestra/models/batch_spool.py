@@ -154,12 +154,14 @@ def cut(entries: list[dict[str, Any]], size: int, max_bytes: int, line_of: Any, 
         now: float) -> list[list[dict[str, Any]]]:
     """Batches to create now from ``entries`` (each one endpoint, at most ``size`` rows and
     ``max_bytes`` bytes): every full batch, and the last one if its oldest entry waited ``flush_s``."""
-    seen: set[str] = set()
+    first: dict[str, dict[str, Any]] = {}
     by_path: dict[str, list[dict[str, Any]]] = {}
     for e in entries:
-        if e["cid"] not in seen:
-            seen.add(e["cid"])
-            by_path.setdefault(e["path"], []).append(e)
+        if e["cid"] in first:  # one row; the duplicate entry is consumed with it
+            first[e["cid"]].setdefault("dup_nonces", []).append(e["nonce"])
+            continue
+        first[e["cid"]] = e
+        by_path.setdefault(e["path"], []).append(e)
     out: list[list[dict[str, Any]]] = []
     for group in by_path.values():
         chunk: list[dict[str, Any]] = []

@@ -71,6 +71,7 @@ class BatchSubmitter:
     _creating: set[str]
     _pending: dict[str, list[str]]  # batch key -> this task's custom_ids it takes (not created yet)
     _offset: int  # how far this task has read the ledger
+    _tag: str  # ends every custom_id of this task
     _full: asyncio.Event | None
     _flusher: asyncio.Task[None] | None
 
@@ -167,13 +168,21 @@ class BatchSubmitter:
         Under ``lead.lock`` (no create call is out): batches whose creator died before
         recording the id are looked up by their metadata first."""
         assert self.ledger is not None and self.spool is not None
-        while not self.spool.try_lead():
-            await asyncio.sleep(0.05)
-        try:
-            self._known = await self.ledger.recover(None, self.http.find, self._busy)
-            self._offset = self.ledger.tail(0)[1]
-        finally:
-            self.spool.unlead()
+        mine = f"-t{self._tag}"
+        while True:
+            while not self.spool.try_lead():
+                await asyncio.sleep(0.05)
+            try:
+                self._known = await self.ledger.recover(None, self.http.find, self._busy)
+                self._offset = self.ledger.tail(0)[1]
+            finally:
+                self.spool.unlead()
+            # A create another host's leader may still have out holds rows of this task: wait
+            # until it is settled (or too old to be out), or they could be sent twice.
+            if not any(r.state == "submitting" and any(c.endswith(mine) for c in r.custom_ids)
+                       for r in self._known.values()):
+                break
+            await asyncio.sleep(1.0)
         for rec in sorted(self._known.values(), key=lambda r: r.ts):
             if rec.batch_id:
                 for cid in rec.custom_ids:
@@ -182,11 +191,13 @@ class BatchSubmitter:
     def _busy(self, rec: BatchRecord) -> bool:
         """Whether a ``submitting`` line without an outcome is not ours to settle: its creator on
         this host still lives (it settles its own create), or it was made on another host (only
-        its own task settles it there, on its next run)."""
+        another task may still be creating it: until its create call cannot be out any more)."""
         assert self.spool is not None
         if self.spool.here(rec.owner):
             return self.spool.alive(rec.owner)
-        return rec.task_id != self.task_id
+        if rec.task_id == self.task_id:
+            return False  # made by this task's earlier run, which is over
+        return time.time() - rec.ts < self.policy.attempt_timeout_s + 30  # its create call may be out
 
     # -- the leader ---------------------------------------------------------------------------------
     async def _lead(self) -> None:
@@ -205,7 +216,8 @@ class BatchSubmitter:
         """Create one batch of ``chunk`` (spool entries of any owner), recorded before and after."""
         assert self.ledger is not None and self.spool is not None
         key = uuid.uuid4().hex[:16]
-        cids, nonces = [e["cid"] for e in chunk], [e["nonce"] for e in chunk]
+        cids = [e["cid"] for e in chunk]
+        nonces = [n for e in chunk for n in (e["nonce"], *e.get("dup_nonces", ()))]
         content = b"".join(self.http.line(e["cid"], e["path"], e["body"]) for e in chunk)
         try:
             handle = await self.http.prepare(key, content)

@@ -12,15 +12,16 @@ import signal
 from pathlib import Path
 from typing import Any
 
+import pytest
 from test_batch_run import _start, _wait_for, events, ledger, orchestra, score, the_run, write_config
 
 SHARDS, N, SIZE = 4, 10, 8  # 4 tasks of 10 requests, batches of at most 8
 SHARED = f"dict(size={SIZE}, poll_s=0.3, flush_s=6)"  # long enough for the 4 processes to start
 
 
-def _config(tmp_path: Path, base_url: str, retry: int = 0) -> Path:
+def _config(tmp_path: Path, base_url: str, retry: int = 0, warm: bool = False) -> Path:
     return write_config(tmp_path, base_url, rows=SHARDS * N, max_task_size=N, batch=SHARED,
-                        runner=f"max_num_workers={SHARDS}", retry=retry)
+                        runner=f"max_num_workers={SHARDS}, reuse_workers={warm}", retry=retry)
 
 
 def _check_once(batch_server: Any) -> None:
@@ -28,8 +29,9 @@ def _check_once(batch_server: Any) -> None:
     assert len(st.submitted) == SHARDS * N and set(st.submitted.values()) == {1}, "no request in two batches"
 
 
-def test_four_tasks_fill_shared_batches(tmp_path: Path, batch_server: Any) -> None:
-    res = orchestra(_config(tmp_path, batch_server.base_url))
+@pytest.mark.parametrize("warm", [False, True])
+def test_four_tasks_fill_shared_batches(tmp_path: Path, batch_server: Any, warm: bool) -> None:
+    res = orchestra(_config(tmp_path, batch_server.base_url, warm=warm))
     assert res.returncode == 0, res.stderr
     run = the_run(tmp_path)
     assert score(run) == 1.0

@@ -119,3 +119,54 @@ def test_spool_takes_live_owners_entries_once_and_drops_a_dead_owners(tmp_path: 
     other.close()
     me.close()
     assert sorted(os.listdir(me.folder)) == ["lead.lock"]
+
+
+def test_a_create_another_host_may_still_have_out_holds_back_this_tasks_rows(tmp_path: Path) -> None:
+    """A ``submitting`` line of another host's leader, holding rows of this task: while its create
+    call may still be out, the task waits (sending them now could pay twice); once it cannot be
+    out any more, it is looked up by metadata and settled."""
+    import time
+
+    from orchestra.limits.retry import RetryPolicy
+    from orchestra.models.base import ModelStats
+    from orchestra.models.batch_rows import BatchOptions
+    from orchestra.models.openai_batch import OpenAIBatcher
+
+    class Lookup:  # the provider's list of batches, empty: the create never made one
+        asked: list[set[str]] = []
+
+        @staticmethod
+        def line(cid: str, path: str, body: dict[str, Any]) -> bytes:
+            return b"{}\n"
+
+        async def find(self, keys: set[str], since: float) -> dict[str, dict[str, Any]]:
+            self.asked.append(keys)
+            return {}
+
+    def batcher() -> OpenAIBatcher:
+        b = OpenAIBatcher(BatchOptions(), Lookup(), RetryPolicy(attempt_timeout_s=5), ModelStats(),  # type: ignore[arg-type]
+                          "m")
+        b.bind(str(tmp_path / "batches" / "m.jsonl"), "run", "task-a", lambda event, **f: None)
+        return b
+
+    b = batcher()
+    ledger = BatchLedger(str(tmp_path / "batches" / "m.jsonl"))
+    ledger.record("submitting", "k1", task_id="task-b", owner="elsewhere~task-b.7.abcd",
+                  custom_ids=[f"o1-s0-0-t{b._tag}"], nonces=["n"])
+
+    async def recover(b: OpenAIBatcher, wait_s: float) -> bool:
+        try:
+            await asyncio.wait_for(b._read_ledger(), wait_s)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+    assert not asyncio.run(recover(b, 1.5)) and Lookup.asked == []  # fresh: it may be out, wait
+    b.spool.close()  # type: ignore[union-attr]
+    lines = (tmp_path / "batches" / "m.jsonl").read_text().replace(f'"ts": {ledger.load()["k1"].ts}',
+                                                                     f'"ts": {time.time() - 60}')
+    (tmp_path / "batches" / "m.jsonl").write_text(lines)
+    b = batcher()
+    assert asyncio.run(recover(b, 5.0)) and Lookup.asked == [{"k1"}]
+    assert ledger.load()["k1"].state == "not_created"
+    b.spool.close()  # type: ignore[union-attr]
