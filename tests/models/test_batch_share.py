@@ -9,11 +9,14 @@ import json
 import math
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_batch_run import _start, _wait_for, events, ledger, orchestra, score, the_run, write_config
+from test_batch_run import REPO, _start, _wait_for, env, events, ledger, orchestra, score, the_run, write_config
 
 SHARDS, N, SIZE = 4, 10, 8  # 4 tasks of 10 requests, batches of at most 8
 SHARED = f"dict(size={SIZE}, poll_s=0.3, flush_s=6)"  # long enough for the 4 processes to start
@@ -103,3 +106,24 @@ def test_a_leader_killed_mid_create_is_replaced_without_loss_or_duplicate(tmp_pa
     found = [ln for ln in lines if ln.get("adopted_by_metadata") and ln["key"] == leader["key"]]
     assert found, "the dead leader's batch was found by its metadata"
     assert not [ln for ln in lines if ln["state"] == "not_created"]
+
+
+def test_ctrl_c_cancels_every_shared_batch(tmp_path: Path, batch_server: Any) -> None:
+    batch_server.configure(turnaround_s=60.0, cancel_delay_s=0.3)
+    with open(tmp_path / "stderr", "w") as err_file:  # a file, not a pipe no one reads while we wait
+        proc = subprocess.Popen([sys.executable, "run.py", str(_config(tmp_path, batch_server.base_url))],
+                                cwd=REPO, env=env(), stdout=subprocess.DEVNULL, stderr=err_file, text=True,
+                                start_new_session=True)
+        _wait_for(lambda: len(batch_server.batches()) >= 4)
+        time.sleep(0.5)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+    assert proc.returncode == 130, (tmp_path / "stderr").read_text()[-3000:]
+    assert time.monotonic() - t0 < 10
+    made = {b["id"] for b in batch_server.batches()}
+    assert set(batch_server.stats().cancelled) == made
+    assert {b["status"] for b in batch_server.batches()} == {"cancelled"}
+    run = the_run(tmp_path)
+    assert any(len(e["tasks"]) > 1 for e in events(run, "batch_submitted")), "some batch was shared"
+    assert {line["batch_id"] for line in ledger(run) if line["state"] == "cancelled"} == made
