@@ -205,7 +205,11 @@ class BatchSubmitter:
         into batches and create those due (full ones at once, the last after ``flush_s``)."""
         assert self.ledger is not None and self.spool is not None
         spool = self.spool
-        records = await self.ledger.recover(None, self.http.find, self._busy)
+        try:
+            records = await self.ledger.recover(None, self.http.find, self._busy)
+        except ModelError as exc:  # the provider's list failed (after retries): next round tries again
+            self._emit("batch_lookup_failed", error=str(exc))
+            return
         consumed = {n for r in records.values() for n in r.nonces}
         entries = spool.gather(consumed)
         for chunk in cut(entries, self.options.size, self.options.max_bytes, self.http.line,
