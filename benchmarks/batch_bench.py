@@ -3,6 +3,7 @@
     python benchmarks/batch_bench.py                         # prints a markdown table
     python benchmarks/batch_bench.py --n 2000 --turnaround-s 5 --poll-s 1 --size 500
     python benchmarks/batch_bench.py --provider anthropic     # Message Batches
+    python benchmarks/batch_bench.py --tasks 4 --size 1000 --flush-s 3   # 4 tasks sharing batches
 
 The double (tests/servers/openai_batch_server.py, or anthropic_server.py) runs on a thread of this process with a
 fixed turnaround per batch; ``python run.py CONFIG`` runs the whole pipeline in a child process,
@@ -96,6 +97,7 @@ def main() -> int:
         rows = [
             ("provider (double)", args.provider),
             ("requests", str(args.n)),
+            ("infer tasks (processes at once)", str(args.tasks)),
             ("batches (size)", f"{len(batches)} ({args.size})"),
             ("turnaround / poll_s / flush_s", f"{args.turnaround_s:g} / {args.poll_s:g} / {args.flush_s:g} s"),
             ("HTTP calls (per request)", f"{calls} ({calls / args.n:.4f})"),

@@ -40,6 +40,8 @@ class BatchRecord:
     state: str = ""  # submitting | created | cancel_sent | cancelled | ended | not_created
     status: str = ""  # the provider's last status seen
     ts: float = 0.0
+    nonces: list[str] = field(default_factory=list)  # the spool entries it took (batch_spool.py)
+    owner: str = ""  # the spool owner (process) that created it
 
 
 class BatchLedger:
@@ -73,20 +75,47 @@ class BatchLedger:
             rec = out.setdefault(str(line["key"]), BatchRecord(key=str(line["key"])))
             rec.state = str(line.get("state", rec.state))
             rec.ts = float(line.get("ts", rec.ts))
-            for name in ("task_id", "file_id", "batch_id", "status"):
+            for name in ("task_id", "file_id", "batch_id", "status", "owner"):
                 if line.get(name):
                     setattr(rec, name, str(line[name]))
             if isinstance(line.get("custom_ids"), list):
                 rec.custom_ids = [str(c) for c in line["custom_ids"]]
+            if isinstance(line.get("nonces"), list):
+                rec.nonces = [str(c) for c in line["nonces"]]
         return out
 
-    async def recover(self, task_id: str, find: Callable[[set[str], float], Awaitable[dict[str, dict[str, Any]]]],
-                      ) -> dict[str, BatchRecord]:
+    def tail(self, offset: int) -> tuple[list[dict[str, Any]], int]:
+        """The whole lines appended since byte ``offset`` (another process's too) and the offset
+        after them; a line still being written is left for the next call."""
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(offset)
+                blob = f.read()
+        except FileNotFoundError:
+            return [], offset
+        end = blob.rfind(b"\n") + 1
+        out: list[dict[str, Any]] = []
+        for raw in blob[:end].splitlines():
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue  # a torn line (see fileio.append_line)
+            if isinstance(line, dict) and "key" in line:
+                out.append(line)
+        return out, offset + end
+
+    async def recover(self, task_id: str | None,
+                      find: Callable[[set[str], float], Awaitable[dict[str, dict[str, Any]]]],
+                      busy: Callable[[BatchRecord], bool] = lambda rec: False) -> dict[str, BatchRecord]:
         """:meth:`load`, after settling this task's batches whose create call was sent but whose
-        id was never recorded: ``find(keys, since)`` looks them up by their metadata key (the
-        provider's list); found ones are recorded ``created``, the others ``not_created``."""
+        id was never recorded (``task_id=None``: of every task; only safe while no create call of
+        another process can be out, i.e. under the spool's ``lead.lock``): ``find(keys, since)``
+        looks them up by their metadata key (the provider's list); found ones are recorded
+        ``created``, the others ``not_created``.  ``busy(record)``: its creator still lives (it settles
+        its own create call)."""
         records = self.load()
-        orphans = [r for r in records.values() if r.task_id == task_id and r.state == "submitting"]
+        orphans = [r for r in records.values()
+                   if task_id in (None, r.task_id) and r.state == "submitting" and not busy(r)]
         if orphans:
             found = await find({r.key for r in orphans}, min(r.ts for r in orphans) - 3600)
             for rec in orphans:

@@ -2,7 +2,10 @@
 provider's Batch API, at the batch price, without ever paying twice.
 
 Requests gather for ``flush_s`` (or until ``size`` of them wait) and go out as one JSONL file
-per batch, split so that no file passes ``size`` requests or ``max_bytes``.  Each batch is in the
+per batch, split so that no file passes ``size`` requests or ``max_bytes``; the requests of every
+task of the model in the run folder on this host fill the same batches (the spool,
+:mod:`orchestra.models.openai_batch_submit`), and each task polls the batches holding its own
+requests and checkpoints its own samples.  Each batch is in the
 run folder's ledger (:mod:`orchestra.models.batch_ledger`) before it is created and before it is
 relied on; its metadata names the run, the task and its ledger key.  Answers are matched by
 ``custom_id`` (a hash of the request and the sample it belongs to), never by line order.
@@ -16,40 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-import uuid
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.errors import ModelError
+from orchestra.fileio import stable_hash
 from orchestra.limits.retry import RetryPolicy
 from orchestra.models.base import ModelStats
 from orchestra.models.batch_ledger import FINAL, BatchLedger, BatchRecord
 from orchestra.models.batch_rows import BatchOptions, custom_id
+from orchestra.models.batch_spool import BatchSpool
 from orchestra.models.openai_batch_http import BatchHTTP
+from orchestra.models.openai_batch_submit import Batch, BatchSubmitter, Req
 
 
-@dataclass
-class _Req:
-    path: str
-    body: dict[str, Any]
-    futures: list[asyncio.Future[dict[str, Any]]] = field(default_factory=list)
-    key: str = ""  # the batch holding it now
-    attempts: int = 0
-
-
-@dataclass
-class _Batch:
-    key: str
-    batch_id: str
-    custom_ids: list[str]
-    status: str = ""
-    next_poll: float = 0.0
-    polls: int = 0
-    failures: int = 0  # polls or file reads in a row that failed (bounded by max_retries)
-
-
-class OpenAIBatcher:
+class OpenAIBatcher(BatchSubmitter):
     """Sends one model's requests through the Batch API (see the module docstring)."""
 
     def __init__(self, options: BatchOptions, http: BatchHTTP, policy: RetryPolicy, stats: ModelStats,
@@ -60,12 +44,13 @@ class OpenAIBatcher:
         self.stats = stats
         self.model_name = model_name
         self.ledger: BatchLedger | None = None
+        self.spool: BatchSpool | None = None
         self.run_id = ""
         self.task_id = ""
         self._emit: Callable[..., None] = lambda event, **f: None
-        self._reqs: dict[str, _Req] = {}
+        self._reqs: dict[str, Req] = {}
         self._queue: list[str] = []
-        self._batches: dict[str, _Batch] = {}
+        self._batches: dict[str, Batch] = {}
         self._known: dict[str, BatchRecord] = {}  # ledger records by key (from earlier runs too)
         self._held_by: dict[str, str] = {}  # custom_id -> latest recorded batch key holding it
         self._recovery: asyncio.Task[None] | None = None
@@ -75,11 +60,20 @@ class OpenAIBatcher:
         self._flusher: asyncio.Task[None] | None = None
         self._poller: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
+        self._pending: dict[str, list[str]] = {}
+        self._offset = 0
+        self._tag = ""
 
     def bind(self, ledger_path: str, run_id: str, task_id: str, emit: Callable[..., None]) -> None:
         """Record batches in ``ledger_path`` for task ``task_id`` of run ``run_id``."""
         self.ledger = BatchLedger(ledger_path)
         self.run_id, self.task_id, self._emit = run_id, task_id, emit
+        if self.spool is not None:
+            self.spool.close()
+        self.spool = BatchSpool(ledger_path[:-len(".jsonl")] + ".spool", task_id)
+        self.spool.open()
+        self._tag = stable_hash(task_id, 8)  # a task's rows are its own, also in shared batches
+        self._pending, self._offset = {}, 0
         self._recovery = None
         self._held_by.clear()
         self._to_retry = []
@@ -97,13 +91,13 @@ class OpenAIBatcher:
         if self.ledger is None:
             raise ModelError("batch mode needs a run folder (the task binds one); none was bound")
         await self._recover()
-        cid = custom_id(path, body)
+        cid = f"{custom_id(path, body)}-t{self._tag}"
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         req = self._reqs.get(cid)
         if req is not None:  # the same request of the same sample: one row answers both
             req.futures.append(fut)
             return await fut
-        req = self._reqs[cid] = _Req(path, body, [fut])
+        req = self._reqs[cid] = Req(path, body, [fut])
         held = self._held_by.get(cid)
         if held is not None and self._known[held].batch_id:
             req.key = held
@@ -116,84 +110,6 @@ class OpenAIBatcher:
         finally:
             self.stats.in_flight -= 1
 
-    def _enqueue(self, cid: str) -> None:
-        self._queue.append(cid)
-        if self._full is None:
-            self._full = asyncio.Event()
-        if len(self._queue) >= self.options.size:
-            self._full.set()
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.get_running_loop().create_task(self._flush_loop())
-            self._flusher.add_done_callback(self._crashed)
-
-    async def _flush_loop(self) -> None:
-        assert self._full is not None
-        while self._queue:
-            try:
-                await asyncio.wait_for(self._full.wait(), self.options.flush_s)
-            except asyncio.TimeoutError:
-                pass
-            self._full.clear()
-            while self._queue:
-                chunk = self._cut()
-                if chunk:
-                    await self._create(chunk)
-
-    def _cut(self) -> list[str]:
-        """The next batch's custom_ids: at most ``size`` requests, ``max_bytes`` bytes, one endpoint."""
-        chunk: list[str] = []
-        size = 0
-        self._queue = [cid for cid in self._queue if cid in self._reqs]
-        if not self._queue:
-            return chunk
-        path = self._reqs[self._queue[0]].path
-        rest: list[str] = []
-        for cid in self._queue:
-            req = self._reqs[cid]
-            n = len(self.http.line(cid, req.path, req.body))
-            if req.path != path or len(chunk) >= self.options.size or (chunk and size + n > self.options.max_bytes):
-                rest.append(cid)
-                continue
-            chunk.append(cid)
-            size += n
-        self._queue = rest
-        return chunk
-
-    async def _create(self, cids: list[str]) -> None:
-        assert self.ledger is not None
-        key = uuid.uuid4().hex[:16]
-        path = self._reqs[cids[0]].path
-        content = b"".join(self.http.line(cid, self._reqs[cid].path, self._reqs[cid].body) for cid in cids)
-        try:
-            handle = await self.http.prepare(key, content)
-            self.ledger.record("submitting", key, task_id=self.task_id, file_id=handle, custom_ids=cids)
-            self._creating.add(key)
-            meta = {"orchestra_run": self.run_id, "orchestra_task": self.task_id, "orchestra_key": key,
-                    "orchestra_model": self.model_name[:512]}
-            try:
-                batch = await self.http.create_batch(handle, path, content, meta)
-            except ModelError:
-                # A create that failed in flight may still have made the batch: look for it.
-                batch = (await self.http.find({key}, time.time() - 3600)).get(key) or {}
-                if not batch:
-                    self.ledger.record("not_created", key)
-                    raise
-        except ModelError as exc:
-            self._creating.discard(key)
-            for cid in cids:
-                self._retry_or_fail(cid, str(exc))
-            return
-        self._creating.discard(key)
-        self.ledger.record("created", key, batch_id=batch["id"])
-        self._known[key] = BatchRecord(key, self.task_id, cids, handle, batch["id"], "created")
-        for cid in cids:
-            self._held_by[cid] = key
-            self._reqs[cid].key = key
-        self._track(_Batch(key, batch["id"], cids, batch.get("status", ""),
-                           time.monotonic() + self.options.poll_s))
-        self._count("batches_submitted")
-        self._emit("batch_submitted", batch_id=batch["id"], key=key, requests=len(cids), bytes=len(content))
-
     def _crashed(self, task: asyncio.Task[None]) -> None:
         """A bug in a background loop must not leave requests waiting forever: fail them."""
         if task.cancelled() or task.exception() is None:
@@ -202,7 +118,7 @@ class OpenAIBatcher:
         for cid in list(self._reqs):
             self._fail(cid, f"batch mode stopped: {type(exc).__name__}: {exc}")
 
-    def _track(self, batch: _Batch) -> None:
+    def _track(self, batch: Batch) -> None:
         self._batches[batch.key] = batch
         self.stats.extra["batches_in_progress"] = len(self._batches)
         if self._wake is not None:
@@ -218,7 +134,7 @@ class OpenAIBatcher:
         self._count("batches_adopted")
         self._emit("batch_adopted", batch_id=rec.batch_id, key=rec.key, requests=len(rec.custom_ids),
                    recorded_state=rec.state)
-        self._track(_Batch(rec.key, rec.batch_id, rec.custom_ids, rec.status, 0.0))
+        self._track(Batch(rec.key, rec.batch_id, rec.custom_ids, rec.status, 0.0))
 
     # -- resume ---------------------------------------------------------------------------
     async def _recover(self) -> None:
@@ -227,16 +143,6 @@ class OpenAIBatcher:
         if self._recovery is None:
             self._recovery = asyncio.get_running_loop().create_task(self._read_ledger())
         await asyncio.shield(self._recovery)
-
-    async def _read_ledger(self) -> None:
-        """Read the ledger once per task: which batches hold which requests; find this task's
-        batches whose create call was sent but never recorded, by their metadata."""
-        assert self.ledger is not None
-        self._known = await self.ledger.recover(self.task_id, self.http.find)
-        for rec in sorted(self._known.values(), key=lambda r: r.ts):
-            if rec.batch_id:
-                for cid in rec.custom_ids:
-                    self._held_by[cid] = rec.key
 
     # -- polling and results ----------------------------------------------------------------
     async def _poll_loop(self) -> None:
@@ -254,7 +160,7 @@ class OpenAIBatcher:
             except asyncio.TimeoutError:
                 pass
 
-    async def _poll(self, batch: _Batch) -> None:
+    async def _poll(self, batch: Batch) -> None:
         batch.next_poll = time.monotonic() + self.options.poll_s
         batch.polls += 1
         try:
@@ -272,7 +178,7 @@ class OpenAIBatcher:
         if status in FINAL:
             await self._finish(batch, obj)
 
-    async def _finish(self, batch: _Batch, obj: dict[str, Any]) -> None:
+    async def _finish(self, batch: Batch, obj: dict[str, Any]) -> None:
         assert self.ledger is not None
         try:
             rows = await self.http.rows(obj)
@@ -302,7 +208,7 @@ class OpenAIBatcher:
         self._emit("batch_ended", batch_id=batch.batch_id, status=batch.status, polls=batch.polls,
                    rows=len(batch.custom_ids), answered=ok, errors=self.http.errors(obj))
 
-    def _give_up_after(self, batch: _Batch, reason: str) -> None:
+    def _give_up_after(self, batch: Batch, reason: str) -> None:
         """After ``max_retries`` failed polls or reads in a row, stop watching the batch: its
         requests go into a later batch (as for a failed batch), bounded by their own retries."""
         batch.failures += 1
@@ -334,7 +240,7 @@ class OpenAIBatcher:
         if req is None:
             return
         req.attempts += 1
-        req.key = ""
+        req.key = req.nonce = ""
         if req.attempts > self.policy.max_retries:
             self._fail(cid, f"gave up after {req.attempts} batches ({self.policy.max_retries} retries): {reason}")
             return
@@ -357,6 +263,7 @@ class OpenAIBatcher:
     async def aclose(self) -> None:
         """Cancel every batch still in flight (Ctrl-C, a failed task), recorded, waiting at most
         ``cancel_wait_s`` for the provider to show each one cancelled."""
+        self._follow()  # batches another task's lead created for this task's requests meanwhile
         for task in (self._flusher, self._poller):
             if task is not None and not task.done():
                 task.cancel()
@@ -372,15 +279,18 @@ class OpenAIBatcher:
                 found = {}
             for key, obj in found.items():
                 self.ledger.record("created", key, batch_id=obj["id"], adopted_by_metadata=True)
-                live.append(_Batch(key, str(obj["id"]), [], str(obj.get("status", ""))))
+                live.append(Batch(key, str(obj["id"]), [], str(obj.get("status", ""))))
             self._creating.clear()
         if live and self.ledger is not None:
             await asyncio.gather(*(self._cancel(b, deadline) for b in live))
         for cid in list(self._reqs):
             self._fail(cid, "stopped before its batch ended")
         self._queue.clear()
+        if self.spool is not None:
+            self.spool.close()  # withdraws what still waits in the spool; releases lead.lock
+            self.spool = None
 
-    async def _cancel(self, batch: _Batch, deadline: float) -> None:
+    async def _cancel(self, batch: Batch, deadline: float) -> None:
         assert self.ledger is not None
         self.ledger.record("cancel_sent", batch.key, batch_id=batch.batch_id)
         status = ""

@@ -50,10 +50,14 @@ def test_batch_mode_plain_shuffled_and_counted(tmp_path: Path, anthropic_server:
     st = anthropic_server.stats()
     assert st.calls["POST /v1/messages"] == 0, "no direct call in batch mode"
     assert len(st.submitted) == 30 and set(st.submitted.values()) == {1}
-    assert sorted(e["requests"] for e in br.events(run, "batch_submitted")) == [7, 7, 8, 8]
-    assert [e["status"] for e in br.events(run, "batch_ended")] == ["ended"] * 4
+    # the two tasks share batches of at most 8 (each task reads the batches holding its rows)
+    sizes = sorted(e["requests"] for e in br.events(run, "batch_submitted"))
+    assert sizes in ([6, 8, 8, 8], [7, 7, 8, 8]), sizes
+    assert {e["status"] for e in br.events(run, "batch_ended")} == {"ended"}
     states = Counter(line["state"] for line in br.ledger(run))
-    assert states["submitting"] == states["created"] == states["ended"] == 4
+    assert states["submitting"] == states["created"] == 4
+    assert {ln["key"] for ln in br.ledger(run) if ln["state"] == "ended"} == {
+        ln["key"] for ln in br.ledger(run) if ln["state"] == "created"}
 
 
 def test_expired_rows_go_into_a_later_batch(tmp_path: Path, anthropic_server: Any) -> None:

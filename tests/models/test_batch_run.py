@@ -98,16 +98,20 @@ def test_plain_path_every_request_in_one_batch_only(tmp_path: Path, batch_server
     st = batch_server.stats()
     assert len(st.submitted) == 30 and set(st.submitted.values()) == {1}, "each request in exactly one batch"
     assert st.calls["POST /v1/chat/completions"] == 0, "no direct completion call"
-    # 2 tasks x 15 requests, batches of at most 8: 2 batches per task, every one recorded
+    # 2 tasks x 15 requests share batches of at most 8: 4 batches, every one recorded
     submitted = events(run, "batch_submitted")
-    assert sorted(e["requests"] for e in submitted) == [7, 7, 8, 8]
+    sizes = sorted(e["requests"] for e in submitted)
+    assert sizes in ([6, 8, 8, 8], [7, 7, 8, 8]), sizes
     assert {e["batch_id"] for e in events(run, "batch_ended")} == {e["batch_id"] for e in submitted}
     states = Counter(line["state"] for line in ledger(run))
-    assert states["submitting"] == states["created"] == states["ended"] == 4
+    assert states["submitting"] == states["created"] == 4
+    assert {ln["key"] for ln in ledger(run) if ln["state"] == "ended"} == {ln["key"] for ln in ledger(run)
+                                                                            if ln["state"] == "created"}
     assert sum(len(line["custom_ids"]) for line in ledger(run) if line["state"] == "submitting") == 30
     # progress shows batches; usage of each row is what the report counts
     last = {e["task_id"]: e for e in events(run, "progress")}
-    assert [e["batches_completed"] for e in last.values()] == [2, 2]
+    assert len(last) == 2 and all(e["batches_completed"] >= 2 and e["batches_in_progress"] == 0
+                                  for e in last.values())
     # the double counts a character as a token: the usage of every row, and nothing else
     assert sum(e["prompt_tokens"] for e in last.values()) == sum(len(f"What is {i} + {2 * i}?") for i in range(30))
     assert "batches:" in res.stderr
