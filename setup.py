@@ -21,7 +21,10 @@ setup(
         "hf": ["torch", "transformers", "gguf", "accelerate"],
         # RayRunner; [client] for ray:// addresses (Ray Client); tested with Ray 2.60
         "ray": ["ray[client]>=2.60"],
-        "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp"],
+        # LmEvalDataset: lm-evaluation-harness's task library (docs/lm-eval.md); pinned, since
+        # orchestra drives lm-eval's own evaluate loop and its request/metric shapes
+        "lmeval": ["lm_eval==0.4.13"],
+        "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp", "openai", "anthropic"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},
 )

@@ -43,7 +43,8 @@ work_dir = {str(work_dir)!r}
 
 
 def read_events(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    # blank lines are skipped as orchestra.events does (an append that raced a check of the end)
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
 def stage_wall(run: Path, stage: str) -> tuple[float, int]:

@@ -2,9 +2,11 @@
 
     python benchmarks/sandbox_bench.py [--caps 1 2 4] [--methods bwrap unshare none] [--repeat 3] [--starts 30]
 
-For each host-wide cap (``max_sandboxes``) it runs the 164 programs (solution + tests) once
+For each host-wide cap (``max_sandboxes``) it runs the 164 programs (solution + tests, run by
+the driver that vouches with the verdict token on its stdin, as ``code_exec`` does) once
 unsandboxed - the same helper (:func:`orchestra.sandbox.run_process`) and the same cap, a
-plain ``python3 main.py`` in a temporary folder - and once under each isolation method, and
+plain ``python3 orchestra_driver.py`` in a temporary folder - and once under each isolation
+method, and
 prints wall time, programs per second, the ratio to the unsandboxed run at the same cap and
 pass@1 (it must be 1.0).  Then the start cost of each method: a trivial program
 (``/bin/true``) run ``--starts`` times one at a time, median milliseconds per run, minus the
@@ -16,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -25,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestra.datasets.olmo import OlmoEvalDataset  # noqa: E402
-from orchestra.evaluators.programs import PASS_MARKER, build_program  # noqa: E402
+from orchestra.evaluators.programs import DRIVER_NAME, build_program, sandbox_files  # noqa: E402
 from orchestra.limits.concurrency import drop_scope  # noqa: E402
 from orchestra.sandbox import Sandbox, run_process, subprocess_slots  # noqa: E402
 from orchestra.sandbox.process import SCOPE_NAME  # noqa: E402
@@ -46,12 +49,27 @@ def programs() -> list[str]:
 
 async def unsandboxed(program: str, slots: object) -> bool:
     """One program with the same helper and cap, but no wrapper: the baseline."""
+    token = secrets.token_hex(16)
     async with slots():  # type: ignore[operator]
         with tempfile.TemporaryDirectory() as folder:
-            Path(folder, "main.py").write_text(program)
-            res = await run_process([PY3, "main.py"], env={**ENV, "HOME": folder, "TMPDIR": folder}, cwd=folder,
-                                    timeout_s=60, max_output_bytes=1 << 16)
-    return res.returncode == 0 and PASS_MARKER in res.stdout.decode()
+            for name, text in sandbox_files(program).items():
+                Path(folder, name).write_text(text)
+            read_end, write_end = os.pipe()
+            os.write(write_end, token.encode())
+            os.close(write_end)
+            try:
+                res = await run_process([PY3, DRIVER_NAME], env={**ENV, "HOME": folder, "TMPDIR": folder}, cwd=folder,
+                                        timeout_s=60, max_output_bytes=1 << 16, stdin_fd=read_end)
+            finally:
+                os.close(read_end)
+    return res.returncode == 0 and token in res.stdout.decode()
+
+
+async def sandboxed(sandbox: Sandbox, program: str) -> bool:
+    """One program as ``code_exec`` runs it: driver, token on stdin."""
+    token = secrets.token_hex(16)
+    res = await sandbox.run(sandbox_files(program), [PY3, DRIVER_NAME], stdin=token.encode())
+    return res.ok and token in res.stdout
 
 
 async def run_all(method: str, progs: list[str], cap: int) -> tuple[float, float]:
@@ -65,9 +83,9 @@ async def run_all(method: str, progs: list[str], cap: int) -> tuple[float, float
     sandbox = Sandbox(method, limits=dict(timeout_s=60), max_sandboxes=cap, allow_unisolated=True)
     await sandbox.start()
     t0 = time.perf_counter()
-    results = await asyncio.gather(*(sandbox.run({"main.py": p}, [PY3, "main.py"]) for p in progs))
+    passed = await asyncio.gather(*(sandboxed(sandbox, p) for p in progs))
     wall = time.perf_counter() - t0
-    return wall, sum(1 for r in results if r.ok and PASS_MARKER in r.stdout) / len(progs)
+    return wall, sum(passed) / len(progs)
 
 
 async def start_cost(method: str, repeat: int) -> float:

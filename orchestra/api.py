@@ -22,7 +22,7 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from types import FrameType
 from typing import Any
@@ -104,33 +104,55 @@ class PlanView:
     def tasks(self) -> dict[str, list[Any]]:
         return dict(self.plan.tasks)
 
-    def render(self) -> str:
-        """The dry-run text: the sweep's expansion, then each stage's tasks, commands and costs."""
+    #: with ``full=False`` a stage of more tasks than this shows its first ``SUMMARY_TASKS`` only
+    SUMMARY_TASKS = 20
+
+    def render(self, full: bool = False) -> str:
+        """The dry-run text: the sweep's expansion, then each stage's tasks, commands and costs.
+
+        By default a stage of many tasks is summarised (counts, cost, the first few tasks);
+        ``full=True`` lists every task and every sweep variant (``--dry-run --list``).
+        """
+        return "\n".join(self.lines(full))
+
+    def lines(self, full: bool = False) -> Iterator[str]:
+        """:meth:`render`'s lines, one at a time (200,000 tasks are never one string)."""
         from orchestra.paths import RunPaths
 
         paths = RunPaths(self.run_dir)
-        out = [f"run folder: {self.run_dir}{' (reused)' if self.existed else ' (new; nothing is written by a plan)'}"]
+        limit = None if full else self.SUMMARY_TASKS
+        yield f"run folder: {self.run_dir}{' (reused)' if self.existed else ' (new; nothing is written by a plan)'}"
         if self.sweep is not None:
-            out.append(f"\nsweep: {self.sweep.count()} (model, dataset) pair(s) over {', '.join(self.sweep.axes)}")
+            yield f"\nsweep: {self.sweep.count()} (model, dataset) pair(s) over {', '.join(self.sweep.axes)}"
             for kind in ("models", "datasets"):
-                for abbr, var in self.sweep.variants.get(kind, {}).items():
-                    out.append(f"  {kind[:-1]} {abbr}  (from {var['base']})")
-            out.append(f"  {len(self.plan.shared)} prediction file(s) shared between variants whose predictions "
-                       "cannot differ")
+                variants = self.sweep.variants.get(kind, {})
+                for n, (abbr, var) in enumerate(variants.items()):
+                    if limit is not None and n == limit:
+                        yield f"  ... {len(variants) - n} more {kind[:-1]} variant(s) (--dry-run --list shows all)"
+                        break
+                    yield f"  {kind[:-1]} {abbr}  (from {var['base']})"
+            yield (f"  {len(self.plan.shared)} prediction file(s) shared between variants whose predictions "
+                   "cannot differ")
         for stage in ("infer", "eval"):
             tasks = self.plan.tasks[stage]
             runner = self.runners[stage]
-            out.append(f"\n[{stage}] {len(tasks)} task(s) to run, {len(self.plan.reused[stage])} output(s) reused, "
-                       f"runner {type(runner).__name__} (max_num_workers={runner.max_num_workers}, "
-                       f"retry={runner.retry})")
-            for task in tasks:
+            yield (f"\n[{stage}] {len(tasks)} task(s) to run, {len(self.plan.reused[stage])} output(s) reused, "
+                   f"runner {type(runner).__name__} (max_num_workers={runner.max_num_workers}, "
+                   f"retry={runner.retry})")
+            shown = tasks if limit is None or len(tasks) <= limit else tasks[:limit]
+            if len(shown) < len(tasks):
+                samples = sum(t.num_samples for t in tasks)
+                yield (f"  {len(tasks)} tasks, {samples} sample(s), total cost={sum(t.cost for t in tasks):g}, "
+                       f"{len({t.model_abbr for t in tasks})} model(s); the first {len(shown)}:")
+            for task in shown:
                 resources = {"gpu_ids": ["<gpu>"] * task.num_gpus}
                 cmd = runner.get_command(task, paths.task_spec(task.task_id), resources, 1,
                                          paths.task_log(stage, task.task_id))
                 units = ", ".join(f"{u.name}[{u.start}:{u.end}]" for u in task.units)
-                out.append(f"  {task.task_id}  cost={task.cost:g}  gpus={task.num_gpus}  units: {units}")
-                out.append(f"    $ {cmd.display()}")
-        return "\n".join(out)
+                yield f"  {task.task_id}  cost={task.cost:g}  gpus={task.num_gpus}  units: {units}"
+                yield f"    $ {cmd.display()}"
+            if len(shown) < len(tasks):
+                yield f"  ... {len(tasks) - len(shown)} more task(s) (--dry-run --list prints every task)"
 
     def __str__(self) -> str:
         return self.render()
@@ -184,6 +206,10 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
     if edit_raw is not None:
         edit_raw(raw)
     raw_prices = raw.pop("prices", None)  # the report's, checked by orchestra/summary/costs.py
+    if not yes:  # a product of list lengths: refused before a single variant is built
+        from orchestra.config.sweep import check_sweep_size
+
+        check_sweep_size(raw, source)
     cfg = validate(raw, source)
     from orchestra.privdir import check_temp_folders
     from orchestra.summary.costs import check_prices
@@ -191,10 +217,6 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
     check_temp_folders()  # a shared temp folder another user planted: one line now, not failed tasks
 
     prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], source)
-    if cfg.sweep is not None and cfg.sweep.count() > cfg.sweep.max_variants and not yes:
-        raise UserError(f"{source}: the sweep expands to {cfg.sweep.count()} (model, dataset) pairs, more than "
-                        f"sweep.max_variants={cfg.sweep.max_variants}; check it with --dry-run and pass --yes "
-                        "(yes=True) to run it")
     infos = dataset_infos(cfg.datasets, source, write_cache=write_cache)
     runners = {}
     for name, stage in cfg.stages.items():

@@ -12,9 +12,10 @@ import os
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
-from orchestra.fileio import append_line, read_jsonl
+from orchestra.fileio import append_line
 
 
 class EventLog:
@@ -35,11 +36,29 @@ class EventLog:
 def read_events(path: str) -> list[dict[str, Any]]:
     """All events of a run, oldest first; lines torn by a crash or a full disk are skipped
     with one warning on stderr."""
-    if not os.path.exists(path):
-        return []
+    return list(iter_events(path))
+
+
+def iter_events(path: str) -> Iterator[dict[str, Any]]:
+    """:func:`read_events` one event at a time: a run of 100,000 tasks is read in one pass
+    without holding its events."""
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        return
     damaged: list[int] = []
-    events = read_jsonl(path, lambda lineno, text: damaged.append(lineno))
+    with f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.strip()
+            if not line:
+                continue
+            try:
+                ev = json.loads(line)
+            except ValueError:
+                damaged.append(lineno)
+                continue
+            if isinstance(ev, dict):
+                yield ev
     if damaged:
         print(f"orchestra: warning: {path}: skipped {len(damaged)} damaged line(s) "
               f"(first: line {damaged[0]}), left by a crash or a full disk", file=sys.stderr)
-    return [e for e in events if isinstance(e, dict)]

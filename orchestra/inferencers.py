@@ -120,7 +120,7 @@ class LoglikInferencer(Inferencer):
             raise ConfigError(f"{where}: inferencer loglik needs choices_column or choices")
         template = cfg.get("continuation_template", " {choice}")
         continuations = tuple(template.format(choice=c, **row) for c in choices)
-        return Sample(id=idx, kind=self.name, gold=gold,
+        return Sample(id=idx, kind=self.name, gold=gold, choices=tuple(str(c) for c in choices),
                       loglik=LoglikRequest(context=prompt, continuations=continuations))
 
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
@@ -129,8 +129,8 @@ class LoglikInferencer(Inferencer):
         lls = await model.loglikelihood(sample.loglik)
         best = max(range(len(lls)), key=lls.__getitem__)
         return {"id": sample.id, "prompt": _serializable_prompt(sample.loglik.context),
-                "continuations": list(sample.loglik.continuations), "logliks": lls, "prediction": best,
-                "gold": sample.gold}
+                "continuations": list(sample.loglik.continuations), "choices": list(sample.choices), "logliks": lls,
+                "prediction": best, "gold": sample.gold}
 
 
 class ChatInferencer(Inferencer):
@@ -167,7 +167,69 @@ class ChatInferencer(Inferencer):
         return {"id": sample.id, "turns": sample.turns, "prediction": replies, "gold": sample.gold}
 
 
-INFERENCERS: dict[str, Inferencer] = {k.name: k for k in (GenInferencer(), LoglikInferencer(), ChatInferencer())}
+class LmEvalInferencer(Inferencer):
+    """lm-eval's requests of one document (built by ``LmEvalDataset``, never from a config):
+    ``loglikelihood`` pairs sharing a context go to the model as one scoring request,
+    ``loglikelihood_rolling`` texts are scored from the model's start token, ``generate_until``
+    generates with lm-eval's stop sequences.  The record keeps the requests and the answers
+    in lm-eval's shapes (``[logprob, is_greedy]``, a logprob, a text) for lm-eval to score."""
+
+    name = "lmeval"
+    keys = frozenset({"type"})
+
+    def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
+              where: str) -> Sample:
+        raise ConfigError(f"{where}: inferencer 'lmeval' is built by LmEvalDataset only")
+
+    @staticmethod
+    def _gen(args: list[Any]) -> GenRequest:
+        ctx, kwargs = args[0], dict(args[1] or {})
+        until = kwargs.get("until") or []
+        sampled = bool(kwargs.get("do_sample", False))
+        return GenRequest(prompt=ctx, max_out_len=int(kwargs.get("max_gen_toks", 256)),
+                          stop=tuple([until] if isinstance(until, str) else until),
+                          temperature=float(kwargs.get("temperature", 0.0)) if sampled else 0.0,
+                          top_p=float(kwargs.get("top_p", 1.0)) if sampled else 1.0)
+
+    async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
+        contexts: dict[str, list[int]] = {}  # context -> indices of its loglikelihood calls
+        jobs: list[Any] = []
+        slots: list[tuple[int, int]] = []  # (job, position in the job's answer) per call
+        for i, call in enumerate(sample.calls):
+            kind, args = call["type"], call["args"]
+            if kind == "loglikelihood":
+                if args[0] not in contexts:
+                    contexts[args[0]] = []
+                contexts[args[0]].append(i)
+                slots.append((-1, 0))
+            elif kind == "loglikelihood_rolling":
+                slots.append((len(jobs), 0))
+                jobs.append(model.loglikelihood(LoglikRequest(context="", continuations=(args[0],))))
+            elif kind == "generate_until":
+                slots.append((len(jobs), -1))
+                jobs.append(model.generate(self._gen(args)))
+            else:
+                raise ValueError(f"sample {sample.id}: lm-eval request type {kind!r} is not supported")
+        for ctx, members in contexts.items():
+            conts = tuple(sample.calls[i]["args"][1] for i in members)
+            for pos, i in enumerate(members):
+                slots[i] = (len(jobs), pos)
+            jobs.append(model.loglikelihood(LoglikRequest(context=ctx, continuations=conts)))
+        answers = await asyncio.gather(*jobs)
+        responses: list[Any] = []
+        for call, (job, pos) in zip(sample.calls, slots, strict=True):
+            if call["type"] == "generate_until":
+                responses.append(answers[job])
+            elif call["type"] == "loglikelihood":
+                responses.append([answers[job][pos], False])
+            else:
+                responses.append(answers[job][0])
+        return {"id": sample.id, "gold": sample.gold, "calls": sample.calls, "responses": responses,
+                "prediction": responses}
+
+
+INFERENCERS: dict[str, Inferencer] = {
+    k.name: k for k in (GenInferencer(), LoglikInferencer(), ChatInferencer(), LmEvalInferencer())}
 
 
 def inferencer_cfg(raw: Any) -> dict[str, Any]:

@@ -73,6 +73,10 @@ class RunPaths:
         exit codes its jobs write from the cloud (``exit/<job name>``)."""
         return os.path.join(self.root, "dlc")
 
+    def batch_ledger(self, model_abbr: str) -> str:
+        """Batch mode's record of every provider batch of one model (id, the requests it holds)."""
+        return os.path.join(self.root, "batches", f"{safe_name(model_abbr)}.jsonl")
+
     def task_spec(self, task_id: str) -> str:
         return os.path.join(self.root, "tasks", f"{task_id}.py")
 

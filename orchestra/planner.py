@@ -9,6 +9,9 @@ see :func:`orchestra.evaluators.evaluator_identity`).  Units whose outputs alrea
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,14 +50,60 @@ def dataset_key(info: DatasetInfo) -> str:
     return stable_hash([cfg, info.content_key])
 
 
-def _task_id(stage: str, model_abbr: str, units: list[Unit]) -> str:
+def _hash_of_json(blob: str) -> str:
+    """:func:`stable_hash` of an object whose JSON text is ``blob`` (built by the caller from
+    parts encoded once, so that 100,000 units do not encode the same model key again)."""
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def _json(obj: Any) -> str:
+    """The JSON :func:`stable_hash` encodes ``obj`` to (a list's items join with ``', '``)."""
+    return json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
+
+
+def _task_id(stage: str, model_name: str, units: list[Unit], names: dict[str, str]) -> str:
+    """``<stage>_<model>_<first unit>[+<more>]``, file-safe; ``names`` remembers safe unit names."""
+    first = units[0].name
+    safe = names.get(first)
+    if safe is None:
+        safe = names[first] = safe_name(first)
     more = f"+{len(units) - 1}" if len(units) > 1 else ""
-    return f"{stage}_{safe_name(model_abbr)}_{safe_name(units[0].name)}{more}"
+    return f"{stage}_{model_name}_{safe}{more}"
 
 
-def _eval_needs(units: list[Unit]) -> dict[str, int]:
-    """What an eval task of ``units`` occupies: the most any of their evaluators needs."""
-    every = [evaluator_resources(u.dataset.get("eval_cfg") or {}) for u in units]
+@dataclass
+class _DatasetPlan:
+    """What planning needs of one dataset, the same for every model: worked out once."""
+
+    info: DatasetInfo
+    key_json: str  # JSON of the dataset's part of a prediction hash
+    shards: list[tuple[int, int]]
+    row_cost: float
+    eval_json: str  # JSON of the evaluator settings a result's hash covers
+    eval_needs: dict[str, int]  # what scoring it occupies (num_gpus, num_procs)
+    safe: str  # file-safe abbr
+
+
+def _dataset_plans(infos: list[DatasetInfo], infer: BasePartitioner) -> list[_DatasetPlan]:
+    out = []
+    for info in infos:
+        eval_cfg = info.cfg.get("eval_cfg") or {}
+        needs = evaluator_resources(eval_cfg)
+        out.append(_DatasetPlan(info, _json(dataset_key(info)), infer.split(info), infer.row_cost(info),
+                                _json(evaluator_identity(info.cfg.get("eval_cfg", {}))),
+                                {k: needs[k] for k in ("num_gpus", "num_procs")}, safe_name(info.abbr)))
+    return out
+
+
+def _eval_needs(units: list[Unit], needs: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
+    """What an eval task of ``units`` occupies: the most any of their evaluators needs
+    (``needs``: each dataset's, by abbr, worked out once; else asked of each evaluator)."""
+    if needs is None:
+        every = [evaluator_resources(u.dataset.get("eval_cfg") or {}) for u in units]
+    elif len(units) == 1:
+        return needs[units[0].dataset_abbr]
+    else:
+        every = [needs[u.dataset_abbr] for u in units]
     return {key: max(n[key] for n in every) for key in ("num_gpus", "num_procs")}
 
 
@@ -65,18 +114,22 @@ def _pack(
     units: list[Unit],
     paths: RunPaths,
     task_cfg: dict[str, Any],
+    eval_needs: dict[str, dict[str, int]],
+    names: dict[str, str],
 ) -> list[TaskSpec]:
     cls = model_class(model)
     # A warm worker that ran an infer task keeps its model for the next task with this key.
     worker_key = f"infer|{cls.instance_key(model)}" if stage == "infer" else "eval"
+    model_needs = cls.resources(model)
+    model_name = safe_name(model["abbr"])
     tasks = []
     for group in partitioner.pack([u.cost for u in units]):
         chosen = [units[i] for i in group]
-        needs = cls.resources(model) if stage == "infer" else _eval_needs(chosen)
+        needs = model_needs if stage == "infer" else _eval_needs(chosen, eval_needs)
         tasks.append(
             TaskSpec(
                 stage=stage,
-                task_id=_task_id(stage, model["abbr"], chosen),
+                task_id=_task_id(stage, model_name, chosen, names),
                 run_dir=paths.root,
                 model=model,
                 model_abbr=model["abbr"],
@@ -91,7 +144,11 @@ def _pack(
 
 
 def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan:
-    """Plan both stages; units already done in ``paths`` are reused, not planned."""
+    """Plan both stages; units already done in ``paths`` are reused, not planned.
+
+    Linear in models x datasets: what depends on a dataset alone (its key, shards, evaluator)
+    is worked out once, and an output is only opened when its folder exists.
+    """
     infer_stage, eval_stage = cfg.stages["infer"], cfg.stages["eval"]
     plan = Plan(tasks={"infer": [], "eval": []}, reused={"infer": [], "eval": []},
                 all_units={"infer": [], "eval": []})
@@ -103,34 +160,44 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
     def base(kind: str, abbr: str) -> str:
         return str(bases.get(kind, {}).get(abbr, {}).get("base", abbr))
 
+    datasets = _dataset_plans(infos, infer_stage.partitioner)
+    eval_needs = {d.info.abbr: d.eval_needs for d in datasets}
+    existing = _existing_outputs(paths)
+    names: dict[str, str] = {}  # unit name -> its file-safe form, for task ids
     for model in cfg.models:
-        mkey = model_class(model).identity(model)
+        abbr = model["abbr"]
+        model_json = _json(model_class(model).identity(model))
+        model_base = base("models", abbr)
+        pred_dir = os.path.dirname(paths.predictions(abbr, "x", None))
+        result_dir = os.path.dirname(paths.results(abbr, "x"))
         todo: dict[str, list[Unit]] = {"infer": [], "eval": []}
-        for info in infos:
-            dkey = dataset_key(info)
-            row_cost = infer_stage.partitioner.row_cost(info)
-            shards = infer_stage.partitioner.split(info)
+        for ds in datasets:
+            info = ds.info
+            prefix = f"[{model_json}, {ds.key_json}, "
             shard_units = []
-            for i, (start, end) in enumerate(shards):
-                index = i if len(shards) > 1 else None
-                shard_units.append(
-                    Unit(
-                        dataset=info.cfg,
-                        dataset_abbr=info.abbr,
-                        start=start,
-                        end=end,
-                        shard=index,
-                        num_shards=len(shards),
-                        output=paths.predictions(model["abbr"], info.abbr, index),
-                        hash=stable_hash([mkey, dkey, start, end]),
-                        cost=(end - start) * row_cost,
-                    )
+            own = []
+            num_shards = len(ds.shards)
+            for i, (start, end) in enumerate(ds.shards):
+                index = i if num_shards > 1 else None
+                unit = Unit(
+                    dataset=info.cfg,
+                    dataset_abbr=info.abbr,
+                    start=start,
+                    end=end,
+                    shard=index,
+                    num_shards=num_shards,
+                    output=f"{pred_dir}{os.sep}{ds.safe}.jsonl" if index is None
+                    else f"{pred_dir}{os.sep}{ds.safe}_{index}.jsonl",
+                    hash=_hash_of_json(f"{prefix}{start}, {end}]"),
+                    cost=(end - start) * ds.row_cost,
                 )
-            for n, unit in enumerate(shard_units):
-                first = makers.setdefault((unit.hash, base("models", model["abbr"]), base("datasets", info.abbr)), unit)
+                first = makers.setdefault((unit.hash, model_base, base("datasets", info.abbr)), unit)
                 if first is not unit:  # same predictions as another variant: made once, read by both
-                    plan.shared.append((model["abbr"], unit, first.output))
-                    shard_units[n] = first
+                    plan.shared.append((abbr, unit, first.output))
+                else:
+                    own.append(unit)
+                shard_units.append(first)
+            hashes = ", ".join(f'"{u.hash}"' for u in shard_units)  # hex: their JSON needs no escaping
             eval_unit = Unit(
                 dataset=info.cfg,
                 dataset_abbr=info.abbr,
@@ -138,20 +205,30 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                 end=info.size,
                 shard=None,
                 num_shards=1,
-                output=paths.results(model["abbr"], info.abbr),
-                hash=stable_hash([[u.hash for u in shard_units], evaluator_identity(info.cfg.get("eval_cfg", {}))]),
+                output=f"{result_dir}{os.sep}{ds.safe}.json",
+                hash=_hash_of_json(f"[[{hashes}], {ds.eval_json}]"),
                 cost=float(info.size),
                 inputs=tuple((u.output, u.hash) for u in shard_units),
             )
-            own = [u for u in shard_units if u.output == paths.predictions(model["abbr"], info.abbr, u.shard)]
             for stage, units in (("infer", own), ("eval", [eval_unit])):
                 for unit in units:
-                    plan.all_units[stage].append((model["abbr"], unit))
-                    if output_done(unit.output, unit.hash):
+                    plan.all_units[stage].append((abbr, unit))
+                    if unit.output in existing and output_done(unit.output, unit.hash):
                         plan.reused[stage].append(unit)
                     else:
                         todo[stage].append(unit)
         for stage, st in (("infer", infer_stage), ("eval", eval_stage)):
             if todo[stage]:
-                plan.tasks[stage] += _pack(stage, st.partitioner, model, todo[stage], paths, st.task_cfg)
+                plan.tasks[stage] += _pack(stage, st.partitioner, model, todo[stage], paths, st.task_cfg, eval_needs,
+                                           names)
     return plan
+
+
+def _existing_outputs(paths: RunPaths) -> set[str]:
+    """Every file under the run folder's predictions and results (one listing, not a stat per unit)."""
+    found: set[str] = set()
+    for top in (os.path.dirname(os.path.dirname(paths.predictions("m", "x", None))),
+                os.path.dirname(os.path.dirname(paths.results("m", "x")))):
+        for folder, _, files in os.walk(top):
+            found.update(os.path.join(folder, f) for f in files)
+    return found

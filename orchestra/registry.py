@@ -89,6 +89,7 @@ MODELS = Registry(
         "HFCausalLM": "orchestra.models.hf.HFCausalLM",
         "VLLMModel": "orchestra.models.vllm.VLLMModel",
         "OpenAIAPI": "orchestra.models.openai_api.OpenAIAPI",
+        "AnthropicAPI": "orchestra.models.anthropic_api.AnthropicAPI",
         "DeterministicModel": "orchestra.models.fake.DeterministicModel",
     },
     base="orchestra.models.base.BaseModel",
@@ -100,6 +101,7 @@ DATASETS = Registry(
         "CsvDataset": "orchestra.datasets.tabular.CsvDataset",
         "ArrowDataset": "orchestra.datasets.tabular.ArrowDataset",
         "OlmoEvalDataset": "orchestra.datasets.olmo.OlmoEvalDataset",
+        "LmEvalDataset": "orchestra.datasets.lmeval.LmEvalDataset",
     },
     base="orchestra.datasets.base.BaseDataset",
 )

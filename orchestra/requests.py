@@ -65,10 +65,14 @@ class Sample:
     """
 
     id: int
-    kind: str  # 'gen' | 'loglik' | 'chat'
+    kind: str  # 'gen' | 'loglik' | 'chat' | 'lmeval'
     gold: Any
     gen: GenRequest | None = None
     loglik: LoglikRequest | None = None
     turns: list[str] = field(default_factory=list)
     chat_template: GenRequest | None = None  # settings for every turn of a 'chat' sample
     num_samples: int = 1  # 'gen': completions per row (a list prediction when > 1, for pass@k)
+    #: 'loglik': the choices as the dataset gives them (``accuracy_norm`` divides by their length)
+    choices: tuple[str, ...] = ()
+    #: 'lmeval': lm-eval's requests of one document, ``{"type", "args", "idx"}`` each
+    calls: list[dict[str, Any]] = field(default_factory=list)

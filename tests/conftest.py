@@ -31,3 +31,25 @@ def server() -> Iterator[Any]:
 def _lock_dir(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """Host-wide connection slots of each test in its own folder: tests never share them."""
     monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))
+
+
+def _loader() -> Any:
+    spec = importlib.util.spec_from_file_location("orchestra_test_server_loader", _LOADER)
+    assert spec is not None and spec.loader is not None
+    loader = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loader)
+    return loader
+
+
+@pytest.fixture
+def batch_server() -> Iterator[Any]:
+    """A double of OpenAI's Files + Batches API on 127.0.0.1 (tests/servers/openai_batch_server.py)."""
+    with _loader().load_batch_server_module().BatchServerThread() as srv:
+        yield srv
+
+
+@pytest.fixture
+def anthropic_server() -> Iterator[Any]:
+    """A double of Anthropic's Messages + Message Batches API on 127.0.0.1 (tests/servers/anthropic_server.py)."""
+    with _loader().load_anthropic_server_module().AnthropicServerThread() as srv:
+        yield srv

@@ -3,17 +3,24 @@
 A thin wrapper on :mod:`orchestra.api`: flags become config edits, then ``api.plan`` or
 ``api.run`` does the work.  Exit codes: 0 every task done; 1 some task failed, was skipped or
 cancelled (the summary names each with its log), or a write failed; 2 bad config or usage;
-130 interrupted; 129 SIGHUP.
+130 interrupted (Ctrl-C or SIGTERM); 129 SIGHUP.
+
+While tasks run, a signal stops them and the run still ends with its summary (``api.run``).
+Anywhere else (a config loading, the summary and report being built, ``--mode viz``) the CLI's
+own handlers end the process at once with one line and the same exit code, never a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
+import threading
+from types import FrameType
 from typing import Any
 
-from orchestra.api import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from orchestra.api import EXIT_FAILED, EXIT_HANGUP, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
 from orchestra.errors import ConfigError, UserError
 from orchestra.terminal import printable
 
@@ -32,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["all", "infer", "eval", "viz"], default="all",
                    help="run both stages (all), one stage, or only rebuild the summary and report (viz)")
     p.add_argument("--debug", action="store_true", help="run tasks in this process, one by one, with tracebacks")
-    p.add_argument("--dry-run", action="store_true", help="print the plan of both stages; write nothing")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the plan of both stages (a summary when a stage has many tasks); write nothing")
+    p.add_argument("--list", action="store_true", help="with --dry-run: list every task and sweep variant")
     p.add_argument("--max-num-workers", type=int, help="tasks running at once, for every stage")
     p.add_argument("--retry", type=int, help="extra attempts for a failed task, for every stage")
     p.add_argument("--slurm", action="store_true", help="run every stage with SlurmRunner")
@@ -123,7 +132,40 @@ def _aliyun_cfg(args: argparse.Namespace) -> dict[str, Any] | None:
         raise ConfigError(f"--aliyun-cfg {exc}") from None
 
 
+class _Signalled(BaseException):
+    """A SIGINT, SIGTERM or SIGHUP outside the window where ``api.run`` stops tasks for it."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_signalled(signum: int, frame: FrameType | None) -> None:
+    raise _Signalled(signum)
+
+
+_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
 def main(argv: list[str] | None = None) -> int:
+    previous: dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {sig: signal.signal(sig, _raise_signalled) for sig in _SIGNALS}
+    try:
+        return _guarded(argv)
+    except (_Signalled, KeyboardInterrupt) as exc:
+        for sig in previous:  # the process is on its way out: a second signal must not interrupt that
+            signal.signal(sig, signal.SIG_IGN)
+        signum = exc.signum if isinstance(exc, _Signalled) else signal.SIGINT
+        print(f"\norchestra: {signal.Signals(signum).name} received, stopped (files already written stay; "
+              "-r continues the run)", file=sys.stderr)
+        return EXIT_HANGUP if signum == signal.SIGHUP else EXIT_INTERRUPTED
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _guarded(argv: list[str] | None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
@@ -151,9 +193,17 @@ def _main(args: argparse.Namespace) -> int:
     def edit(raw: dict[str, Any]) -> None:
         _apply_cli_overrides(raw, args)
 
+    if args.list and not args.dry_run:
+        raise UserError("--list needs --dry-run (it lists the tasks a run would start)")
     if args.dry_run:
         view = api.plan(args.config, reuse=args.reuse, mode=args.mode, cfg_options=args.cfg_options, _edit_raw=edit)
-        api.say(view.render())
+        chunk: list[str] = []
+        for line in view.lines(full=args.list):  # 200,000 tasks: printed in chunks, never one string
+            chunk.append(line)
+            if len(chunk) >= 2000:
+                api.say("\n".join(chunk))
+                chunk.clear()
+        api.say("\n".join(chunk))
         return EXIT_OK
     run = api.run(args.config, mode=args.mode, reuse=args.reuse, debug=args.debug, yes=args.yes,
                   cfg_options=args.cfg_options, trace=args.trace, _edit_raw=edit)

@@ -22,10 +22,11 @@ from __future__ import annotations
 
 import copy
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestra.errors import ConfigError
+from orchestra.errors import ConfigError, UserError
 
 SWEEP_KEYS = ("models", "datasets", "params", "baseline", "max_variants")
 DEFAULT_MAX_VARIANTS = 50
@@ -135,18 +136,72 @@ def _expand(kind: str, bases: list[Any], axes: list[Axis], where: str,
     return out
 
 
+def _sweep_dict(raw: dict[str, Any], where: str) -> dict[str, Any] | None:
+    sweep = raw.get("sweep")
+    if sweep is None:
+        return None
+    if not isinstance(sweep, dict):
+        raise ConfigError(f"{where}: expected a dict with {', '.join(SWEEP_KEYS)}, got {sweep!r}")
+    return sweep
+
+
+def _max_variants(sweep: dict[str, Any], where: str) -> int:
+    max_variants = sweep.get("max_variants", DEFAULT_MAX_VARIANTS)
+    if not isinstance(max_variants, int) or isinstance(max_variants, bool) or max_variants < 1:
+        raise ConfigError(f"{where}.max_variants: expected an integer >= 1, got {max_variants!r}")
+    return max_variants
+
+
+def _bases(raw: dict[str, Any], sweep: dict[str, Any], kind: str, where: str) -> list[Any]:
+    bases = sweep.get(kind, raw.get(kind))
+    if not isinstance(bases, list) or not bases:
+        raise ConfigError(f"{where}: {kind} must be a non-empty list (in the sweep or the config), got {bases!r}")
+    return bases
+
+
+def sweep_size(raw: dict[str, Any], source: str) -> tuple[int, int] | None:
+    """(model, dataset) pairs the sweep would make and its ``max_variants``, without expanding it.
+
+    The count is a product of list lengths, so a sweep too large to run is refused before a
+    single variant is built (None without a sweep).
+    """
+    where = f"{source}: sweep"
+    sweep = _sweep_dict(raw, where)
+    if sweep is None:
+        return None
+    if sweep.get("expanded"):
+        info = expand_sweep(raw, source)
+        assert info is not None
+        return info.count(), info.max_variants
+    for key in sweep:
+        if key not in SWEEP_KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(SWEEP_KEYS)}")
+    axes = _axes(sweep.get("params"), where)
+    pairs = 1
+    for kind in ("models", "datasets"):
+        pairs *= len(_bases(raw, sweep, kind, where)) * math.prod(len(a.values) for a in axes if a.kind == kind)
+    return pairs, _max_variants(sweep, where)
+
+
+def check_sweep_size(raw: dict[str, Any], source: str) -> None:
+    """Refuse a sweep of more (model, dataset) pairs than its ``max_variants`` before expanding it."""
+    size = sweep_size(raw, source)
+    if size is not None and size[0] > size[1]:
+        raise UserError(f"{source}: the sweep expands to {size[0]} (model, dataset) pairs, more than "
+                        f"sweep.max_variants={size[1]}; check it with --dry-run and pass --yes "
+                        "(yes=True) to run it")
+
+
 def expand_sweep(raw: dict[str, Any], source: str) -> SweepInfo | None:
     """Replace ``raw``'s models and datasets by the sweep's variants (in place); None without a sweep.
 
     A config saved by a run holds the variants already and a ``sweep`` marked ``expanded``:
     it is read back, not expanded twice.
     """
-    sweep = raw.get("sweep")
+    where = f"{source}: sweep"
+    sweep = _sweep_dict(raw, where)
     if sweep is None:
         return None
-    where = f"{source}: sweep"
-    if not isinstance(sweep, dict):
-        raise ConfigError(f"{where}: expected a dict with {', '.join(SWEEP_KEYS)}, got {sweep!r}")
     if sweep.get("expanded"):
         return SweepInfo(list(sweep.get("axes", [])), dict(sweep.get("variants", {})), dict(sweep.get("baseline", {})),
                          int(sweep.get("max_variants", DEFAULT_MAX_VARIANTS)), int(sweep.get("num_models", 0)),
@@ -155,15 +210,9 @@ def expand_sweep(raw: dict[str, Any], source: str) -> SweepInfo | None:
         if key not in SWEEP_KEYS:
             raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(SWEEP_KEYS)}")
     axes = _axes(sweep.get("params"), where)
-    max_variants = sweep.get("max_variants", DEFAULT_MAX_VARIANTS)
-    if not isinstance(max_variants, int) or isinstance(max_variants, bool) or max_variants < 1:
-        raise ConfigError(f"{where}.max_variants: expected an integer >= 1, got {max_variants!r}")
-    info = SweepInfo([a.name for a in axes], {"models": {}, "datasets": {}}, {}, max_variants)
+    info = SweepInfo([a.name for a in axes], {"models": {}, "datasets": {}}, {}, _max_variants(sweep, where))
     for kind in ("models", "datasets"):
-        bases = sweep.get(kind, raw.get(kind))
-        if not isinstance(bases, list) or not bases:
-            raise ConfigError(f"{where}: {kind} must be a non-empty list (in the sweep or the config), got {bases!r}")
-        raw[kind] = _expand(kind, bases, axes, where, info.variants[kind])
+        raw[kind] = _expand(kind, _bases(raw, sweep, kind, where), axes, where, info.variants[kind])
     info.num_models, info.num_datasets = len(raw["models"]), len(raw["datasets"])
     baseline = sweep.get("baseline") or {}
     if not isinstance(baseline, dict):

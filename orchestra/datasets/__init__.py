@@ -11,6 +11,7 @@ _LAZY = {
     "CsvDataset": "orchestra.datasets.tabular",
     "ArrowDataset": "orchestra.datasets.tabular",
     "OlmoEvalDataset": "orchestra.datasets.olmo",
+    "LmEvalDataset": "orchestra.datasets.lmeval",
 }
 
 __all__ = ["BaseDataset", "JsonlDataset", *_LAZY]

@@ -162,6 +162,12 @@ class BaseDataset(abc.ABC):
                     f"input_columns are: {', '.join(sorted(allowed - {'choice'}))}"
                 )
 
+    def score(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
+        """Score predictions with the dataset's own scorer (metrics, details, extra result
+        fields), for a dataset that brings one (lm-eval tasks); ``NotImplementedError`` means
+        ``eval_cfg.evaluator`` scores it."""
+        raise NotImplementedError
+
     def gold(self, row: dict[str, Any]) -> Any:
         col = self.reader_cfg.get("output_column")
         return row.get(col) if col else None

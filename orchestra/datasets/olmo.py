@@ -103,11 +103,11 @@ def _boolq(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _hellaswag_clean(text: str) -> str:
-    # The usual clean-up of WikiHow artefacts ('[title]', '[step]', double spaces), plus
-    # no doubled full stop before a former title and no space left where a tag began.
-    text = text.strip().replace(". [title]", ". ").replace(" [title]", ". ")
+    # lm-eval's clean-up of WikiHow artefacts (tasks/hellaswag/utils.py ``preprocess``),
+    # exactly: ' [title]' becomes '. ', other tags go, one pass of double spaces.
+    text = text.strip().replace(" [title]", ". ")
     text = re.sub(r"\[.*?\]", "", text)
-    return text.replace("  ", " ").strip()
+    return text.replace("  ", " ")
 
 
 def _hellaswag(raw: list[dict[str, Any]]) -> list[dict[str, Any]]:

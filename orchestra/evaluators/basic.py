@@ -66,7 +66,10 @@ class AccuracyEvaluator(BaseEvaluator):
     """Multiple choice: the highest-scoring choice is right.
 
     For log-likelihood records both ``accuracy`` (raw summed log-probabilities) and
-    ``accuracy_norm`` (divided by the continuation's length in characters) are reported.
+    ``accuracy_norm`` are reported; ``accuracy_norm`` is lm-eval's ``acc_norm``: each
+    log-probability divided by the length in characters of the choice itself (not of the
+    continuation, which carries the ``' '`` before it).  Records written before ``choices``
+    were recorded fall back to the continuation without that one leading space.
     For generated answers the normalised text must equal the gold answer.
     """
 
@@ -75,8 +78,9 @@ class AccuracyEvaluator(BaseEvaluator):
         if "logliks" in record:
             lls = record["logliks"]
             conts = record.get("continuations") or [""] * len(lls)
+            choices = record.get("choices") or [c[1:] if c.startswith(" ") else c for c in conts]
             raw = max(range(len(lls)), key=lls.__getitem__)
-            norm = max(range(len(lls)), key=lambda i: lls[i] / max(len(conts[i]), 1))
+            norm = max(range(len(lls)), key=lambda i: lls[i] / max(len(str(choices[i])), 1))
             gold_idx = gold if isinstance(gold, int) else next(
                 (i for i, c in enumerate(conts) if normalize_text(c) == normalize_text(gold)), -1
             )

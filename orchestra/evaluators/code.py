@@ -12,17 +12,19 @@ from __future__ import annotations
 
 import asyncio
 import math
+import secrets
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestra.errors import ConfigError
 from orchestra.evaluators.heavy import HeavyEvaluator, Verdict
-from orchestra.evaluators.programs import PASS_MARKER, build_program
+from orchestra.evaluators.programs import DRIVER_NAME, build_program, sandbox_files
 from orchestra.sandbox import ISOLATIONS, Sandbox, SandboxLimits
 
-#: Bumped whenever the post-processing rules change, so earlier results are scored again.
-POSTPROCESS_VERSION = 1
+#: Bumped whenever the post-processing or pass rules change, so earlier results are scored again
+#: (2: a pass needs the driver's secret verdict token, not a fixed marker).
+POSTPROCESS_VERSION = 2
 _STDERR_TAIL = 2000
 
 
@@ -145,8 +147,11 @@ class CodeExecEvaluator(HeavyEvaluator):
             return {"passed": False, "status": "not_text", "detail": f"completion is {type(completion).__name__}, "
                                                                      "not text"}
         program = build_program(completion, test, prompt, entry)
-        res = await self.sandbox.run({"main.py": program}, [self.python, "main.py"])
-        passed = res.ok and PASS_MARKER in res.stdout
+        # The verdict token: known here and to the driver only (its stdin), printed by the
+        # driver once the tests ran to their end.
+        token = secrets.token_hex(16)
+        res = await self.sandbox.run(sandbox_files(program), [self.python, DRIVER_NAME], stdin=token.encode())
+        passed = res.ok and token in res.stdout
         status = res.status if not res.ok or passed else "left_early"
         out: dict[str, Any] = {"passed": passed, "status": status, "duration_s": round(res.duration_s, 3)}
         if not passed:

@@ -19,122 +19,37 @@ grade (single) or a loss (pairwise) and is counted in ``answers_missing``.
 from __future__ import annotations
 
 import asyncio
-import re
-import string
 from collections.abc import Mapping
 from typing import Any
 
 from orchestra.errors import ConfigError
 from orchestra.evaluators.heavy import HeavyEvaluator, Verdict
+from orchestra.evaluators.judge_text import (
+    FIELDS,
+    FORMAT_VERSION,
+    MODES,
+    PAIR_MULTI_TEMPLATE,
+    PAIR_TEMPLATE,
+    SINGLE_MULTI_TEMPLATE,
+    SINGLE_TEMPLATE,
+    SYSTEM_PROMPT,
+    flatten,
+    lead_choice,
+    lead_rating,
+    neutralise,
+    parse_preference,
+    parse_rating,
+    question_of,
+    template_fields,
+    transcript,
+)
 from orchestra.models.base import BaseModel
 from orchestra.models.registry_cache import get_model
 from orchestra.registry import MODELS
-from orchestra.requests import GenRequest, Message, prompt_text
+from orchestra.requests import GenRequest, Message
 
-MODES = ("single", "pairwise")
-SYSTEM_PROMPT = "You are a careful and impartial grader of answers written by AI assistants."
-
-SINGLE_TEMPLATE = """Grade the AI assistant's answer to the question below. Judge whether it is correct, \
-helpful and relevant, and whether it is as detailed as the question needs; length alone earns nothing.{note}
-First justify your grade in a few sentences. Then, on the last line, give a grade from 1 (very poor) \
-to 10 (excellent) written exactly like this: Rating: [[5]]
-
-[Question]
-{question}
-{reference_block}
-[The assistant's answer]
-{answer}
-[End of the answer]"""
-
-SINGLE_MULTI_TEMPLATE = """Below is a conversation between a user and an AI assistant. Grade only the \
-assistant's last reply (its reply to user message {turn}), in the light of the whole conversation. \
-Judge whether it is correct, helpful and relevant, and whether it is as detailed as needed; length \
-alone earns nothing.{note}
-First justify your grade in a few sentences. Then, on the last line, give a grade from 1 (very poor) \
-to 10 (excellent) written exactly like this: Rating: [[5]]
-
-{conversation}
-{reference_block}"""
-
-PAIR_TEMPLATE = """Two AI assistants answered the same question. Decide which answer is better: more \
-correct, more helpful, more relevant. Neither the order in which they are shown nor their length may \
-sway you.
-First compare them in a few sentences. Then, on the last line, give your verdict written exactly as \
-one of: [[A]] if assistant A is better, [[B]] if assistant B is better, [[C]] for a tie.
-
-[Question]
-{question}
-
-[Assistant A's answer]
-{answer_a}
-[End of assistant A's answer]
-
-[Assistant B's answer]
-{answer_b}
-[End of assistant B's answer]"""
-
-PAIR_MULTI_TEMPLATE = """Two AI assistants had the same conversation with a user. Decide whose reply to \
-user message {turn} (the last reply of each conversation) is better: more correct, more helpful, more \
-relevant. Neither the order in which they are shown nor their length may sway you.
-First compare them in a few sentences. Then, on the last line, give your verdict written exactly as \
-one of: [[A]] if assistant A is better, [[B]] if assistant B is better, [[C]] for a tie.
-
-[Conversation with assistant A]
-{conversation_a}
-[End of the conversation with assistant A]
-
-[Conversation with assistant B]
-{conversation_b}
-[End of the conversation with assistant B]"""
-
-#: the fields each mode's template may use
-FIELDS = {
-    "single": {"question", "answer", "reference", "reference_block", "note", "conversation", "turn"},
-    "pairwise": {"question", "answer_a", "answer_b", "conversation_a", "conversation_b", "turn"},
-}
-_RATING = re.compile(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
-_RATING_LOOSE = re.compile(r"rating\s*[:=]\s*\[*\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
-_LEAD_NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?)(?![\d.])")
-_LEAD_CHOICE = re.compile(r"\s*([ABC])\b")
-_PAIR = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)
+__all__ = ["SYSTEM_PROMPT", "JudgeEvaluator", "parse_preference", "parse_rating"]
 _KEEP_OUTPUT = 4000
-
-
-def parse_rating(text: str) -> float | None:
-    """The grade in a judge's answer (the last ``[[n]]``, else ``Rating: n``), if within 1..10."""
-    found = _RATING.findall(text) or _RATING_LOOSE.findall(text)
-    if not found:
-        return None
-    value = float(found[-1])
-    return value if 1.0 <= value <= 10.0 else None
-
-
-def parse_preference(text: str) -> str | None:
-    """``'A'``, ``'B'`` or ``'C'`` (tie) from the last ``[[A]]`` / ``[[B]]`` / ``[[C]]``."""
-    found = _PAIR.findall(text)
-    if not found:
-        return None
-    last = found[-1].upper()
-    return "C" if last == "TIE" else last
-
-
-def _fields(template: str) -> set[str]:
-    return {name for _, name, _, _ in string.Formatter().parse(template) if name}
-
-
-def _transcript(users: list[str], replies: list[str]) -> str:
-    parts = []
-    for i, (user, reply) in enumerate(zip(users, replies), start=1):
-        parts.append(f"[User message {i}]\n{user}\n\n[Assistant reply {i}]\n{reply}")
-    return "\n\n".join(parts)
-
-
-def _question(record: dict[str, Any]) -> str:
-    prompt = record.get("prompt", "")
-    if isinstance(prompt, list):
-        users = [str(m.get("content", "")) for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        return "\n\n".join(users) if users else prompt_text(prompt)
-    return str(prompt)
 
 
 class JudgeEvaluator(HeavyEvaluator):
@@ -157,8 +72,9 @@ class JudgeEvaluator(HeavyEvaluator):
             the system prompt, the judge prompt and this prefix go to the judge as one text
             to continue, so a small model that does not follow the format's instructions
             only has to write the grade.  For judges that continue text: an API model with
-            ``endpoint='completions'`` or a local model.  The grade (or ``A``/``B``/``C``)
-            is then read from the format, else from the start of the continuation.
+            ``endpoint='completions'`` or a local model.  The messages are then flattened
+            under role headers (:func:`flatten`), and the grade (or ``A``/``B``/``C``) is
+            read right after the prefix, nowhere else.
     """
 
     speed_keys = frozenset({"max_samples"})
@@ -185,7 +101,7 @@ class JudgeEvaluator(HeavyEvaluator):
             if not isinstance(prompt_template, str):
                 raise ValueError(f"prompt_template must be a string, got {type(prompt_template).__name__}")
             try:
-                unknown = sorted(_fields(prompt_template) - FIELDS[mode])
+                unknown = sorted(template_fields(prompt_template) - FIELDS[mode])
             except ValueError as exc:
                 raise ValueError(f"prompt_template: {exc} (write {{{{ and }}}} for a brace)") from None
             if unknown:
@@ -224,6 +140,7 @@ class JudgeEvaluator(HeavyEvaluator):
             "system_prompt": ev.system_prompt,
             "reference": ev.reference,
             "max_out_len": ev.max_out_len,
+            "format_version": FORMAT_VERSION,
             "judge": [str(judge["type"]), cls._model_class(judge).identity(judge)],
             **({"answer_prefix": ev.answer_prefix} if ev.answer_prefix else {}),
         }
@@ -283,26 +200,23 @@ class JudgeEvaluator(HeavyEvaluator):
         messages.append({"role": "user", "content": content})
         prompt: str | list[Message] = messages
         if self.answer_prefix:  # one text that ends where the judge's answer begins
-            prompt = prompt_text(messages) + "\n\n" + self.answer_prefix
+            prompt = flatten(messages, self.answer_prefix)
         text = await self.model.generate(GenRequest(prompt=prompt, max_out_len=self.max_out_len))
         if not isinstance(text, str):
             raise TypeError(f"the judge model answered {type(text).__name__}, not text")
         return (self.answer_prefix or "") + text
 
     def _rating(self, text: str) -> float | None:
-        rating = parse_rating(text)
-        if rating is None and self.answer_prefix:  # the grade right where the prefix left off
-            lead = _LEAD_NUMBER.match(text[len(self.answer_prefix):])
-            value = float(lead.group(1)) if lead else 0.0
-            rating = value if 1.0 <= value <= 10.0 else None
-        return rating
+        if not self.answer_prefix:
+            return parse_rating(text)
+        # With a prefix the grade is what the judge wrote right after it, and nothing later:
+        # a grade it quotes (from the answer, say) never replaces its own.
+        return lead_rating(text[len(self.answer_prefix):])
 
     def _preference(self, text: str) -> str | None:
-        found = parse_preference(text)
-        if found is None and self.answer_prefix:
-            lead = _LEAD_CHOICE.match(text[len(self.answer_prefix):])
-            found = lead.group(1).upper() if lead else None
-        return found
+        if not self.answer_prefix:
+            return parse_preference(text)
+        return lead_choice(text[len(self.answer_prefix):])
 
     def _template(self, multi: bool) -> str:
         if self.prompt_template:
@@ -315,7 +229,7 @@ class JudgeEvaluator(HeavyEvaluator):
         pred = record.get("prediction")
         if "turns" in record and isinstance(record["turns"], list):
             return [str(t) for t in record["turns"]], pred, True
-        return [_question(record)], pred, False
+        return [question_of(record)], pred, False
 
     async def ajudge(self, record: dict[str, Any]) -> Verdict:
         users, pred, multi = self._turns(record)
@@ -329,6 +243,8 @@ class JudgeEvaluator(HeavyEvaluator):
             if len(golds) != len(users) or not all(isinstance(g, str) for g in golds):
                 raise ValueError(f"{'pairwise' if self.mode == 'pairwise' else 'reference'} judging needs the "
                                  f"dataset's answer as text per turn; gold is {repr(gold)[:80]}")
+            golds = [neutralise(str(g)) for g in golds]
+        users, replies = [neutralise(u) for u in users], [neutralise(r) for r in replies]
         turns = await asyncio.gather(*(self._judge_turn(users, replies, golds, k, multi) for k in range(len(users))))
         return {"turns": list(turns)}
 
@@ -339,7 +255,7 @@ class JudgeEvaluator(HeavyEvaluator):
             ref = golds[k] if self.reference else None
             content = template.format(
                 question=users[k], answer=replies[k], turn=k + 1,
-                conversation=_transcript(users[: k + 1], replies[: k + 1]),
+                conversation=transcript(users[: k + 1], replies[: k + 1]),
                 reference=ref or "",
                 reference_block=f"\n[Reference answer]\n{ref}\n[End of the reference answer]\n" if ref else "",
                 note=" Compare it with the reference answer shown." if ref else "",
@@ -353,8 +269,8 @@ class JudgeEvaluator(HeavyEvaluator):
 
         def pair_prompt(a: list[str], b: list[str]) -> str:
             return template.format(question=users[k], answer_a=a[k], answer_b=b[k], turn=k + 1,
-                                   conversation_a=_transcript(users[: k + 1], a[: k + 1]),
-                                   conversation_b=_transcript(users[: k + 1], b[: k + 1]))
+                                   conversation_a=transcript(users[: k + 1], a[: k + 1]),
+                                   conversation_b=transcript(users[: k + 1], b[: k + 1]))
 
         base = [str(g) for g in golds]
         first, second = await asyncio.gather(self._ask(pair_prompt(replies, base)),

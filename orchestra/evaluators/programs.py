@@ -19,17 +19,24 @@ The rules (``docs/scoring.md`` lists them with examples):
 4. Otherwise the completion continues the prompt (a function body): it stops before the
    first line after its first one that starts at column 0 (the next top-level ``def``,
    ``class``, ``if``, ``print``, comment, ...).
-5. The tests follow, then a line that prints a marker: a program passes when it exits 0
-   *and* printed the marker, so code that calls ``exit(0)`` before the tests ran fails.
+5. The tests follow.  The program is run by :mod:`orchestra.evaluators.sandbox_driver`,
+   which prints this run's secret verdict token only when the program ran to its end: a
+   program passes when it exits 0 *and* the token is in its output, so code that calls
+   ``exit(0)`` before the tests ran, or prints whatever it likes, fails.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
+import os
 import re
 
-#: printed after the tests ran; its absence means the program left early
-PASS_MARKER = "__orchestra_tests_passed__"
+#: the name of the driver (:mod:`orchestra.evaluators.sandbox_driver`) in the sandbox
+DRIVER_NAME = "orchestra_driver.py"
+#: the name of the program (solution and tests) in the sandbox
+PROGRAM_NAME = "main.py"
+_DRIVER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_driver.py")
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON_TAGS = ("python", "py", "python3", "")
 
@@ -141,8 +148,19 @@ def build_solution(completion: str, prompt: str = "", entry_point: str | None = 
 
 
 def build_program(completion: str, test: str, prompt: str = "", entry_point: str | None = None) -> str:
-    """The whole program: the solution, the tests, the pass marker (rule 5)."""
+    """The whole program: the solution, then the tests (rule 5: the driver runs it)."""
     solution = build_solution(completion, prompt, entry_point)
-    return (f"{solution.rstrip()}\n\n\n{test.rstrip()}\n\n"
-            f"import sys as _orchestra_sys\n_orchestra_sys.__stdout__.write('\\n{PASS_MARKER}\\n')\n"
-            "_orchestra_sys.__stdout__.flush()\n")
+    return f"{solution.rstrip()}\n\n\n{test.rstrip()}\n"
+
+
+@functools.lru_cache(maxsize=1)
+def driver_source() -> str:
+    """The text of the driver that runs a program in the sandbox and vouches for its end."""
+    with open(_DRIVER_PATH, encoding="utf-8") as f:
+        return f.read()
+
+
+def sandbox_files(program: str) -> dict[str, str]:
+    """The files of one run: the program and the driver (started as ``python DRIVER_NAME``,
+    with the verdict token on its standard input)."""
+    return {PROGRAM_NAME: program, DRIVER_NAME: driver_source()}

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.inferencers import get_inferencer
-from orchestra.models.base import BaseModel
+from orchestra.models.base import BaseModel, SampleTag, current_sample
 from orchestra.requests import Sample
 
 #: request counters of ``ModelStats`` reported as deltas over one engine run
@@ -107,6 +107,9 @@ class Engine:
         for key in _TOKENS:
             if key in stats:
                 snap[key] = stats[key] - self._start_stats.get(key, 0)
+        for key, value in stats.items():
+            if key.startswith("batches_"):  # batch mode: batches of this task (absolute)
+                snap[key] = value
         rate = stats.get("rate_limit_rps")
         if rate:
             snap["rate_limit_rps"] = round(float(rate), 2)
@@ -124,6 +127,7 @@ class Engine:
         async def worker() -> None:
             for job in it:  # the shared iterator hands each job to exactly one worker
                 self.counts.running += 1
+                current_sample.set(SampleTag(job.sample.id))  # each worker runs in its own context
                 try:
                     record = await run_sample(self.model, job.sample)
                 except Exception as exc:  # recorded; the task decides whether to fail

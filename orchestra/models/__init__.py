@@ -16,6 +16,7 @@ _LAZY = {
     "HFCausalLM": "orchestra.models.hf",
     "VLLMModel": "orchestra.models.vllm",
     "OpenAIAPI": "orchestra.models.openai_api",
+    "AnthropicAPI": "orchestra.models.anthropic_api",
 }
 
 __all__ = ["BaseModel", "BatchedModel", "DeterministicModel", "GenRequest", "LoglikRequest", *_LAZY]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import contextvars
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,19 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 from orchestra.fileio import stable_hash
 from orchestra.requests import GenRequest, LoglikRequest
+
+
+class SampleTag:
+    """The sample a request belongs to (the engine sets it around each sample's coroutine), and
+    how often each identical request was made by it: batch mode builds stable request ids from it."""
+
+    def __init__(self, sample_id: object) -> None:
+        self.id = str(sample_id)
+        self.seen: dict[str, int] = {}
+
+
+#: the sample whose coroutine is running (None outside the engine)
+current_sample: contextvars.ContextVar[SampleTag | None] = contextvars.ContextVar("orchestra_sample", default=None)
 
 
 @dataclass
@@ -128,6 +142,11 @@ class BaseModel(abc.ABC):
 
     async def aclose(self) -> None:
         """Release connections, threads or memory; called once when a task ends."""
+
+    def bind_task(self, run_dir: str, task_id: str, emit: Callable[..., None]) -> None:
+        """Called by the infer task before its first request: the run folder and task this
+        model works for, and ``emit(event, **fields)`` for its events.  Default: nothing (batch
+        mode of API models records its batches there)."""
 
 
 Req = TypeVar("Req", GenRequest, LoglikRequest)

@@ -18,6 +18,7 @@ import functools
 import json
 import os
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from orchestra.errors import ModelError
@@ -33,6 +34,10 @@ from orchestra.limits.retry import (
     send_with_retries,
 )
 from orchestra.models.base import BaseModel
+from orchestra.models.batch_rows import BatchOptions
+from orchestra.models.openai_batch import OpenAIBatcher
+from orchestra.models.openai_batch_http import BatchHTTP
+from orchestra.paths import RunPaths
 from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, prompt_text
 
 ENDPOINTS = ("chat", "completions")
@@ -78,11 +83,15 @@ class OpenAIAPI(BaseModel):
         attempt_timeout_s: time limit of one attempt.
         rate_limit: a known limit in requests per second; never exceeded (None: learn the
             limit from 429 answers only).
+        batch: send every request through the endpoint's Batch API (half the token price,
+            answers within 24 h): ``True`` or a dict of
+            :class:`~orchestra.models.batch_rows.BatchOptions` (``size``, ``poll_s``,
+            ``flush_s``, ...).  See docs/api.md, "Batch mode".
     """
 
     validate_by_construction = True  # the constructor only checks values: no network, no key
     speed_keys = BaseModel.speed_keys | {"max_connections", "max_retries", "timeout_s", "attempt_timeout_s",
-                                         "key_env", "rate_limit"}
+                                         "key_env", "rate_limit", "batch"}
 
     def __init__(
         self,
@@ -99,6 +108,7 @@ class OpenAIAPI(BaseModel):
         timeout_s: float = 600.0,
         attempt_timeout_s: float = 120.0,
         rate_limit: float | None = None,
+        batch: bool | dict[str, Any] | None = None,
     ) -> None:
         super().__init__(abbr, path, max_out_len=max_out_len, generation_kwargs=generation_kwargs)
         if not path:
@@ -127,12 +137,31 @@ class OpenAIAPI(BaseModel):
         self._proxy: Any = None
         self._proxy_auth: Any = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
+        self.batch_options = BatchOptions.parse(batch)  # None: direct calls
+        self._batcher: OpenAIBatcher | None = None
 
     def __repr__(self) -> str:
         return f"OpenAIAPI(abbr={self.abbr!r}, path={self.path!r}, base_url={self.base_url!r})"
 
     def max_concurrency(self) -> int:
+        if self.batch_options is not None:
+            return self.batch_options.max_requests_in_flight
         return self.max_connections
+
+    # -- batch mode (orchestra/models/openai_batch.py) ------------------------------------
+    def _batch_http_class(self) -> type[BatchHTTP]:
+        """The provider's batch calls (Anthropic's differ)."""
+        return BatchHTTP
+
+    def bind_task(self, run_dir: str, task_id: str, emit: Callable[..., None]) -> None:
+        if self.batch_options is None:
+            return
+        if self._batcher is None:
+            http = self._batch_http_class()(self.base_url, self._client, lambda: (self._proxy, self._proxy_auth),
+                                            self.policy, self._explain, self.scope_name)
+            self._batcher = OpenAIBatcher(self.batch_options, http, self.policy, self.stats, self.path)
+        self._batcher.bind(RunPaths(run_dir).batch_ledger(self.abbr), os.path.basename(os.path.abspath(run_dir)),
+                           task_id, emit)
 
     # -- plumbing -----------------------------------------------------------------------
     def _secret(self) -> _Secret:
@@ -171,15 +200,17 @@ class OpenAIAPI(BaseModel):
                 self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self.url))
             except LookupError:
                 self._proxy, self._proxy_auth = None, None
-            headers = {"Content-Type": "application/json"}
-            key = self._secret().value
-            if key:
-                headers["Authorization"] = f"Bearer {key}"
+            headers = {"Content-Type": "application/json", **self._auth_headers()}
             self._session = aiohttp.ClientSession(connector=connector, headers=headers,
                                                   cookie_jar=aiohttp.DummyCookieJar(),
                                                   timeout=aiohttp.ClientTimeout(total=None))
             self._session_loop = loop
         return self._session
+
+    def _auth_headers(self) -> dict[str, str]:
+        """Headers that carry the key (a provider with another scheme overrides this)."""
+        key = self._secret().value
+        return {"Authorization": f"Bearer {key}"} if key else {}
 
     def _scope(self) -> ProcessSlots | HostSlots:
         if self._slots is None:
@@ -187,6 +218,8 @@ class OpenAIAPI(BaseModel):
         return self._slots
 
     async def aclose(self) -> None:
+        if self._batcher is not None:
+            await self._batcher.aclose()  # cancels what is still in flight (Ctrl-C, a failed task)
         if self._session is not None and not self._session.closed:
             if self._session_loop is asyncio.get_running_loop():
                 await self._session.close()
@@ -225,7 +258,11 @@ class OpenAIAPI(BaseModel):
 
     async def post(self, url: str, body: dict[str, Any]) -> dict[str, Any]:
         """POST ``body`` as JSON and return the decoded answer, retrying what is worth it
-        (:func:`~orchestra.limits.retry.send_with_retries`)."""
+        (:func:`~orchestra.limits.retry.send_with_retries`); in batch mode, as one row of a batch."""
+        if self.batch_options is not None:
+            if self._batcher is None:
+                raise ModelError(f"model {self.abbr}: batch mode needs a run folder; it runs in infer tasks only")
+            return await self._batcher.submit(url[len(self.base_url):], body)
         payload = json.dumps(body, ensure_ascii=False).encode("utf-8")
         return await send_with_retries(functools.partial(self._attempt, url, payload), self.policy,
                                        self._scope(), self.rate, self.stats, self._explain)

@@ -60,6 +60,8 @@ def balanced_bins(costs: Sequence[float], bins: int, improve_rounds: int = 200) 
     then local search: move or swap an item out of the heaviest bin while that lowers it.
     """
     bins = max(1, min(bins, len(costs)))
+    if bins == len(costs) and all(c > 0 for c in costs):  # one item each: what LPT would give, at once
+        return [[i] for i in sorted(range(len(costs)), key=lambda i: -costs[i])]
     groups: list[list[int]] = [[] for _ in range(bins)]
     loads = [0.0] * bins
     heap = [(0.0, b) for b in range(bins)]

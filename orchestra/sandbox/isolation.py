@@ -9,6 +9,13 @@ limit of one program never counts another's processes, and it cannot signal, tra
 the environment of any other process); ``setpriv --pdeathsig`` makes the wrapper die with
 the task that started it, even by SIGKILL.
 
+Whether the program itself was started is known for sure: its standard input is a socket
+whose other end the caller holds, and the last step of every wrapper, as the sandbox user
+and right before it executes the program, writes one byte into it (``/bin/sh`` for
+``bwrap`` and ``none``, the launcher for ``unshare``).  A failure without that byte is the
+wrapper's own (:meth:`Isolation.setup_error`); after it, every outcome is the program's,
+whatever it prints.
+
 * ``bwrap`` (bubblewrap): new PID, network, IPC, UTS, cgroup and mount namespaces; the
   program sees only ``/usr``, ``/etc`` and the library folders, read-only, a fresh ``/proc``
   and ``/dev``, and a size-limited tmpfs as its work folder; ``no_new_privs``.
@@ -28,6 +35,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -129,14 +137,27 @@ class Isolation(abc.ABC):
     def after_exit(self, job: Job) -> None:
         """Called when the program has ended, before its output is drained."""
 
-    def setup_error(self, job: Job, returncode: int, stderr: bytes) -> str | None:
-        """The wrapper's own error if the program never started (else None)."""
-        first = stderr.lstrip().split(b"\n", 1)[0].decode("utf-8", "replace")
-        if returncode != 0 and first.startswith(self.wrapper_prefixes):
-            return first
-        return None
+    def setup_error(self, job: Job, started: bool, returncode: int, stderr: bytes) -> str | None:
+        """The wrapper's own error when the program was never started (``started``: the
+        start byte arrived), else None: what a started program prints is never taken for
+        the wrapper's."""
+        if started:
+            return None
+        lines = [ln.strip() for ln in stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+        tagged = [ln for ln in lines if job.nonce and ln.startswith(f"sandbox setup failed [{job.nonce}]")]
+        reason = (tagged or lines or [f"the wrapper exited with status {returncode} and printed nothing"])[0]
+        return reason[:500]
 
-    wrapper_prefixes: ClassVar[tuple[str, ...]] = ("setpriv: ", "prlimit: ")
+
+#: The wrapper's last step, as the sandbox user: check the program can be run, say so on the
+#: start socket (standard input), run it.  ``$0`` is ``sh``, the program's argv follows.
+START_SCRIPT = ('[ -x "$1" ] || { echo "sandbox: cannot execute $1" >&2; exit 127; }; '
+                'printf s >&0 || exit 125; exec "$@"')
+
+
+def start_then(argv: tuple[str, ...]) -> list[str]:
+    """``argv`` behind the shell step that signals the start (:data:`START_SCRIPT`)."""
+    return ["/bin/sh", "-c", START_SCRIPT, "sh", *argv]
 
 
 def _setpriv() -> str:
@@ -149,7 +170,6 @@ class BwrapIsolation(Isolation):
     name = "bwrap"
     isolates_network = True
     tools = ("bwrap", "setpriv", "prlimit")
-    wrapper_prefixes = ("bwrap: ", "setpriv: ", "prlimit: ")
 
     def work_dir(self, slot_dir: str) -> str:
         return BWRAP_WORK
@@ -176,12 +196,12 @@ class BwrapIsolation(Isolation):
         if job.uid is None:
             # Rootless: bubblewrap maps our own user into a user namespace; the limits
             # apply from the outside in.
-            argv = [_setpriv(), "--pdeathsig", "KILL", "--", *limits, *args, "--", *job.argv]
+            argv = [_setpriv(), "--pdeathsig", "KILL", "--", *limits, *args, "--", *start_then(job.argv)]
         else:
             # As root: bubblewrap builds the namespaces without a user namespace, and the
             # program drops to the slot's own uid inside, so RLIMIT_NPROC holds.
             argv = [_setpriv(), "--pdeathsig", "KILL", "--", *args, "--", _setpriv(), *drop_user_args(job.uid),
-                    "--", *limits, *job.argv]
+                    "--", *limits, *start_then(job.argv)]
         return Command(argv, {"PATH": "/usr/bin:/bin"})
 
     def describe(self, limits: SandboxLimits) -> str:
@@ -203,14 +223,6 @@ class UnshareIsolation(Isolation):
     isolates_network = True
     needs_root = True
     tools = ("unshare", "setpriv")
-    wrapper_prefixes = ("unshare: ", "setpriv: ")
-
-    def setup_error(self, job: Job, returncode: int, stderr: bytes) -> str | None:
-        tag = f"sandbox setup failed [{job.nonce}]".encode()
-        for line in stderr.splitlines():
-            if line.startswith(tag):
-                return line.decode("utf-8", "replace")
-        return super().setup_error(job, returncode, stderr)
 
     def work_dir(self, slot_dir: str) -> str:
         return UNSHARE_WORK
@@ -245,7 +257,7 @@ class NoIsolation(Isolation):
     def command(self, job: Job) -> Command:
         drop = drop_user_args(job.uid) if job.uid is not None else ["--no-new-privs"]
         argv = [_setpriv(), "--pdeathsig", "KILL", *drop, "--", _tool("prlimit") or "prlimit",
-                *prlimit_args(job.limits, job.nproc), "--", *job.argv]
+                *prlimit_args(job.limits, job.nproc), "--", *start_then(job.argv)]
         return Command(argv, dict(job.env), cwd=job.work)
 
     def after_exit(self, job: Job) -> None:
@@ -277,11 +289,26 @@ def user_processes(uid: int) -> list[int]:
     return found
 
 
+def kill_as_user(uid: int) -> None:
+    """``kill(-1, SIGKILL)`` executed as ``uid`` itself: the kernel signals every process of
+    that user in one step (under its task-list lock, so none can fork past it).  That user
+    must belong to one sandbox slot alone (the slot uids do): its every process dies."""
+    argv = [_setpriv(), f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--",
+            "/bin/sh", "-c", "kill -KILL -1"]
+    try:
+        subprocess.run(argv, env={"PATH": "/usr/bin:/bin"}, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=30, check=False)
+    except (OSError, subprocess.SubprocessError):
+        pass  # the sweep in kill_user still runs
+
+
 def kill_user(uid: int, passes: int = 50) -> None:
-    """SIGKILL every process of ``uid``, again until none is left (a fork bomb's children
-    are bounded by its process limit, so a few passes reach them all)."""
-    for _ in range(passes):
-        victims = user_processes(uid)
+    """SIGKILL every process of ``uid``: at once from inside the user (:func:`kill_as_user`),
+    then, to be sure, by pid from ``/proc`` until none is left."""
+    for attempt in range(passes):
+        if attempt % 10 == 0:
+            kill_as_user(uid)
+        victims = user_processes(uid)  # also those SIGKILLed an instant ago and not yet gone
         if not victims:
             return
         for pid in victims:

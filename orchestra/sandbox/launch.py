@@ -8,13 +8,16 @@ namespace, in a private mount namespace, still root.  It
 2. mounts a size-limited tmpfs, owned by the sandbox user, on ``/tmp`` (its work folder)
    and copies the program's files into it,
 3. forks the program: resource limits, no supplementary groups, the sandbox user's gid and
-   uid, ``no_new_privs``, then ``execve`` with exactly the given environment,
+   uid, ``no_new_privs``, one byte on its standard input (the start socket: the program is
+   being started, see :mod:`orchestra.sandbox.isolation`), then ``execve`` with exactly the
+   given environment,
 4. reaps every process until the program exits and exits with its status (``128 + signal``
    when it was killed).  When process 1 exits, the kernel kills the rest of the namespace.
 
-It is run as a script by path and imports only the standard library.  Exit status 125 (and
-one line on stderr, tagged with the spec's ``nonce``, which the program cannot read) means
-the sandbox could not be set up.
+It is run as a script by path and imports only the standard library.  When the sandbox could
+not be set up it exits 125 with one line on stderr, tagged with the spec's ``nonce`` (which
+the program cannot read), and the start byte was never written: that, not the line, is how
+the caller knows the program never ran.
 """
 
 from __future__ import annotations
@@ -103,6 +106,9 @@ def run_child(spec: dict[str, Any]) -> None:
     if _LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
     argv = spec["argv"]
+    if not os.access(argv[0], os.X_OK):
+        raise OSError(f"cannot execute {argv[0]}")
+    os.write(0, b"s")  # from here on, whatever happens is the program's doing
     os.execve(argv[0], argv, spec["env"])
 
 

@@ -85,18 +85,21 @@ async def run_process(
     max_output_bytes: int,
     cwd: str | None = None,
     after_exit: Callable[[], None] | None = None,
+    stdin_fd: int | None = None,
 ) -> ProcessResult:
     """Run ``argv`` in a new session with exactly ``env``; see the module docstring.
 
     ``after_exit`` runs once the child has exited or been killed, before its pipes are
     drained (a caller that can reach processes that left the group kills them there).
+    ``stdin_fd`` becomes the child's standard input (default: ``/dev/null``); the caller
+    keeps and closes its own copy.
     """
     t0 = time.monotonic()
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.subprocess_exec(
         lambda: _Protocol(_READ_CHUNK, loop),
         *argv,
-        stdin=asyncio.subprocess.DEVNULL,
+        stdin=asyncio.subprocess.DEVNULL if stdin_fd is None else stdin_fd,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         env=env,

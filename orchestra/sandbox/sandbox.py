@@ -16,6 +16,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,8 @@ from orchestra.sandbox.process import MAX_SLOTS, run_process, subprocess_slots
 #: First user id of sandboxed programs (above the ranges distributions and systemd hand out).
 DEFAULT_UID_BASE = 1_900_000_000
 _OFFSETS = 4096  # lock folders are spread over this many blocks of MAX_SLOTS user ids
+#: Most bytes a program may be given on its standard input (they must fit a socket's buffer).
+MAX_STDIN_BYTES = 16384
 #: ``isolation='auto'`` tries these, in order.
 AUTO_ORDER = ("bwrap", "unshare")
 _FILE_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
@@ -259,10 +262,16 @@ class Sandbox:
             os.chown(work, uid, uid)
 
     async def run(self, files: Mapping[str, str], argv: Sequence[str],
-                  env: Mapping[str, str] | None = None) -> SandboxResult:
+                  env: Mapping[str, str] | None = None, stdin: bytes = b"") -> SandboxResult:
         """Run ``argv`` (``argv[0]`` absolute; relative paths are in the work folder, which
-        holds ``files``) in a sandbox; raises :class:`SandboxError` if the sandbox itself failed."""
+        holds ``files``) in a sandbox; raises :class:`SandboxError` if the sandbox itself failed.
+
+        ``stdin`` (at most :data:`MAX_STDIN_BYTES`) is what the program reads on its standard
+        input before the end of it; it is in no file, argument or variable of the sandbox.
+        """
         method = self.method
+        if len(stdin) > MAX_STDIN_BYTES:
+            raise ValueError(f"stdin holds at most {MAX_STDIN_BYTES} bytes, got {len(stdin)}")
         for name in files:
             if not name or not set(name) <= _FILE_NAME_CHARS or name.startswith("."):
                 raise ValueError(f"sandbox file names are plain names of letters, digits and ._-; got {name!r}")
@@ -295,11 +304,21 @@ class Sandbox:
                 self._swept.add(slot)
             cmd = method.command(job)
             self.started += 1
-            res = await run_process(cmd.argv, env=cmd.env, cwd=cmd.cwd, timeout_s=self.limits.timeout_s,
-                                    max_output_bytes=self.limits.max_output_bytes,
-                                    after_exit=lambda: method.after_exit(job))
+            ours, theirs = socket.socketpair()
+            try:
+                ours.sendall(stdin)  # fits the socket's buffer (MAX_STDIN_BYTES)
+                ours.shutdown(socket.SHUT_WR)
+                try:
+                    res = await run_process(cmd.argv, env=cmd.env, cwd=cmd.cwd, timeout_s=self.limits.timeout_s,
+                                            max_output_bytes=self.limits.max_output_bytes,
+                                            after_exit=lambda: method.after_exit(job), stdin_fd=theirs.fileno())
+                finally:
+                    theirs.close()
+                started = _started(ours)
+            finally:
+                ours.close()
             problem = None if res.timed_out or res.output_exceeded else method.setup_error(
-                job, res.returncode, res.stderr)
+                job, started, res.returncode, res.stderr)
             if problem is not None:
                 raise SandboxError(f"sandbox ({method.name}) did not start the program: {problem}")
             return SandboxResult(
@@ -320,6 +339,14 @@ class Sandbox:
         scope = self._slot_scope()
         return {"sandboxes_running": self.running, "sandboxes_started": self.started,
                 "max_sandboxes": scope.limit}
+
+
+def _started(sock: socket.socket) -> bool:
+    """Whether the wrapper wrote the start byte (the program may have written more after it)."""
+    try:
+        return sock.recv(1, socket.MSG_DONTWAIT) == b"s"
+    except (BlockingIOError, OSError):
+        return False
 
 
 def count_tasks(uid: int) -> int:

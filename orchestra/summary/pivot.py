@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
-from orchestra.summary.table import Summary
+from orchestra.summary.table import Summary, md_row
 
 
 @dataclass
@@ -102,7 +102,7 @@ def write_pivot(pivot: Pivot, paths: RunPaths) -> None:
     header, body = _table(pivot)
     folder = paths.summary_dir
     os.makedirs(folder, exist_ok=True)
-    md = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in body)]
+    md = [md_row(header), "|" + "---|" * len(header), *(md_row(r) for r in body)]
     atomic_write_text(os.path.join(folder, "pivot.md"), "\n".join(md) + "\n")
     buf = io.StringIO()
     csv.writer(buf).writerows([header, *body])

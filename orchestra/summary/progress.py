@@ -26,6 +26,8 @@ from orchestra.terminal import printable
 _ENDED = ("done", "failed", "cancelled", "skipped")
 #: seconds of history the sample rate (and so the ETA) is measured over
 RATE_WINDOW_S = 60.0
+#: the terminal bar is redrawn at most this often (tqdm shows at most every 0.5 s anyway)
+BAR_REDRAW_S = 0.25
 DEFAULT_LINE_INTERVAL_S = 30.0
 
 
@@ -93,6 +95,7 @@ class StageProgress:
         self.history: deque[tuple[float, int]] = deque()  # (time, samples done in this run)
         self.last_read = 0.0
         self.last_line = self.t0
+        self.last_bar = float("-inf")
         self.closed = False
         self.bar: Any = None
         try:
@@ -205,6 +208,12 @@ class StageProgress:
                                 if self.models.get(task) in self.api_models and task not in self.ended)
                 api_part = f"requests: {in_flight} in flight, {limited} answered 429, {retries} retries"
             parts.append(api_part)
+            batched = [ev for ev in api if "batches_submitted" in ev]
+            if batched:  # batch mode: the provider's batches of these tasks
+                sums = {k: sum(int(ev.get(f"batches_{k}") or 0) for ev in batched)
+                        for k in ("submitted", "in_progress", "completed")}
+                parts.append(f"batches: {sums['submitted']} submitted, {sums['in_progress']} in progress, "
+                             f"{sums['completed']} completed")
         if self.gpu_slots and not self.closed:
             busy = len({g for ids in self.gpus.values() for g in ids})
             parts.append(f"GPUs {busy}/{self.gpu_slots} busy")
@@ -225,6 +234,14 @@ class StageProgress:
         self._draw(now)
 
     def _draw(self, now: float, final: bool = False) -> None:
+        # Counting walks every task: with 10,000 tasks it is done when something may be shown,
+        # not on every round of the loop (a line is never due before its interval anyway).
+        if not final:
+            since = now - (self.last_bar if self.bar is not None else self.last_line)
+            if since < (BAR_REDRAW_S if self.bar is not None else self.interval_s):
+                return
+        if self.bar is not None:
+            self.last_bar = now
         s, text = self.postfix(now)
         text = printable(text)  # counts today, but it is shown raw on a terminal
         if self.bar is not None:

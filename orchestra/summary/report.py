@@ -148,12 +148,18 @@ def _timeline(run: RunLog, report_dir: str) -> tuple[dict[str, Any], list[Any]]:
     hosts: list[str] = []
     rows: list[list[Any]] = []
     tails: list[list[Any]] = []
+    rel_dirs: dict[str, str] = {}  # log folder -> relative to the report (relpath per log is slow at 10,000)
     for a in attempts:
         if a.task_id not in task_index:
             rec = run.tasks[a.task_id]
             task_index[a.task_id] = len(tasks)
-            tasks.append([rec.name or a.task_id, a.task_id, rec.stage, rec.model,
-                          os.path.relpath(rec.log, report_dir) if rec.log else ""])
+            log = ""
+            if rec.log:
+                folder, name = os.path.split(rec.log)
+                if folder not in rel_dirs:
+                    rel_dirs[folder] = os.path.relpath(folder or ".", report_dir)
+                log = os.path.join(rel_dirs[folder], name)
+            tasks.append([rec.name or a.task_id, a.task_id, rec.stage, rec.model, log])
         host = a.host or a.runner or ""
         if host not in hosts:
             hosts.append(host)

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestra.events import read_events
+from orchestra.events import iter_events
 from orchestra.paths import RunPaths
 from orchestra.summary.logs import read_sections
 from orchestra.tasks.spec import TaskSpec
@@ -110,6 +110,9 @@ class RunLog:
     invocations: list[Invocation]
     tasks: dict[str, TaskRecord]
     usage: dict[str, ModelUsage]
+    #: (ts, event, task_id, samples_done) of every run_started, progress and done event, in
+    #: order: the trace's sample counters, without a second pass over events.jsonl
+    sample_marks: list[tuple[float, str, str, int]] = field(default_factory=list)
 
     @property
     def attempts(self) -> list[Attempt]:
@@ -130,9 +133,12 @@ def read_run(paths: RunPaths, api_models: set[str] | frozenset[str] = frozenset(
     open_attempts: dict[tuple[int, str, int], Attempt] = {}
     progress: dict[tuple[int, str, Any], dict[str, Any]] = {}  # (invocation, task, attempt) -> latest
     last_ts = 0.0
-    for ev in read_events(paths.events):
+    marks: list[tuple[float, str, str, int]] = []
+    for ev in iter_events(paths.events):
         kind, ts = ev.get("event"), float(ev.get("ts") or 0.0)
         last_ts = max(last_ts, ts)
+        if kind in ("run_started", "progress", "done"):
+            marks.append((ts, str(kind), str(ev.get("task_id")), int(ev.get("samples_done") or 0)))
         if kind == "run_started":
             invocations.append(Invocation(len(invocations), ts, mode=str(ev.get("mode", ""))))
             continue
@@ -192,7 +198,7 @@ def read_run(paths: RunPaths, api_models: set[str] | frozenset[str] = frozenset(
     _fill_from_specs(paths, tasks)
     if logs:
         _read_logs(paths, tasks)
-    return RunLog(invocations, tasks, _usage(tasks, progress, api_models))
+    return RunLog(invocations, tasks, _usage(tasks, progress, api_models), marks)
 
 
 def _fill_from_specs(paths: RunPaths, tasks: dict[str, TaskRecord]) -> None:

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestra.events import read_events
+from orchestra.events import iter_events
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
 from orchestra.summary.logs import with_excerpt
@@ -50,7 +50,7 @@ def _task_index(paths: RunPaths) -> dict[str, tuple[str, str]]:
 
 def _last_states(paths: RunPaths) -> dict[str, dict[str, Any]]:
     states: dict[str, dict[str, Any]] = {}
-    for ev in read_events(paths.events):
+    for ev in iter_events(paths.events):
         if ev.get("event") in ("queued", "started", "retry", "done", "failed", "cancelled", "skipped"):
             states[ev["task_id"]] = ev
     return states
@@ -78,8 +78,8 @@ def _why(output: str, index: dict[str, tuple[str, str]], states: dict[str, dict[
 
 def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str, Unit]]) -> Summary:
     """Collect every planned (model, dataset) result, or the reason it is missing."""
-    index = _task_index(paths)
-    states = _last_states(paths)
+    index: dict[str, tuple[str, str]] | None = None  # read (every task spec, every event) only if a result is missing
+    states: dict[str, dict[str, Any]] = {}
     summary = Summary(models=models)
     by_dataset: dict[str, dict[str, dict[str, float]]] = {}
     order: list[str] = []
@@ -91,6 +91,8 @@ def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str
             with open(unit.output, encoding="utf-8") as f:
                 by_dataset[unit.dataset_abbr][model] = json.load(f)["metrics"]
             continue
+        if index is None:
+            index, states = _task_index(paths), _last_states(paths)
         reason = ""
         for pred, h in unit.inputs:
             if not output_done(pred, h):
@@ -115,17 +117,28 @@ def _cell(value: Any) -> str:
     return "-" if value is None else f"{value:.4f}"
 
 
+def md_cell(text: Any) -> str:
+    """``text`` as one Markdown table cell (or list item): ``|`` and ``\\`` escaped, line breaks
+    made spaces, so an abbr such as ``a|b`` can never add a column or shift the row."""
+    flat = " ".join(str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n"))
+    return flat.replace("\\", "\\\\").replace("|", "\\|")
+
+
+def md_row(cells: list[Any]) -> str:
+    """One Markdown table row of ``cells``, each escaped with :func:`md_cell`."""
+    return "| " + " | ".join(md_cell(c) for c in cells) + " |"
+
+
 def render_markdown(summary: Summary) -> str:
     header = ["dataset", "metric", *summary.models]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines = [md_row(header), "|" + "---|" * len(header)]
     for row in summary.rows:
-        cells = [row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)]
-        lines.append("| " + " | ".join(cells) + " |")
+        lines.append(md_row([row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)]))
     if summary.missing:
         lines.append("")
         lines.append("Missing results:")
         for miss in summary.missing:
-            lines.append(f"- {miss['model']} / {miss['dataset']}: {miss['reason']}")
+            lines.append(f"- {md_cell(miss['model'])} / {md_cell(miss['dataset'])}: {md_cell(miss['reason'])}")
     return "\n".join(lines) + "\n"
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestra.events import read_events
 from orchestra.fileio import atomic_write_text
 from orchestra.paths import RunPaths
 from orchestra.summary.runlog import RunLog
@@ -66,21 +65,19 @@ def _sample_counters(paths: RunPaths, run: RunLog, us: Any) -> list[dict[str, An
     """A counter per stage: samples done, from progress events and the tasks that finished."""
     out: list[dict[str, Any]] = []
     done: dict[str, dict[str, int]] = {"infer": {}, "eval": {}}
-    for ev in read_events(paths.events):
-        kind, task_id = ev.get("event"), ev.get("task_id")
+    totals: dict[str, int] = {}  # kept as ``done`` changes: summing it per event is quadratic
+    for ts, kind, task_id, samples_done in run.sample_marks:
         if kind == "run_started":
-            done = {"infer": {}, "eval": {}}
-        if not isinstance(task_id, str) or task_id not in run.tasks:
+            done, totals = {"infer": {}, "eval": {}}, {}
+        rec = run.tasks.get(task_id)
+        if rec is None:
             continue
-        rec = run.tasks[task_id]
-        if kind == "progress":
-            done.setdefault(rec.stage, {})[task_id] = int(ev.get("samples_done") or 0)
-        elif kind == "done":
-            done.setdefault(rec.stage, {})[task_id] = rec.num_samples
-        else:
-            continue
+        now = samples_done if kind == "progress" else rec.num_samples
+        stage = done.setdefault(rec.stage, {})
+        totals[rec.stage] = totals.get(rec.stage, 0) + now - stage.get(task_id, 0)
+        stage[task_id] = now
         out.append({"ph": "C", "name": f"{rec.stage} samples done", "pid": 0, "tid": 0,
-                    "ts": us(float(ev.get("ts") or 0.0)), "args": {"samples": sum(done[rec.stage].values())}})
+                    "ts": us(ts), "args": {"samples": totals[rec.stage]}})
     if out:
         out.insert(0, {"ph": "M", "name": "process_name", "pid": 0, "tid": 0, "args": {"name": "progress"}})
     return out

@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+from orchestra.datasets.base import build_dataset
 from orchestra.errors import TaskFailedError
 from orchestra.evaluators import HeavyEvaluator, build_evaluator
 from orchestra.evaluators.heavy import details_of, run_verdicts
@@ -134,6 +135,15 @@ def _run_heavy(spec: TaskSpec, unit: Unit, evaluator: HeavyEvaluator, records: l
     return asyncio.run(main())
 
 
+def _own_score(unit: Unit, records: list[dict[str, Any]]
+               ) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]] | None:
+    """The dataset's own scoring (lm-eval tasks score with lm-eval), or None."""
+    try:
+        return build_dataset(unit.dataset).score(records)
+    except NotImplementedError:
+        return None
+
+
 def run_task(spec: TaskSpec) -> None:
     """Run one eval task in this process (raises on failure)."""
     paths = RunPaths(spec.run_dir)
@@ -142,7 +152,10 @@ def run_task(spec: TaskSpec) -> None:
         evaluator_cfg = unit.dataset.get("eval_cfg", {}).get("evaluator", "accuracy")
         evaluator = build_evaluator(evaluator_cfg)
         extra: dict[str, Any] = {}
-        if isinstance(evaluator, HeavyEvaluator):
+        own = _own_score(unit, records)
+        if own is not None:
+            metrics, details, extra = own
+        elif isinstance(evaluator, HeavyEvaluator):
             metrics, details, extra = _run_heavy(spec, unit, evaluator, records, paths)
         else:
             metrics, details = evaluator.score(records)
@@ -159,7 +172,7 @@ def run_task(spec: TaskSpec) -> None:
                 **extra,
             },
         )
-        if extra:  # the results carry every verdict now: the checkpoint has done its job
+        if extra and own is None:  # the results carry every verdict now: the checkpoint has done its job
             ckpt = paths.checkpoint(unit.output)
             for path in (ckpt, ckpt + ".lock"):
                 if os.path.exists(path):

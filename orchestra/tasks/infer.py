@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +50,9 @@ def progress_event_fields(spec: TaskSpec, snapshot: dict[str, Any]) -> dict[str,
 
 def _format(snap: dict[str, Any]) -> str:
     rate = f", pace {snap['rate_limit_rps']:.1f} req/s" if "rate_limit_rps" in snap else ""
+    if "batches_submitted" in snap:
+        rate += (f"; batches: {snap['batches_submitted']} submitted, {snap['batches_in_progress']} in progress, "
+                 f"{snap['batches_completed']} completed")
     return (f"{snap['samples_done']}/{snap['samples_total']} samples done, {snap['samples_failed']} failed; "
             f"requests: {snap['in_flight']} in flight, {snap['requests_done']} done, {snap['rate_limited']} "
             f"answered 429, {snap['retries']} retries, {snap['errors']} errors{rate}")
@@ -58,6 +63,8 @@ async def _run_units(spec: TaskSpec) -> None:
     events = EventLog(paths.events)
     t0 = time.monotonic()
     model = get_model(spec.model)
+    model.bind_task(spec.run_dir, spec.task_id, lambda event, **fields: events.emit(
+        event, task_id=spec.task_id, stage="infer", model=spec.model_abbr, **fields))
     print(f"[{spec.task_id}] model {spec.model_abbr} ready in {time.monotonic() - t0:.2f} s", flush=True)
     tolerance = float(spec.task_cfg.get("error_tolerance", 0.0))
     max_samples = spec.task_cfg.get("max_samples")
@@ -117,8 +124,36 @@ async def _run_units(spec: TaskSpec) -> None:
 
 
 def run_task(spec: TaskSpec) -> None:
-    """Run one infer task in this process (raises on failure)."""
-    asyncio.run(_run_units(spec))
+    """Run one infer task in this process (raises on failure).  SIGTERM (the runner stopping
+    the task: Ctrl-C, a timeout) cancels it, so the model can stop what it started elsewhere
+    (batch mode cancels its batches) and every checkpoint is closed before the task exits."""
+
+    async def main() -> None:
+        task = asyncio.current_task()
+        loop = asyncio.get_running_loop()
+        # Only a task process of its own: in-process (--debug) the orchestrator's handler stays.
+        handled = (threading.current_thread() is threading.main_thread() and task is not None
+                   and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
+        terminated: list[bool] = []
+
+        def on_term() -> None:
+            terminated.append(True)
+            if task is not None:
+                task.cancel()
+
+        if handled:
+            loop.add_signal_handler(signal.SIGTERM, on_term)
+        try:
+            await _run_units(spec)
+        except asyncio.CancelledError:
+            if not terminated:
+                raise  # Ctrl-C in-process (--debug): asyncio.run turns it back into KeyboardInterrupt
+            raise TaskFailedError("stopped (SIGTERM) before the end; finished samples are checkpointed") from None
+        finally:
+            if handled:
+                loop.remove_signal_handler(signal.SIGTERM)
+
+    asyncio.run(main())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from orchestra.evaluators.code import pass_at_k
-from orchestra.evaluators.programs import PASS_MARKER, build_program, build_solution, extract_code
+from orchestra.evaluators.programs import DRIVER_NAME, build_program, build_solution, extract_code, sandbox_files
 
 PROMPT = 'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum of xs."""\n'
 
@@ -66,9 +66,12 @@ def test_a_whole_solution_without_a_prompt_and_code_that_does_not_parse() -> Non
     assert "print" not in build_solution("def f():\n    return 1\nprint(f())\n", "", "f")
 
 
-def test_the_program_ends_with_tests_and_the_pass_marker() -> None:
+def test_the_program_ends_with_its_tests_and_carries_no_pass_marker() -> None:
     program = build_program("    return sum(xs)\n", "assert add([1, 2]) == 3\n", PROMPT, "add")
-    assert program.index("return sum(xs)") < program.index("assert add") < program.index(PASS_MARKER)
+    assert program.index("return sum(xs)") < program.index("assert add")
+    assert program.rstrip().endswith("assert add([1, 2]) == 3")  # nothing after the tests: the driver vouches
+    files = sandbox_files(program)
+    assert files["main.py"] == program and "def vouch" in files[DRIVER_NAME]
 
 
 @pytest.mark.parametrize("n", [1, 2, 5, 7])

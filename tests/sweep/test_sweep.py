@@ -131,6 +131,24 @@ def test_sweep_bad_input_is_one_line_before_anything_runs(tmp_path: Path) -> Non
     assert cli(big, "--yes").returncode == 0
 
 
+def test_sweep_too_large_is_refused_before_any_variant_is_built(tmp_path: Path) -> None:
+    """The pair count is a product of list lengths: a sweep over max_variants is refused from that
+    product, before expansion. This one could not even be expanded ('batch_size' holds 4, not a
+    dict), so a refusal naming the count and --yes proves nothing was built first."""
+    sweep = ("sweep = dict(params={'models.batch_size.x': list(range(300)), "
+             "'datasets.infer_cfg.foo': list(range(300)), 'datasets.eval_cfg.bar': [1, 2, 3]}, max_variants=50)")
+    cfg = config(tmp_path, ["m1"], sweep=sweep)
+    res = cli(cfg)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    # 1 model x 300 values, 4 datasets x 300 x 3 values
+    assert "expands to 1080000 (model, dataset) pairs" in lines[0] and "max_variants=50" in lines[0], lines[0]
+    assert "--yes" in lines[0] and not (tmp_path / "out").exists()
+    # with --yes it is expanded, and the axis that cannot be set is named
+    res = cli(cfg, "--yes")
+    assert res.returncode == 2 and "cannot set batch_size.x" in res.stderr, res.stderr
+
+
 def test_python_api_runs_resumes_and_reports(tmp_path: Path) -> None:
     cfg = config(tmp_path, ["m1", "m2"])
     view = orchestra.plan(cfg)

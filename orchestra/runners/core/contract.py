@@ -19,6 +19,7 @@ What a job needs (GPU slots, a warm Ray actor) goes through the session's ``reso
 from __future__ import annotations
 
 import abc
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -116,6 +117,11 @@ class Session(abc.ABC):
     def cancel(self, jobs: Sequence[Job]) -> None:
         """Start stopping these jobs and everything they started; return at once.  ``poll``
         reports each one once it is gone (within the backend's own bounded wait)."""
+
+    def wait(self, jobs: Sequence[Job], timeout_s: float, stop: threading.Event) -> None:
+        """Block between two rounds: until ``timeout_s`` has passed or ``stop`` is set.  A session
+        that can tell when one of ``jobs`` ends (a pipe it reads) may return as soon as it does."""
+        stop.wait(timeout_s)
 
     def placement(self, job: Job) -> dict[str, Any]:
         """Where a submitted attempt runs (host, pid, job id, node), for its ``started`` event."""

@@ -1,11 +1,10 @@
 """The one scheduling loop every runner shares.
 
-``BaseRunner.launch`` owns the queue, the ``max_num_workers`` limit, resource slots, retries
-with backoff (a task's own, and infrastructure retries that do not spend it), per-task
-timeouts, cancellation and the event log.  It drives a backend only through the contract of
-``core/contract.py``: ``open(ctx)`` gives a ``Session``; each round submits the ready jobs
-together, polls every job in flight in one call, and cancels without waiting (a cancelled job
-stays polled until its session reports it gone).
+``BaseRunner.launch`` owns the queue, ``max_num_workers``, resource slots, retries (a task's own,
+and infrastructure retries that do not spend it), timeouts, cancellation and the event log.  It
+drives a backend only through ``core/contract.py``: ``open(ctx, tasks)`` gives a ``Session``; each
+round submits the ready jobs together, polls every job in flight in one call, and cancels without
+waiting (a cancelled job stays polled until its session reports it gone).
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from orchestra.backoff import exponential_backoff
 from orchestra.fileio import append_line
 from orchestra.runners.core.command import Command, fill_template
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
-from orchestra.runners.core.run import InFlight, PendingTask, RunContext, TaskResult, TaskState
+from orchestra.runners.core.run import InFlight, PendingTask, Results, RunContext, TaskResult, TaskState
 from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec, output_done
 
@@ -48,6 +47,9 @@ class BaseRunner(abc.ABC):
     #: rerun an infrastructure failure at once, ahead of the queue, instead of after the backoff:
     #: for a backend whose other workers are ready to take it (a warm pool that replaces a dead worker)
     infra_retry_at_once: bool = False
+    #: start the next round at once when a job ended and tasks wait: for a backend whose ``poll``
+    #: costs nothing (local processes); one that asks a scheduler keeps one poll per interval
+    refill_at_once: bool = False
 
     def __init__(
         self,
@@ -128,7 +130,7 @@ class BaseRunner(abc.ABC):
     def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
         session = self.open(ctx, tasks)
-        results: dict[str, TaskResult] = {}
+        results = Results()
         flight = InFlight({}, {})
         pending: deque[PendingTask] = deque()
         try:
@@ -138,10 +140,11 @@ class BaseRunner(abc.ABC):
                 now = time.monotonic()
                 self._look_for_inputs(pending, results, ctx, now)
                 self._start_ready(session, pending, flight, results, ctx, now)
-                self._poll(session, pending, flight, results, ctx)
+                ended_any = self._poll(session, pending, flight, results, ctx)
                 self._report(ctx, pending, flight, results)
-                if pending or flight.running or flight.stopping:
-                    ctx.stop.wait(self.poll_interval_s)
+                if (pending or flight.running or flight.stopping) and not (
+                        ended_any and pending and self.refill_at_once):
+                    session.wait([*flight.running, *flight.stopping], self.poll_interval_s, ctx.stop)
         except BaseException:
             try:
                 self._stop_all(session, pending, flight, results, ctx, drain=False)
@@ -183,8 +186,7 @@ class BaseRunner(abc.ABC):
         ctx.events.emit("skipped", task_id=task.task_id, stage=task.stage, reason=why, name=task.display_name,
                         model=task.model_abbr)
 
-    #: how often a task waiting for its inputs looks for them (each look reads and checks files)
-    INPUT_CHECK_S = 0.5
+    INPUT_CHECK_S = 0.5  #: how often a task waiting for its inputs looks for them (a look reads files)
 
     def _look_for_inputs(self, pending: deque[PendingTask], results: dict[str, TaskResult], ctx: RunContext,
                          now: float) -> None:
@@ -194,12 +196,12 @@ class BaseRunner(abc.ABC):
             if may_come and now - entry.inputs_checked < self.INPUT_CHECK_S:
                 continue
             entry.inputs_checked = now
-            missing = entry.task.missing_inputs()
-            if not missing:
+            missing = entry.first_missing()
+            if missing is None:
                 entry.inputs_ready = True
             elif not may_come:
                 pending.remove(entry)
-                self._skip(entry.task, missing, results, ctx)
+                self._skip(entry.task, [missing], results, ctx)
 
     def _start_ready(self, session: Session, pending: deque[PendingTask], flight: InFlight,
                      results: dict[str, TaskResult], ctx: RunContext, now: float) -> None:
@@ -280,7 +282,7 @@ class BaseRunner(abc.ABC):
         self._finish(job, entry, ended, pending, results, ctx)
 
     def _poll(self, session: Session, pending: deque[PendingTask], flight: InFlight,
-              results: dict[str, TaskResult], ctx: RunContext) -> None:
+              results: dict[str, TaskResult], ctx: RunContext) -> bool:
         """One poll of every job in flight (made even with none: a session may keep house there, e.g.
         a warm pool that grows for the tasks waiting); time out the overdue, finish the ended."""
         answers = session.poll([*flight.running, *flight.stopping])
@@ -301,6 +303,7 @@ class BaseRunner(abc.ABC):
             else:
                 continue
             self._end_attempt(session, job, entry, ended, pending, results, ctx)
+        return bool(answers)
 
     def _stop_all(self, session: Session, pending: deque[PendingTask], flight: InFlight,
                   results: dict[str, TaskResult], ctx: RunContext, drain: bool) -> None:
@@ -389,11 +392,9 @@ class BaseRunner(abc.ABC):
         ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, attempt=job.attempt, reason=reason,
                         log=job.log_path, **how)
 
-    def _report(self, ctx: RunContext, pending: deque[PendingTask], flight: InFlight,
-                results: dict[str, TaskResult]) -> None:
+    def _report(self, ctx: RunContext, pending: deque[PendingTask], flight: InFlight, results: Results) -> None:
         if ctx.on_change is None:
             return
         counts = {"pending": len(pending), "running": len(flight.running) + len(flight.stopping)}
-        for r in results.values():
-            counts[r.state.value] = counts.get(r.state.value, 0) + 1
+        counts.update((state, n) for state, n in results.counts.items() if n)
         ctx.on_change(counts)

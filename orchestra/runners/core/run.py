@@ -11,7 +11,7 @@ from orchestra.events import EventLog
 from orchestra.paths import RunPaths
 from orchestra.runners.core.contract import Job
 from orchestra.runners.core.host import HostSlots
-from orchestra.tasks.spec import TaskSpec
+from orchestra.tasks.spec import TaskSpec, output_done
 
 
 class TaskState(str, enum.Enum):
@@ -34,6 +34,22 @@ class TaskResult:
     log_path: str
     reason: str = ""
     duration_s: float = 0.0
+
+
+class Results(dict[str, TaskResult]):
+    """Results by task id, with a running count per end state: the progress hook gets the
+    counts every round, and counting 10,000 results each round would make the loop quadratic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __setitem__(self, task_id: str, result: TaskResult) -> None:
+        old = self.get(task_id)
+        if old is not None:
+            self.counts[old.state.value] -= 1
+        super().__setitem__(task_id, result)
+        self.counts[result.state.value] = self.counts.get(result.state.value, 0) + 1
 
 
 @dataclass
@@ -67,6 +83,18 @@ class PendingTask:
     infra_retries: int = 0  # attempts retried as infrastructure failures: they do not count against ``retry``
     inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
     inputs_checked: float = 0.0  # when they were last looked for
+    inputs_seen: int = 0  # its first inputs_seen inputs were found done (they stay done during a launch)
+
+    def first_missing(self) -> str | None:
+        """The first input of this waiting task that is not done yet, or None.  Inputs found done
+        are not read again: an eval task over 10,000 predictions looks at each file once."""
+        inputs = [pair for unit in self.task.units for pair in unit.inputs]
+        while self.inputs_seen < len(inputs):
+            path, expected = inputs[self.inputs_seen]
+            if not output_done(path, expected):
+                return path
+            self.inputs_seen += 1
+        return None
 
 
 @dataclass

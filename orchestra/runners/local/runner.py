@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import signal
 import socket
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -67,6 +69,7 @@ class LocalRunner(BaseRunner):
     """
 
     template_fields = (*BaseRunner.template_fields, "gpu_ids")
+    refill_at_once = True  # polling a local process or a warm worker's pipe costs nothing
 
     def __init__(
         self,
@@ -199,6 +202,18 @@ class LocalSession(Session):
             procs = [job.handle for job in jobs if job.handle is not None]
         grace = self.runner.kill_grace_s
         self.stops.start(jobs, lambda _: stop_groups(procs, grace))
+
+    def wait(self, jobs: Sequence[Job], timeout_s: float, stop: threading.Event) -> None:
+        fds = [job.handle.reply_fd for job in jobs if isinstance(job.handle, Worker)]
+        if not fds or len(fds) < len(jobs) or any(job.handle.buffer for job in jobs):
+            super().wait(jobs, timeout_s, stop)
+            return
+        # Warm workers answer on a pipe: wake when one does, so a task of a few milliseconds
+        # does not wait out the poll interval (which still bounds how late ``stop`` is seen).
+        try:
+            select.select(fds, [], [], timeout_s)
+        except (OSError, ValueError):  # a pipe closed under us: the next poll tells what happened
+            pass
 
     def close(self) -> None:
         self.stops.wait(self.runner.kill_grace_s + 10)

@@ -2,7 +2,7 @@
 
 The scheduling loop (queue, ``max_num_workers``, retries, timeouts, cancellation, events) is the
 runner base's.  This backend hands each task to an idle actor that already holds the task's model
-(:class:`~orchestra.runners.ray_pool.RayPool`); a task waits while none is free, and the pool
+(:class:`~orchestra.runners.ray.pool.RayPool`); a task waits while none is free, and the pool
 starts actors for waiting tasks as the cluster has room, so the work in flight is
 ``min(max_num_workers, what the cluster holds now)`` and grows as nodes join.  An actor or node
 that dies under a task ends that attempt with ``Exit(infra=True)``: the loop reruns it on another
@@ -168,7 +168,7 @@ class RayRunner(BaseRunner):
 
     # -- resources ----------------------------------------------------------------------------------
     def worker_kind(self, task: TaskSpec) -> Any:
-        """The :class:`~orchestra.runners.ray_pool.WorkerKind` of the actors that can run ``task``."""
+        """The :class:`~orchestra.runners.ray.pool.WorkerKind` of the actors that can run ``task``."""
         kind = self._kinds.get(task.task_id)
         if kind is None:
             from orchestra.runners.ray.pool import WorkerKind

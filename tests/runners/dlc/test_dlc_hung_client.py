@@ -50,10 +50,10 @@ def test_timed_out_call_is_killed_with_its_children_and_named(double: Double, tm
     cfg = write_config(tmp_path, dlc_runner(tmp_path, cli_timeout_s=1.5, infra_retry=0), tasks=1)
     res = run_cli(double.state, cfg, "--mode", "infer", timeout=HANG_S - 10)  # old code: waits on the child
     assert res.returncode == 1, res.stderr[-3000:]
-    assert "dlc submit (job orc-" in res.stderr and "did not answer within cli_timeout_s=1.5 s" in res.stderr, \
-        res.stderr[-3000:]
     pids = hung_pids(double)
     assert len(pids) == 2 and wait_gone(pids, 5) == []  # the client and the child it started
+    assert "dlc submit (job orc-" in res.stderr and "did not answer within cli_timeout_s=1.5 s" in res.stderr, \
+        res.stderr[-3000:]
     (run,) = run_dirs(tmp_path / "out")
     assert "killed it and its child processes" in next((run / "logs" / "infer").glob("*.log")).read_text()
 

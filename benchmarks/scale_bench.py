@@ -1,0 +1,270 @@
+"""Sweep scale: planning 1k / 10k / 100k tasks, and a real run of many trivial tasks.
+
+``plan``: N models x N datasets (each its own 1,000-row file), DeterministicModel,
+SizePartitioner cut so that every (model, dataset) is one infer task and one eval task.  Each
+point is a fresh ``run.py --dry-run`` process (wall, its own CPU time and peak RSS).  Give
+``--base-tree DIR`` (e.g. ``git archive 30be510 | tar -x -C DIR``) to measure another
+checkout the same way in the same run; the table then shows the ratios.
+
+``run``: ``--run-tasks`` infer tasks of one row each (plus as many eval tasks) through
+LocalRunner with warm workers; then ``-r`` of the finished run, streaming events.jsonl,
+``--mode viz`` (summary, pivot, report) and the report opened in headless Chromium.
+
+    python benchmarks/scale_bench.py plan [--sides 32,100,316] [--base-tree DIR] [--repeat 1]
+    python benchmarks/scale_bench.py run [--run-tasks 10000] [--workers 2] [--base-tree DIR]
+    python benchmarks/scale_bench.py refuse [--side 300] [--base-tree DIR]   # issue 20.8
+    python benchmarks/scale_bench.py slurm [--run-tasks 300] [--partition debug]   # Slurm client calls
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from bench_common import REPO, print_table
+
+ROWS = 1000
+
+
+def write_plan_config(folder: Path, side: int) -> Path:
+    """``side`` models x ``side`` datasets, one infer and one eval task per pair."""
+    data = folder / "data"
+    data.mkdir(exist_ok=True)
+    for i in range(side):
+        path = data / f"d{i}.jsonl"
+        if not path.exists():
+            with open(path, "w") as f:
+                for r in range(ROWS):
+                    f.write(json.dumps({"question": f"What is {r} + {i}?", "answer": str(r + i)}) + "\n")
+    cfg = folder / f"plan_{side}.py"
+    cfg.write_text(f"""
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+from orchestra.partitioners import NaivePartitioner, SizePartitioner
+
+models = [dict(type=DeterministicModel, abbr=f'm{{i}}', path=f'det-{{i}}') for i in range({side})]
+datasets = [dict(type=JsonlDataset, abbr=f'd{{i}}', path={str(data)!r} + f'/d{{i}}.jsonl',
+                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
+                 infer_cfg=dict(prompt_template='{{question}}', inferencer=dict(type='gen', max_out_len=8)),
+                 eval_cfg=dict(evaluator='numeric_match')) for i in range({side})]
+infer = dict(partitioner=dict(type=SizePartitioner, max_task_size={ROWS * 20}, granularity=1))
+eval = dict(partitioner=dict(type=NaivePartitioner))
+work_dir = {str(folder / 'out')!r}
+""")
+    return cfg
+
+
+_MEASURE = (
+    "import resource, subprocess, sys, time\n"
+    "t0 = time.perf_counter()\n"
+    "code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
+    "wall = time.perf_counter() - t0\n"
+    "ru = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "print(wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss, code)\n"
+)
+
+
+def measured(tree: Path, argv: list[str], cache: Path) -> tuple[float, float, float]:
+    """Wall s, CPU s and peak RSS MB of ``run.py ARGV`` from ``tree``, in a wrapper of its own."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(cache)}
+    res = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "run.py", *argv],
+                         cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+    wall, cpu, peak_kb, code = res.stdout.split()
+    if int(code) != 0:
+        raise SystemExit(f"{tree}: run.py {' '.join(argv)} exited {code}")
+    return float(wall), float(cpu), int(peak_kb) / 1024
+
+
+def plan_main(args: argparse.Namespace) -> None:
+    sides = [int(s) for s in args.sides.split(",")]
+    trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for side in sides:
+            cfg = write_plan_config(folder, side)
+            got: dict[str, tuple[float, float, float]] = {}
+            for label, tree in trees:
+                best = min((measured(tree, [str(cfg), "--dry-run"], folder / f"cache-{label}")
+                            for _ in range(args.repeat)), key=lambda m: m[1])
+                got[label] = best
+                wall, cpu, peak = best
+                rows.append((f"{label}: {side}x{side} = {side * side} + {side * side} tasks, "
+                             f"{side * side * ROWS / 1e6:g}M samples: wall / CPU / peak RSS",
+                             f"{wall:.2f} s / {cpu:.2f} s / {peak:.0f} MB"))
+            if "base" in got:
+                (nw, nc, nm), (bw, bc, bm) = got["new"], got["base"]
+                rows.append((f"base / new at {side * side} + {side * side} tasks: wall / CPU / RSS",
+                             f"{bw / nw:.1f}x / {bc / nc:.1f}x / {bm / nm:.1f}x"))
+    print_table(rows)
+
+
+def _timed(tree: Path, argv: list[str], env: dict[str, str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, "run.py", *argv], cwd=tree, env=env, capture_output=True, text=True,
+                         timeout=3600)
+    if res.returncode != 0:
+        raise SystemExit(f"run.py {' '.join(argv)} exited {res.returncode}:\n{res.stderr[-3000:]}")
+    return time.perf_counter() - t0, res
+
+
+def _chromium(url: str) -> float | None:
+    """Seconds for headless Chromium to load ``url``, run its scripts and leave (None without it)."""
+    chromium = next((c for c in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(c)), None)
+    if chromium is None:
+        return None
+    with tempfile.TemporaryDirectory() as profile:
+        t0 = time.perf_counter()
+        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                        "--dump-dom", url], capture_output=True, timeout=120, check=True)
+        return time.perf_counter() - t0
+
+
+def _run_one(tree: Path, label: str, folder: Path, args: argparse.Namespace) -> list[tuple[str, str]]:
+    from bench_common import stage_wall, trivial_config
+
+    env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
+    runner = f"dict(type=LocalRunner, max_num_workers={args.workers}, reuse_workers=True"
+    cfg = trivial_config(folder, f"run_{label}", args.run_tasks, "from orchestra.runners import LocalRunner", runner,
+                         folder / f"out_{label}")
+    total, _ = _timed(tree, [str(cfg)], env)
+    (run,) = [p for p in (folder / f"out_{label}").iterdir() if p.is_dir()]
+    wall, done = stage_wall(run, "infer")
+    rows = [(f"{label}: infer stage, {done} tasks, {args.workers} warm workers: wall", f"{wall:.1f} s"),
+            (f"{label}: overhead per task (wall x workers / tasks)", f"{wall * args.workers / done:.4f} s"),
+            (f"{label}: whole run (plan, both stages, summary, report): wall", f"{total:.1f} s")]
+    cache = folder / "cache"
+    for what, argv in (("-r --dry-run (decides every output done)", ["-r", "--dry-run"]),
+                       ("-r of the finished run (decides, then rebuilds summary + report)", ["-r"]),
+                       ("--mode viz -r (summary, pivot, report.html, trace)", ["-r", "--mode", "viz"])):
+        w, c, m = measured(tree, [str(cfg), *argv], cache)
+        rows.append((f"{label}: {what}: wall / CPU / peak RSS", f"{w:.2f} s / {c:.2f} s / {m:.0f} MB"))
+    size = (run / "events.jsonl").stat().st_size
+    t0 = time.perf_counter()
+    with open(run / "events.jsonl", encoding="utf-8") as f:
+        lines = sum(1 for line in f if line.strip() and json.loads(line))
+    rows.append((f"{label}: events.jsonl: {lines} events, {size / 1e6:.1f} MB, streamed once",
+                 f"{time.perf_counter() - t0:.2f} s"))
+    report = run / "summary" / "report.html"
+    rows.append((f"{label}: report.html size", f"{report.stat().st_size / 1e6:.1f} MB"))
+    blank = folder / "blank.html"
+    blank.write_text("<!doctype html><title>x</title>")
+    base_s, opened = _chromium(blank.as_uri()), _chromium(report.as_uri())
+    rows.append((f"{label}: headless Chromium: empty page / report.html (start, load, scripts, dump)",
+                 "no chromium" if opened is None or base_s is None else f"{base_s:.2f} s / {opened:.2f} s"))
+    return rows
+
+
+def run_main(args: argparse.Namespace) -> None:
+    trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for label, tree in trees:
+            folder = Path(tmp) / label
+            folder.mkdir()
+            rows += _run_one(tree, label, folder, args)
+    print_table(rows)
+
+
+def refuse_main(args: argparse.Namespace) -> None:
+    """A sweep over max_variants (issue 20.8): one model swept over SIDE x SIDE x 3 values; how
+    long until run.py refuses it, and at what memory (a base that expands first is stopped at 60 s)."""
+    trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        data = folder / "rows.jsonl"
+        data.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+        cfg = folder / "sweep.py"
+        cfg.write_text(f"""
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+
+models = [dict(type=DeterministicModel, abbr='m')]
+datasets = [dict(type=JsonlDataset, abbr='d', path={str(data)!r},
+                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
+                 infer_cfg=dict(prompt_template='{{question}}', inferencer=dict(type='gen', max_out_len=8)),
+                 eval_cfg=dict(evaluator='numeric_match'))]
+sweep = dict(params={{'models.generation_kwargs.temperature': [i / {args.side} for i in range({args.side})],
+                      'models.generation_kwargs.top_p': [i / {args.side} for i in range({args.side})],
+                      'models.max_out_len': [8, 16, 32]}}, max_variants=50)
+work_dir = {str(folder / 'out')!r}
+""")
+        for label, tree in trees:
+            env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
+            res = subprocess.run([sys.executable, "-c", _MEASURE, "timeout", "60", sys.executable, "run.py",
+                                  str(cfg)], cwd=tree, env=env, capture_output=True, text=True, timeout=900)
+            wall, cpu, peak_kb, code = res.stdout.split()
+            rows.append((f"{label}: {args.side} x {args.side} x 3 values, max_variants=50: "
+                         "refused after (wall / CPU / peak RSS, exit code)",
+                         f"{float(wall):.2f} s / {float(cpu):.2f} s / {int(peak_kb) / 1024:.0f} MB, {code}"))
+    print_table(rows)
+
+
+def slurm_main(args: argparse.Namespace) -> None:
+    """``--run-tasks`` one-row tasks through SlurmRunner(launcher='sbatch') (job arrays), with every
+    Slurm client call counted by a shim on PATH that logs its name and runs the real one."""
+    from bench_common import stage_wall, trivial_config
+
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        shims, calls = folder / "shims", folder / "calls.log"
+        shims.mkdir()
+        for name in ("sbatch", "squeue", "sacct", "scancel", "srun"):
+            real = shutil.which(name)
+            if real is None:
+                raise SystemExit(f"{name} not on PATH: start a cluster (tools/slurm_cluster.sh) first")
+            shim = shims / name
+            shim.write_text(f"#!/bin/sh\necho {name} >> {shlex.quote(str(calls))}\nexec {shlex.quote(real)} \"$@\"\n")
+            shim.chmod(0o755)
+        runner = (f"dict(type=SlurmRunner, launcher='sbatch', partition={args.partition!r}, "
+                  f"max_num_workers={args.run_tasks}")
+        cfg = trivial_config(folder, "slurm", args.run_tasks, "from orchestra.runners import SlurmRunner", runner,
+                             folder / "out")
+        env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
+               "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
+        total, _ = _timed(REPO, [str(cfg), "--mode", "infer"], env)
+        (run,) = [p for p in (folder / "out").iterdir() if p.is_dir()]
+        wall, done = stage_wall(run, "infer")
+        counts: dict[str, int] = {}
+        for line in calls.read_text().split():
+            counts[line] = counts.get(line, 0) + 1
+        rows += [(f"sbatch arrays: infer stage, {done} tasks: wall", f"{wall:.1f} s"),
+                 ("whole run (--mode infer)", f"{total:.1f} s")]
+        rows += [(f"{name} calls", str(counts.get(name, 0))) for name in ("sbatch", "squeue", "sacct", "scancel")]
+        rows.append(("squeue calls per task", f"{counts.get('squeue', 0) / max(done, 1):.3f}"))
+    print_table(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="what", required=True)
+    p = sub.add_parser("plan")
+    p.add_argument("--sides", default="32,100,316", help="N for N models x N datasets, comma-separated")
+    p.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
+    p.add_argument("--repeat", type=int, default=1, help="runs per point; the one with the least CPU is kept")
+    r = sub.add_parser("run")
+    r.add_argument("--run-tasks", type=int, default=10000)
+    r.add_argument("--workers", type=int, default=2)
+    r.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
+    sl = sub.add_parser("slurm")
+    sl.add_argument("--run-tasks", type=int, default=300)
+    sl.add_argument("--partition", default="debug")
+    f = sub.add_parser("refuse")
+    f.add_argument("--side", type=int, default=300)
+    f.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
+    args = ap.parse_args()
+    {"plan": plan_main, "run": run_main, "refuse": refuse_main, "slurm": slurm_main}[args.what](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,156 @@
+"""lm-evaluation-harness tasks as orchestra datasets: lm-eval's prompts, orchestra's engine.
+
+``dict(type=LmEvalDataset, abbr='arc_c', task='arc_challenge', num_fewshot=0,
+test_range='[0:100]')`` evaluates lm-eval's own task definition: lm-eval builds every
+request (its prompt templates, its few-shot selection and seed, its stop sequences), the
+infer stage runs them on any orchestra model with the usual checkpoints, and the eval stage
+scores the answers with lm-eval's own ``process_results``, filters and (group) aggregation,
+under lm-eval's metric names.  A group (``task='mmlu'``) is one dataset whose rows are the
+documents of all its subtasks, in subtask-name order; ``test_range`` applies to each subtask
+(as lm-eval's ``--limit`` does).
+
+This module is what the orchestrator imports: it never imports ``lm_eval`` (whose import and
+task index cost seconds).  Row counts for planning come from a probe subprocess
+(``python -m orchestra.datasets.lmeval_harness probe``), cached by the planner under a key of
+the settings, the lm-eval version and the ``include_path`` files.  Everything that needs
+lm-eval runs inside tasks (:mod:`orchestra.datasets.lmeval_harness`).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from orchestra.datasets.base import BaseDataset, parse_range
+from orchestra.datasets.digest import files_stamp, stamped_key
+from orchestra.errors import ConfigError
+from orchestra.requests import Sample
+
+INSTALL_HINT = "install it with `pip install 'orchestra[lmeval]'`"
+
+
+def lmeval_version(where: str) -> str:
+    """The installed lm-eval version; ``ConfigError`` naming ``where`` if it is not installed."""
+    if importlib.util.find_spec("lm_eval") is None:
+        raise ConfigError(f"{where}: LmEvalDataset needs the lm_eval package; {INSTALL_HINT}")
+    return importlib.metadata.version("lm_eval")
+
+
+class LmEvalDataset(BaseDataset):
+    """An lm-eval task or group, run by orchestra and scored by lm-eval.
+
+    Args:
+        abbr: short name, used in file names and the summary table.
+        task: an lm-eval task or group name (``'arc_easy'``, ``'mmlu'``), as ``lm_eval --tasks``.
+        num_fewshot: as ``--num_fewshot`` (None: the task's own, else 0); a task whose YAML
+            sets 0 keeps 0, as in lm-eval.
+        include_path: a folder (or list) of the user's task YAMLs, as ``--include_path``;
+            its tasks override lm-eval's of the same name.
+        test_range: the documents of each subtask, ``'[0:100]'`` (as ``--limit 100``) or
+            ``'[100:200]'`` (as ``--samples`` with those indices).
+        gen_kwargs: as ``--gen_kwargs`` (``'max_gen_toks=64'`` or a dict): updates the
+            generation settings of ``generate_until`` tasks.
+        bootstrap_iters: as ``--bootstrap_iters`` (stderr of non-mean metrics).
+        apply_chat_template, fewshot_as_multiturn: lm-eval's chat options; not supported yet
+            (a true value is a ``ConfigError``); use them with lm-eval itself.
+        reader_cfg, infer_cfg, eval_cfg: accepted for the usual shape, and must stay empty:
+            lm-eval's task defines prompts and scoring.
+    """
+
+    def __init__(
+        self,
+        abbr: str,
+        task: str,
+        num_fewshot: int | None = None,
+        include_path: str | list[str] | None = None,
+        test_range: Any = None,
+        gen_kwargs: str | dict[str, Any] | None = None,
+        bootstrap_iters: int = 100000,
+        apply_chat_template: bool = False,
+        fewshot_as_multiturn: bool = False,
+        path: str = "",
+        reader_cfg: dict[str, Any] | None = None,
+        infer_cfg: dict[str, Any] | None = None,
+        eval_cfg: dict[str, Any] | None = None,
+    ) -> None:
+        where = f"dataset {abbr}"
+        if not isinstance(task, str) or not task:
+            raise ConfigError(f"{where}: task={task!r}: expected an lm-eval task or group name such as 'arc_easy'")
+        for key, value in (("reader_cfg", reader_cfg), ("infer_cfg", infer_cfg), ("eval_cfg", eval_cfg)):
+            if value:
+                raise ConfigError(f"{where}: {key} is not used by LmEvalDataset (lm-eval's task defines prompts and "
+                                  "scoring); use task, num_fewshot, test_range, gen_kwargs")
+        for key, flag in (("apply_chat_template", apply_chat_template), ("fewshot_as_multiturn", fewshot_as_multiturn)):
+            if flag:
+                raise ConfigError(f"{where}: {key}=True is not supported by LmEvalDataset yet (see docs/lm-eval.md)")
+        if num_fewshot is not None and (isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int)
+                                        or num_fewshot < 0):
+            raise ConfigError(f"{where}: num_fewshot={num_fewshot!r}: expected an integer >= 0 or None")
+        if gen_kwargs is not None and not isinstance(gen_kwargs, (str, dict)):
+            raise ConfigError(f"{where}: gen_kwargs={gen_kwargs!r}: expected 'key=value,...' or a dict")
+        paths = [include_path] if isinstance(include_path, str) else list(include_path or [])
+        for p in paths:
+            if not os.path.isdir(os.path.expanduser(p)):
+                raise ConfigError(f"{where}: include_path {p!r} is not a folder")
+        self.range = parse_range(test_range, where)
+        super().__init__(abbr, path or task, {}, {}, {})
+        self.task = task
+        self.settings: dict[str, Any] = {
+            "task": task, "num_fewshot": num_fewshot,
+            "include_path": [os.path.abspath(os.path.expanduser(p)) for p in paths],
+            "test_range": list(self.range), "gen_kwargs": gen_kwargs, "bootstrap_iters": int(bootstrap_iters),
+        }
+
+    # -- planning (no lm_eval import) ---------------------------------------------------------
+    @property
+    def inferencer(self) -> dict[str, Any]:
+        return {"type": "lmeval"}
+
+    def needed_columns(self) -> list[str]:
+        return []
+
+    def check(self, columns: list[str], where: str) -> None:
+        """Nothing to check against columns: lm-eval's task checked itself in the probe."""
+
+    def content_key(self) -> str:
+        files: list[str] = []
+        for root in self.settings["include_path"]:
+            for folder, _dirs, names in os.walk(root):
+                files.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith((".yaml", ".yml", ".py")))
+        version = lmeval_version(f"dataset {self.abbr}")
+        return stamped_key(type(self).__name__, [version, self.settings, files_stamp(sorted(files))], {})
+
+    def load_rows(self) -> list[dict[str, Any]]:
+        """One row per document under evaluation (``task``, ``doc``), from a probe subprocess."""
+        lmeval_version(f"dataset {self.abbr}")
+        argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(self.settings)]
+        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+        if proc.returncode != 0:
+            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+            raise ConfigError(f"dataset {self.abbr}: lm-eval could not load task {self.task!r}: "
+                              f"{lines[-1] if lines else 'exit ' + str(proc.returncode)}")
+        probe = json.loads(proc.stdout.strip().splitlines()[-1])
+        return [{"task": name, "doc": i} for name, count in probe["tasks"] for i in range(count)]
+
+    def rows(self) -> list[dict[str, Any]]:
+        return self.all_rows()  # test_range is applied per subtask by the probe
+
+    # -- inside tasks (lm_eval imported there) ------------------------------------------------
+    def build_samples(self, start: int, end: int) -> list[Sample]:
+        """Samples for documents ``[start, end)``: lm-eval's requests of each document."""
+        from orchestra.datasets.lmeval_harness import collect
+
+        docs = collect(self.settings)
+        return [Sample(id=i, kind="lmeval", gold={"task": d.task, "doc_id": d.doc_id}, calls=d.calls)
+                for i, d in enumerate(docs[start:end], start=start)]
+
+    def score(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
+        """lm-eval's metrics for the recorded answers (see :func:`lmeval_harness.score`)."""
+        from orchestra.datasets.lmeval_harness import score
+
+        return score(self.settings, records)

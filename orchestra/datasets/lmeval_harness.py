@@ -1,0 +1,239 @@
+"""The lm-eval side of :class:`~orchestra.datasets.lmeval.LmEvalDataset`; runs inside tasks.
+
+Both stages drive lm-eval's own ``simple_evaluate`` with a stand-in for its model, so that
+lm-eval builds every request and computes every metric exactly as ``lm_eval`` does:
+
+- :func:`collect` (infer stage): a model that only records the requests lm-eval sends it
+  (their prompts, few-shot contexts, stop sequences), answering placeholders; the records
+  become orchestra samples, one per document.
+- :func:`score` (eval stage): a model that answers each request with what orchestra's model
+  answered for it (checked against the recorded request); lm-eval then applies its filters,
+  ``process_results`` and (group) aggregation.
+
+``python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON`` prints the documents per
+subtask for the planner, so the orchestrator itself never imports lm-eval.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from orchestra.errors import ConfigError, TaskFailedError
+
+#: lm-eval's request types orchestra can answer, and the one it cannot (is_greedy is not
+#: computed by orchestra's models).
+SUPPORTED = ("loglikelihood", "loglikelihood_rolling", "generate_until")
+UNSUPPORTED_OUTPUT = {"loglikelihood": "output_type 'loglikelihood' needs is_greedy, which orchestra's models "
+                                       "do not report"}
+#: simple_evaluate's defaults for the random seeds (lm_eval's --seed 0,1234,1234,1234)
+SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234, "fewshot_random_seed": 1234}
+
+
+@dataclass
+class DocRequests:
+    """lm-eval's requests for one document: what one orchestra sample sends."""
+
+    task: str
+    doc_id: int
+    calls: list[dict[str, Any]]  # {"type", "args", "idx"}, in lm-eval's order (repeats included)
+
+
+def _quiet() -> None:
+    for name in ("lm-eval", "lm_eval", "datasets", "evaluate"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+_MANAGERS: dict[tuple[str, ...], Any] = {}
+
+
+def _task_manager(settings: dict[str, Any]) -> Any:
+    """lm-eval's task index (seconds to build), one per ``include_path`` in a process."""
+    from lm_eval.tasks import TaskManager
+
+    key = tuple(settings["include_path"])
+    if key not in _MANAGERS:
+        _MANAGERS[key] = TaskManager(include_path=list(key) or None)
+    return _MANAGERS[key]
+
+
+def _counts(settings: dict[str, Any], tm: Any) -> tuple[list[tuple[str, int]], dict[str, list[int]]]:
+    """(subtask, documents in range) in row order (subtasks by name), and each subtask's
+    document indices; loads the tasks (their datasets)."""
+    loaded = tm.load([settings["task"]])
+    lo, hi = settings["test_range"]
+    counts: list[tuple[str, int]] = []
+    picked: dict[str, list[int]] = {}
+    for name in sorted(loaded["tasks"]):
+        obj = loaded["tasks"][name]
+        kind = obj.get_config("output_type")
+        if kind in UNSUPPORTED_OUTPUT:
+            raise ConfigError(f"lm-eval task {name}: {UNSUPPORTED_OUTPUT[kind]}")
+        picked[name] = list(range(len(obj.eval_docs))[lo:hi])
+        counts.append((name, len(picked[name])))
+    return counts, picked
+
+
+def probe(settings: dict[str, Any]) -> dict[str, Any]:
+    """What the planner needs: ``tasks`` as ``[[name, documents in range], ...]``."""
+    _quiet()
+    counts, _ = _counts(settings, _task_manager(settings))
+    return {"tasks": counts}
+
+
+def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int) -> tuple[dict[str, Any], list[tuple[str, int]]]:
+    """simple_evaluate on ``lm`` as ``lm_eval`` runs it; its results and the documents per
+    subtask in row order."""
+    from lm_eval.evaluator import simple_evaluate
+
+    tm = _task_manager(settings)
+    lo, hi = settings["test_range"]
+    samples = _counts(settings, tm)[1] if lo else None  # as --samples (lm-eval numbers them 0..)
+    results = simple_evaluate(
+        model=lm, tasks=[settings["task"]], num_fewshot=settings["num_fewshot"], limit=None if lo else hi,
+        samples=samples, gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters,
+        log_samples=True, **SEEDS,
+    )
+    if results is None:
+        raise TaskFailedError(f"lm-eval returned no results for {settings['task']}")
+    counts = [(name, int(n["effective"])) for name, n in sorted(results["n-samples"].items())]
+    return results, counts
+
+
+def _lm_class() -> type:
+    from lm_eval.api.model import LM
+
+    class _Scripted(LM):
+        """lm-eval's model interface answered by ``answer(kind, instances)``."""
+
+        def __init__(self, answer: Any) -> None:
+            super().__init__()
+            self.answer = answer
+
+        def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
+            return list(self.answer("loglikelihood", requests))
+
+        def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
+            return list(self.answer("loglikelihood_rolling", requests))
+
+        def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
+            return list(self.answer("generate_until", requests))
+
+    return _Scripted
+
+
+_PLACEHOLDER = {"loglikelihood": (0.0, False), "loglikelihood_rolling": 0.0, "generate_until": ""}
+_COLLECTED: dict[str, list[DocRequests]] = {}
+
+
+def collect(settings: dict[str, Any]) -> list[DocRequests]:
+    """Every document's requests, in row order (subtasks by name, documents in order); once
+    per process for the same settings."""
+    key = json.dumps(settings, sort_keys=True)
+    if key in _COLLECTED:
+        return _COLLECTED[key]
+    _quiet()
+    seen: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+
+    def record(kind: str, instances: list[Any]) -> list[Any]:
+        for inst in instances:
+            seen[(inst.task_name, int(inst.doc_id))].append(
+                {"type": kind, "args": json.loads(json.dumps(list(inst.args))), "idx": int(inst.idx)})
+        return [_PLACEHOLDER[kind]] * len(instances)
+
+    _, counts = _run(settings, _lm_class()(record), bootstrap_iters=0)
+    docs: list[DocRequests] = []
+    for name, n in counts:
+        for doc_id in range(n):
+            calls = sorted(seen.get((name, doc_id), []), key=lambda c: c["idx"])
+            docs.append(DocRequests(name, doc_id, calls))
+    _COLLECTED[key] = docs
+    return docs
+
+
+def _answers(records: list[dict[str, Any]]) -> Any:
+    """The scripted model's answer function: each request gets orchestra's recorded answer."""
+    table: dict[tuple[str, int, int], list[tuple[dict[str, Any], Any]]] = defaultdict(list)
+    for rec in records:
+        if rec.get("error") is not None:
+            raise TaskFailedError(f"sample {rec['id']} ({rec.get('gold')}) failed in inference: {rec['error']}")
+        gold = rec["gold"]
+        for call, resp in zip(rec["calls"], rec["responses"], strict=True):
+            table[(gold["task"], int(gold["doc_id"]), int(call["idx"]))].append((call, resp))
+
+    def answer(kind: str, instances: list[Any]) -> list[Any]:
+        out = []
+        for inst in instances:
+            key = (inst.task_name, int(inst.doc_id), int(inst.idx))
+            if not table.get(key):
+                raise TaskFailedError(f"no recorded answer for {key[0]} document {key[1]} request {key[2]}")
+            call, resp = table[key].pop(0)
+            if call["type"] != kind or call["args"] != json.loads(json.dumps(list(inst.args))):
+                raise TaskFailedError(f"{key[0]} document {key[1]}: the predictions were made for other requests "
+                                      "(lm-eval's task or settings changed); run infer again")
+            out.append((float(resp[0]), bool(resp[1])) if kind == "loglikelihood" else resp)
+        return out
+
+    return answer
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def score(settings: dict[str, Any], records: list[dict[str, Any]]
+          ) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
+    """lm-eval's metrics for orchestra's answers: the task's (or group's aggregate) metrics
+    under lm-eval's names (``acc,none``, ``exact_match,strict-match``), values before
+    stderrs; per-document details as lm-eval logs them; and lm-eval's own results table
+    (``lmeval``: every subtask and subgroup)."""
+    _quiet()
+    from lm_eval.utils import handle_non_serializable
+
+    results, _ = _run(settings, _lm_class()(_answers(records)), bootstrap_iters=settings["bootstrap_iters"])
+    table = json.loads(json.dumps(results["results"], default=handle_non_serializable))
+    top = settings["task"]
+    metrics: dict[str, float] = {}
+    values = table.get(top, {})
+    for key in sorted(values, key=lambda k: ("_stderr" in k, k)):
+        v = _number(values[key])
+        if v is not None and "," in key and not math.isnan(v):
+            metrics[key] = v
+    ids = {(r["gold"]["task"], int(r["gold"]["doc_id"])): int(r["id"]) for r in records}
+    details: list[dict[str, Any]] = []
+    for name, logged in sorted(results.get("samples", {}).items()):
+        for s in json.loads(json.dumps(logged, default=handle_non_serializable)):
+            row = {"id": ids.get((name, int(s["doc_id"]))), "task": name}
+            row.update({k: s[k] for k in ("doc_id", "filter", "target", "resps", "filtered_resps") if k in s})
+            row.update({m: s[m] for m in s.get("metrics", []) if m in s})
+            details.append(row)
+    extra = {"lmeval": {"results": table, "groups": json.loads(json.dumps(results.get("groups", {}),
+                                                                           default=handle_non_serializable)),
+                        "n-samples": results.get("n-samples", {}), "version": results.get("versions", {})}}
+    return metrics, details, extra
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] != "probe":
+        print("usage: python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON", file=sys.stderr)
+        return 2
+    try:
+        print(json.dumps(probe(json.loads(args[1]))))
+    except ConfigError as exc:
+        print(str(exc), file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The HTTP calls of OpenAI's Files + Batches API, each through the one retry loop.
+
+Upload a JSONL file (``purpose=batch``, a name ending ``.jsonl``), create, get, list and cancel
+batches, and read a file's content.  Every call goes through
+:func:`orchestra.limits.retry.send_with_retries` on the model's own HTTP session, with its own
+counters (``calls``), so that these control calls never count as the model's requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from orchestra.limits.concurrency import concurrency
+from orchestra.limits.ratelimit import AdaptiveRate
+from orchestra.limits.retry import (
+    Outcome,
+    RetryDecision,
+    RetryPolicy,
+    classify_exception,
+    classify_status,
+    send_with_retries,
+)
+from orchestra.models.base import ModelStats
+from orchestra.models.batch_rows import batch_reason, errors_of, row_outcome
+
+
+class BatchHTTP:
+    """Files + Batches calls against ``base_url``, sent with the session ``client()`` returns.
+
+    Args:
+        base_url: the API root (``.../v1``).
+        client: the model's aiohttp session (its headers carry the key).
+        proxy: ``(proxy, proxy_auth)`` the model found for the endpoint.
+        policy: retries of one call.
+        explain: turns a failure's reason into its error text (scrubs the key).
+        scope_name: name of the concurrency scope of control calls.
+    """
+
+    def __init__(self, base_url: str, client: Callable[[], Any], proxy: Callable[[], tuple[Any, Any]],
+                 policy: RetryPolicy, explain: Callable[[int, str], str], scope_name: str) -> None:
+        self.base_url = base_url
+        self._client = client
+        self._proxy = proxy
+        self.policy = policy
+        self._explain = explain
+        self.stats = ModelStats()  # control calls: stats.done is the number of calls answered
+        self._slots = concurrency(scope_name + "|batch-control", 8)
+        self._rate = AdaptiveRate(max_rate=None, ramp_requests=8)
+
+    @property
+    def calls(self) -> int:
+        return self.stats.done + self.stats.retries + self.stats.rate_limited + self.stats.errors
+
+    async def _attempt(self, method: str, path: str, data: bytes | None, headers: dict[str, str] | None,
+                       raw: bool, budget_s: float) -> Outcome:
+        import aiohttp
+
+        session = self._client()
+        proxy, auth = self._proxy()
+        try:
+            async with session.request(method, self.base_url + path, data=data, headers=headers,
+                                              proxy=proxy, proxy_auth=auth,
+                                              timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
+                body = await resp.read()
+                if resp.status != 200:
+                    return Outcome(resp.status, None, classify_status(resp.status, resp.headers, body))
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            return Outcome(0, None, classify_exception(exc))
+        if raw:
+            return Outcome(200, body)
+        try:
+            return Outcome(200, json.loads(body))
+        except ValueError:
+            return Outcome(200, None, RetryDecision.transient(f"HTTP 200 with a body that is not JSON: {body[:200]!r}"))
+
+    async def call(self, method: str, path: str, body: Any = None, *, data: bytes | None = None,
+                   headers: dict[str, str] | None = None, raw: bool = False, retries: bool = True) -> Any:
+        """One API call, retried as the policy says (``retries=False``: one attempt)."""
+        if body is not None:
+            data = json.dumps(body, ensure_ascii=False).encode("utf-8")
+            headers = {"Content-Type": "application/json"}
+        policy = self.policy if retries else RetryPolicy(max_retries=0, timeout_s=self.policy.timeout_s,
+                                                         attempt_timeout_s=self.policy.attempt_timeout_s)
+        attempt = functools.partial(self._attempt, method, path, data, headers, raw)
+        return await send_with_retries(attempt, policy, self._slots, self._rate, self.stats, self._explain)
+
+    # -- what the batcher asks of a provider (AnthropicBatchHTTP answers the same) --------------
+    @staticmethod
+    def line(cid: str, path: str, body: dict[str, Any]) -> bytes:
+        """One request as a line of the batch input (the provider's JSONL row)."""
+        row = {"custom_id": cid, "method": "POST", "url": "/v1" + path, "body": body}
+        return (json.dumps(row, ensure_ascii=False) + "\n").encode("utf-8")
+
+    async def prepare(self, key: str, content: bytes) -> str:
+        """Make the batch's input available before it is recorded: the uploaded file's id."""
+        return str((await self.upload(f"orchestra-{key}.jsonl", content))["id"])
+
+    async def create_batch(self, handle: str, path: str, content: bytes, meta: dict[str, str]) -> dict[str, Any]:
+        return await self.create(handle, "/v1" + path, "24h", meta)
+
+    async def rows(self, obj: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+        """Each row of a finished batch by ``custom_id``: ``(kind, value)`` of
+        :func:`~orchestra.models.batch_rows.row_outcome` (output rows win over error rows)."""
+        rows: dict[str, dict[str, Any]] = {}
+        for fid in (obj.get("error_file_id"), obj.get("output_file_id")):
+            if fid:
+                for line in (await self.content(str(fid))).splitlines():
+                    if line.strip():
+                        row = json.loads(line)
+                        rows[str(row.get("custom_id"))] = row
+        reason = self.reason(obj)
+        return {cid: row_outcome(row, reason) for cid, row in rows.items()}
+
+    @staticmethod
+    def reason(obj: dict[str, Any]) -> str:
+        return batch_reason(obj)
+
+    @staticmethod
+    def errors(obj: dict[str, Any]) -> list[dict[str, Any]]:
+        return errors_of(obj)
+
+    # -- OpenAI's calls ----------------------------------------------------------------------------
+    async def upload(self, name: str, content: bytes) -> dict[str, Any]:
+        """Upload a batch input file (multipart, ``purpose=batch``); the File object."""
+        boundary = uuid.uuid4().hex
+        head = (f'--{boundary}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nbatch\r\n'
+                f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="{name}"\r\n'
+                f"Content-Type: application/jsonl\r\n\r\n").encode()
+        data = head + content + f"\r\n--{boundary}--\r\n".encode()
+        headers = {"Content-Type": f"multipart/form-data; boundary={boundary}"}
+        out: dict[str, Any] = await self.call("POST", "/files", data=data, headers=headers)
+        return out
+
+    async def create(self, file_id: str, endpoint: str, window: str, metadata: dict[str, str]) -> dict[str, Any]:
+        """Create a batch; one attempt (a retried create could start the batch twice)."""
+        body = {"input_file_id": file_id, "endpoint": endpoint, "completion_window": window, "metadata": metadata}
+        out: dict[str, Any] = await self.call("POST", "/batches", body, retries=False)
+        return out
+
+    async def get(self, batch_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self.call("GET", f"/batches/{batch_id}")
+        return out
+
+    async def cancel(self, batch_id: str) -> dict[str, Any]:
+        out: dict[str, Any] = await self.call("POST", f"/batches/{batch_id}/cancel", retries=False)
+        return out
+
+    async def content(self, file_id: str) -> bytes:
+        out: bytes = await self.call("GET", f"/files/{file_id}/content", raw=True)
+        return out
+
+    async def find(self, keys: set[str], since: float) -> dict[str, dict[str, Any]]:
+        """Batches whose metadata ``orchestra_key`` is one of ``keys``, listing newest first
+        and stopping at batches created before ``since`` (epoch seconds)."""
+        found: dict[str, dict[str, Any]] = {}
+        after = ""
+        while keys - set(found):
+            page = await self.call("GET", "/batches?limit=100" + (f"&after={after}" if after else ""))
+            data = page.get("data") or []
+            for batch in data:
+                key = (batch.get("metadata") or {}).get("orchestra_key")
+                if key in keys:
+                    found[key] = batch
+            if not page.get("has_more") or not data or float(data[-1].get("created_at") or 0) < since:
+                break
+            after = str(data[-1]["id"])
+        return found

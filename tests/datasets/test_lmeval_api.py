@@ -1,0 +1,96 @@
+"""LmEvalDataset through an OpenAI-compatible API: lm-eval's requests over real HTTP.
+
+The project's test server (tests/servers/openai_server.py) answers deterministically: a
+completion is the result of the last ``a + b`` in the prompt, and ``echo`` log-probabilities
+are -1 per character (0 for a trailing word seen before).  So every recorded answer of an
+lm-eval request is known exactly: GSM8K's ``generate_until`` texts (then lm-eval's regex
+filters) and ARC's ``loglikelihood`` pairs.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("lmeval_offline_api")
+    subprocess.run([sys.executable, str(REPO / "tools" / "lmeval_offline_tasks.py"), str(out)], check=True,
+                   capture_output=True)
+    return out / "tasks"
+
+
+def _server_module() -> Any:
+    sys.path.insert(0, str(REPO / "tests" / "servers"))
+    try:
+        import openai_server
+
+        return openai_server
+    finally:
+        sys.path.pop(0)
+
+
+def _predictions(tmp_path: Path, name: str) -> list[dict[str, Any]]:
+    (path,) = glob.glob(str(tmp_path / "out" / "*" / "predictions" / "api" / f"{name}.jsonl"))
+    return [r for r in (json.loads(line) for line in open(path) if line.strip()) if "_meta" not in r]
+
+
+@pytest.mark.slow
+def test_gsm8k_and_arc_through_the_openai_compatible_api(tmp_path: Path, offline: Path, server: Any) -> None:
+    cfg = tmp_path / "api.py"
+    cfg.write_text(
+        "from orchestra.datasets.lmeval import LmEvalDataset\n"
+        "from orchestra.models.openai_api import OpenAIAPI\n"
+        f"models = [dict(type=OpenAIAPI, abbr='api', path='test-model', base_url={server.base_url!r},\n"
+        "               endpoint='completions', key_env=None, max_connections=4)]\n"
+        f"datasets = [dict(type=LmEvalDataset, abbr='gsm8k', task='gsm8k', include_path={str(offline)!r},\n"
+        "                 test_range='[0:3]'),\n"
+        f"            dict(type=LmEvalDataset, abbr='arc', task='arc_easy', include_path={str(offline)!r},\n"
+        "                 test_range='[0:4]')]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
+           "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
+                          env=env, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (run,) = glob.glob(str(tmp_path / "out" / "*" / "results" / "api"))
+    srv = _server_module()
+
+    gsm = json.loads(Path(run, "gsm8k.json").read_text())
+    assert set(gsm["metrics"]) == {"exact_match,strict-match", "exact_match_stderr,strict-match",
+                                   "exact_match,flexible-extract", "exact_match_stderr,flexible-extract"}
+    preds = _predictions(tmp_path, "gsm8k")
+    assert len(preds) == 3
+    details = [json.loads(line) for line in open(Path(run, "gsm8k.details.jsonl"))]
+    for pred in preds:
+        (call,) = pred["calls"]
+        prompt, gen = call["args"]
+        assert call["type"] == "generate_until" and "Question:" in gen["until"]
+        assert prompt.count("Question:") == 6  # lm-eval's 5-shot context, then the question
+        expected = srv.answer([{"role": "user", "content": prompt}])
+        assert pred["responses"] == [expected]
+        flexible = next(d for d in details
+                        if d["doc_id"] == pred["gold"]["doc_id"] and d["filter"] == "flexible-extract")
+        assert flexible["filtered_resps"] == [expected]  # lm-eval's regex keeps the number
+
+    arc = json.loads(Path(run, "arc.json").read_text())
+    assert {"acc,none", "acc_norm,none"} <= set(arc["metrics"])
+    preds = _predictions(tmp_path, "arc")
+    assert len(preds) == 4
+    for pred in preds:
+        assert len(pred["calls"]) >= 3 and all(c["type"] == "loglikelihood" for c in pred["calls"])
+        for call, (ll, _greedy) in zip(pred["calls"], pred["responses"], strict=True):
+            ctx, cont = call["args"]
+            text = ctx + cont
+            assert ll == sum(srv.OpenAIServer._char_logprob(text, i) for i in range(len(ctx), len(text)))
