@@ -1,4 +1,4 @@
-"""DLCRunner's orchestration overhead and ``dlc`` call volume, on the CLI double (tests/dlc/bin/dlc).
+"""DLCRunner's orchestration overhead and ``dlc`` call volume, on the CLI double (tests/runners/dlc/bin/dlc).
 
     python benchmarks/dlc_bench.py [--tasks 50] [--repeat 3]
 
@@ -38,7 +38,7 @@ from pathlib import Path
 
 from bench_common import REPO, read_events, stage_wall, trivial_config
 
-DOUBLE_BIN = REPO / "tests" / "dlc" / "bin"
+DOUBLE_BIN = REPO / "tests" / "runners" / "dlc" / "bin"
 
 
 def double_env(cloud: Path) -> dict[str, str]:

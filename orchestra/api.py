@@ -225,7 +225,7 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {name}.runner: {exc}") from None
     if debug:  # every stage in this process, one task at a time, tracebacks shown
-        from orchestra.runners.inprocess import InProcessRunner
+        from orchestra.runners.local.inprocess import InProcessRunner
 
         runners = {name: InProcessRunner() for name in runners}
     return _Prepared(cfg, infos, runners, source, prices)
@@ -423,7 +423,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     from orchestra.events import EventLog
     from orchestra.planner import make_plan
     from orchestra.runners.base import RunContext, TaskResult, TaskState
-    from orchestra.runners.host import HostSlots
+    from orchestra.runners.core.host import HostSlots
     from orchestra.summary.logs import with_excerpt
     from orchestra.summary.progress import StageProgress, api_model_abbrs
     from orchestra.summary.table import build_summary, render_text, write_summary

@@ -120,7 +120,7 @@ def _aliyun_cfg(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
     if args.slurm:
         raise UserError("--dlc and --slurm exclude each other: one runner per run")
-    from orchestra.runners.dlc_config import load_aliyun_file
+    from orchestra.runners.dlc.config import load_aliyun_file
 
     path = args.aliyun_cfg or "~/.aliyun.cfg"
     if not os.path.isfile(os.path.expanduser(path)):

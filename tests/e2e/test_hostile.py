@@ -225,7 +225,7 @@ def test_sighup_stops_the_run_with_129_and_a_summary(tmp_path: Path) -> None:
 
 
 def test_gpus_as_a_string_and_negative_grace(tmp_path: Path) -> None:
-    from orchestra.runners.local import LocalRunner
+    from orchestra.runners.local.runner import LocalRunner
 
     assert LocalRunner(gpus="0,1").gpus == ["0", "1"]
     cfg = write_config(tmp_path, runner=", kill_grace_s=-1")

@@ -145,7 +145,7 @@ def test_threads_follow_the_runners_cpu_share(monkeypatch: pytest.MonkeyPatch) -
 
 
 def test_local_runner_hands_each_cpu_task_its_share_of_the_cores(monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestra.runners.local import LocalRunner
+    from orchestra.runners.local.runner import LocalRunner
     from orchestra.tasks.spec import TaskSpec
 
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)), raising=False)

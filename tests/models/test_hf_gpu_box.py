@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from orchestra.models.hf import HFCausalLM
-from orchestra.runners.local import LocalRunner
+from orchestra.runners.base import Exit
+from orchestra.runners.local.runner import LocalRunner
 from orchestra.tasks.spec import TaskSpec
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def test_one_task_per_gpu_by_default_spread_over_the_gpus() -> None:
     class Done:
         task, resources = task("t2", 1), got[2]
 
-    runner.release(Done())  # type: ignore[arg-type]
+    runner.release(Done(), Exit(0))  # type: ignore[arg-type]
     again = runner.acquire(task("t5", 1))
     assert again is not None and again["gpu_ids"] == got[2]["gpu_ids"]  # type: ignore[index]
     env = runner.task_env(task("t5", 1), got[2], 1)
@@ -72,7 +73,7 @@ def test_max_workers_per_gpu_shares_a_gpu_least_used_first() -> None:
 
 def test_a_model_spread_over_gpus_gets_distinct_ones_or_waits() -> None:
     runner = LocalRunner(max_num_workers=8, gpus=["0", "1", "2"])
-    assert runner.unfit_reason(task("huge", 4)) is not None  # more GPUs than the box has: fails at once
+    assert runner.unfit(task("huge", 4)) is not None  # more GPUs than the box has: fails at once
     one = runner.acquire(task("small", 1))
     assert one is not None
     two = runner.acquire(task("big", 2))

@@ -19,7 +19,7 @@ from orchestra.partitioners import BasePartitioner, NaivePartitioner, NumWorkerP
 from orchestra.partitioners.base import balanced_bins, num_bins_for
 from orchestra.paths import RunPaths
 from orchestra.planner import Plan, make_plan
-from orchestra.runners.local import LocalRunner
+from orchestra.runners.local.runner import LocalRunner
 
 MODEL = {"type": "orchestra.models.fake.DeterministicModel", "abbr": "m", "max_out_len": 32, "batch_size": 8}
 

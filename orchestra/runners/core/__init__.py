@@ -1,0 +1,1 @@
+"""The runner core: the backend contract, the one scheduling loop, and what backends share."""

@@ -1,0 +1,107 @@
+"""The run folder's record of every cluster job a backend submitted: ``<run>/<backend>/jobs.jsonl``.
+
+A line is appended (and fsynced) *before* each step that the record must survive: ``submitting``
+before the submit call (``dlc submit``, ``sbatch``), ``submitted`` with the job id before the id is
+used for anything, ``stop_sent`` before a stop, then ``stopped`` / ``ended`` once the cluster shows
+the job over.  A later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the
+lines into one state per job name (:meth:`Ledger.jobs`) and stops or adopts every job not known to
+be over (a job still running the very spec of a task it runs is adopted: ``spec_digest``).
+
+Within one process several launches may share a run folder at once (the eval stage runs beside the
+infer stage): each job name is *claimed* (:meth:`Ledger.claim`) by the launch that submits, adopts
+or stops it, and a launch only ever handles jobs no launch of this process has claimed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from orchestra.fileio import read_jsonl, stable_hash
+from orchestra.tasks.spec import TaskSpec
+
+#: states after which a job needs nothing more from anyone
+OVER = frozenset({"stopped", "ended", "submit_failed", "submit_unknown"})
+#: states of a job that may still be alive on DLC (it has an id and was not seen over)
+MAYBE_ALIVE = frozenset({"submitted", "adopted", "stop_sent", "stop_acknowledged", "stop_unconfirmed"})
+
+_claimed: dict[str, set[str]] = {}  # ledger path -> job names some launch of this process handles
+_claim_lock = threading.Lock()
+
+
+def spec_digest(task: TaskSpec) -> str:
+    """The content hash of a task spec: a job is adopted only by a task with the same spec."""
+    return stable_hash(task.to_dict())
+
+
+@dataclass
+class JobRecord:
+    """What the ledger says about one job (one attempt of one task)."""
+
+    name: str
+    task_id: str = ""
+    stage: str = ""
+    attempt: int = 0
+    seq: int = 0  # the number in the job's name (unique per task across orchestrators of the run folder)
+    digest: str = ""  # the task spec's content hash: an adopted job must run the same spec
+    job_id: str = ""
+    state: str = ""
+    ts: float = 0.0
+
+
+class Ledger:
+    """Append-only job records of one run folder (thread-safe)."""
+
+    def __init__(self, folder: str) -> None:
+        os.makedirs(folder, exist_ok=True)
+        self.path = os.path.join(folder, "jobs.jsonl")
+        self._lock = threading.Lock()
+
+    def record(self, state: str, name: str, **fields: Any) -> None:
+        """Append ``{ts, state, name, ...}`` and fsync it before returning."""
+        line = json.dumps({"ts": round(time.time(), 3), "state": state, "name": name, **fields},
+                          ensure_ascii=False, default=str) + "\n"
+        with self._lock:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line.encode("utf-8"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def claim(self, names: list[str]) -> list[str]:
+        """Claim these job names for the caller; the ones no launch of this process had claimed yet."""
+        with _claim_lock:
+            mine = _claimed.setdefault(os.path.realpath(self.path), set())
+            new = [n for n in dict.fromkeys(names) if n not in mine]
+            mine.update(new)
+            return new
+
+    def unclaimed(self, records: dict[str, JobRecord]) -> dict[str, JobRecord]:
+        """The records whose jobs no launch of this process handles (an earlier orchestrator's)."""
+        with _claim_lock:
+            mine = _claimed.get(os.path.realpath(self.path), set())
+            return {n: r for n, r in records.items() if n not in mine}
+
+    def jobs(self) -> dict[str, JobRecord]:
+        """Every job name's latest state (fields carried over from its earlier lines)."""
+        out: dict[str, JobRecord] = {}
+        if not os.path.exists(self.path):
+            return out
+        for rec in read_jsonl(self.path):
+            if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
+                continue
+            job = out.setdefault(rec["name"], JobRecord(rec["name"]))
+            for key in ("task_id", "stage", "digest", "job_id"):
+                if rec.get(key):
+                    setattr(job, key, str(rec[key]))
+            for key in ("attempt", "seq"):
+                if isinstance(rec.get(key), int):
+                    setattr(job, key, rec[key])
+            job.state = str(rec.get("state", ""))
+            job.ts = float(rec.get("ts") or 0.0)
+        return out

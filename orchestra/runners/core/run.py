@@ -1,0 +1,105 @@
+"""What a launch gets from the run (``RunContext``) and what it gives back (``TaskResult``)."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from orchestra.events import EventLog
+from orchestra.paths import RunPaths
+from orchestra.runners.core.contract import Job
+from orchestra.runners.core.host import HostSlots
+from orchestra.tasks.spec import TaskSpec, output_done
+
+
+class TaskState(str, enum.Enum):
+    """Where a task ended up."""
+
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    SKIPPED = "skipped"
+
+
+@dataclass
+class TaskResult:
+    """The outcome of a task after all its attempts."""
+
+    task_id: str
+    stage: str
+    state: TaskState
+    attempts: int
+    log_path: str
+    reason: str = ""
+    duration_s: float = 0.0
+
+
+class Results(dict[str, TaskResult]):
+    """Results by task id, with a running count per end state: the progress hook gets the
+    counts every round, and counting 10,000 results each round would make the loop quadratic."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __setitem__(self, task_id: str, result: TaskResult) -> None:
+        old = self.get(task_id)
+        if old is not None:
+            self.counts[old.state.value] -= 1
+        super().__setitem__(task_id, result)
+        self.counts[result.state.value] = self.counts.get(result.state.value, 0) + 1
+
+
+@dataclass
+class RunContext:
+    """What a runner needs from the run: its folder, its event log, and the stop flag."""
+
+    paths: RunPaths
+    events: EventLog
+    stop: threading.Event = field(default_factory=threading.Event)
+    on_change: Callable[[dict[str, int]], None] | None = None  # progress display hook
+    #: set while an upstream stage still runs and may write this launch's inputs: a task
+    #: whose inputs are missing then waits (the eval of a (model, dataset) starts as soon as
+    #: its predictions are done); once cleared, a task still missing inputs is skipped
+    upstream: threading.Event | None = None
+    #: this machine's GPUs and cores as the run's local runners hand them out (the stages
+    #: share one when they run side by side); None: each local runner keeps its own
+    host: HostSlots | None = None
+
+    def inputs_may_come(self) -> bool:
+        return self.upstream is not None and self.upstream.is_set()
+
+
+@dataclass
+class PendingTask:
+    """A task waiting for its next attempt (the loop's queue entry)."""
+
+    task: TaskSpec
+    attempt: int
+    not_before: float = 0.0
+    first_started: float = 0.0
+    infra_retries: int = 0  # attempts retried as infrastructure failures: they do not count against ``retry``
+    inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
+    inputs_checked: float = 0.0  # when they were last looked for
+    inputs_seen: int = 0  # its first inputs_seen inputs were found done (they stay done during a launch)
+
+    def first_missing(self) -> str | None:
+        """The first input of this waiting task that is not done yet, or None.  Inputs found done
+        are not read again: an eval task over 10,000 predictions looks at each file once."""
+        inputs = [pair for unit in self.task.units for pair in unit.inputs]
+        while self.inputs_seen < len(inputs):
+            path, expected = inputs[self.inputs_seen]
+            if not output_done(path, expected):
+                return path
+            self.inputs_seen += 1
+        return None
+
+
+@dataclass
+class InFlight:
+    """The jobs of one launch that a session still answers for."""
+
+    running: dict[Job, PendingTask]
+    stopping: dict[Job, PendingTask]  # cancelled (timeout or stop), not yet reported gone

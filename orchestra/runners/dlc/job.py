@@ -1,0 +1,120 @@
+"""One attempt as a DLC job (``DLCJob``), its name, and the decisions ``DLCRunner`` takes about it:
+how an attempt ended (``attempt_exit``) and what to do with jobs an earlier orchestrator left
+(``triage``).  Pure functions of what the service and the run folder say."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+from orchestra.fileio import stable_hash
+from orchestra.runners.base import Exit
+from orchestra.runners.core.ledger import JobRecord
+from orchestra.runners.core.naming import job_name, run_tag
+from orchestra.runners.dlc.cli import SUCCEEDED, JobInfo
+from orchestra.runners.dlc.logs import LogCursor
+from orchestra.tasks.spec import TaskSpec
+
+MAX_NAME = 512  # DLC's limit on a job name
+
+
+@dataclass
+class DLCJob:
+    """One attempt as a DLC job: what the runner knows and has decided about it."""
+
+    name: str
+    task_id: str
+    stage: str
+    attempt: int
+    digest: str
+    log_path: str
+    exit_file: str
+    argv: list[str]
+    seq: int = 0  # the number in the job's name: attempts of every orchestrator of the run folder, counted on
+    job_id: str | None = None
+    adopted: bool = False
+    submitted_wall: float = 0.0  # local clock when submit returned
+    info: JobInfo | None = None
+    waiting_since: float | None = None  # monotonic: first seen waiting for resources
+    next_check: float = 0.0  # monotonic
+    interval: float = 0.0
+    busy: bool = False  # a thread works on it
+    exit_seen: bool = False  # the command's exit code file appeared: the job is ending, ask now
+    get_error_since: float | None = None
+    cursor: LogCursor | None = None
+    drain_at: float | None = None  # service clock: when the final log window is read again
+    result: Exit | None = None  # what poll reports, once decided
+    over: bool = False  # the service showed it over (or it was never created)
+    cancelled: bool = False
+    stop_reason: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+def dlc_job_name(task: TaskSpec, seq: int) -> str:
+    """``orc-<run tag>-<task_id>-a<seq>``, cut to DLC's 512 characters (a hash keeps it unique)."""
+    name = job_name(run_tag(task.run_dir), task.task_id, seq)
+    if len(name) <= MAX_NAME:
+        return name
+    suffix = f"-{stable_hash(name, 10)}-a{seq}"
+    return name[: MAX_NAME - len(suffix)] + suffix
+
+
+def orphan(record: JobRecord) -> DLCJob:
+    """A job known only from the ledger (an earlier orchestrator's), to stop or record."""
+    return DLCJob(record.name, record.task_id, record.stage, record.attempt, record.digest, "", "", [], record.seq,
+                  job_id=record.job_id)
+
+
+def read_exit_code(path: str) -> int | None:
+    """The exit code the job's command wrote to the shared file system, if it got that far."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else None
+
+
+def attempt_exit(job_id: str, info: JobInfo, code: int | None, tail: str) -> Exit:
+    """How an attempt ended, from the job's final state and the exit code its command recorded.
+
+    A recorded code is the task's own verdict (0: its outputs decide).  Without one the command
+    never finished: ``Stopped`` (by someone else: this runner records its own stops) counts as a
+    failure; anything else (node lost, preempted, image not pulled) is the platform's failure,
+    ``Exit(infra=True)``.
+    """
+    why = f"DLC job {job_id} {info.describe()}"
+    tail_part = f"; log tail: {tail}" if tail else ""
+    if code == 0 or (code is None and info.status in SUCCEEDED):
+        return Exit(0)
+    if code is not None:
+        return Exit(code, f"exit code {code}; {why}{tail_part}")
+    if info.status == "Stopped":
+        return Exit(-1, f"{why}: stopped from outside orchestra before the task finished")
+    return Exit(-1, f"{why} before the task finished{tail_part}", infra=True)
+
+
+def triage(alive: list[JobRecord], infos: dict[str, JobInfo | None], wanted: dict[str, str]
+           ) -> tuple[list[tuple[JobRecord, JobInfo]], list[tuple[JobRecord, JobInfo]], list[JobRecord]]:
+    """Sort the jobs an earlier orchestrator may have left: ``(over, adopt, stop)``.
+
+    ``infos``: what ``get job`` said about each (by name; None: no answer).  ``wanted``: task id ->
+    spec digest of the tasks this launch runs.  A job is adopted when it still runs (or waits) the
+    very spec of a task this launch runs and was not being stopped, one job per task (the latest
+    attempt); every other job that may be alive is stopped.
+    """
+    over, adopt, stop = [], [], []
+    taken: set[str] = set()
+    for rec in sorted(alive, key=lambda r: (r.task_id, -r.seq)):
+        info = infos.get(rec.name)
+        if info is None:
+            stop.append(rec)  # no answer: a stop is harmless if it is over already
+        elif info.terminal:
+            over.append((rec, info))
+        elif (rec.state in ("submitted", "adopted") and info.status != "Stopping"
+              and wanted.get(rec.task_id) == rec.digest and rec.task_id not in taken):
+            taken.add(rec.task_id)
+            adopt.append((rec, info))
+        else:
+            stop.append(rec)
+    return over, adopt, stop

@@ -1,0 +1,222 @@
+"""The work ``DLCRunner`` does for each job, in its threads: submit, check, copy the log, conclude, stop.
+
+One ``JobWorker`` per launch.  ``step(job)`` does the one thing a job needs next (a submission, a
+status check with its log copy, the final log read) and schedules the next check: every
+``poll_interval_s`` after a change, 1.5x longer per unchanged answer up to ``max_poll_interval_s``,
+1 s once the command's exit code file exists.  Everything it learns goes to the task log, the run
+folder's ledger and the event log; a decided attempt is ``job.result``, which ``poll`` reports.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from orchestra.events import EventLog
+from orchestra.fileio import append_line
+from orchestra.runners.base import Exit
+from orchestra.runners.core.ledger import Ledger
+from orchestra.runners.dlc.cli import LOGGING, WAITING, DLCClient, DLCError, JobInfo
+from orchestra.runners.dlc.job import DLCJob, attempt_exit, read_exit_code
+from orchestra.runners.dlc.logs import LogCursor, copy_final, copy_settled
+from orchestra.runners.dlc.stop import stop_jobs
+
+
+@dataclass(frozen=True)
+class Timings:
+    """The runner's clocks (see ``DLCRunner`` for each)."""
+
+    poll_interval_s: float
+    max_poll_interval_s: float
+    queue_timeout_s: float | None
+    log_settle_s: float
+    lost_after_s: float
+    cancel_timeout_s: float
+
+
+class JobWorker:
+    """Submits, watches and stops DLC jobs through ``client``, recording into ``ledger`` and ``events``."""
+
+    def __init__(self, client: DLCClient, ledger: Ledger, events: EventLog, timings: Timings) -> None:
+        self.client = client
+        self.ledger = ledger
+        self.events = events
+        self.t = timings
+        self._offset: float | None = None  # the service's clock minus ours (a lower bound)
+        self._lock = threading.Lock()
+
+    def step(self, h: DLCJob) -> None:
+        try:
+            if h.cancelled:
+                return
+            if h.job_id is None:
+                self._submit(h)
+            elif h.drain_at is not None and h.info is not None:
+                self._conclude(h, h.info)
+            else:
+                self._check(h)
+        except Exception as exc:  # a bug (or a full disk) here must end the attempt, not hang it
+            self.log(h, ["===== dlc: internal error", *traceback.format_exc().splitlines()])
+            if h.job_id and not h.over:
+                try:  # the attempt ends here: so does its job
+                    self.stop([h], f"internal error: {type(exc).__name__}")
+                except Exception:
+                    pass
+            h.result = Exit(-1, f"DLCRunner internal error: {type(exc).__name__}: {exc}")
+        finally:
+            h.busy = False
+
+    def _submit(self, h: DLCJob) -> None:
+        self.client.limiter.acquire()
+        if h.cancelled:  # stopped while it waited for its turn: nothing was created
+            h.over = True
+            return
+        self.ledger.claim([h.name])  # this launch's job: no other launch of this process touches it
+        self.record("submitting", h)
+        try:
+            job_id = self.client.submit(h.argv, urgent=True)  # (its turn was taken above)
+        except DLCError as exc:
+            h.over = True
+            self.record("submit_failed", h, error=str(exc))
+            self.emit("dlc_submit_failed", h, error=str(exc))
+            self.log(h, [f"===== dlc: submit failed: {exc}"])
+            h.result = Exit(-1, f"dlc submit failed: {exc}", infra=True)
+            return
+        h.job_id, h.submitted_wall = job_id, time.time()
+        self.record("submitted", h)
+        self.emit("dlc_submitted", h, job_id=job_id)
+        self.log(h, [f"===== dlc: submitted job {job_id} as {h.name}"])
+        self._schedule(h, changed=True)
+
+    def _check(self, h: DLCJob) -> None:
+        assert h.job_id is not None
+        try:
+            info = self.client.get(h.job_id)
+        except DLCError as exc:  # a transient garbled or failed answer is not the task's failure
+            h.get_error_since = h.get_error_since or time.monotonic()
+            if time.monotonic() - h.get_error_since < self.t.lost_after_s:
+                self._schedule(h, changed=False)
+                return
+            self.stop([h], "lost: dlc get job kept failing")
+            h.result = Exit(-1, f"DLC job {h.job_id} lost: dlc get job failed for {self.t.lost_after_s:g} s ({exc})",
+                            infra=True)
+            return
+        h.get_error_since = None
+        if h.info is None and not h.adopted and info.create_time is not None:
+            self._observe_offset(info.create_time - h.submitted_wall)
+        changed = h.info is None or info.status != h.info.status
+        h.info = info
+        if changed:
+            if not info.terminal:  # the end is written after the log's last lines
+                self.log(h, [f"===== dlc: job {h.job_id} {info.describe()}"])
+            self.emit("dlc_status", h, job_id=h.job_id, status=info.status, reason_code=info.reason_code)
+        if info.terminal:
+            self._conclude(h, info)
+            return
+        if info.status in WAITING:
+            h.waiting_since = h.waiting_since or time.monotonic()
+            if self.t.queue_timeout_s is not None and time.monotonic() - h.waiting_since > self.t.queue_timeout_s:
+                self.stop([h], f"queue_timeout_s: still {info.status} after {self.t.queue_timeout_s:g} s")
+                h.result = Exit(-1, f"DLC job {h.job_id} still {info.status} after queue_timeout_s="
+                                    f"{self.t.queue_timeout_s:g} s; stopped it", infra=True)
+                return
+        else:
+            h.waiting_since = None
+        if info.status in LOGGING:
+            cursor = self._cursor(h, info)
+            copy_settled(cursor, self.client, h.job_id, info.pod_id, self._service_now(), self.t.log_settle_s,
+                         lambda lines: self.log(h, lines))
+        self._schedule(h, changed)
+
+    def _conclude(self, h: DLCJob, info: JobInfo) -> None:
+        """The job is over: copy its log to the end, then decide how the attempt ended."""
+        assert h.job_id is not None
+        cursor = self._cursor(h, info)
+        finished = info.finish_time if info.finish_time is not None else self._service_now()
+        try:
+            copy_final(cursor, self.client, h.job_id, info.pod_id, int(finished) + 2, lambda lines: self.log(h, lines))
+        except DLCError as exc:
+            self.log(h, [f"===== dlc: could not read the job's log: {exc}"])
+        if not cursor.footer_seen and self._service_now() < finished + self.t.log_settle_s:
+            h.drain_at = finished + self.t.log_settle_s  # late lines: one more read once they have settled
+            h.next_check = time.monotonic() + max(0.0, h.drain_at - self._service_now())
+            return
+        h.over = True
+        code = read_exit_code(h.exit_file)
+        ended = attempt_exit(h.job_id, info, code, cursor.tail_text())
+        self.log(h, [f"===== dlc: job {h.job_id} ended {info.describe()}"
+                      + (f", task exit code {code}" if code is not None else ", no task exit code recorded")])
+        self.record("ended", h, status=info.status, reason_code=info.reason_code, exit_code=code)
+        self.emit("dlc_ended", h, job_id=h.job_id, status=info.status, reason_code=info.reason_code,
+                   reason_message=info.reason_message, exit_code=code)
+        h.result = ended
+
+    # -- clocks, schedules, logs -----------------------------------------------------------------------
+    def _schedule(self, h: DLCJob, changed: bool) -> None:
+        if h.exit_seen:  # the command is over; the job's status follows soon
+            h.interval = min(self.t.poll_interval_s, 1.0)
+        elif changed or not h.interval:
+            h.interval = self.t.poll_interval_s
+        else:
+            h.interval = min(h.interval * 1.5, self.t.max_poll_interval_s)
+        h.next_check = time.monotonic() + h.interval
+
+    def _observe_offset(self, offset: float) -> None:
+        with self._lock:
+            self._offset = offset if self._offset is None else min(self._offset, offset)
+
+    def _service_now(self) -> float:
+        return time.time() + (self._offset or 0.0)
+
+    def _cursor(self, h: DLCJob, info: JobInfo) -> LogCursor:
+        if h.cursor is None:
+            start = info.create_time if info.create_time is not None else h.submitted_wall + (self._offset or 0.0)
+            h.cursor = LogCursor(int(start) - 1)
+        return h.cursor
+
+    def log(self, h: DLCJob, lines: list[str]) -> None:
+        if not lines:
+            return
+        try:
+            with h.lock:
+                append_line(h.log_path, ("\n".join(lines) + "\n").encode("utf-8", "replace"))
+        except OSError:
+            pass  # a log we cannot write must not stop the run
+
+    def record(self, state: str, h: DLCJob, **fields: Any) -> None:
+        self.ledger.record(state, h.name, task_id=h.task_id, stage=h.stage, attempt=h.attempt, seq=h.seq,
+                            digest=h.digest, job_id=h.job_id or "", **fields)
+
+    def _record_anyway(self, state: str, h: DLCJob, **fields: Any) -> None:
+        """A stop goes out even when the ledger cannot be written (a full disk): say so, go on."""
+        try:
+            self.record(state, h, **fields)
+        except OSError as exc:
+            print(f"orchestra: warning: cannot record {state} of DLC job {h.job_id} in {self.ledger.path}: {exc}",
+                  file=sys.stderr)
+
+    def emit(self, event: str, h: DLCJob, **fields: Any) -> None:
+        self.events.emit(event, task_id=h.task_id, stage=h.stage, attempt=h.attempt, name=h.name, **fields)
+
+    def stop(self, handles: list[DLCJob], reason: str) -> None:
+        """Stop these jobs, wait for the service to show them over, record it all."""
+        for h in handles:
+            h.stop_reason = reason
+            self._record_anyway("stop_sent", h, reason=reason)
+        outcome = stop_jobs(self.client, [h.job_id or "" for h in handles], self.t.cancel_timeout_s)
+        for h in handles:
+            status, state = outcome.get(h.job_id or "", ("unknown", "stop_unconfirmed"))
+            h.over = state == "stopped"
+            self._record_anyway(state, h, status=status, reason=reason)
+            self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=status, confirmed=state == "stopped")
+            self.log(h, [f"===== dlc: stopped job {h.job_id} ({reason}); the service shows it {status}"])
+        unconfirmed = [h.job_id for h in handles if outcome.get(h.job_id or "", ("", ""))[1] == "stop_unconfirmed"]
+        if unconfirmed:
+            print(f"orchestra: warning: DLC job(s) {', '.join(map(str, unconfirmed))} not shown over "
+                  f"{self.t.cancel_timeout_s:g} s after 'dlc stop job --force'; check them in the console "
+                  "(orchestra -r stops them again)", file=sys.stderr)
+

@@ -1,0 +1,222 @@
+"""Run tasks as subprocesses on this machine, with GPU slots."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from orchestra.runners.core.contract import Exit, Job, Session, cannot_start
+from orchestra.runners.core.host import HostSlots, usable_cores
+from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.proc import start_group, stop_groups
+from orchestra.runners.core.run import RunContext
+from orchestra.runners.core.stopping import BackgroundStops
+from orchestra.runners.local.warm import WarmPool, Worker
+from orchestra.tasks.spec import TaskSpec
+
+_HOST = socket.gethostname()
+
+
+def detect_gpus() -> list[str]:
+    """GPU ids from ``CUDA_VISIBLE_DEVICES``, else from ``nvidia-smi -L``, else none."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return [g.strip() for g in visible.split(",") if g.strip() and g.strip() != "-1"]
+    exe = shutil.which("nvidia-smi")
+    if not exe:
+        return []
+    try:
+        out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+
+
+#: tasks at once when ``max_num_workers`` is not given and there are fewer GPU slots
+DEFAULT_WORKERS = 4
+
+
+def cpu_share(workers: int) -> int | None:
+    """Cores each of ``workers`` concurrent tasks gets (None: one task, all of them)."""
+    if workers <= 1:
+        return None
+    return max(1, usable_cores() // workers)
+
+
+class LocalRunner(BaseRunner):
+    """One subprocess per task attempt, each in its own process group.
+
+    Args:
+        max_num_workers: tasks running at once (default: one per GPU slot, i.e. GPUs x
+            ``max_workers_per_gpu``, and at least 4, so a GPU box is used whole).
+        retry: extra attempts for a failed task.
+        retry_backoff_s: first retry delay (doubles, with jitter).
+        timeout_s: limit of one attempt; the task's process group is killed after it.
+        gpus: GPU ids to hand out, a list or ``'0,1'`` (default: detected); ``[]`` means no GPUs.
+        max_workers_per_gpu: tasks that may share one GPU.
+        reuse_workers: keep warm worker processes that run task after task, so a model is
+            loaded once per worker instead of once per task (no ``template`` then).
+        kill_grace_s: how long a cancelled task gets after SIGTERM before SIGKILL.
+        poll_interval_s: how often running tasks are checked.
+        template: optional wrapper command around ``{task_cmd}``.
+    """
+
+    template_fields = (*BaseRunner.template_fields, "gpu_ids")
+    refill_at_once = True  # polling a local process or a warm worker's pipe costs nothing
+
+    def __init__(
+        self,
+        max_num_workers: int | None = None,
+        retry: int = 0,
+        retry_backoff_s: float = 1.0,
+        timeout_s: float | None = None,
+        gpus: list[int | str] | str | None = None,
+        max_workers_per_gpu: int = 1,
+        reuse_workers: bool = False,
+        kill_grace_s: float = 3.0,
+        poll_interval_s: float = 0.02,
+        template: str | list[str] | None = None,
+    ) -> None:
+        if not isinstance(max_workers_per_gpu, int) or max_workers_per_gpu < 1:
+            raise ValueError(f"max_workers_per_gpu must be an integer >= 1, got {max_workers_per_gpu!r}")
+        if isinstance(gpus, str):  # '0,1' as CUDA_VISIBLE_DEVICES writes it
+            gpus = [g.strip() for g in gpus.split(",") if g.strip()]
+        self.gpus = [str(g) for g in gpus] if gpus is not None else detect_gpus()
+        if max_num_workers is None:
+            max_num_workers = max(DEFAULT_WORKERS, len(self.gpus) * max_workers_per_gpu)
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
+        if kill_grace_s < 0:
+            raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s}")
+        self.max_workers_per_gpu = max_workers_per_gpu
+        self.kill_grace_s = kill_grace_s
+        self._host: HostSlots | None = None  # the run's (shared by its stages), set by launch
+        if reuse_workers and template is not None:
+            raise ValueError("reuse_workers=True cannot be combined with a template")
+        self.reuse_workers = reuse_workers
+        self._pool: WarmPool | None = None  # started by launch, closed by close
+
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
+        self._host = ctx.host or HostSlots()
+        pool = WarmPool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs) if self.reuse_workers else None
+        return LocalSession(self, pool)
+
+    # -- resources ---------------------------------------------------------------------------
+    def unfit(self, task: TaskSpec) -> str | None:
+        if task.num_gpus > len(self.gpus):
+            return (
+                f"needs {task.num_gpus} GPU(s) but this runner has {len(self.gpus)} "
+                "(set CUDA_VISIBLE_DEVICES or the runner's gpus=[...])"
+            )
+        return None
+
+    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
+        host = self._host or HostSlots()
+        self._host = host
+        gpu_ids = host.take(task.stage, task.num_procs, self.gpus, task.num_gpus, self.max_workers_per_gpu)
+        if gpu_ids is None:
+            return None
+        return {"gpu_ids": gpu_ids, "cores": task.num_procs}
+
+    def release(self, job: Job, ended: Exit | None) -> None:
+        if self._host is not None and "cores" in job.resources:
+            self._host.give(job.task.stage, job.resources["cores"], job.resources["gpu_ids"])
+
+    def command_fields(self, task: TaskSpec, resources: dict[str, Any], log_path: str) -> dict[str, Any]:
+        return {**super().command_fields(task, resources, log_path),
+                "gpu_ids": ",".join(resources.get("gpu_ids", []))}
+
+    def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
+        env = super().task_env(task, resources, attempt)
+        # A task without GPUs must not grab one by accident: hide them all.
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(resources.get("gpu_ids", []))
+        # CPU tasks sharing the machine each get their share of the cores, through the
+        # variable torch and BLAS libraries read (a user's own setting wins).
+        share = cpu_share(self.max_num_workers)
+        if share is not None and task.num_gpus == 0 and "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = str(share)
+        return env
+
+
+
+class LocalSession(Session):
+    """One launch of a LocalRunner: its processes (or warm workers), and those being stopped."""
+
+    def __init__(self, runner: LocalRunner, pool: WarmPool | None) -> None:
+        self.runner = runner
+        self.resources = runner
+        self.pool = pool
+        self.stops = BackgroundStops("local")
+
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        refused: dict[Job, Exit] = {}
+        for job in jobs:
+            try:
+                if self.pool is not None:
+                    key = f"{job.task.worker_key}|{job.command.env.get('CUDA_VISIBLE_DEVICES', '')}"
+                    job.handle = self.pool.run(job, key)
+                else:
+                    job.handle = start_group(job.command.argv, job.command.env, job.log_path)
+            except OSError as exc:
+                refused.update(cannot_start([job], exc))
+        return refused
+
+    def placement(self, job: Job) -> dict[str, Any]:
+        if isinstance(job.handle, Worker):
+            return {"host": _HOST, "pid": job.handle.proc.pid, "warm_worker": True}
+        pid = getattr(job.handle, "pid", None)
+        return {"host": _HOST, "pid": pid} if pid is not None else {"host": _HOST}
+
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        ended: dict[Job, Exit] = self.stops.ended(jobs)
+        for job in jobs:
+            if job in ended or self.stops.stopping(job):
+                continue
+            exit_ = self._poll_one(job)
+            if exit_ is not None:
+                ended[job] = exit_
+        return ended
+
+    def _poll_one(self, job: Job) -> Exit | None:
+        if isinstance(job.handle, Worker):
+            assert self.pool is not None
+            return self.pool.poll(job.handle)
+        proc: subprocess.Popen[bytes] = job.handle
+        code = proc.poll()
+        if code is None:
+            return None
+        if code < 0:
+            return Exit(code, f"killed by signal {signal.Signals(-code).name}")
+        return Exit(code)
+
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        if self.pool is not None:
+            procs = self.pool.detach([job.handle for job in jobs if isinstance(job.handle, Worker)])
+        else:
+            procs = [job.handle for job in jobs if job.handle is not None]
+        grace = self.runner.kill_grace_s
+        self.stops.start(jobs, lambda _: stop_groups(procs, grace))
+
+    def wait(self, jobs: Sequence[Job], timeout_s: float, stop: threading.Event) -> None:
+        fds = [job.handle.reply_fd for job in jobs if isinstance(job.handle, Worker)]
+        if not fds or len(fds) < len(jobs) or any(job.handle.buffer for job in jobs):
+            super().wait(jobs, timeout_s, stop)
+            return
+        # Warm workers answer on a pipe: wake when one does, so a task of a few milliseconds
+        # does not wait out the poll interval (which still bounds how late ``stop`` is seen).
+        try:
+            select.select(fds, [], [], timeout_s)
+        except (OSError, ValueError):  # a pipe closed under us: the next poll tells what happened
+            pass
+
+    def close(self) -> None:
+        self.stops.wait(self.runner.kill_grace_s + 10)
+        if self.pool is not None:
+            self.pool.close()
+        self.pool = None

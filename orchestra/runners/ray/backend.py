@@ -1,0 +1,142 @@
+"""RayRunner's session: one launch's connection, its warm pool of actors, the calls in flight.
+
+Nothing here imports ``ray``: the pool (``pool.py``) and the connection (``session.py``) do, and
+this module imports them only inside its methods.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
+from orchestra.tasks.spec import TaskSpec
+
+CANCEL_WAIT_S = 10.0  # a cancelled call is reported gone after this even if Ray has not said so
+
+
+@dataclass
+class RayCall:
+    """One attempt's call on its actor, and the error it ended with once it did."""
+
+    ref: Any
+    error: BaseException | None = None
+    cancel_by: float = 0.0  # once cancelled: when it is reported gone even if Ray has not said so
+
+
+class RaySession(Session):
+    """One launch of a RayRunner: its connection, its warm pool of actors, the calls in flight.
+
+    Args:
+        worker_kind: the kind of worker (``pool.WorkerKind``) a task needs.
+        forward_env: names of variables copied from here into every task.
+    """
+
+    def __init__(self, worker_kind: Callable[[TaskSpec], Any], forward_env: tuple[str, ...]) -> None:
+        self.worker_kind = worker_kind
+        self.forward_env = forward_env
+        self.resources = self
+        self.pool: Any = None  # a RayPool
+        self.unroute: Any = None  # undoes route_cluster_messages
+        self.losses: dict[str, int] = {}  # task id -> attempts that lost their worker
+
+    # -- resources: a warm actor per job ---------------------------------------------------------
+    def unfit(self, task: TaskSpec) -> str | None:
+        kind = self.worker_kind(task)
+        if self.pool.could_ever_hold(kind):
+            return None
+        needs = {k: v for k, v in kind.needs().items() if v}
+        known = self.pool.node_resources + self.pool.node_type_resources
+        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
+        want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
+        return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
+                f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
+
+    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
+        kind = self.worker_kind(task)
+        broken = self.pool.broken(kind)
+        if broken:
+            raise CannotStart(broken)
+        actor = self.pool.take(kind)
+        if actor is None:
+            return None
+        return {"actor_id": actor.actor_id, **self.pool.place(actor), "num_cpus": kind.num_cpus,
+                "num_gpus": kind.num_gpus}
+
+    def release(self, job: Job, ended: Exit | None) -> None:
+        actor = self.pool.actors.get(job.resources.get("actor_id")) if self.pool is not None else None
+        if actor is None:
+            return  # killed by a timeout or a cancel: already gone from the pool
+        call = job.handle
+        if ended is not None and ended.infra and isinstance(call, RayCall) and call.error is not None:
+            self.pool.lost(actor, call.error)
+        else:
+            self.pool.finished(actor)
+
+    # -- jobs ------------------------------------------------------------------------------------
+    def placement(self, job: Job) -> dict[str, Any]:
+        """The node (id, ip), actor and its pid: the ``started`` event's ``where``."""
+        keys = ("node_id", "node_ip", "actor_id", "pid")
+        return {k: job.resources[k] for k in keys if k in job.resources}
+
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
+        for job in jobs:
+            actor = self.pool.actors[job.resources["actor_id"]]
+            request = {"spec": job.command.argv[-1], "log": job.log_path, "env": {**job.command.env, **forwarded}}
+            job.handle = RayCall(actor.handle.run.remote(request))
+        return {}
+
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        """The pool's housekeeping, then one ``ray.wait`` over every call in flight."""
+        self.pool.tick()
+        calls = {job.handle.ref: job for job in jobs if isinstance(job.handle, RayCall)}
+        done = self.pool.ended(list(calls))
+        now = time.monotonic()
+        out: dict[Job, Exit] = {}
+        for ref, job in calls.items():
+            call: RayCall = job.handle
+            if call.cancel_by:
+                if ref in done or now >= call.cancel_by:
+                    out[job] = Exit(-1, "cancelled")
+            elif ref in done:
+                out[job] = self._exit(job, call)
+        return out
+
+    def _exit(self, job: Job, call: RayCall) -> Exit:
+        from orchestra.runners.ray.pool import describe, lost_worker
+
+        result = self.pool.result(call.ref)
+        if not isinstance(result, BaseException):
+            return Exit(int(result))
+        if lost_worker(result):
+            call.error = result  # release() hands it to the pool
+            where = f"{job.resources.get('node_ip', '?')} {str(job.resources.get('node_id', '?'))[:12]}"
+            losses = self.losses[job.task.task_id] = self.losses.get(job.task.task_id, 0) + 1
+            times = f" (this task has lost its worker {losses} times)" if losses > 1 else ""
+            return Exit(-1, f"worker lost (node {where}): {describe(result)}{times}", infra=True)
+        return Exit(-1, f"Ray error: {describe(result)}")
+
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        """Kill the jobs' actors now; ``poll`` reports each job once its call ended (or after a while)."""
+        actors = [self.pool.actors[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self.pool.actors]
+        self.pool.stop(actors, "cancelled")
+        for job in jobs:
+            if isinstance(job.handle, RayCall):
+                job.handle.cancel_by = time.monotonic() + CANCEL_WAIT_S
+
+    def close(self) -> None:
+        try:
+            if self.pool is not None:
+                self.pool.close()
+        finally:
+            self.pool = None
+            if self.unroute is not None:
+                self.unroute()
+                self.unroute = None
+            from orchestra.runners.ray.session import disconnect
+
+            disconnect()

@@ -1,0 +1,219 @@
+"""Run tasks on a Ray cluster: an elastic pool of warm workers (Ray actors).
+
+The scheduling loop (queue, ``max_num_workers``, retries, timeouts, cancellation, events) is the
+runner base's.  This backend hands each task to an idle actor that already holds the task's model
+(:class:`~orchestra.runners.ray.pool.RayPool`); a task waits while none is free, and the pool
+starts actors for waiting tasks as the cluster has room, so the work in flight is
+``min(max_num_workers, what the cluster holds now)`` and grows as nodes join.  An actor or node
+that dies under a task ends that attempt with ``Exit(infra=True)``: the loop reruns it on another
+worker at once, without spending the task's retries (``infra_retry`` times per task).
+
+Ray is optional (``pip install 'orchestra[ray]'``): it is imported when a launch starts, never by
+importing this module, so the orchestrator starts as fast without it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+from orchestra.errors import UserError
+from orchestra.runners.core.contract import Session
+from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.naming import run_tag
+from orchestra.runners.core.run import RunContext
+from orchestra.tasks.spec import TaskSpec
+
+INSTALL_HINT = "pip install 'orchestra[ray]'"
+#: how long cancelling waits for killed actors' calls to end
+#: how long the head of a cluster given by address may take to accept a connection
+CONNECT_TIMEOUT_S = 10.0
+#: how long a Ray head (a gRPC server: the GCS, or the Ray Client server of ``ray://``) may take to
+#: answer the HTTP/2 connection preface with its SETTINGS frame
+PROBE_TIMEOUT_S = 3.0
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+
+
+def ray_missing() -> str | None:
+    """The one-line error for a machine without Ray, or None if it is installed."""
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):
+        found = False
+    return None if found else f"RayRunner needs Ray, which is not installed: {INSTALL_HINT}"
+
+
+class RayRunner(BaseRunner):
+    """Run each task in a warm worker on a Ray cluster, with as many workers as it holds.
+
+    Args:
+        address: the cluster: None starts a local Ray for the run (on this machine, stopped after
+            it); ``'auto'`` joins the cluster this machine belongs to (``RAY_ADDRESS`` or the one
+            started here with ``ray start``); ``'host:6379'`` joins a cluster's head (GCS address);
+            ``'ray://host:10001'`` connects through Ray Client (``pip install 'ray[client]'``).
+        max_num_workers: workers (and so tasks in flight) at most; fewer while the cluster has
+            less room.
+        retry: extra attempts for a task that fails by itself (a lost worker is not counted).
+        retry_backoff_s: first retry delay (doubles, with jitter).
+        timeout_s: limit of one attempt, from the moment a worker takes it (its actor is killed).
+        reuse_workers: keep a worker for the next task of the same model, so a model is loaded
+            once per worker (False: a fresh worker per task, which loads its model every time).
+        runtime_env: Ray's ``runtime_env`` for the run's workers (``pip``, ``env_vars``,
+            ``working_dir``, ...); workers need orchestra importable and the run folder reachable.
+        cpus_per_task: CPUs each worker holds (None: the task's ``num_procs``).
+        mem_gb: memory each worker reserves in Ray's accounting (None: none).
+        forward_env: names of environment variables copied from here into every task (e.g.
+            ``['OPENAI_API_KEY']``); values travel with each task, never in a config or log.
+        idle_timeout_s: an idle worker that no waiting task can use is released after this long.
+        infra_retry: attempts of one task that may lose their worker (dead actor, node removed
+            or preempted, out of memory) and rerun at once without spending ``retry`` (the loop's
+            ``infra_retry``, as DLCRunner's); further losses count as failures.
+        poll_interval_s: how often the loop checks workers and tasks.
+    """
+
+    #: a lost attempt goes to another warm worker at once (the pool replaces the dead one)
+    infra_retry_at_once = True
+
+    def __init__(
+        self,
+        address: str | None = None,
+        max_num_workers: int = 32,
+        retry: int = 0,
+        retry_backoff_s: float = 1.0,
+        timeout_s: float | None = None,
+        reuse_workers: bool = True,
+        runtime_env: dict[str, Any] | None = None,
+        cpus_per_task: float | None = None,
+        mem_gb: float | None = None,
+        forward_env: list[str] | tuple[str, ...] = (),
+        idle_timeout_s: float = 2.0,
+        infra_retry: int = 3,
+        poll_interval_s: float = 0.02,
+    ) -> None:
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, infra_retry=infra_retry)
+        missing = ray_missing()
+        if missing:
+            raise ValueError(missing)
+        if address is not None and (not isinstance(address, str) or not address.strip()):
+            raise ValueError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
+        if runtime_env is not None and not isinstance(runtime_env, dict):
+            raise ValueError(f"runtime_env must be a dict, got {runtime_env!r}")
+        if cpus_per_task is not None and cpus_per_task <= 0:
+            raise ValueError(f"cpus_per_task must be > 0, got {cpus_per_task}")
+        if mem_gb is not None and mem_gb <= 0:
+            raise ValueError(f"mem_gb must be > 0, got {mem_gb}")
+        if isinstance(forward_env, str) or not all(isinstance(n, str) and n for n in forward_env):
+            raise ValueError(f"forward_env must be a list of variable names, got {forward_env!r}")
+        if idle_timeout_s < 0:
+            raise ValueError(f"idle_timeout_s must be >= 0, got {idle_timeout_s}")
+        self.address = address.strip() if address else None
+        self.reuse_workers = reuse_workers
+        self.runtime_env = runtime_env
+        self.cpus_per_task = cpus_per_task
+        self.mem_gb = mem_gb
+        self.forward_env = tuple(forward_env)
+        self.idle_timeout_s = idle_timeout_s
+        self._kinds: dict[str, Any] = {}  # task id -> WorkerKind
+
+    # -- connecting ---------------------------------------------------------------------------------
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
+        unreachable = self._unreachable()
+        if unreachable:
+            raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
+        try:  # the modules that import ray
+            from orchestra.runners.ray.pool import RayPool
+            from orchestra.runners.ray.session import connect, route_cluster_messages
+        except ModuleNotFoundError as exc:
+            if exc.name != "ray" and not (exc.name or "").startswith("ray."):
+                raise  # not Ray missing: a real error, with its traceback
+            raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
+        from orchestra.runners.ray.backend import RaySession
+
+        connect(self.address, self.runtime_env)
+        self._kinds.clear()  # a task's kind is worked out afresh in each launch
+        session = RaySession(self.worker_kind, self.forward_env)  # its close() pairs the connect with a disconnect
+        try:
+            session.unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
+            stage = tasks[0].stage if tasks else "run"
+            prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
+            session.pool = RayPool(self.max_num_workers, self.reuse_workers, self.idle_timeout_s, ctx.events, prefix)
+            session.pool.tick()  # reads the nodes, for unfit
+        except BaseException:
+            session.close()
+            raise
+        return session
+
+    def _unreachable(self) -> str | None:
+        """Why the head of an address given as ``[ray://]host:port`` does not answer as a Ray head,
+        if it does not: nothing listens (Ray itself retries a dead address for minutes), or what
+        listens is no gRPC server (an HTTP server, the dashboard's port, a silent socket), where
+        ``ray.init`` would hang for 10+ minutes."""
+        if self.address is None or self.address == "auto":
+            return None
+        host, sep, port = self.address.removeprefix("ray://").rpartition(":")
+        if not sep or not port.isdigit():
+            return None  # another form Ray understands (or explains)
+        try:
+            conn = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S)
+        except OSError as exc:
+            return exc.strerror or str(exc) or type(exc).__name__
+        with conn:
+            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+                return None  # a TLS head: its handshake is Ray's to make
+            return _not_grpc(conn, self.address)
+
+    # -- resources ----------------------------------------------------------------------------------
+    def worker_kind(self, task: TaskSpec) -> Any:
+        """The :class:`~orchestra.runners.ray.pool.WorkerKind` of the actors that can run ``task``."""
+        kind = self._kinds.get(task.task_id)
+        if kind is None:
+            from orchestra.runners.ray.pool import WorkerKind
+
+            cpus = self.cpus_per_task if self.cpus_per_task is not None else max(1, task.num_procs)
+            memory = int(self.mem_gb * 1024**3) if self.mem_gb else 0
+            kind = self._kinds[task.task_id] = WorkerKind(task.worker_key or task.stage, float(cpus),
+                                                          float(task.num_gpus), memory)
+        return kind
+
+    def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
+        env = super().task_env(task, resources, attempt)
+        if task.num_gpus == 0:  # Ray sets CUDA_VISIBLE_DEVICES for GPU workers only: hide them from the rest
+            env["CUDA_VISIBLE_DEVICES"] = ""
+        return env
+
+
+
+__all__ = ["RayRunner", "ray_missing"]
+
+
+def _not_grpc(conn: socket.socket, address: str) -> str | None:
+    """Why what listens on ``conn`` is not a Ray head, or None if it speaks gRPC: a Ray head (the
+    GCS, or the Ray Client server of ``ray://``) answers the HTTP/2 preface with a SETTINGS frame."""
+    expected = ("a Ray head's gRPC port (the GCS port, 6379 by default; with ray:// the Ray Client port, "
+                "10001 by default)")
+    conn.settimeout(PROBE_TIMEOUT_S)
+    try:
+        conn.sendall(_H2_PREFACE)
+        head = b""
+        while len(head) < 9:
+            chunk = conn.recv(9 - len(head))
+            if not chunk:
+                break
+            head += chunk
+    except TimeoutError:
+        return f"what listens there said nothing within {PROBE_TIMEOUT_S:g} s; expected {expected}"
+    except OSError as exc:
+        return f"the connection failed ({exc.strerror or exc}); expected {expected}"
+    if len(head) == 9 and head[3] == 4 and head[5:9] == bytes(4):  # frame type SETTINGS, stream 0
+        return None
+    if head.startswith((b"HTTP/", b"<")):  # a status line, or an HTTP/0.9-style error page
+        seen = "an HTTP/1 server (a web server, or Ray's dashboard port?)"
+    elif not head:
+        seen = "a server that closed the connection without a word"
+    else:
+        seen = "a server that does not speak HTTP/2"
+    return f"{seen} listens there, not {expected}"

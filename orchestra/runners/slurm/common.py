@@ -1,0 +1,172 @@
+"""What the Slurm runner and its two launchers share: job options, job names, the launcher contract.
+
+The imports run one way: ``slurm.py`` (the runner) -> ``slurm_srun.py`` / ``slurm_batch.py``
+(the launchers) -> this module and ``slurm_state.py``.  Nothing here imports a launcher or the
+runner.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any
+
+from orchestra.runners.core.contract import Job, NoResources, Session
+from orchestra.runners.core.naming import job_name
+from orchestra.runners.core.stopping import BackgroundStops
+from orchestra.tasks.spec import TaskSpec
+
+LAUNCHERS = ("srun", "sbatch")
+_TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+
+
+def job_header(job_id: str) -> str:
+    """The bash that prints, inside a job, the header a task log gets for each attempt: which
+    job, node and GPUs it got and when it started (``job_id`` is a shell expression)."""
+    return ('printf "===== slurm: job %s on %s, CUDA_VISIBLE_DEVICES=%s, started %s\\n" '
+            f'"{job_id}" "${{SLURMD_NODENAME-?}}" "${{CUDA_VISIBLE_DEVICES-<unset>}}" "${{EPOCHREALTIME-?}}"')
+
+
+
+def time_limit_minutes(spec: int | str) -> int:
+    """Slurm's ``--time`` formats (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``) in
+    whole minutes, rounded up as Slurm does."""
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        if spec < 1:
+            raise ValueError(f"time_limit must be >= 1 minute, got {spec}")
+        return spec
+    m = _TIME_LIMIT.fullmatch(str(spec).strip())
+    if not m:
+        raise ValueError(
+            f"time_limit {spec!r}: expected minutes (int) or a Slurm time such as '30', '1:30:00', "
+            "'2-00:00:00'"
+        )
+    days, a, b, c = m.groups()
+    parts = [int(x) for x in (a, b, c) if x is not None]
+    if days is not None:  # D-H[:M[:S]]
+        h, mi, s = (parts + [0, 0])[:3]
+        seconds = ((int(days) * 24 + h) * 60 + mi) * 60 + s
+    elif len(parts) == 1:
+        seconds = parts[0] * 60
+    elif len(parts) == 2:  # M:S
+        seconds = parts[0] * 60 + parts[1]
+    else:
+        seconds = (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    if seconds < 1:
+        raise ValueError(f"time_limit {spec!r} must be at least one second")
+    return -(-seconds // 60)
+
+
+def mem_arg(mem_gb: float) -> str:
+    """``--mem``'s value for ``mem_gb`` GB: ``'4G'``, or whole MiB (``1.5`` -> ``'1536M'``)."""
+    return f"{int(mem_gb)}G" if float(mem_gb).is_integer() else f"{int(mem_gb * 1024)}M"
+
+
+def log_offset(path: str) -> int:
+    """The size of a task log now: where this attempt's output starts."""
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """What every job of one ``SlurmRunner`` asks Slurm for (see ``SlurmRunner`` for each field).
+
+    Build it with ``create``, which validates user input and names what is wrong.
+    """
+
+    partition: str | None = None
+    qos: str | None = None
+    gres: str = "gpu:{num_gpus}"
+    cpus_per_task: int | None = None
+    mem_gb: float | None = None
+    time_limit: str | None = None
+    extra_args: tuple[str, ...] = ()
+    cancel_timeout_s: float = 60.0
+
+    @classmethod
+    def create(cls, partition: str | None = None, qos: str | None = None, gres: str | None = None,
+               cpus_per_task: int | None = None, mem_gb: float | None = None, time_limit: int | str | None = None,
+               extra_args: list[str] | str | None = None, cancel_timeout_s: float = 60.0) -> SlurmOptions:
+        """Validated options; ``ValueError`` names the first bad one."""
+        for name, value in (("partition", partition), ("qos", qos)):
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if cpus_per_task is not None and (not isinstance(cpus_per_task, int) or cpus_per_task < 1):
+            raise ValueError(f"cpus_per_task must be an integer >= 1, got {cpus_per_task!r}")
+        if mem_gb is not None and mem_gb <= 0:
+            raise ValueError(f"mem_gb must be > 0, got {mem_gb!r}")
+        if cancel_timeout_s <= 0:
+            raise ValueError(f"cancel_timeout_s must be > 0, got {cancel_timeout_s}")
+        if time_limit is not None:
+            time_limit_minutes(time_limit)
+        gres = gres if gres is not None else cls.gres
+        try:
+            gres.format(num_gpus=1)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise ValueError(f"gres {gres!r}: only the field {{num_gpus}} may be used ({exc})") from None
+        if isinstance(extra_args, str):
+            extra_args = shlex.split(extra_args)
+        if extra_args is not None and not all(isinstance(a, str) for a in extra_args):
+            raise ValueError(f"extra_args must be a list of strings, got {extra_args!r}")
+        return cls(partition, qos, gres, cpus_per_task, mem_gb, str(time_limit) if time_limit is not None else None,
+                   tuple(extra_args or ()), cancel_timeout_s)
+
+    @property
+    def time_minutes(self) -> int | None:
+        """``time_limit`` in whole minutes (None: the partition's default)."""
+        return time_limit_minutes(self.time_limit) if self.time_limit is not None else None
+
+    def gres_for(self, task: TaskSpec) -> str | None:
+        """The ``--gres`` value of ``task``, or None when it needs no GPU."""
+        return self.gres.format(num_gpus=task.num_gpus) if task.num_gpus > 0 else None
+
+    def resource_args(self, task: TaskSpec) -> list[str]:
+        """The srun/sbatch options that say where ``task`` runs and what it gets (no ``extra_args``)."""
+        args = []
+        if self.partition:
+            args.append(f"--partition={self.partition}")
+        if self.qos:
+            args.append(f"--qos={self.qos}")
+        gres = self.gres_for(task)
+        if gres:
+            args.append(f"--gres={gres}")
+        if self.cpus_per_task:
+            args.append(f"--cpus-per-task={self.cpus_per_task}")
+        if self.mem_gb:
+            args.append(f"--mem={mem_arg(self.mem_gb)}")
+        if self.time_limit:
+            args.append(f"--time={self.time_limit}")
+        return args
+
+    def template_fields(self, task: TaskSpec) -> dict[str, Any]:
+        """The Slurm fields a ``template`` may use (empty where the cluster's default applies)."""
+        return {
+            "partition": self.partition or "",
+            "qos": self.qos or "",
+            "gres": self.gres_for(task) or "",
+            "cpus_per_task": self.cpus_per_task or "",
+            "mem_gb": self.mem_gb or "",
+            "time_limit": self.time_limit or "",
+        }
+
+
+class SlurmLauncher(Session):
+    """How jobs reach Slurm (srun processes or sbatch arrays): one launch's session.
+
+    Args:
+        options: what every job asks for.
+        tag: the run tag of the run folder (``run_tag``), the middle of every job name.
+        unfit: why no task can run (Slurm's commands missing), or None.
+    """
+
+    def __init__(self, options: SlurmOptions, tag: str, unfit: str | None = None) -> None:
+        self.options = options
+        self.tag = tag
+        self.resources = NoResources(unfit)
+        self.stops = BackgroundStops("slurm")  # scancel and wait for squeue to agree, off the loop
+
+    def name_of(self, job: Job) -> str:
+        """The Slurm job name of ``job`` (see ``job_name``)."""
+        return job_name(self.tag, job.task.task_id, job.attempt)

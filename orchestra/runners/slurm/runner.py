@@ -1,0 +1,206 @@
+"""Run tasks on a Slurm cluster: one ``srun`` per task, or sbatch job arrays.
+
+The scheduling loop (queue, ``max_num_workers``, retries, timeouts, cancellation, events) is the
+runner base's; this module only turns a task into a Slurm job and hands it to a launcher:
+
+* ``launcher='srun'`` (default): each attempt is a local ``srun ... <task argv>`` process in its
+  own process group (``slurm_srun.py``); its output streams into the task log and its exit code
+  is the task's.
+* ``launcher='sbatch'``: the attempts of one scheduling round that need the same resources are
+  submitted as one job array with plain ``sbatch --parsable`` (``slurm_batch.py``); one ``squeue``
+  call per poll round tells every job's state, so a job that dies without a result (hard exit,
+  ``scancel``, time limit) is seen without an accounting database.
+
+Either way every job is named ``orc-<run tag>-<task_id>-a<attempt>`` (arrays:
+``orc-<run tag>-<stage>``), ``CUDA_VISIBLE_DEVICES`` is left to Slurm (``--gres``), and
+cancelling returns only once ``squeue`` shows none of the jobs alive
+(``slurm_state.cancel_and_wait``).  Imports run one way: this module -> the launchers ->
+``slurm_common`` / ``slurm_state``; the launchers are imported only when a launch needs them.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from collections.abc import Sequence
+from typing import Any
+
+from orchestra.runners.core.command import Command, fill_template, forward_env_names
+from orchestra.runners.core.contract import Session
+from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.naming import job_name, run_tag
+from orchestra.runners.core.run import RunContext
+from orchestra.runners.slurm.common import (
+    LAUNCHERS,
+    SlurmLauncher,
+    SlurmOptions,
+    job_header,
+    time_limit_minutes,
+)
+from orchestra.tasks.kinds import task_argv
+from orchestra.tasks.spec import TaskSpec
+
+# srun: print the header, then exec the task; "$@" is the task's argv, never parsed by the shell.
+_SRUN_WRAPPER = job_header("${SLURM_JOB_ID-?}") + '; exec "$@"'
+
+
+class SlurmRunner(BaseRunner):
+    """Run each task as a Slurm job, through ``srun`` or sbatch job arrays.
+
+    Args:
+        partition: ``--partition`` (None: the cluster's default partition).
+        qos: ``--qos``.
+        gres: the ``--gres`` of a task that needs GPUs, with ``{num_gpus}`` filled from the task
+            (default ``'gpu:{num_gpus}'``; e.g. ``'gpu:a100:{num_gpus}'``).  Tasks without GPUs
+            request none, so Slurm hides every GPU from them.
+        cpus_per_task: ``--cpus-per-task`` (None: the cluster's default).
+        mem_gb: ``--mem`` in GB (None: the cluster's default).
+        time_limit: ``--time``: minutes, or a Slurm time string (``'1:30:00'``).  A job over it
+            ends ``TIMEOUT``; the task is retried (``retry``) and reported with that reason.
+        extra_args: more srun/sbatch options (a list, or a string split with shlex); for
+            ``launcher='sbatch'`` long options only (``--account=x``, ``--exclusive``).
+        launcher: ``'srun'`` (one local srun process per task) or ``'sbatch'`` (batch jobs; the
+            run folder must be on a filesystem the nodes share).
+        array: with ``launcher='sbatch'``, submit the jobs of one scheduling round that need the
+            same resources as one job array (False: one sbatch per job).
+        max_num_workers: jobs in flight (pending or running) at once.
+        retry: extra attempts for a task whose job failed, timed out, was cancelled or
+            preempted, or that did not write its outputs.
+        retry_backoff_s: first retry delay (doubles, with jitter).
+        timeout_s: wall-clock limit of one attempt as seen from here, queueing included
+            (prefer ``time_limit``).
+        poll_interval_s: how often jobs are checked (None: 0.1 s for srun, where it is a local
+            process check; 1 s for sbatch, where each check is one ``squeue`` call).
+        cancel_timeout_s: how long cancelling waits for ``squeue`` to show the jobs gone.
+        template: a command around ``{task_cmd}``.  One that starts with ``srun``
+            (``'srun -p {partition} --gres=gpu:{num_gpus} {task_cmd}'``) replaces the runner's
+            own srun line (launcher='srun' only; keep ``--job-name`` out of it); any other
+            (``'apptainer exec img.sif {task_cmd}'``) runs inside the job.
+        forward_env: names of the orchestrator's environment variables the job must get (e.g.
+            ``['HF_TOKEN']``).  Their values travel the way Slurm propagates an environment: in
+            srun's/sbatch's own environment, with ``--export=ALL`` made explicit, never in argv,
+            the job script or the logs.  Each must be set when the runner is built.  Without
+            ``forward_env`` Slurm's default still applies: with the cluster's default export
+            setting every variable of the orchestrator reaches the job.
+        infra_retry: attempts per task that may end for the cluster's sake (preempted, its node
+            failed or did not boot) and be retried without spending ``retry``.
+    """
+
+    template_fields = (
+        *BaseRunner.template_fields,
+        "partition", "qos", "gres", "cpus_per_task", "mem_gb", "time_limit", "job_name",
+    )
+
+    def __init__(
+        self,
+        partition: str | None = None,
+        qos: str | None = None,
+        gres: str | None = None,
+        cpus_per_task: int | None = None,
+        mem_gb: float | None = None,
+        time_limit: int | str | None = None,
+        extra_args: list[str] | str | None = None,
+        launcher: str = "srun",
+        array: bool = True,
+        max_num_workers: int = 32,
+        retry: int = 0,
+        retry_backoff_s: float = 1.0,
+        timeout_s: float | None = None,
+        poll_interval_s: float | None = None,
+        cancel_timeout_s: float = 60.0,
+        template: str | list[str] | None = None,
+        forward_env: list[str] | tuple[str, ...] = (),
+        infra_retry: int = 3,
+    ) -> None:
+        self.forward_env = forward_env_names(forward_env)
+        if self.forward_env:
+            extra = shlex.split(extra_args) if isinstance(extra_args, str) else list(extra_args or [])
+            if any(a == "--export" or a.startswith("--export=") for a in extra):
+                raise ValueError("forward_env needs Slurm to propagate the environment (--export=ALL): leave "
+                                 "--export out of extra_args")
+            extra_args = [*extra, "--export=ALL"]  # whatever SLURM_EXPORT_ENV/SBATCH_EXPORT say
+        if launcher not in LAUNCHERS:
+            raise ValueError(f"launcher must be one of {', '.join(map(repr, LAUNCHERS))}, got {launcher!r}")
+        if poll_interval_s is None:
+            poll_interval_s = 0.1 if launcher == "srun" else 1.0
+        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template,
+                         infra_retry)
+        self.options = SlurmOptions.create(partition, qos, gres, cpus_per_task, mem_gb, time_limit, extra_args,
+                                           cancel_timeout_s)
+        self.launcher = launcher
+        self.array = array
+        self._template_runs_srun = False
+        if template is not None:
+            probe = fill_template(template, ["true"], {k: "x" for k in self.template_fields})
+            self._template_runs_srun = os.path.basename(probe[0]) == "srun"
+            if self._template_runs_srun and launcher != "srun":
+                raise ValueError(
+                    "a template that starts with srun needs launcher='srun'; with launcher='sbatch' the "
+                    "template wraps the task inside the batch job (e.g. 'apptainer exec img.sif {task_cmd}')"
+                )
+        if launcher == "sbatch":
+            from orchestra.runners.slurm.batch import sbatch_long_options
+
+            sbatch_long_options(self.options.extra_args)  # validates now, not at the first submission
+        self._tag = ""
+
+    # -- what a job asks for ---------------------------------------------------------------------
+    def command_fields(self, task: TaskSpec, resources: dict[str, Any], log_path: str) -> dict[str, Any]:
+        return {**super().command_fields(task, resources, log_path), **self.options.template_fields(task)}
+
+    def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
+        env = super().task_env(task, resources, attempt)
+        env.pop("CUDA_VISIBLE_DEVICES", None)  # Slurm sets it from --gres; never override it
+        return env
+
+    def srun_args(self, task: TaskSpec, name: str) -> list[str]:
+        """The runner's own ``srun`` line for ``task`` (without the command)."""
+        return ["srun", f"--job-name={name}", "--nodes=1", "--ntasks=1", "--unbuffered",
+                *self.options.resource_args(task), *self.options.extra_args]
+
+    def get_command(self, task: TaskSpec, spec_path: str, resources: dict[str, Any], attempt: int = 1,
+                    log_path: str = "") -> Command:
+        # Outside a launch (--dry-run) the tag comes from the task's own run folder.
+        name = job_name(self._tag or run_tag(task.run_dir), task.task_id, attempt)
+        argv = task_argv(task.stage, spec_path)
+        if self.template is not None:
+            argv = fill_template(self.template, argv,
+                                 {**self.command_fields(task, resources, log_path), "job_name": name})
+        env = self.task_env(task, resources, attempt)
+        if self.launcher == "srun":
+            if self._template_runs_srun:
+                env["SLURM_JOB_NAME"] = name  # srun's input variable for --job-name: cancel finds the job
+            else:
+                argv = [*self.srun_args(task, name), "bash", "-c", _SRUN_WRAPPER, "orchestra-task", *argv]
+        return Command(tuple(argv), env)
+
+    # -- the backend ---------------------------------------------------------------------------------
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
+        self._tag = run_tag(ctx.paths.root)
+        unfit = self._check_tools()
+        launcher: SlurmLauncher
+        if self.launcher == "sbatch":
+            from orchestra.runners.core.ledger import Ledger
+            from orchestra.runners.slurm.batch import SbatchLauncher
+            from orchestra.runners.slurm.recover import recover
+
+            ledger = Ledger(ctx.paths.slurm_dir)
+            adopt = recover(ledger, tasks, self.options.cancel_timeout_s) if unfit is None else {}
+            launcher = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, adopt,
+                                      ctx.events)
+        else:
+            from orchestra.runners.slurm.srun import SrunLauncher
+
+            launcher = SrunLauncher(self.options, self._tag, unfit)
+        return launcher
+
+    def _check_tools(self) -> str | None:
+        needed = ["srun" if self.launcher == "srun" else "sbatch", "squeue", "scancel"]
+        missing = [tool for tool in needed if shutil.which(tool) is None]
+        if missing:
+            return f"{', '.join(missing)} not found in PATH: SlurmRunner must run where Slurm's commands are"
+        return None
+
+
+__all__ = ["LAUNCHERS", "SlurmRunner", "job_name", "run_tag", "time_limit_minutes"]

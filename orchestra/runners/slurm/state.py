@@ -1,0 +1,286 @@
+"""What Slurm says about jobs, without an accounting database, and the one way to cancel them.
+
+One ``squeue -h -t all -j IDS`` call answers for every job of a poll round (finished jobs stay
+visible for ``MinJobAge`` seconds).  ``sacct`` is asked only about jobs that squeue no longer
+knows, and its failure ("accounting storage is disabled") is an answer, not an error.
+``cancel_and_wait`` is how both launchers stop jobs: scancel, then wait for squeue to agree.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from orchestra.runners.core.cli import CallError, CallTimeout, call
+from orchestra.runners.core.contract import Exit
+
+#: states after which a job never runs again (anything else is still alive: PENDING, RUNNING,
+#: COMPLETING, CONFIGURING, SUSPENDED, REQUEUED, RESIZING, SIGNALING, STAGE_OUT, ...)
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "OUT_OF_MEMORY",
+    "BOOT_FAIL", "DEADLINE", "REVOKED", "SPECIAL_EXIT",
+})
+
+#: terminal states in which the cluster, not the task, ended the job (``Exit.infra``), and the words
+INFRA_STATES = {"PREEMPTED": "was preempted", "NODE_FAIL": "failed: its node failed",
+                "BOOT_FAIL": "failed: its node did not boot"}
+
+SLURM_CALL_TIMEOUT_S = 60.0
+_SQUEUE_FORMAT = "JobArrayID:|,State:|,exit_code:|,Reason:|"
+_PENDING_RANGE = re.compile(r"(\d+)_\[([0-9,\-]+)(?:%\d+)?\]")
+
+
+@dataclass(frozen=True)
+class JobInfo:
+    """One job's state as Slurm reports it.
+
+    Attributes:
+        job_id: ``"123"`` or, for an array task, ``"123_4"``.
+        state: Slurm's state name (``CANCELLED by 0`` is reduced to ``CANCELLED``).
+        wait_status: the raw wait status (``code << 8 | signal``), when known.
+        reason: Slurm's reason field (``TimeLimit``, ``NonZeroExitCode``, ...).
+    """
+
+    job_id: str
+    state: str
+    wait_status: int | None = None
+    reason: str = ""
+
+    @property
+    def terminal(self) -> bool:
+        return self.state in TERMINAL_STATES
+
+
+class SlurmCommandError(RuntimeError):
+    """A Slurm client command failed in a way that says nothing about the jobs."""
+
+
+def run_client(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run a Slurm client command (argv, no shell), bounded by ``SLURM_CALL_TIMEOUT_S``.
+
+    Raises ``SlurmCommandError`` when it cannot be started or does not answer in time.
+    """
+    try:
+        return call(argv, SLURM_CALL_TIMEOUT_S)  # its process group is killed on the deadline
+    except CallError as exc:
+        raise SlurmCommandError(str(exc)) from None
+    except CallTimeout:
+        raise SlurmCommandError(f"{argv[0]}: no answer within {SLURM_CALL_TIMEOUT_S:g} s") from None
+
+
+def _expand_pending(line_id: str) -> list[str]:
+    """``"12_[3-5,8%2]"`` (array tasks not yet started) -> ``["12_3", "12_4", "12_5", "12_8"]``."""
+    m = _PENDING_RANGE.fullmatch(line_id)
+    if not m:
+        return [line_id]
+    base, spec = m.group(1), m.group(2)
+    out: list[str] = []
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.extend(f"{base}_{i}" for i in range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+def parse_squeue(text: str) -> dict[str, JobInfo]:
+    """Parse ``squeue -h -O JobArrayID:|,State:|,exit_code:|,Reason:|`` output."""
+    infos: dict[str, JobInfo] = {}
+    for line in text.splitlines():
+        parts = line.split("|")
+        if len(parts) < 2 or not parts[0].strip():
+            continue
+        state = parts[1].strip().split()[0] if parts[1].strip() else "UNKNOWN"
+        status = parts[2].strip() if len(parts) > 2 else ""
+        reason = parts[3].strip() if len(parts) > 3 else ""
+        for job_id in _expand_pending(parts[0].strip()):
+            infos[job_id] = JobInfo(job_id, state, int(status) if status.isdigit() else None, reason)
+    return infos
+
+
+def squeue(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+    """The state of these jobs (array tasks included) in one call; jobs squeue forgot are absent.
+
+    Raises ``SlurmCommandError`` when squeue itself fails (e.g. the controller does not answer).
+    """
+    bases = sorted({j.split("_", 1)[0] for j in job_ids})
+    if not bases:
+        return {}
+    res = run_client(["squeue", "-h", "-t", "all", "-j", ",".join(bases), "-O", _SQUEUE_FORMAT])
+    if res.returncode != 0:
+        if "Invalid job id" in res.stderr:  # every id asked about is unknown: none to report
+            return {}
+        raise SlurmCommandError(f"squeue failed (exit {res.returncode}): {res.stderr.strip()}")
+    return parse_squeue(res.stdout)
+
+
+def squeue_by_name(names: Iterable[str]) -> dict[str, tuple[str, str]]:
+    """Jobs with one of these names: ``{job_id: (name, state)}`` (every state, one call)."""
+    wanted = sorted(set(names))
+    if not wanted:
+        return {}
+    res = run_client(["squeue", "-h", "-t", "all", "--name", ",".join(wanted), "-o", "%i|%j|%T"])
+    if res.returncode != 0:
+        raise SlurmCommandError(f"squeue failed (exit {res.returncode}): {res.stderr.strip()}")
+    out = {}
+    for line in res.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3:
+            for job_id in _expand_pending(parts[0]):
+                out[job_id] = (parts[1], parts[2])
+    return out
+
+
+def sacct(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+    """What accounting knows about jobs squeue forgot; ``{}`` where there is no accounting."""
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    try:
+        res = run_client(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
+    except SlurmCommandError:
+        return {}
+    if res.returncode != 0:
+        return {}  # "Slurm accounting storage is disabled": the caller decides what a gap means
+    infos = {}
+    for line in res.stdout.splitlines():
+        parts = line.split("|")
+        if len(parts) != 3 or parts[0] not in ids:
+            continue
+        code, _, sig = parts[2].partition(":")
+        status = (int(code) << 8 | int(sig or 0)) if code.isdigit() and (sig or "0").isdigit() else None
+        infos[parts[0]] = JobInfo(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", status)
+    return infos
+
+
+def scancel(job_ids: Iterable[str]) -> None:
+    """Cancel these jobs (one call); jobs that already ended are not an error."""
+    ids = sorted(set(job_ids))
+    if ids:
+        try:
+            run_client(["scancel", *ids])
+        except SlurmCommandError:
+            pass  # the caller waits and checks squeue; a failed scancel shows there
+
+
+RESCANCEL_AFTER_S = 2.0  # a job still alive this long after its scancel is sent another one
+_CANCEL_POLL_S = 0.2
+
+
+def _alive(job_ids: set[str], names: set[str]) -> dict[str, str] | None:
+    """``{job id: state}`` of the jobs still alive, by name when names are given; None: no answer."""
+    try:
+        if names:
+            found = squeue_by_name(names)
+            return {jid: state for jid, (_, state) in found.items() if state not in TERMINAL_STATES}
+        states = squeue(job_ids)  # asks by array id: other tasks of an array may be listed too
+    except SlurmCommandError:
+        return None
+    return {jid: states[jid].state for jid in job_ids if jid in states and not states[jid].terminal}
+
+
+def cancel_and_wait(job_ids: Iterable[str], timeout_s: float, *, names: Iterable[str] = (),
+                    busy: Callable[[], bool] | None = None) -> bool:
+    """scancel jobs and return once squeue shows none of them alive, or after ``timeout_s``.
+
+    Args:
+        job_ids: jobs to cancel now (``"123"``, ``"123_4"``).
+        timeout_s: the longest this waits.
+        names: also find jobs by these (unique) job names, each round: a job that appears
+            under one of them later, e.g. an srun allocation granted meanwhile, is cancelled too.
+        busy: while it returns True the wait goes on (e.g. local srun processes not yet exited).
+
+    Returns:
+        True when squeue showed every job gone (and ``busy`` was False) in time.
+    """
+    ids, wanted = set(job_ids), set(names)
+    deadline = time.monotonic() + timeout_s
+    sent: dict[str, float] = {}  # job id -> when its last scancel was sent
+    if ids:
+        scancel(ids)
+        sent.update(dict.fromkeys(ids, time.monotonic()))
+    while True:
+        alive = _alive(ids, wanted) if ids or wanted else {}
+        if alive is not None:
+            now = time.monotonic()
+            # COMPLETING jobs are already ending: a second scancel would only add noise.
+            again = [j for j, state in alive.items()
+                     if j not in sent or (now - sent[j] > RESCANCEL_AFTER_S and state != "COMPLETING")]
+            if again:
+                scancel(again)
+                sent.update(dict.fromkeys(again, now))
+            if not alive and not (busy is not None and busy()):
+                return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_CANCEL_POLL_S)
+
+
+def describe_status(wait_status: int | None) -> tuple[int, str]:
+    """A raw wait status as ``(exit code, words)``: ``(3, "exit code 3")``, ``(-9, "signal SIGKILL")``."""
+    if wait_status is None:
+        return -1, "exit status unknown"
+    code, sig = wait_status >> 8, wait_status & 0x7F
+    if sig:
+        return -sig, f"signal {_signal_name(sig)}"
+    return code, f"exit code {code}"
+
+
+def _signal_name(sig: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def exit_of(info: JobInfo, time_limit: str | None, mem_gb: float | None) -> Exit:
+    """How a job in a terminal state ended, with a reason the run summary can show."""
+    code, status = describe_status(info.wait_status)
+    job = f"Slurm job {info.job_id}"
+    if info.state == "COMPLETED":
+        return Exit(code if code != 0 else 0, "" if code == 0 else f"{job} completed with {status}")
+    if info.state == "TIMEOUT":
+        return Exit(-1, f"Slurm time limit (time_limit={time_limit or 'partition default'}) reached by {job}")
+    if info.state == "CANCELLED":
+        return Exit(-1, f"{job} was cancelled (scancel) after it was submitted")
+    if info.state in INFRA_STATES:  # the cluster's doing, not the task's: retried without spending retry
+        return Exit(-1, f"{job} {INFRA_STATES[info.state]}", infra=True)
+    if info.state == "OUT_OF_MEMORY":
+        return Exit(-1, f"{job} ran out of memory (mem_gb={mem_gb if mem_gb is not None else 'default'})")
+    if info.state == "FAILED":
+        return Exit(code if code else 1, f"{job} failed with {status}")
+    return Exit(-1, f"{job} ended {info.state} ({info.reason or status})")
+
+
+# -- what srun writes to its stderr --------------------------------------------------------------
+_STEP_LINE = re.compile(r"\*\*\* (?:STEP|JOB) (\d+)(?:\.\w+)? ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+_ALLOC_ERROR = re.compile(r"srun: error: (?:Unable to allocate resources|.*allocation failure): (.+)")
+HEADER_JOB = re.compile(r"===== slurm: job (\d+)")
+
+
+def srun_exit(code: int, log_tail: str, time_limit: str | None) -> Exit:
+    """How an ``srun`` that exited ``code`` ended, from what srun and slurmstepd wrote to its log."""
+    m = _ALLOC_ERROR.search(log_tail)
+    if m:
+        return Exit(code or 1, f"srun could not allocate the job: {m.group(1).strip()}")
+    header = HEADER_JOB.search(log_tail)
+    for m in _STEP_LINE.finditer(log_tail):
+        job = f"Slurm job {m.group(1)}"
+        why = (m.group(2) or "").strip()
+        if why == "TIME LIMIT":
+            return Exit(code or -1, f"Slurm time limit (time_limit={time_limit or 'partition default'}) "
+                                    f"reached by {job}")
+        if why == "PREEMPTION":
+            return Exit(code or -1, f"{job} was preempted", infra=True)
+        if why == "NODE FAILURE":
+            return Exit(code or -1, f"{job} failed: its node failed", infra=True)
+        return Exit(code or -1, f"{job} was cancelled (scancel) after it was submitted")
+    if "oom-kill" in log_tail or "Exceeded job memory limit" in log_tail:
+        return Exit(code, "out of memory (Slurm's memory limit)")
+    if code < 0:
+        return Exit(code, f"srun killed by signal {_signal_name(-code)}")
+    where = f" (Slurm job {header.group(1)})" if header else ""
+    return Exit(code, f"exit code {code}{where}")

@@ -1,0 +1,60 @@
+"""What the runner suites share to drive the real CLI and read a run folder back.
+
+``run_cli`` / ``start_cli`` run ``python run.py ARGS`` from the repository root (the suites add
+their own environment: a DLC double on PATH, Ray's settings); ``events`` reads the run's event
+log through ``orchestra.events.read_events``; the rest read a run folder's outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestra.events import read_events
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli_argv(*args: str | Path) -> list[str]:
+    return [sys.executable, "run.py", *map(str, args)]
+
+
+def run_cli(*args: str | Path, timeout: float = 240, env: dict[str, str] | None = None
+            ) -> subprocess.CompletedProcess[str]:
+    """Run the CLI to its end (``env``: the whole environment, None: ours)."""
+    return subprocess.run(cli_argv(*args), cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def start_cli(*args: str | Path, env: dict[str, str] | None = None, new_session: bool = False
+              ) -> subprocess.Popen[str]:
+    """Start the CLI in the background (``new_session``: in its own session, as in a terminal)."""
+    return subprocess.Popen(cli_argv(*args), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=new_session)
+
+
+def events(run: Path) -> list[dict[str, Any]]:
+    """The run's events, oldest first ([] before the run wrote any)."""
+    return read_events(str(run / "events.jsonl"))
+
+
+def jsonl(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file such as a job ledger ([] when it does not exist)."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def run_dirs(work: Path) -> list[Path]:
+    """The run folders under a ``work_dir``, oldest first."""
+    return sorted(p for p in work.iterdir() if p.is_dir()) if work.exists() else []
+
+
+def summary_rows(run: Path) -> dict[tuple[str, str], dict]:
+    summary = json.loads((run / "summary/summary.json").read_text())
+    return {(r["dataset"], r["metric"]): {k: v for k, v in r.items() if k not in ("dataset", "metric")}
+            for r in summary["rows"]}
+
+
+def predictions(run: Path) -> dict[str, str]:
+    return {str(p.relative_to(run)): p.read_text() for p in sorted((run / "predictions").rglob("*.jsonl"))}

@@ -1,0 +1,49 @@
+"""``core.cli.call``, the one external-client call of the Slurm and DLC backends: real processes."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from orchestra.runners.core.cli import CallError, CallTimeout, call
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split()[2] != "Z"
+
+
+def test_an_answer_comes_back_with_its_code_and_both_streams() -> None:
+    res = call(["sh", "-c", "echo out; echo err >&2; exit 3"], 10)
+    assert (res.returncode, res.stdout, res.stderr) == (3, "out\n", "err\n")
+
+
+def test_a_client_that_cannot_start_is_one_error() -> None:
+    with pytest.raises(CallError, match="cannot run /nonexistent/sbatch"):
+        call(["/nonexistent/sbatch"], 10)
+
+
+def test_past_its_deadline_the_whole_process_group_is_killed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild"
+    t0 = time.monotonic()
+    with pytest.raises(CallTimeout) as info:  # a wrapper whose child hangs: both must go
+        call(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; wait"], 0.5)
+    assert not info.value.aborted and time.monotonic() - t0 < 5
+    assert not alive(int(pidfile.read_text()))
+
+
+def test_a_stop_kills_the_call_after_its_grace() -> None:
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(CallTimeout) as info:
+        call(["sleep", "300"], 60, abort=stop, abort_grace_s=0.3)
+    assert info.value.aborted and time.monotonic() - t0 < 5

@@ -1,0 +1,221 @@
+"""DLCRunner through the real CLI against the double: results, logs, and every fault of the contract."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from dlc_helpers import (
+    Double,
+    aliyun_cfg,
+    dlc_runner,
+    events,
+    ledger,
+    predictions,
+    run_cli,
+    run_dirs,
+    summary_rows,
+    write_aliyun_file,
+    write_config,
+)
+
+REPO = Path(__file__).resolve().parents[3]
+MANY_LINES = ["bash", "-c", 'seq 1 5000 | sed s/^/line-/; printf "tab\\there\\n"; exec "$@"', "x", "{task_cmd}"]
+
+
+def only_run(folder: Path) -> Path:
+    (run,) = run_dirs(folder / "out")
+    return run
+
+
+def task_events(run: Path, event: str) -> list[dict]:
+    return [e for e in events(run) if e["event"] == event]
+
+
+# -- results ----------------------------------------------------------------------------------------
+def test_demo_through_dlc_equals_local_runner(double: Double, tmp_path: Path) -> None:
+    """configs/eval_demo.py with --dlc (an aliyun config file, as OpenCompass users pass it) gives the
+    very same predictions and table as with its own LocalRunner."""
+    aliyun = write_aliyun_file(tmp_path, dlc_sleep_time=0.2)
+    res = run_cli(double.state, "configs/eval_demo.py", "--dlc", "--aliyun-cfg", aliyun, "-w", tmp_path / "dlc")
+    assert res.returncode == 0, res.stderr[-3000:]
+    local = run_cli(double.state, "configs/eval_demo.py", "-w", tmp_path / "local")
+    assert local.returncode == 0, local.stderr[-3000:]
+    (dlc_run,), (local_run,) = run_dirs(tmp_path / "dlc"), run_dirs(tmp_path / "local")
+    assert summary_rows(dlc_run) == summary_rows(local_run)
+    assert predictions(dlc_run) == predictions(local_run)
+    names = double.names()
+    assert len(names) == 4 and all(n.startswith("orc-") for n in names.values())  # 2 infer + 2 eval jobs
+    assert not double.alive() and not double.calls("stop")  # the eval stage beside infer stopped nothing
+    assert {e["state"] for e in ledger(dlc_run)} == {"submitting", "submitted", "ended"}
+    started = [e for e in events(dlc_run) if e["event"] == "started"]
+    assert all(e["where"]["dlc_job_name"] in names.values() for e in started)
+    for spec in map(double.spec, double.job_ids()):
+        flags = spec["flags"]
+        assert (flags["workspace_id"], flags["resource_id"], flags["data_sources"]) == ("ws1", "quota1", "d-shared")
+        assert flags["config"].endswith("dlc config.ini")
+    saved = (dlc_run / "config.py").read_text()
+    assert "orchestra.runners.dlc.DLCRunner" in saved and "quota1" in saved
+
+
+def test_gpus_cpus_memory_and_the_older_client(double: Double, tmp_path: Path) -> None:
+    (tmp_path / "aliyun.json").write_text(json.dumps(aliyun_cfg(tmp_path, dlc_job_cmd="create", priority=4)))
+    cfg = write_config(tmp_path, dlc_runner(tmp_path), tasks=1, gpus=2)
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    flags = {double.spec(j)["flags"]["name"].split("-", 2)[2]: double.spec(j)["flags"] for j in double.job_ids()}
+    infer, ev = flags["infer_det_rows-a1"], flags["eval_det_rows-a1"]
+    assert (infer["worker_gpu"], infer["worker_cpu"], infer["worker_memory"]) == ("2", "16", "256Gi")
+    assert (ev["worker_gpu"], ev["worker_cpu"], ev["worker_memory"]) == ("0", "12", "192Gi")
+    assert infer["kind"] == "PyTorchJob" and infer["worker_count"] == "1" and infer["priority"] == "4"
+    assert {c["verb"] for c in double.calls("create")} == {"create job"}
+
+
+def test_paths_with_spaces_quotes_and_dollars(double: Double, tmp_path: Path) -> None:
+    folder = tmp_path / "a b'c $HOME; d"
+    folder.mkdir()
+    cfg = write_config(folder, dlc_runner(folder), tasks=2)
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert summary_rows(only_run(folder))[("rows", "numeric_match")] == {"det": 1.0}
+
+
+@pytest.mark.parametrize("skew_s", [-30.0, 30.0])
+def test_logs_are_copied_whole_and_once(double: Double, tmp_path: Path, skew_s: float) -> None:
+    """5,000 lines in one second (the CLI caps an answer at 2,000), ingested 0.4 s late, on a service
+    whose clock is 30 s off ours: the task log holds each line once, in order, up to the last."""
+    double.faults(log_lag_s=0.4, skew_s=skew_s)
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, log_settle_s=1.0, template=MANY_LINES), tasks=1,
+                       model=", load_s=1.5")
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    log = (only_run(tmp_path) / "logs/infer/infer_det_rows.log").read_text().splitlines()
+    numbered = [line for line in log if line.startswith("line-")]
+    assert numbered == [f"line-{i}" for i in range(1, 5001)]
+    assert "tab\there" in log
+    end = log.index("===== orchestra: task exited with code 0")
+    assert log[end - 1] == "[infer_det_rows] done" and log[end + 1].startswith("===== dlc: job dlc")
+    assert "ended Succeeded" in log[end + 1]
+    logs_calls = double.calls("logs")
+    assert any(c["argv"][c["argv"].index("--max_events_num") + 1] == "100000" for c in logs_calls)
+
+
+# -- faults -------------------------------------------------------------------------------------------
+def test_failing_and_garbled_submits_are_retried_without_spending_retries(double: Double, tmp_path: Path) -> None:
+    double.faults(rules=[{"match": "rows_0", "times": 2, "submit": "fail"},
+                         {"match": "rows_1", "times": 1, "submit": "garbled"}])
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, retry=0), tasks=2)
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = only_run(tmp_path)
+    done = {e["task_id"]: e["attempt"] for e in task_events(run, "done")}
+    assert done == {"infer_det_rows_0": 3, "infer_det_rows_1": 2, "eval_det_rows": 1}
+    retries = task_events(run, "retry")
+    assert len(retries) == 3 and all(e["infra"] for e in retries)
+    assert any("no job id" in e["reason"] for e in retries)
+    assert any("[FAILED] code: 500" in e["reason"] for e in retries)
+    assert len(task_events(run, "dlc_submit_failed")) == 3
+    assert Counter(c["verb"] for c in double.calls("submit"))["submit pytorchjob"] == 6  # 3 tasks + 3 failed
+    assert len(double.job_ids()) == 3 and not double.alive()
+
+
+def test_transient_get_answers_are_tolerated(double: Double, tmp_path: Path) -> None:
+    double.faults(get_ok_prefix=True, get_garbled_every=3, get_failed_every=4)
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, retry=0, infra_retry=0), tasks=3, model=", load_s=1")
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = only_run(tmp_path)
+    assert not task_events(run, "retry") and len(task_events(run, "done")) == 4
+    assert len(double.job_ids()) == 4
+
+
+def test_a_job_stuck_in_the_queue_is_stopped_and_resubmitted(double: Double, tmp_path: Path) -> None:
+    double.faults(rules=[{"match": "rows_1", "times": 1, "queue_s": 3600}])
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, queue_timeout_s=1.0), tasks=2)
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = only_run(tmp_path)
+    (retry,) = task_events(run, "retry")
+    assert retry["infra"] and "still Queuing after queue_timeout_s=1 s; stopped it" in retry["reason"]
+    (stopped,) = task_events(run, "dlc_stopped")
+    assert stopped["reason"].startswith("queue_timeout_s") and stopped["status"] == "Stopped"
+    assert [s["Status"] for s in double.jobs().values()].count("Stopped") == 1
+    states = [r["state"] for r in ledger(run) if r["job_id"] == stopped["job_id"]]
+    assert states == ["submitted", "stop_sent", "stopped"]
+
+
+def test_queue_timeouts_fail_the_task_once_the_budget_is_spent(double: Double, tmp_path: Path) -> None:
+    double.faults(rules=[{"match": "infer", "queue_s": 3600}])
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, queue_timeout_s=0.5, infra_retry=1, retry=0), tasks=1)
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 1
+    assert "FAILED: infer task infer_det_rows (DLC job dlc" in res.stderr
+    assert "still Queuing after queue_timeout_s=0.5 s; stopped it" in res.stderr
+    assert len(double.job_ids()) == 2 and not double.alive()  # one infra retry, then failed; eval skipped
+
+
+@pytest.mark.parametrize("fault", [{"preempt_after_s": 0.6, "reason_code": "PodPreempted"}, {"env_fail": True}])
+def test_platform_failures_are_retried_without_spending_retries(double: Double, tmp_path: Path,
+                                                                fault: dict) -> None:
+    double.faults(rules=[{"match": "infer", "times": 1, **fault}])
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, retry=0), tasks=1, model=", load_s=1.5")
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = only_run(tmp_path)
+    (retry,) = task_events(run, "retry")
+    code = "PodPreempted" if "preempt_after_s" in fault else "ImagePullBackOff"
+    assert retry["infra"] and f"Failed ({code}" in retry["reason"] and "before the task finished" in retry["reason"]
+    (first, *_) = [e for e in task_events(run, "dlc_ended") if e["attempt"] == 1]
+    assert (first["status"], first["reason_code"], first["exit_code"]) == ("Failed", code, None)
+    log = (run / "logs/infer/infer_det_rows.log").read_text()
+    assert "no task exit code recorded" in log and "attempt 1 failed (infrastructure)" in log
+
+
+def test_a_task_that_fails_for_real_names_its_log_tail(double: Double, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, retry=1, infra_retry=3), tasks=1,
+                       model=", fail_always=True")
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 1
+    line = next(x for x in res.stderr.splitlines() if x.startswith("FAILED: infer task"))
+    assert "exit code 1; DLC job dlc" in line and "Failed (JobFailed" in line
+    assert "log tail:" in line and "configured to fail (fail_always=True)" in line
+    run = only_run(tmp_path)
+    (retry,) = task_events(run, "retry")
+    assert "infra" not in retry  # a real failure spends the task's retry
+    assert [e["exit_code"] for e in task_events(run, "dlc_ended")] == [1, 1]
+    assert len(double.job_ids()) == 2 and not double.alive()
+
+
+def test_no_dlc_client_fails_every_task_with_the_reason(double: Double, tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, dlc_bin="/nonexistent/dlc"), tasks=1)
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 1
+    assert "'/nonexistent/dlc' not found or not executable" in res.stderr
+
+
+# -- the command line -----------------------------------------------------------------------------------
+def test_dlc_switch_errors_are_one_line(double: Double, tmp_path: Path) -> None:
+    cases = [
+        (["--dlc", "--aliyun-cfg", tmp_path / "none.cfg"], "--dlc needs an aliyun config file"),
+        (["--aliyun-cfg", tmp_path / "x.cfg"], "--aliyun-cfg needs --dlc"),
+        (["--dlc", "--slurm", "-p", "x"], "--dlc and --slurm exclude each other"),
+    ]
+    bad = tmp_path / "bad.cfg"
+    bad.write_text("workspace_id = 'w'\nresource_id = 'r'\nworker_image = 'i'\nconda_env = 'x'\n")
+    cases.append((["--dlc", "--aliyun-cfg", bad], "aliyun_cfg: unknown key 'conda_env'; valid keys: "))
+    for args, words in cases:
+        res = run_cli(double.state, "configs/eval_demo.py", *args, "-w", tmp_path / "w")
+        assert res.returncode == 2, (args, res.stderr)
+        assert words in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert not double.calls()
+
+
+def test_dry_run_prints_the_submissions_and_calls_nothing(double: Double, tmp_path: Path) -> None:
+    aliyun = write_aliyun_file(tmp_path)
+    res = run_cli(double.state, "configs/eval_demo.py", "--dlc", "--aliyun-cfg", aliyun, "--dry-run",
+                  "-w", tmp_path / "w")
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("$ dlc submit pytorchjob --command ") == 4 and "runner DLCRunner" in res.stdout
+    assert not double.calls()

@@ -1,0 +1,220 @@
+"""RayRunner without a cluster: Ray stays unimported until a launch, a missing Ray or a bad option
+is one line, and the embedded default (``address=None``) runs a whole evaluation on a local Ray
+that is gone when the run ends."""
+
+from __future__ import annotations
+
+import contextlib
+import http.server
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import REPO, ray_env
+from ray_helpers import events, outputs, run_cli, run_dir, stage_events, write_config
+
+pytestmark = pytest.mark.ray
+
+
+def python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60,
+                          env={**ray_env(), **(env or {})})
+
+
+def test_the_orchestrator_and_a_built_ray_runner_never_import_ray() -> None:
+    # .importlinter lets runners/ray/pool.py and session.py import ray; this checks nothing imports that module early
+    res = python(
+        "import sys\n"
+        "import orchestra, orchestra.api, orchestra.cli.main, orchestra.runners, orchestra.planner\n"
+        "from orchestra.registry import RUNNERS\n"
+        "runner = RUNNERS.resolve('RayRunner', 'test')(address='auto', max_num_workers=2)\n"
+        "mine = ('orchestra.runners.ray.pool', 'orchestra.runners.ray.session')\n"
+        "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', *mine))))\n"
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "[]"
+
+
+@pytest.fixture
+def no_ray(tmp_path: Path) -> dict[str, str]:
+    """The environment of a Python where ``import ray`` fails as on a machine without it."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(
+        "import sys\n"
+        "class _NoRay:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ModuleNotFoundError(f\"No module named {name!r}\", name=name)\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _NoRay())\n"
+    )
+    return {"PYTHONPATH": f"{site}{os.pathsep}{ray_env()['PYTHONPATH']}"}
+
+
+def test_missing_ray_is_one_line_naming_the_extra(tmp_path: Path, no_ray: dict[str, str]) -> None:
+    cfg = write_config(tmp_path, "type=RayRunner, address='auto'")
+    res = run_cli(cfg, env=no_ray)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"orchestra: error: {cfg}: infer.runner: RayRunner needs Ray, which is not installed: "
+        "pip install 'orchestra[ray]'"
+    ]
+    assert not (tmp_path / "out").exists()  # refused before a run folder was made
+    # a LocalRunner config runs on the same machine as ever
+    local = write_config(tmp_path / "local", "type=LocalRunner")
+    assert run_cli(local, "--dry-run", env=no_ray).returncode == 0
+
+
+def test_launch_without_ray_is_a_user_error_naming_the_extra() -> None:
+    # built where Ray is found, launched where it is not (it went away, or a broken install)
+    res = python(
+        "import sys\n"
+        "from orchestra.errors import UserError\n"
+        "from orchestra.runners.ray.runner import RayRunner\n"
+        "runner = RayRunner(address='auto')\n"
+        "class NoRay:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'ray' or name.startswith('ray.'):\n"
+        "            raise ModuleNotFoundError(f'No module named {name!r}', name=name)\n"
+        "sys.meta_path.insert(0, NoRay())\n"
+        "try:\n"
+        "    runner.launch([], None)\n"
+        "except UserError as exc:\n"
+        "    print(exc)\n"
+    )
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("RayRunner needs Ray: pip install 'orchestra[ray]'"), res.stdout
+
+
+@pytest.mark.parametrize("option, message", [
+    ("address=' '", "address must be None, 'auto', 'host:port' or 'ray://host:port', got ' '"),
+    ("address=6379", "infer.runner.address: expected str | None, got int 6379"),
+    ("mem_gb=0", "mem_gb must be > 0, got 0"),
+    ("forward_env='OPENAI_API_KEY'", "forward_env: expected list[str] | tuple[str, ...], got str"),
+    ("infra_retry=-1", "infra_retry must be an integer >= 0, got -1"),
+    ("template='numactl {task_cmd}'", "unknown key 'template'"),
+])
+def test_bad_option_is_one_line(tmp_path: Path, option: str, message: str) -> None:
+    cfg = write_config(tmp_path, f"type=RayRunner, {option}")
+    res = run_cli(cfg, "--dry-run")
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1 and message in res.stderr, res.stderr
+
+
+def test_dry_run_shows_each_task_and_connects_to_nothing(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "type=RayRunner, address='ray://nowhere.invalid:10001'")
+    res = run_cli(cfg, "--dry-run")
+    assert res.returncode == 0, res.stderr
+    assert "runner RayRunner (max_num_workers=32, retry=0)" in res.stdout
+    assert "-m orchestra.tasks.infer" in res.stdout
+
+
+def test_unreachable_cluster_is_one_line_at_once(tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, "type=RayRunner, address='127.0.0.1:9'")  # nothing listens on port 9
+    res = run_cli(cfg, "--mode", "infer", timeout=60)  # Ray alone would retry for minutes
+    assert res.returncode == 2, res.stderr[-2000:]
+    assert ("orchestra: error: RayRunner could not connect to the Ray cluster at 127.0.0.1:9: Connection refused\n"
+            in res.stderr), res.stderr
+
+
+@pytest.mark.slow
+def test_local_default_runs_the_evaluation_and_stops_its_ray(tmp_path: Path) -> None:
+    """``address=None``: a Ray started on this machine for the run, shared by both stages, gone
+    when the run ends."""
+    on_ray = write_config(tmp_path / "ray", "type=RayRunner, max_num_workers=2", model=", load_s=0.2",
+                          eval_runner="dict(type=RayRunner, task=dict(type=EvalTask))")
+    local = write_config(tmp_path / "local", "type=LocalRunner, max_num_workers=2", model=", load_s=0.2")
+    proc = subprocess.Popen([sys.executable, "run.py", str(on_ray)], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ray_env(), start_new_session=True)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err[-3000:]
+    assert run_cli(local).returncode == 0
+    run = run_dir(tmp_path / "ray")
+    assert outputs(run) == outputs(run_dir(tmp_path / "local"))
+    assert len(stage_events(run, "infer", "done")) == 5 and len(stage_events(run, "eval", "done")) == 2
+    clusters = [e for e in events(run) if e["event"] == "ray_cluster"]
+    assert [c["nodes"] for c in clusters] == [1, 1]
+    assert clusters[0]["gcs_address"] and clusters[0]["gcs_address"] == clusters[1]["gcs_address"]  # one Ray
+    # nothing of the run's Ray outlives it: not its workers, not Ray's own processes (they share
+    # the orchestrator's process group)
+    pids = {e["pid"] for e in events(run) if e["event"] == "worker_ready"}
+    assert pids and not [p for p in pids if os.path.exists(f"/proc/{p}")]
+    group = subprocess.run(["ps", "-o", "pid=,args=", "-g", str(proc.pid)], capture_output=True, text=True).stdout
+    assert group.strip() == "", group
+
+
+def test_ray_client_start_failure_is_tried_again_then_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The head's client server sometimes fails to start a client's server ("Initialization failure
+    from server:" and nothing more): the connection is tried again, and in the end is one line."""
+    from orchestra.errors import UserError
+    from orchestra.runners.ray import session as ray_session
+
+    calls: list[str] = []
+
+    def init(address: str, **_: object) -> None:
+        calls.append(address)
+        if len(calls) < 3:
+            raise ConnectionAbortedError("Initialization failure from server:\n")
+
+    monkeypatch.setattr(ray_session.ray, "init", init)
+    monkeypatch.setattr(ray_session.time, "sleep", lambda s: None)
+    ray_session._ray_init("ray://h:10001", "ray://h:10001", None)  # the third try connects
+    assert calls == ["ray://h:10001"] * 3
+    calls.clear()
+    monkeypatch.setattr(ray_session, "CLIENT_INIT_TRIES", 2)
+    with pytest.raises(UserError) as err:
+        ray_session._ray_init("ray://h:10001", "ray://h:10001", None)
+    assert len(calls) == 2
+    assert str(err.value) == ("RayRunner could not connect to the Ray cluster at ray://h:10001: Initialization "
+                              "failure from server: no reason given (the head's logs/ray_client_server*.err may "
+                              "say more)")
+    calls.clear()
+    with pytest.raises(UserError):  # not Ray Client: no second try
+        ray_session._ray_init("h:6379", "h:6379", None)
+    assert calls == ["h:6379"]
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_error(404)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.mark.parametrize("kind", ["http", "silent", "http-ray-client"])
+def test_an_address_where_no_ray_head_listens_is_one_line_in_seconds(tmp_path: Path, kind: str) -> None:
+    """An HTTP server (as on Ray's dashboard port) or a socket that accepts and says nothing, at the
+    address of RayRunner: one line naming the address and what was expected, exit 2, in seconds (Ray
+    alone hangs there for 10+ minutes)."""
+    with contextlib.ExitStack() as stack:
+        if kind == "silent":
+            listener = stack.enter_context(socket.create_server(("127.0.0.1", 0)))
+            held: list[socket.socket] = []
+            accepting = threading.Thread(target=lambda: held.append(listener.accept()[0]), daemon=True)
+            accepting.start()
+            port = listener.getsockname()[1]
+        else:
+            server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+            stack.callback(server.server_close)
+            stack.callback(server.shutdown)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+            port = server.server_address[1]
+        address = f"{'ray://' if kind == 'http-ray-client' else ''}127.0.0.1:{port}"
+        cfg = write_config(tmp_path, f"type=RayRunner, address={address!r}")
+        start = time.monotonic()
+        res = run_cli(cfg, "--mode", "infer", timeout=120)
+        took = time.monotonic() - start
+    assert res.returncode == 2, res.stderr[-2000:]
+    errors = [line for line in res.stderr.splitlines() if "error" in line]
+    assert len(errors) == 1 and errors[0] == res.stderr.strip().splitlines()[-1], res.stderr
+    assert errors[0].startswith(f"orchestra: error: RayRunner could not connect to the Ray cluster at {address}: ")
+    assert "expected a Ray head's gRPC port" in errors[0] or "not a Ray head's gRPC port" in errors[0], errors[0]
+    assert ("HTTP/1 server" if kind != "silent" else "said nothing within") in errors[0]
+    assert took < 60, took  # a hang guard only (the probe gives up after 3 s)

@@ -1,0 +1,77 @@
+"""A real single-node Slurm cluster for tests, started by tools/slurm_cluster.sh.
+
+The `slurm_cluster` fixture reuses a cluster that already answers, or starts one. It never
+stops a cluster it did not start, and by default it also leaves running one it did start:
+other test sessions on the same machine may be using it (it costs ~20 MiB and restarts in
+under a second). Set ORCHESTRA_SLURM_STOP=1 to stop the cluster this session started.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "slurm_cluster.sh"
+DEFAULT_STATE_DIR = Path("/tmp/orchestra-slurm")
+START_TIMEOUT_S = 300  # a first start may install the apt packages
+
+
+@dataclasses.dataclass(frozen=True)
+class SlurmCluster:
+    """Where the test cluster lives and what it offers."""
+
+    state_dir: Path
+    conf: Path
+    partitions: tuple[str, ...]
+    default_partition: str
+    gpu_partition: str
+    num_gpus: int
+    started_here: bool
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "slurm: needs the local Slurm cluster (tools/slurm_cluster.sh, root)")
+
+
+def _script(command: str, env: dict[str, str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        ["bash", str(SCRIPT), command], env=env, capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[SlurmCluster]:
+    """The local Slurm cluster, with SLURM_CONF exported to this process and its children."""
+    if os.geteuid() != 0:
+        pytest.fail(f"the slurm tests need root to run {SCRIPT} (munged, slurmctld, slurmd); uid={os.geteuid()}")
+    state_dir = Path(os.environ.get("ORCHESTRA_SLURM_DIR", DEFAULT_STATE_DIR)).absolute()
+    env = {**os.environ, "ORCHESTRA_SLURM_DIR": str(state_dir)}
+    started_here = False
+    if _script("status", env, timeout_s=30).returncode != 0:
+        result = _script("start", env, timeout_s=START_TIMEOUT_S)
+        if result.returncode != 0:
+            pytest.fail(
+                f"{SCRIPT} start failed (exit {result.returncode}); logs in {state_dir / 'log'}\n"
+                f"{result.stdout}{result.stderr}"
+            )
+        started_here = True
+    cluster = SlurmCluster(
+        state_dir=state_dir,
+        conf=state_dir / "slurm.conf",
+        partitions=("debug", "gpu"),
+        default_partition="debug",
+        gpu_partition="gpu",
+        num_gpus=4,
+        started_here=started_here,
+    )
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("SLURM_CONF", str(cluster.conf))
+        mp.setenv("ORCHESTRA_SLURM_DIR", str(state_dir))
+        yield cluster
+    if started_here and os.environ.get("ORCHESTRA_SLURM_STOP") == "1":
+        _script("stop", env, timeout_s=60)

@@ -1,0 +1,54 @@
+"""SlurmRunner(forward_env=[...]) on the real local cluster: the job gets the variable; its value is in
+no process's argv while the job runs, in no file of the run folder and in nothing the CLI printed."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from slurm_helpers import run_cli, run_dirs, write_config
+
+if TYPE_CHECKING:
+    from conftest import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+SECRET = "hf_sl0rm-S3CRET-91be07"
+
+
+@pytest.mark.parametrize("launcher", ["srun", "sbatch"])
+def test_forwarded_variable_reaches_the_job_and_nothing_else(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch, launcher: str) -> None:
+    seen = tmp_path / "seen"
+    # Inside the job: the hash of what $ORC_FWD_TOKEN holds there, and every process's argv at that moment
+    # (srun, the job's shell, the task), then the task itself.
+    probe = ('printf %s "$ORC_FWD_TOKEN" | sha256sum >> "$0"; '
+             'for f in /proc/[0-9]*/cmdline; do tr "\\0" " " < "$f"; echo; done >> "$0.argv" 2>/dev/null; exec "$@"')
+    runner = (f"type=SlurmRunner, launcher={launcher!r}, partition='debug', poll_interval_s=0.2, "
+              f"forward_env=['ORC_FWD_TOKEN'], template={['bash', '-c', probe, str(seen), '{task_cmd}']!r}")
+    cfg = write_config(tmp_path, runner, gpu=False, datasets=("pick",))
+    monkeypatch.setenv("ORC_FWD_TOKEN", SECRET)
+    res = run_cli(cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    hashes = [line.split()[0] for line in seen.read_text().splitlines()]
+    assert hashes == [hashlib.sha256(SECRET.encode()).hexdigest()] * 2  # the infer job and the eval job
+    argv = (tmp_path / "seen.argv").read_text()
+    assert "orchestra.tasks" in argv and SECRET not in argv
+    assert SECRET not in res.stdout + res.stderr
+    (run,) = run_dirs(tmp_path)
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".log" for p in files)
+    for path in files:
+        assert SECRET.encode() not in path.read_bytes(), path
+
+
+def test_forward_env_and_an_export_option_exclude_each_other(monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestra.runners.slurm.runner import SlurmRunner
+
+    monkeypatch.setenv("ORC_FWD_TOKEN", SECRET)
+    with pytest.raises(ValueError, match="--export"):
+        SlurmRunner(forward_env=["ORC_FWD_TOKEN"], extra_args="--export=NONE")
+    with pytest.raises(ValueError, match="ORC_NOT_SET_ANYWHERE not set"):
+        SlurmRunner(forward_env=["ORC_NOT_SET_ANYWHERE"])
+    assert SlurmRunner(forward_env=["ORC_FWD_TOKEN"]).options.extra_args[-1] == "--export=ALL"

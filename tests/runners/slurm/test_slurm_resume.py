@@ -1,0 +1,96 @@
+"""``-r`` after a SIGKILL of the orchestrator: sbatch jobs it left running are adopted, not submitted
+again (real local cluster; every job of a run carries the run's name prefix, so squeue tells them)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from helpers import jsonl
+from slurm_helpers import job_prefix, run_cli, run_dirs, squeue_jobs, start_cli, summary_rows, write_config
+
+if TYPE_CHECKING:
+    from conftest import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+RUNNER = "type=SlurmRunner, launcher='sbatch', partition='debug', poll_interval_s=0.2, max_num_workers=16"
+
+
+def wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def ledger(run: Path) -> list[dict]:
+    return jsonl(run / "slurm/jobs.jsonl")
+
+
+def test_resume_after_sigkill_adopts_running_sbatch_jobs_without_duplicates(slurm_cluster: SlurmCluster,
+                                                                          tmp_path: Path) -> None:
+    cfg = write_config(tmp_path, RUNNER, gpu=False, model=", delay_s=3.0")  # 3 infer tasks of ~15 s
+    proc = start_cli(cfg)
+    try:
+        run = wait_for(lambda: (run_dirs(tmp_path) or [None])[0], 60, "the run folder")
+        prefix = job_prefix(run)
+        running = wait_for(lambda: [j for j in squeue_jobs(prefix) if j[2] == "RUNNING"] if len(
+            [j for j in squeue_jobs(prefix) if j[2] == "RUNNING"]) >= 3 else None, 90, "3 running jobs")
+    finally:
+        proc.kill()  # SIGKILL: nothing of the orchestrator runs any more
+        proc.communicate(timeout=30)
+    ids = sorted(j[0] for j in running)
+    assert sorted(j[0] for j in squeue_jobs(prefix)) == ids  # batch jobs outlive their orchestrator
+    submitted = {r["job_id"] for r in ledger(run) if r["state"] == "submitted"}
+    assert submitted == set(ids)  # each recorded before anything relied on it
+
+    res = run_cli(cfg, "-r", timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert summary_rows(run)[("arith", "numeric_match")] == {"det": 1.0}
+    adopted = [r for r in ledger(run) if r["state"] == "adopted"]
+    assert sorted(r["job_id"] for r in adopted) == ids
+    every = squeue_jobs(prefix, all_states=True)  # finished jobs stay listed (MinJobAge)
+    assert len(every) == len({j[0] for j in every}) == 3 + 2  # 3 infer jobs, once each; 2 eval jobs
+    submissions = [r["job_id"] for r in ledger(run) if r["state"] == "submitted"]
+    assert len(submissions) == 3 + 2 and set(ids) < set(submissions)
+    log = (run / "logs/infer").glob("*.log")
+    assert all("===== slurm: adopted job " in p.read_text() for p in log)
+    assert squeue_jobs(prefix) == []
+
+
+def test_ctrl_c_with_fifty_sbatch_jobs_returns_within_seconds_and_leaves_none(slurm_cluster: SlurmCluster,
+                                                                               tmp_path: Path) -> None:
+    """50 jobs in flight (one array, most of them pending on the small cluster): one cancel for all,
+    confirmed beside the loop; the CLI exits 130 within seconds and squeue shows none of them."""
+    import signal
+
+    from helpers import events
+
+    cfg = write_config(tmp_path, RUNNER.replace("max_num_workers=16", "max_num_workers=64"), gpu=False,
+                       max_task_size=6, model=", hang=True")  # 40 + 10 infer tasks of a few rows each
+    proc = start_cli(cfg)
+    try:
+        run = wait_for(lambda: (run_dirs(tmp_path) or [None])[0], 60, "the run folder")
+        prefix = job_prefix(run)
+        started = lambda: [e for e in events(run) if e["event"] == "started" and e["stage"] == "infer"]  # noqa: E731
+        wait_for(lambda: len(started()) == 50 and len(
+            [j for j in squeue_jobs(prefix) if j[2] == "RUNNING"]) >= 2, 120, "50 jobs in flight, some running")
+    except BaseException:
+        proc.send_signal(signal.SIGINT)  # its jobs hang: the orchestrator must cancel them
+        proc.communicate(timeout=120)
+        raise
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    took = time.monotonic() - t0
+    assert proc.returncode == 130, err[-3000:]
+    assert squeue_jobs(prefix) == [], "a job of the run is still in squeue"
+    assert took < 15, f"Ctrl-C took {took:.1f} s"
+    cancelled = [e for e in events(run) if e["event"] == "cancelled" and e["stage"] == "infer"]
+    assert len(cancelled) == 50 and all("attempt" in e for e in cancelled)  # each was in flight
