@@ -439,7 +439,10 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
         if not ctx.stop.is_set():
             received.append(signum)
             say(f"\norchestra: {signal.Signals(signum).name} received, stopping every task...", file=sys.stderr)
-        ctx.stop.set()
+        # Not ctx.stop.set() here: the handler runs in the main thread between two bytecodes,
+        # possibly while that thread holds the Event's own lock (inside ctx.stop.wait()), and
+        # set() would then wait for that lock forever.  A thread sets it once the handler returns.
+        threading.Thread(target=ctx.stop.set, name="orchestra-stop", daemon=True).start()
 
     previous: dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():  # signals reach the main thread only

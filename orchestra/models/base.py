@@ -78,6 +78,9 @@ class BaseModel(abc.ABC):
     #: constructor must therefore be cheap (no framework import, no weights, no network: that
     #: belongs in :meth:`load`); a model that cannot promise it sets this to False.
     validate_by_construction: ClassVar[bool] = True
+    #: Seconds a task may take, after SIGTERM, to stop what this model started elsewhere
+    #: (batch mode cancels its batches); after that the task process exits regardless.
+    stop_grace_s: float = 0.0
 
     def __init__(
         self,

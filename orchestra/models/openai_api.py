@@ -138,6 +138,8 @@ class OpenAIAPI(BaseModel):
         self._proxy_auth: Any = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
         self.batch_options = BatchOptions.parse(batch)  # None: direct calls
+        if self.batch_options is not None:  # room to cancel the batches in flight on SIGTERM
+            self.stop_grace_s = self.batch_options.cancel_wait_s + 5.0
         self._batcher: OpenAIBatcher | None = None
 
     def __repr__(self) -> str:

@@ -32,6 +32,11 @@ from orchestra.paths import RunPaths
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
 
 PROGRESS_INTERVAL_S = 2.0
+#: After SIGTERM the task exits within this many seconds (plus its models' ``stop_grace_s``),
+#: even when the model is stuck in a call that cancelling cannot interrupt (a load, a
+#: generate step in a thread).  Checkpointed samples are already on disk.
+STOP_GRACE_S = 1.5
+_stop_grace_s: list[float] = [0.0]  # the models' extra time, set when a model is bound
 LOG_INTERVAL_S = 10.0
 
 
@@ -63,6 +68,7 @@ async def _run_units(spec: TaskSpec) -> None:
     events = EventLog(paths.events)
     t0 = time.monotonic()
     model = get_model(spec.model)
+    _stop_grace_s[0] = max(_stop_grace_s[0], float(model.stop_grace_s))
     model.bind_task(spec.run_dir, spec.task_id, lambda event, **fields: events.emit(
         event, task_id=spec.task_id, stage="infer", model=spec.model_abbr, **fields))
     print(f"[{spec.task_id}] model {spec.model_abbr} ready in {time.monotonic() - t0:.2f} s", flush=True)
@@ -136,13 +142,19 @@ def run_task(spec: TaskSpec) -> None:
                    and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL)
         terminated: list[bool] = []
 
-        def on_term() -> None:
+        def on_term(signum: int, frame: Any) -> None:
+            # A plain handler, not loop.add_signal_handler: it runs even while the loop is
+            # blocked (a model loading), and it arms the deadline that ends the process if
+            # cancelling does not (a call in a thread cannot be interrupted).
+            if terminated:
+                return
             terminated.append(True)
+            threading.Thread(target=_exit_after, args=(spec.task_id, STOP_GRACE_S + _stop_grace_s[0]),
+                             name="orchestra-stop-deadline", daemon=True).start()
             if task is not None:
-                task.cancel()
+                loop.call_soon_threadsafe(task.cancel)
 
-        if handled:
-            loop.add_signal_handler(signal.SIGTERM, on_term)
+        previous = signal.signal(signal.SIGTERM, on_term) if handled else None
         try:
             await _run_units(spec)
         except asyncio.CancelledError:
@@ -151,9 +163,17 @@ def run_task(spec: TaskSpec) -> None:
             raise TaskFailedError("stopped (SIGTERM) before the end; finished samples are checkpointed") from None
         finally:
             if handled:
-                loop.remove_signal_handler(signal.SIGTERM)
+                signal.signal(signal.SIGTERM, previous)
 
     asyncio.run(main())
+
+
+def _exit_after(task_id: str, seconds: float) -> None:
+    """End the process ``seconds`` after SIGTERM if it has not ended by itself."""
+    time.sleep(seconds)
+    print(f"[{task_id}] FAILED: stopped (SIGTERM); the model did not stop within {seconds:.1f} s, so the task "
+          "exits now; finished samples are checkpointed", file=sys.stderr, flush=True)
+    os._exit(1)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -428,3 +428,40 @@ def test_eval_starts_as_soon_as_its_predictions_are_done(tmp_path: Path) -> None
     evs2 = events(run2)
     last_infer_end = max(e["ts"] for e in evs2 if e["event"] == "done" and e["stage"] == "infer")
     assert min(e["ts"] for e in evs2 if e["event"] == "started" and e["stage"] == "eval") >= last_infer_end
+
+
+def test_sigterm_ends_a_task_stuck_in_its_model_within_seconds(tmp_path: Path) -> None:
+    """SIGTERM to an infer task whose model is stuck in a call that cancelling cannot interrupt
+    (here: loading) still ends the process within seconds: the stop is not left to a SIGKILL."""
+    cfg = write_config(tmp_path, model=", hang=True", runner=", timeout_s=600")
+    proc = subprocess.Popen([sys.executable, "run.py", str(cfg), "--mode", "infer"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        tasks: set[int] = set()
+        while time.monotonic() < deadline and not tasks:
+            time.sleep(0.2)
+            for pid in _descendants(proc.pid):
+                try:
+                    with open(f"/proc/{pid}/cmdline", "rb") as f:
+                        if b"orchestra.tasks.infer" in f.read():
+                            tasks.add(pid)
+                except OSError:
+                    pass
+        assert tasks, "no infer task process started"
+        time.sleep(1.0)  # the task is inside the model's load now
+        t0 = time.monotonic()
+        for pid in tasks:
+            os.kill(pid, signal.SIGTERM)
+        while any(_alive(pid) for pid in tasks) and time.monotonic() - t0 < 30:
+            time.sleep(0.1)
+        took = time.monotonic() - t0
+        assert not any(_alive(pid) for pid in tasks), "the task ignored SIGTERM"
+        assert took < 10, took  # STOP_GRACE_S is 1.5 s; this bound is a hang guard on a loaded machine
+    finally:
+        proc.send_signal(signal.SIGINT)  # stops the rest of the run (a retry of the task) too
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
