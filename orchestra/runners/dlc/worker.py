@@ -141,9 +141,15 @@ class JobWorker:
             copy_final(cursor, self.client, h.job_id, info.pod_id, int(finished) + 2, lambda lines: self.log(h, lines))
         except DLCError as exc:
             self.log(h, [f"===== dlc: could not read the job's log: {exc}"])
-        if not cursor.footer_seen and self._service_now() < finished + self.t.log_settle_s:
-            h.drain_at = finished + self.t.log_settle_s  # late lines: one more read once they have settled
-            h.next_check = time.monotonic() + max(0.0, h.drain_at - self._service_now())
+        # No footer yet: lines may still be on their way into the log service.  Read again once
+        # they have settled, and keep reading (each settle period, or each second) until the
+        # footer shows or a second settle period has passed (a job killed before its footer).
+        now = self._service_now()
+        if not cursor.footer_seen and now < finished + 2 * self.t.log_settle_s:
+            first = finished + self.t.log_settle_s
+            h.drain_at = first
+            wait = first - now if now < first else min(self.t.log_settle_s, 1.0)
+            h.next_check = time.monotonic() + max(0.0, wait)
             return
         h.over = True
         code = read_exit_code(h.exit_file)
