@@ -12,6 +12,7 @@ creator is dead is an orphan to look up by metadata, never a create still on its
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import time
 import uuid
@@ -52,7 +53,7 @@ class Batch:
     failures: int = 0  # polls or file reads in a row that failed (bounded by max_retries)
 
 
-class BatchSubmitter:
+class BatchSubmitter(abc.ABC):
     """The submitting half of :class:`~orchestra.models.openai_batch.OpenAIBatcher`."""
 
     options: BatchOptions
@@ -75,17 +76,21 @@ class BatchSubmitter:
     _full: asyncio.Event | None
     _flusher: asyncio.Task[None] | None
 
+    @abc.abstractmethod
     def _track(self, batch: Batch) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _retry_or_fail(self, cid: str, reason: str) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _count(self, name: str, delta: int = 1) -> None:
-        raise NotImplementedError
+        ...
 
+    @abc.abstractmethod
     def _crashed(self, task: asyncio.Task[None]) -> None:
-        raise NotImplementedError
+        ...
 
     # -- this task's side -----------------------------------------------------------------------
     def _enqueue(self, cid: str) -> None:
