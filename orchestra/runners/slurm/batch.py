@@ -29,6 +29,7 @@ from orchestra.events import EventLog
 from orchestra.fileio import append_line, atomic_write_text
 from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.core.ledger import JobRecord, Ledger, spec_digest
+from orchestra.runners.core.shell import NOW, RC, exports, printf, task_lines
 from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions, job_header, log_offset
 from orchestra.runners.slurm.recover import cancel_records
 from orchestra.runners.slurm.state import (
@@ -44,7 +45,6 @@ from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
 LOST_AFTER_MISSES = 3  # poll rounds in which neither squeue nor sacct knows a job
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _FOOTER = re.compile(r"===== slurm: job (\S+) ended with exit code (\d+)")
 
 
@@ -111,13 +111,8 @@ def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:
     lines = ["#!/bin/bash", f"# submitted by orchestra: sbatch {shlex.join(sbatch_args)} <this script>",
              'case "${SLURM_ARRAY_TASK_ID:-0}" in']
     for i, job in enumerate(jobs):
-        bad = [name for name in job.command.env if not _ENV_NAME.fullmatch(name)]
-        if bad:
-            raise ValueError(f"task environment variable names must be identifiers, got {bad}")
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(job.command.env.items()))
         lines.append(f"  {i})")
-        if exports:
-            lines.append(f"    export {exports}")
+        lines += [f"    {line}" for line in exports(job.command.env)]
         lines.append(f"    orc_log={shlex.quote(job.log_path)}")
         lines.append(f"    set -- {shlex.join(job.command.argv)} ;;")
     lines += [
@@ -125,12 +120,9 @@ def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:
         "esac",
         'orc_job=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}',
         'orc_job=${orc_job:-${SLURM_JOB_ID-?}}',
-        f'{job_header("$orc_job")} >>"$orc_log"',
-        '"$@" >>"$orc_log" 2>&1 </dev/null',
-        "orc_code=$?",
-        'printf "===== slurm: job %s ended with exit code %s at %s\\n" "$orc_job" "$orc_code" '
-        '"${EPOCHREALTIME-?}" >>"$orc_log"',
-        'exit "$orc_code"',
+        *task_lines('"$@"', job_header('"$orc_job"'),
+                    printf("===== slurm: job %s ended with exit code %s at %s", '"$orc_job"', RC, NOW),
+                    log='"$orc_log"'),
     ]
     return "\n".join(lines) + "\n"
 
