@@ -1,4 +1,5 @@
-"""The run folder's record of every cluster job a backend submitted: ``<run>/<backend>/jobs.jsonl``.
+"""The run folder's record of every cluster job a backend started: ``<run>/<backend>/jobs.jsonl``
+(Slurm's sbatch jobs, DLC jobs, Ray actors).
 
 A line is appended (and fsynced) *before* each step that the record must survive: ``submitting``
 before the submit call (``dlc submit``, ``sbatch``), ``submitted`` with the job id before the id is
@@ -26,7 +27,7 @@ from orchestra.tasks.spec import TaskSpec
 
 #: states after which a job needs nothing more from anyone
 OVER = frozenset({"stopped", "ended", "submit_failed", "submit_unknown"})
-#: states of a job that may still be alive on DLC (it has an id and was not seen over)
+#: states of a job that may still be alive (it has an id and was not seen over)
 MAYBE_ALIVE = frozenset({"submitted", "adopted", "stop_sent", "stop_acknowledged", "stop_unconfirmed"})
 
 _claimed: dict[str, set[str]] = {}  # ledger path -> job names some launch of this process handles
@@ -49,6 +50,7 @@ class JobRecord:
     seq: int = 0  # the number in the job's name (unique per task across orchestrators of the run folder)
     digest: str = ""  # the task spec's content hash: an adopted job must run the same spec
     job_id: str = ""
+    namespace: str = ""  # where the backend finds the job by its name (a Ray actor's namespace)
     state: str = ""
     ts: float = 0.0
 
@@ -96,7 +98,7 @@ class Ledger:
             if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
                 continue
             job = out.setdefault(rec["name"], JobRecord(rec["name"]))
-            for key in ("task_id", "stage", "digest", "job_id"):
+            for key in ("task_id", "stage", "digest", "job_id", "namespace"):
                 if rec.get(key):
                     setattr(job, key, str(rec[key]))
             for key in ("attempt", "seq"):
