@@ -35,13 +35,13 @@ from typing import Any
 from orchestra.paths import RunPaths
 from orchestra.runners.core.command import Command, fill_template, forward_env_names
 from orchestra.runners.core.contract import Exit, Job, NoResources, Session
-from orchestra.runners.core.ledger import MAYBE_ALIVE, JobRecord, Ledger, spec_digest
+from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, spec_digest, triage
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.dlc.cli import DLCClient, DLCError, JobInfo
 from orchestra.runners.dlc.config import AliyunConfig, container_command, load_aliyun_file, submit_argv
-from orchestra.runners.dlc.job import DLCJob, dlc_job_name, orphan, triage
+from orchestra.runners.dlc.job import DLCJob, dlc_job_name, orphan
 from orchestra.runners.dlc.secrets import env_file_path, remove_env_file, write_env_file
 from orchestra.runners.dlc.worker import JobWorker, Timings
 from orchestra.tasks.kinds import TASK_MODULES
@@ -312,16 +312,11 @@ class DLCRunner(BaseRunner):
         the spec of one of ``tasks`` is kept for that task's first attempt; any other is stopped."""
         assert self.client is not None and self._pool is not None
         worker = self._active()
-        records = worker.ledger.unclaimed(worker.ledger.jobs())
-        mine = [r for r in records.values() if (stage is None or r.stage == stage)
-                and (r.state == "submitting" or (r.job_id and r.state in MAYBE_ALIVE))]
-        claimed = set(worker.ledger.claim([r.name for r in mine]))
-        for rec in mine:
-            if rec.name in claimed and rec.state == "submitting":  # killed inside dlc submit: the id is unknown
-                worker.ledger.record("submit_unknown", rec.name, task_id=rec.task_id, stage=rec.stage)
-                print(f"orchestra: warning: the submission of DLC job {rec.name} was interrupted before its id "
-                      "was known; if DLC created it, stop it in the console", file=sys.stderr)
-        alive = [r for r in mine if r.name in claimed and r.state != "submitting"]
+        interrupted, alive = worker.ledger.left_behind(stage)
+        for rec in interrupted:  # killed inside dlc submit: the id is unknown
+            worker.ledger.record("submit_unknown", rec.name, task_id=rec.task_id, stage=rec.stage)
+            print(f"orchestra: warning: the submission of DLC job {rec.name} was interrupted before its id "
+                  "was known; if DLC created it, stop it in the console", file=sys.stderr)
         if not alive:
             return
         client = self.client
@@ -333,10 +328,14 @@ class DLCRunner(BaseRunner):
                 return None
 
         infos = dict(zip((r.name for r in alive), self._pool.map(look, alive)))
-        over, adopt, to_stop = triage(alive, infos, {t.task_id: spec_digest(t) for t in tasks})
-        for rec, info in over:
+        seen: dict[str, Seen] = {name: None if info is None else "over" if info.terminal else
+                                 "ending" if info.status == "Stopping" else "alive" for name, info in infos.items()}
+        over, adopt, to_stop = triage(alive, seen, {t.task_id: spec_digest(t) for t in tasks})
+        for rec in over:
+            info = infos[rec.name]
+            assert info is not None
             worker.record("ended", orphan(rec), status=info.status, reason_code=info.reason_code)
-        self._adopt.update({rec.task_id: (rec, info) for rec, info in adopt})
+        self._adopt.update({rec.task_id: (rec, info) for rec in adopt if (info := infos[rec.name]) is not None})
         if to_stop:
             worker.stop([orphan(r) for r in to_stop], "left by an earlier orchestrator of this run folder, not needed")
 

@@ -35,7 +35,7 @@ from ray import exceptions as rex
 
 from orchestra.events import EventLog
 from orchestra.runners.core import warm
-from orchestra.runners.core.ledger import MAYBE_ALIVE, Ledger
+from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.ray.actors import Actor, WorkerKind
 from orchestra.tasks.worker import run_request
 
@@ -361,10 +361,9 @@ def recover(ledger: Ledger) -> list[str]:
     """Kill the actors an earlier orchestrator of this run folder left (``-r`` after a SIGKILL; Ray
     Client keeps a dead driver's actors for a while): every one the ledger shows possibly alive
     that no launch of this process owns.  Returns the names of those that were still alive."""
-    left = [r for r in ledger.unclaimed(ledger.jobs()).values() if r.state == "submitting" or r.state in MAYBE_ALIVE]
-    names = set(ledger.claim([r.name for r in left]))
+    interrupted, known = ledger.left_behind()
     killed = []
-    for rec in (r for r in left if r.name in names):
+    for rec in interrupted + known:
         try:
             ray.kill(ray.get_actor(rec.name, namespace=rec.namespace or None), no_restart=True)
         except (ValueError, rex.RayError, ConnectionError):  # not alive (any more)
