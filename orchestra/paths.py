@@ -73,6 +73,12 @@ class RunPaths:
         exit codes its jobs write from the cloud (``exit/<job name>``)."""
         return os.path.join(self.root, "dlc")
 
+    @property
+    def ray_dir(self) -> str:
+        """``RayRunner``'s ledger of every actor it started (``jobs.jsonl``): ``-r`` kills those an
+        orchestrator killed outright left behind."""
+        return os.path.join(self.root, "ray")
+
     def batch_ledger(self, model_abbr: str) -> str:
         """Batch mode's record of every provider batch of one model (id, the requests it holds)."""
         return os.path.join(self.root, "batches", f"{safe_name(model_abbr)}.jsonl")
