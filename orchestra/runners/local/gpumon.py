@@ -7,8 +7,9 @@ orchestrator even by SIGKILL.  A reader thread turns its CSV lines into one JSON
 and sample; a line it cannot read is skipped.  No NVML or ML import: the orchestrator only
 runs the command-line tool, and where there is none nothing is started and nothing written.
 
-A record: ``{"t": unix time, "gpu": index, "uuid": "GPU-...", "util": 0..100,
-"mem_mib": used, "mem_total_mib": total}`` (the memory keys only where the tool gave them).
+A record: ``{"t": unix time, "gpu": index, "util": 0..100, "mem_mib": used, "mem_total_mib":
+total}`` (the memory keys only where the tool gave them); a sampler's first record of a GPU
+also names its ``"uuid"`` (once, to keep a long run's file small: ~80 bytes a sample).
 """
 
 from __future__ import annotations
@@ -57,8 +58,10 @@ class GpuSample:
     mem_mib: int | None
     mem_total_mib: int | None
 
-    def record(self, t: float) -> dict[str, Any]:
-        rec: dict[str, Any] = {"t": round(t, 3), "gpu": self.index, "uuid": self.uuid, "util": self.util}
+    def record(self, t: float, with_uuid: bool = True) -> dict[str, Any]:
+        rec: dict[str, Any] = {"t": round(t, 3), "gpu": self.index, "util": self.util}
+        if with_uuid and self.uuid:
+            rec["uuid"] = self.uuid
         if self.mem_mib is not None:
             rec["mem_mib"] = self.mem_mib
         if self.mem_total_mib is not None:
@@ -107,7 +110,9 @@ class GpuSampler:
     def __init__(self, exe: str, paths: RunPaths, gpu_ids: Sequence[str], period_s: float) -> None:
         self.out_path = paths.gpu_samples
         self.wanted = watched(gpu_ids)
-        argv = [exe, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", str(max(1, round(period_s * 1000)))]
+        self._named: set[int] = set()  # GPUs whose uuid is written already
+        period_ms = str(max(1, round(period_s * 1000)))
+        argv = [exe, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", period_ms]
         self.proc = start_group(argv, {}, paths.gpu_sampler_log, stdout=subprocess.PIPE)
         self._reader = threading.Thread(target=self._read, name="gpu-sampler", daemon=True)
         self._reader.start()
@@ -135,7 +140,9 @@ class GpuSampler:
         if self.wanted is not None and str(sample.index) not in self.wanted and sample.uuid not in self.wanted:
             return
         try:
-            append_line(self.out_path, json.dumps(sample.record(time.time())).encode() + b"\n")
+            rec = sample.record(time.time(), with_uuid=sample.index not in self._named)
+            append_line(self.out_path, json.dumps(rec, separators=(",", ":")).encode() + b"\n")
+            self._named.add(sample.index)
         except OSError:
             pass  # a full disk loses samples, never the run
 
