@@ -19,7 +19,10 @@ import stat
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import run_cli, run_dirs, start_cli
+from tests.report.chromium import Chromium, ChromiumMissing
 
 NVIDIA_SMI_DOUBLE = r"""#!/bin/bash
 # A stand-in for the nvidia-smi CLI (a test double), not the real tool.
@@ -100,11 +103,19 @@ def _gone_soon(pid: int, within_s: float = 5.0) -> bool:
     return not _alive(pid)
 
 
-def test_sampler_double_writes_gpu_jsonl_is_gone_after_the_run_and_the_report_draws_lanes(tmp_path: Path) -> None:
-    env = _double(tmp_path)
-    res = run_cli(_config(tmp_path, delay_s=0.4, runner=", gpu_sample_s=0.1"), env=env)
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A finished run sampled by the double: (its test folder, its run folder)."""
+    tmp_path = tmp_path_factory.mktemp("sampled")
+    res = run_cli(_config(tmp_path, delay_s=0.4, runner=", gpu_sample_s=0.1"), env=_double(tmp_path))
     assert res.returncode == 0, res.stderr
     (run,) = run_dirs(tmp_path / "out")
+    return tmp_path, run
+
+
+def test_sampler_double_writes_gpu_jsonl_is_gone_after_the_run_and_the_report_has_lanes(
+        sampled: tuple[Path, Path]) -> None:
+    tmp_path, run = sampled
     pids = _double_pids(tmp_path)
     assert len(pids) == 1, "one long-lived sampler per run, not one per task or poll"
     assert not _alive(pids[0]), "the nvidia-smi child outlived the run"
@@ -112,6 +123,8 @@ def test_sampler_double_writes_gpu_jsonl_is_gone_after_the_run_and_the_report_dr
     records = [json.loads(line) for line in (run / "gpu.jsonl").read_text().splitlines()]
     assert {r["gpu"] for r in records} == {0, 1}  # GPU 2 is not the runner's; junk lines skipped
     assert all(set(r) <= {"t", "gpu", "uuid", "util", "mem_mib", "mem_total_mib"} for r in records)
+    assert [r["uuid"] for r in records if "uuid" in r] == ["GPU-11111111-2222-3333-4444-555555555555",
+                                                          "GPU-66666666-7777-8888-9999-000000000000"]
     gpu0 = [r["util"] for r in records if r["gpu"] == 0]
     assert len(gpu0) >= 5 and len(set(gpu0)) > 1 and all(0 <= u <= 100 for u in gpu0)
     assert {r["util"] for r in records if r["gpu"] == 1} == {100}  # 250 clamped
@@ -127,6 +140,30 @@ def test_sampler_double_writes_gpu_jsonl_is_gone_after_the_run_and_the_report_dr
     assert "alert(1)" not in html
     trace = json.loads((run / "summary/trace.json").read_text())
     assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"} >= {"GPU 0 busy %", "GPU 1 busy %"}
+
+
+def test_the_report_draws_one_filled_lane_per_gpu_in_a_browser(sampled: tuple[Path, Path]) -> None:
+    _, run = sampled
+    try:
+        browser = Chromium()
+    except ChromiumMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        browser.open(str(run / "summary/report.html"))
+        browser.wait_for("document.querySelectorAll('#tl polygon.gpu-util').length > 0")
+        assert browser.eval("[...document.querySelectorAll('#tl polygon.gpu-util')].map(p => p.dataset.gpu)") == [
+            "0", "1"]
+        labels = browser.eval("[...document.querySelectorAll('#tl text')].map(t => t.textContent)")
+        assert any(t.startswith("GPU 1 busy 100%") for t in labels)
+        # the lanes sit below the task bars and within the plot's width
+        box = browser.eval("""(() => { const b = [...document.querySelectorAll('#tl rect.bar')].map(r => r.getBBox());
+            const p = document.querySelector('#tl polygon.gpu-util').getBBox();
+            return [Math.max(...b.map(r => r.y + r.height)), p.y, p.x, p.x + p.width,
+                    Math.max(...b.map(r => r.x + r.width))]; })()""")
+        assert box[1] >= box[0] and box[2] >= 190 and box[3] <= box[4] + 50
+        assert browser.console == [], browser.console
+    finally:
+        browser.close()
 
 
 def test_ctrl_c_stops_the_sampler_double_with_the_run(tmp_path: Path) -> None:
