@@ -56,10 +56,10 @@ def read_gpu_series(paths: RunPaths) -> list[GpuSeries]:
         s.t.append(t)
         s.util.append(util)
         s.mem_mib.append(_num(rec.get("mem_mib"), 0.0, 1e9))
-    for s in series.values():  # appends of one sampler are in order; two resumed runs need not be
+    for g, s in series.items():  # appends of one sampler are in order; two resumed runs need not be
         if any(b < a for a, b in zip(s.t, s.t[1:])):
             order = sorted(range(len(s.t)), key=s.t.__getitem__)
-            s.t, s.util, s.mem_mib = ([xs[i] for i in order] for xs in (s.t, s.util, s.mem_mib))  # type: ignore[assignment]
+            series[g] = GpuSeries(g, [s.t[i] for i in order], [s.util[i] for i in order], [s.mem_mib[i] for i in order])
     return [series[g] for g in sorted(series)]
 
 

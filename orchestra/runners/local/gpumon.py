@@ -6,6 +6,8 @@ the runner) when the last such launch ends, on Ctrl-C or on an error; it dies wi
 orchestrator even by SIGKILL.  A reader thread turns its CSV lines into one JSON line per GPU
 and sample; a line it cannot read is skipped.  No NVML or ML import: the orchestrator only
 runs the command-line tool, and where there is none nothing is started and nothing written.
+The tool writes each sample's lines at once even into a pipe (seen on an H200, driver's
+nvidia-smi, ``-lms 200``), so a record's time is when its line was read.
 
 A record: ``{"t": unix time, "gpu": index, "util": 0..100, "mem_mib": used, "mem_total_mib":
 total}`` (the memory keys only where the tool gave them); a sampler's first record of a GPU

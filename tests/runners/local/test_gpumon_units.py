@@ -14,11 +14,11 @@ from orchestra.runners.local import gpumon
 from orchestra.runners.local.gpumon import GpuSample, check_period, parse_line, watched
 from orchestra.summary.gpu import GpuSeries, busy_pct, downsample, read_gpu_series
 
-REAL = "0, GPU-4b2c1d3e-aaaa-bbbb-cccc-0123456789ab, 37, 1234, 143771"
+REAL = b"0, GPU-af50d7fa-987f-78de-7431-576a712a7454, 3, 1011, 143771\n"  # an H200's nvidia-smi, piped
 
 
 def test_a_real_nvidia_smi_line_parses() -> None:
-    assert parse_line(REAL + "\n") == GpuSample(0, "GPU-4b2c1d3e-aaaa-bbbb-cccc-0123456789ab", 37, 1234, 143771)
+    assert parse_line(REAL.decode()) == GpuSample(0, "GPU-af50d7fa-987f-78de-7431-576a712a7454", 3, 1011, 143771)
     assert parse_line("7, MIG-0a1b2c3d-0000-1111-2222-333344445555, 100, 0, 40326") == GpuSample(
         7, "MIG-0a1b2c3d-0000-1111-2222-333344445555", 100, 0, 40326)
 
