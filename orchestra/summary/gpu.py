@@ -37,14 +37,30 @@ def _num(value: Any, low: float, high: float) -> float | None:
     return min(max(float(value), low), high)
 
 
+_cache: dict[str, tuple[tuple[int, int], list[GpuSeries]]] = {}  # path -> (mtime, size), its series
+
+
 def read_gpu_series(paths: RunPaths) -> list[GpuSeries]:
-    """Every sampled GPU's series, by GPU index ([] when nothing was sampled)."""
-    if not os.path.isfile(paths.gpu_samples):
+    """Every sampled GPU's series, by GPU index ([] when nothing was sampled).  The report and
+    the trace both ask: a file unchanged since the last call is not parsed again."""
+    try:
+        st = os.stat(paths.gpu_samples)
+    except OSError:
         return []
+    stamp = (st.st_mtime_ns, st.st_size)
+    cached = _cache.get(paths.gpu_samples)
+    if cached is not None and cached[0] == stamp:
+        return cached[1]
     try:
         records = read_jsonl(paths.gpu_samples)
     except OSError:
         return []
+    _cache.clear()  # one run folder at a time: a long-lived process does not keep old runs
+    _cache[paths.gpu_samples] = (stamp, _series(records))
+    return _cache[paths.gpu_samples][1]
+
+
+def _series(records: list[Any]) -> list[GpuSeries]:
     series: dict[int, GpuSeries] = {}
     for rec in records:
         if not isinstance(rec, dict):

@@ -9,9 +9,9 @@ runs the command-line tool, and where there is none nothing is started and nothi
 The tool writes each sample's lines at once even into a pipe (seen on an H200, driver's
 nvidia-smi, ``-lms 200``), so a record's time is when its line was read.
 
-A record: ``{"t": unix time, "gpu": index, "util": 0..100, "mem_mib": used, "mem_total_mib":
-total}`` (the memory keys only where the tool gave them); a sampler's first record of a GPU
-also names its ``"uuid"`` (once, to keep a long run's file small: ~80 bytes a sample).
+A record: ``{"t": unix time, "gpu": index, "util": 0..100, "mem_mib": used}`` (memory only
+where the tool gave it); a sampler's first record of a GPU also holds its ``"uuid"`` and
+``"mem_total_mib"`` (once: a long run's file stays small, ~55 bytes a sample).
 """
 
 from __future__ import annotations
@@ -60,13 +60,14 @@ class GpuSample:
     mem_mib: int | None
     mem_total_mib: int | None
 
-    def record(self, t: float, with_uuid: bool = True) -> dict[str, Any]:
+    def record(self, t: float, first: bool = True) -> dict[str, Any]:
+        """The JSON record; ``first`` (a sampler's first of this GPU) adds what does not change."""
         rec: dict[str, Any] = {"t": round(t, 3), "gpu": self.index, "util": self.util}
-        if with_uuid and self.uuid:
+        if first and self.uuid:
             rec["uuid"] = self.uuid
         if self.mem_mib is not None:
             rec["mem_mib"] = self.mem_mib
-        if self.mem_total_mib is not None:
+        if first and self.mem_total_mib is not None:
             rec["mem_total_mib"] = self.mem_total_mib
         return rec
 
@@ -112,7 +113,7 @@ class GpuSampler:
     def __init__(self, exe: str, paths: RunPaths, gpu_ids: Sequence[str], period_s: float) -> None:
         self.out_path = paths.gpu_samples
         self.wanted = watched(gpu_ids)
-        self._named: set[int] = set()  # GPUs whose uuid is written already
+        self._named: set[int] = set()  # GPUs whose first record (uuid, total memory) is written
         period_ms = str(max(1, round(period_s * 1000)))
         argv = [exe, f"--query-gpu={QUERY}", "--format=csv,noheader,nounits", "-lms", period_ms]
         self.proc = start_group(argv, {}, paths.gpu_sampler_log, stdout=subprocess.PIPE)
@@ -142,7 +143,7 @@ class GpuSampler:
         if self.wanted is not None and str(sample.index) not in self.wanted and sample.uuid not in self.wanted:
             return
         try:
-            rec = sample.record(time.time(), with_uuid=sample.index not in self._named)
+            rec = sample.record(time.time(), first=sample.index not in self._named)
             append_line(self.out_path, json.dumps(rec, separators=(",", ":")).encode() + b"\n")
             self._named.add(sample.index)
         except OSError:

@@ -80,6 +80,9 @@ def test_gpu_jsonl_is_read_as_untrusted(tmp_path: Path) -> None:
     assert s1.gpu == 1 and s1.util == [100.0] and s1.mem_mib == [0.0]
     assert busy_pct(s0, 101.0, 103.0) == 20.0 and busy_pct(s0, 0, 1) is None
     assert read_gpu_series(RunPaths(str(tmp_path / "missing"))) == []
+    with open(tmp_path / "gpu.jsonl", "a") as f:  # a file that grew is read again, not served from the cache
+        f.write(json.dumps({"t": 200.0, "gpu": 0, "util": 90}) + "\n")
+    assert read_gpu_series(RunPaths(str(tmp_path)))[0].util[-1] == 90
 
 
 def test_downsampling_keeps_the_mean_and_the_peak_memory() -> None:
