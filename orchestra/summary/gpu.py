@@ -17,8 +17,8 @@ from orchestra.fileio import read_jsonl
 from orchestra.paths import RunPaths
 from orchestra.summary.runlog import RunLog
 
-#: the most points one GPU's series keeps in the report and the trace
-MAX_POINTS = 2000
+#: the most points one GPU's series keeps in the report, and in the trace (two counters a point)
+MAX_POINTS, MAX_TRACE_POINTS = 2000, 1000
 
 
 @dataclass
@@ -122,14 +122,13 @@ def gpu_report(paths: RunPaths, run: RunLog, t0: float) -> tuple[dict[str, Any] 
     lanes = [downsample(s) for s in series]
     return ({"gpus": [s.gpu for s in lanes],
              "t": [[round(t - t0, 2) for t in s.t] for s in lanes],
-             "util": [[round(u, 1) for u in s.util] for s in lanes],
-             "mem_mib": [[None if m is None else int(m) for m in s.mem_mib] for s in lanes]}, busy)
+             "util": [[round(u, 1) for u in s.util] for s in lanes]}, busy)
 
 
 def gpu_counters(paths: RunPaths, us: Any, pid: int) -> list[dict[str, Any]]:
     """Chrome trace counter events: one track per GPU (utilisation %, memory used), under ``pid``."""
     out: list[dict[str, Any]] = []
-    for s in map(downsample, read_gpu_series(paths)):
+    for s in (downsample(s, MAX_TRACE_POINTS) for s in read_gpu_series(paths)):
         for t, u, m in zip(s.t, s.util, s.mem_mib):
             out.append({"ph": "C", "name": f"GPU {s.gpu} busy %", "pid": pid, "tid": 0, "ts": us(t),
                         "args": {"util": round(u, 1)}})
