@@ -91,6 +91,16 @@ class RunPaths:
         """Folder of warm workers' own output (their tasks' output goes to the task logs)."""
         return os.path.join(self.root, "logs", "workers")
 
+    @property
+    def gpu_samples(self) -> str:
+        """GPU utilisation sampled while local launches hand out GPUs (``runners/local/gpumon.py``)."""
+        return os.path.join(self.root, "gpu.jsonl")
+
+    @property
+    def gpu_sampler_log(self) -> str:
+        """What the GPU sampler's ``nvidia-smi`` said on stderr."""
+        return os.path.join(self.root, "logs", "gpu-sampler.log")
+
     def task_log(self, stage: str, task_id: str) -> str:
         return os.path.join(self.root, "logs", stage, f"{task_id}.log")
 
