@@ -169,6 +169,11 @@ def run_pipeline(
         res.update(stage_figures(events[-1], sampler))
         shutil.copy(events[-1], work / f"events_{name}.jsonl")
     res["busy_whole_run"] = sampler.busy(t0, t1)
+    for kept in ("gpu.jsonl", "summary/report.html"):
+        found = sorted(run_dir.glob(f"*/{kept}"))
+        res[f"has_{kept}"] = bool(found)
+        if found:
+            shutil.copy(found[-1], work / f"{name}_{Path(kept).name}")
     logs = sorted(run_dir.glob("*/logs/infer/*.log"))
     res["task_log_lines"] = {p.stem: [line for line in p.read_text(errors="replace").splitlines()
                                       if "ready in" in line or "ran " in line] for p in logs}
@@ -245,6 +250,36 @@ def graph_check(model_dir: Path) -> None:
     del lm
 
 
+LOAD_TIMING = r"""
+import json, sys, time
+t = [("start", time.perf_counter())]
+import torch
+t.append(("import torch", time.perf_counter()))
+torch.zeros(1, device=sys.argv[2]); torch.cuda.synchronize() if sys.argv[2] == "cuda" else None
+t.append(("CUDA context", time.perf_counter()))
+import transformers
+t.append(("import transformers", time.perf_counter()))
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16).to(sys.argv[2])
+torch.cuda.synchronize() if sys.argv[2] == "cuda" else None
+t.append(("from_pretrained + .to(device) (orchestra's way)", time.perf_counter()))
+del m
+m = transformers.AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.bfloat16, device_map=sys.argv[2])
+torch.cuda.synchronize() if sys.argv[2] == "cuda" else None
+t.append(("from_pretrained(device_map=device)", time.perf_counter()))
+tok = transformers.AutoTokenizer.from_pretrained(sys.argv[1])
+t.append(("tokenizer", time.perf_counter()))
+print(json.dumps({b[0]: round(b[1] - a[1], 3) for a, b in zip(t, t[1:])}))
+"""
+
+
+def load_timing(model_dir: Path) -> dict[str, Any]:
+    """Where a worker's first 10 s go: a fresh interpreter importing and loading the model."""
+    proc = subprocess.run([sys.executable, "-c", LOAD_TIMING, str(model_dir), DEV], capture_output=True, text=True,
+                          timeout=300)
+    lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
+    return json.loads(lines[-1]) if lines else {"rc": proc.returncode, "stderr": proc.stderr[-2000:]}
+
+
 def samples_of(name: str, n: int) -> list[Any]:
     import runpy
 
@@ -299,7 +334,7 @@ def main() -> None:
     ap.add_argument("--base-deadline-s", type=float, default=300.0,
                     help="run the base tree's pipeline only if fewer seconds than this have passed")
     ap.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: checks this script, measures nothing")
-    ap.add_argument("--skip", default="", help="comma-separated steps to leave out: pipeline,base,loglik,gen,fp32")
+    ap.add_argument("--skip", default="", help="comma-separated steps to leave out: graph,pipeline,base,loglik,gen,fp32,load,full")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -316,7 +351,8 @@ def main() -> None:
     model_dir = step("build model", out)(build_model)(args.work, args.tokenizer)
     assert model_dir is not None
 
-    step("decoding step as a CUDA graph", out)(graph_check)(model_dir)
+    if "graph" not in skip:
+        step("decoding step as a CUDA graph", out)(graph_check)(model_dir)
     if "pipeline" not in skip:
         RESULTS["pipeline_new"] = step("run.py, this tree", out)(run_pipeline)(REPO, model_dir, args.work, "new", sampler)
 
@@ -458,6 +494,8 @@ def main() -> None:
         generation()
     if "fp32" not in skip:
         fp32()
+    if "load" not in skip:
+        RESULTS["load_timing"] = step("load timing", out)(load_timing)(model_dir)
     if "full" not in skip:
         full = {"'[0:2000]'": "'[0:10042]'", "'[0:1000]'": "'[0:3270]'", "'[0:256]'": "'[0:1319]'"}
         RESULTS["pipeline_full"] = step("run.py, this tree, whole sets", out)(run_pipeline)(

@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: Default tokens of one scoring pass on the CPU: with one thread, SmolLM2 scored BoolQ and
 #: HellaSwag fastest at 512-1024 (larger passes were up to 1.9x slower), ARC-Easy alike.
 CPU_BATCH_TOKENS = 1024
+#: Log-likelihood requests tokenised and planned together on CUDA (see loglikelihood_batch).
+CUDA_LOGLIK_CHUNK = 256
 #: Values of HFCausalLM's ``decode``.
 DECODE_MODES = ("auto", "static", "generate")
 
@@ -355,10 +357,31 @@ class HFCausalLM(BatchedModel):
         lm = self._loaded()
         lm.apply_threads()
         assert self._scorer is not None
-        rows = loglik_rows(lm.tokenizer, requests, self.use_chat_template, lm.max_len(self.max_seq_len))
-        scores = loglik_scores(requests, rows, self._scorer.score(rows))
-        self._count_tokens(sum(len(row.ids) for row in rows), 0)
-        return scores
+        max_len = lm.max_len(self.max_seq_len)
+        chunk = self._loglik_chunk(lm)
+        if chunk is None:
+            rows = loglik_rows(lm.tokenizer, requests, self.use_chat_template, max_len)
+            self._count_tokens(sum(len(row.ids) for row in rows), 0)
+            return loglik_scores(requests, rows, self._scorer.score(rows))
+        # In chunks: the host tokenises and plans chunk k+1 while the GPU runs chunk k's
+        # passes, and the values are read back once.
+        parts = [requests[i : i + chunk] for i in range(0, len(requests), chunk)]
+        row_lists, launched = [], []
+        for part in parts:
+            rows = loglik_rows(lm.tokenizer, part, self.use_chat_template, max_len)
+            row_lists.append(rows)
+            launched.append(self._scorer.launch(rows))
+        values = self._scorer.collect(launched)
+        out: list[list[float]] = []
+        for part, rows, vals in zip(parts, row_lists, values):
+            out.extend(loglik_scores(part, rows, vals))
+            self._count_tokens(sum(len(row.ids) for row in rows), 0)
+        return out
+
+    def _loglik_chunk(self, lm: LoadedLM) -> int | None:
+        """Requests per chunk of a log-likelihood batch: on CUDA, where passes run while the
+        host works; ``None`` (the batch at once) on the CPU, where nothing would overlap."""
+        return CUDA_LOGLIK_CHUNK if lm.input_device.type == "cuda" else None
 
     def _count_tokens(self, prompt: int, completion: int) -> None:
         """Tokens read and written, as an API reports them (``usage``): the report's costs."""

