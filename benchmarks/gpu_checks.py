@@ -44,8 +44,11 @@ T0 = time.perf_counter()
 #: ``--smoke``: a tiny model on the CPU and a few rows, to check this script where no GPU is
 SMOKE = "--smoke" in sys.argv
 DEV = "cpu" if SMOKE else "cuda"
-SIZES = {"arc_easy": 6, "hellaswag": 6, "boolq": 6, "gsm8k": 4} if SMOKE else \
-    {"arc_easy": 570, "hellaswag": 2000, "boolq": 1000, "gsm8k": 256}
+SIZES = (
+    {"arc_easy": 6, "hellaswag": 6, "boolq": 6, "gsm8k": 4}
+    if SMOKE
+    else {"arc_easy": 570, "hellaswag": 2000, "boolq": 1000, "gsm8k": 256}
+)
 
 
 def sync() -> None:
@@ -73,7 +76,9 @@ def step(name: str, out: Path):  # noqa: ANN201 - a decorator factory
             finally:
                 RESULTS.setdefault("step_seconds", {})[name] = round(time.perf_counter() - t0, 2)
                 save(out)
+
         return run
+
     return wrap
 
 
@@ -117,12 +122,25 @@ def build_model(work: Path, tokenizer: Path) -> Path:
     folder = work / "llama-1b"
     if (folder / "config.json").exists():
         return folder
-    size = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2) if SMOKE else \
-        dict(hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32, num_key_value_heads=8)
+    size = (
+        dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+        if SMOKE
+        else dict(
+            hidden_size=2048,
+            intermediate_size=8192,
+            num_hidden_layers=16,
+            num_attention_heads=32,
+            num_key_value_heads=8,
+        )
+    )
     cfg = transformers.LlamaConfig(
         **size,
-        vocab_size=49152, max_position_embeddings=8192, tie_word_embeddings=True,
-        bos_token_id=1, eos_token_id=2, pad_token_id=2,
+        vocab_size=49152,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
     )
     torch.manual_seed(0)
     with torch.device(DEV):
@@ -160,10 +178,19 @@ def run_pipeline(
     shutil.rmtree(run_dir, ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": f"{tree}:{os.environ.get('PYTHONPATH', '')}", "TRANSFORMERS_VERBOSITY": "error"}
     t0 = time.time()
-    proc = subprocess.run([sys.executable, str(tree / "run.py"), str(cfg), "-w", str(run_dir)], env=env,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(tree / "run.py"), str(cfg), "-w", str(run_dir)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     t1 = time.time()
-    res: dict[str, Any] = {"rc": proc.returncode, "wall_s": round(t1 - t0, 2), "tail": proc.stdout[-3000:] + proc.stderr[-3000:]}
+    res: dict[str, Any] = {
+        "rc": proc.returncode,
+        "wall_s": round(t1 - t0, 2),
+        "tail": proc.stdout[-3000:] + proc.stderr[-3000:],
+    }
     events = sorted(run_dir.glob("*/events.jsonl")) or sorted(run_dir.glob("events.jsonl"))
     if events:
         res.update(stage_figures(events[-1], sampler))
@@ -175,8 +202,10 @@ def run_pipeline(
         if found:
             shutil.copy(found[-1], work / f"{name}_{Path(kept).name}")
     logs = sorted(run_dir.glob("*/logs/infer/*.log"))
-    res["task_log_lines"] = {p.stem: [line for line in p.read_text(errors="replace").splitlines()
-                                      if "ready in" in line or "ran " in line] for p in logs}
+    res["task_log_lines"] = {
+        p.stem: [line for line in p.read_text(errors="replace").splitlines() if "ready in" in line or "ran " in line]
+        for p in logs
+    }
     return res
 
 
@@ -215,24 +244,35 @@ def graph_check(model_dir: Path) -> None:
     import torch
     import transformers
 
+    from orchestra.models.hf_common import resolve_source
     from orchestra.models.hf_decode import decode_greedy
     from orchestra.models.hf_load import load_causal_lm
-    from orchestra.models.hf_common import resolve_source
 
-    lm = load_causal_lm("check", str(model_dir), resolve_source(str(model_dir), "check"), torch_dtype="bfloat16",
-                        device=DEV, device_map=None, num_threads=None, cache_dir=None, tokenizer_path=None,
-                        tokenizer_kwargs={}, model_kwargs={}, trust_remote_code=False)
+    lm = load_causal_lm(
+        "check",
+        str(model_dir),
+        resolve_source(str(model_dir), "check"),
+        torch_dtype="bfloat16",
+        device=DEV,
+        device_map=None,
+        num_threads=None,
+        cache_dir=None,
+        tokenizer_path=None,
+        tokenizer_kwargs={},
+        model_kwargs={},
+        trust_remote_code=False,
+    )
     prompts = [lm.tokenizer.encode(s.gen.prompt) for s in samples_of("gsm8k", 8)]
     ids, mask, _ = lm.left_pad(prompts)
     pad = int(lm.tokenizer.pad_token_id)
     gcfg = transformers.GenerationConfig(max_new_tokens=64, do_sample=False, pad_token_id=pad, eos_token_id=2)
     with torch.inference_mode():
-        want = lm.model.generate(input_ids=ids, attention_mask=mask, generation_config=gcfg)[:, ids.shape[1]:].tolist()
+        want = lm.model.generate(input_ids=ids, attention_mask=mask, generation_config=gcfg)[:, ids.shape[1] :].tolist()
     out: dict[str, Any] = {}
     for graph in (False, True):
         done = [False] * len(prompts)
 
-        def is_done(step: int, newest: list[int]) -> list[bool]:
+        def is_done(step: int, newest: list[int], done: list[bool] = done) -> list[bool]:
             for r, t in enumerate(newest):
                 done[r] = done[r] or t == 2 or step >= 64
             return list(done)
@@ -241,7 +281,8 @@ def graph_check(model_dir: Path) -> None:
         got, mode = decode_greedy(torch, lm.model, ids, mask, 64, pad, is_done, graph)
         rows = got.tolist()
         out["graph" if graph else "eager"] = {
-            "mode": mode, "s": round(time.perf_counter() - t0, 3),
+            "mode": mode,
+            "s": round(time.perf_counter() - t0, 3),
             "rows_equal_to_generate": sum(a == b for a, b in zip(rows, want)),
             "tokens_equal": sum(x == y for a, b in zip(rows, want) for x, y in zip(a, b)),
             "tokens": sum(len(a) for a in want),
@@ -274,8 +315,9 @@ print(json.dumps({b[0]: round(b[1] - a[1], 3) for a, b in zip(t, t[1:])}))
 
 def load_timing(model_dir: Path) -> dict[str, Any]:
     """Where a worker's first 10 s go: a fresh interpreter importing and loading the model."""
-    proc = subprocess.run([sys.executable, "-c", LOAD_TIMING, str(model_dir), DEV], capture_output=True, text=True,
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD_TIMING, str(model_dir), DEV], capture_output=True, text=True, timeout=300
+    )
     lines = [x for x in proc.stdout.splitlines() if x.startswith("{")]
     return json.loads(lines[-1]) if lines else {"rc": proc.returncode, "stderr": proc.stderr[-2000:]}
 
@@ -306,13 +348,13 @@ def plain_loglik(torch: Any, model: Any, rows: list[Any], pad: int, bs: int = 32
     out: dict[tuple[int, int], float] = {}
     with torch.inference_mode():
         for lo in range(0, len(order), bs):
-            chunk = [rows[i] for i in order[lo:lo + bs]]
+            chunk = [rows[i] for i in order[lo : lo + bs]]
             width = len(chunk[0].ids)
             ids = torch.full((len(chunk), width), pad, dtype=torch.long)
             mask = torch.zeros((len(chunk), width), dtype=torch.long)
             for j, r in enumerate(chunk):
-                ids[j, :len(r.ids)] = torch.tensor(r.ids)
-                mask[j, :len(r.ids)] = 1
+                ids[j, : len(r.ids)] = torch.tensor(r.ids)
+                mask[j, : len(r.ids)] = 1
             ids, mask = ids.to(DEV), mask.to(DEV)
             logprobs = torch.log_softmax(model(input_ids=ids, attention_mask=mask).logits.float(), dim=-1)
             picked = []
@@ -331,10 +373,18 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/gpu_checks"))
     ap.add_argument("--base-tree", type=Path, default=None)
     ap.add_argument("--gen-n", type=int, default=256)
-    ap.add_argument("--base-deadline-s", type=float, default=300.0,
-                    help="run the base tree's pipeline only if fewer seconds than this have passed")
-    ap.add_argument("--smoke", action="store_true", help="a tiny model on the CPU: checks this script, measures nothing")
-    ap.add_argument("--skip", default="", help="comma-separated steps to leave out: graph,pipeline,base,loglik,gen,fp32,load,full")
+    ap.add_argument(
+        "--base-deadline-s",
+        type=float,
+        default=300.0,
+        help="run the base tree's pipeline only if fewer seconds than this have passed",
+    )
+    ap.add_argument(
+        "--smoke", action="store_true", help="a tiny model on the CPU: checks this script, measures nothing"
+    )
+    ap.add_argument(
+        "--skip", default="", help="comma-separated steps to leave out: graph,pipeline,base,loglik,gen,fp32,load,full"
+    )
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     args.out.mkdir(parents=True, exist_ok=True)
@@ -345,8 +395,11 @@ def main() -> None:
     import transformers
 
     RESULTS["device"] = "cpu (smoke)" if SMOKE else torch.cuda.get_device_name(0)
-    RESULTS["versions"] = {"torch": torch.__version__, "transformers": transformers.__version__,
-                           "python": sys.version.split()[0]}
+    RESULTS["versions"] = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": sys.version.split()[0],
+    }
     sampler = Sampler()
     model_dir = step("build model", out)(build_model)(args.work, args.tokenizer)
     assert model_dir is not None
@@ -354,13 +407,21 @@ def main() -> None:
     if "graph" not in skip:
         step("decoding step as a CUDA graph", out)(graph_check)(model_dir)
     if "pipeline" not in skip:
-        RESULTS["pipeline_new"] = step("run.py, this tree", out)(run_pipeline)(REPO, model_dir, args.work, "new", sampler)
+        RESULTS["pipeline_new"] = step("run.py, this tree", out)(run_pipeline)(
+            REPO, model_dir, args.work, "new", sampler
+        )
 
     from orchestra.models.hf import HFCausalLM
     from orchestra.models.hf_common import loglik_rows
 
-    lm = HFCausalLM(abbr="llama", path=str(model_dir), torch_dtype="bfloat16", device=DEV, batch_size=32,
-                    decode="static" if SMOKE else "auto")
+    lm = HFCausalLM(
+        abbr="llama",
+        path=str(model_dir),
+        torch_dtype="bfloat16",
+        device=DEV,
+        batch_size=32,
+        decode="static" if SMOKE else "auto",
+    )
     lm.load()
     tok, hf_model = lm.tokenizer, lm.model
     pad = int(tok.pad_token_id)
@@ -394,17 +455,29 @@ def main() -> None:
             for i, r in enumerate(recs)
         )
         RESULTS["loglik"] = {
-            "rows": len(rows), "requests": len(reqs),
-            "engine_s": round(t1 - t0, 3), "plain_s": round(t3 - t2, 3),
-            "engine_rows_per_s": round(len(rows) / (t1 - t0), 1), "plain_rows_per_s": round(len(rows) / (t3 - t2), 1),
+            "rows": len(rows),
+            "requests": len(reqs),
+            "engine_s": round(t1 - t0, 3),
+            "plain_s": round(t3 - t2, 3),
+            "engine_rows_per_s": round(len(rows) / (t1 - t0), 1),
+            "plain_rows_per_s": round(len(rows) / (t3 - t2), 1),
             "ratio": round((t3 - t2) / (t1 - t0), 2),
-            "busy_engine": sampler.busy(t0, t1), "busy_plain": sampler.busy(t2, t3),
-            "max_abs_diff": round(diffs[-1], 4), "median_abs_diff": round(diffs[len(diffs) // 2], 4),
-            "same_choice": f"{same_pick}/{len(recs)}", "stats": dict(lm.stats.extra),
+            "busy_engine": sampler.busy(t0, t1),
+            "busy_plain": sampler.busy(t2, t3),
+            "max_abs_diff": round(diffs[-1], 4),
+            "median_abs_diff": round(diffs[len(diffs) // 2], 4),
+            "same_choice": f"{same_pick}/{len(recs)}",
+            "stats": dict(lm.stats.extra),
         }
-        RESULTS["_loglik_pairs"] = [(rows[k].ids, rows[k].n) for k in range(0, len(rows), max(1, len(rows) // 300))][:300]
-        RESULTS["_loglik_ours"] = [ours[(rows[k].request, rows[k].choice)] for k in range(0, len(rows), max(1, len(rows) // 300))][:300]
-        RESULTS["_loglik_plain"] = [plain[(rows[k].request, rows[k].choice)] for k in range(0, len(rows), max(1, len(rows) // 300))][:300]
+        RESULTS["_loglik_pairs"] = [(rows[k].ids, rows[k].n) for k in range(0, len(rows), max(1, len(rows) // 300))][
+            :300
+        ]
+        RESULTS["_loglik_ours"] = [
+            ours[(rows[k].request, rows[k].choice)] for k in range(0, len(rows), max(1, len(rows) // 300))
+        ][:300]
+        RESULTS["_loglik_plain"] = [
+            plain[(rows[k].request, rows[k].choice)] for k in range(0, len(rows), max(1, len(rows) // 300))
+        ][:300]
 
     @step("generation: engine vs model.generate", out)
     def generation() -> None:
@@ -429,32 +502,47 @@ def main() -> None:
             sync()
             t1 = time.time()
             n_tok = lm.stats.extra.get("completion_tokens", 0) - before
-            res[f"engine_bs{bs}"] = {"s": round(t1 - t0, 2), "tokens": n_tok, "tok_per_s": round(n_tok / (t1 - t0), 1),
-                                     "busy": sampler.busy(t0, t1)}
+            res[f"engine_bs{bs}"] = {
+                "s": round(t1 - t0, 2),
+                "tokens": n_tok,
+                "tok_per_s": round(n_tok / (t1 - t0), 1),
+                "busy": sampler.busy(t0, t1),
+            }
             texts[f"engine_bs{bs}"] = [r["prediction"] for r in recs]
         tok.padding_side = "left"
         prompts = [lm._prompt_ids(lm._loaded(), s.gen) for s in nostop]
         warm_ids, warm_mask, _ = lm._loaded().left_pad(prompts[:8])
         with torch.inference_mode():  # warm: kernels picked, caches set up
-            hf_model.generate(input_ids=warm_ids, attention_mask=warm_mask, generation_config=transformers.GenerationConfig(
-                max_new_tokens=8, do_sample=False, pad_token_id=pad, eos_token_id=eos))
+            hf_model.generate(
+                input_ids=warm_ids,
+                attention_mask=warm_mask,
+                generation_config=transformers.GenerationConfig(
+                    max_new_tokens=8, do_sample=False, pad_token_id=pad, eos_token_id=eos
+                ),
+            )
         for bs in (32, 256):
-            gcfg = transformers.GenerationConfig(max_new_tokens=256, do_sample=False, pad_token_id=pad, eos_token_id=eos)
+            gcfg = transformers.GenerationConfig(
+                max_new_tokens=256, do_sample=False, pad_token_id=pad, eos_token_id=eos
+            )
             outs: list[list[int]] = []
             n_tok = 0
             sync()
             t0 = time.time()
             for lo in range(0, len(prompts), bs):
-                ids, mask, _ = lm._loaded().left_pad(prompts[lo:lo + bs])
+                ids, mask, _ = lm._loaded().left_pad(prompts[lo : lo + bs])
                 with torch.inference_mode():
                     got = hf_model.generate(input_ids=ids, attention_mask=mask, generation_config=gcfg)
-                new = got[:, ids.shape[1]:].tolist()
+                new = got[:, ids.shape[1] :].tolist()
                 outs.extend(new)
                 n_tok += sum(generated(x) for x in new)
             sync()
             t1 = time.time()
-            res[f"generate_bs{bs}"] = {"s": round(t1 - t0, 2), "tokens": n_tok, "tok_per_s": round(n_tok / (t1 - t0), 1),
-                                       "busy": sampler.busy(t0, t1)}
+            res[f"generate_bs{bs}"] = {
+                "s": round(t1 - t0, 2),
+                "tokens": n_tok,
+                "tok_per_s": round(n_tok / (t1 - t0), 1),
+                "busy": sampler.busy(t0, t1),
+            }
             texts[f"generate_bs{bs}"] = [tok.decode(x, skip_special_tokens=True) for x in outs]
         base = res["generate_bs32"]["tok_per_s"]
         for k in ("engine_bs32", "engine_bs256", "generate_bs256"):
@@ -484,8 +572,10 @@ def main() -> None:
         d_plain = sorted(abs(a - b) for a, b in zip(plain, ref))
         RESULTS["fp32_reference"] = {
             "rows": len(ref),
-            "engine_bf16_vs_fp32_max": round(d_ours[-1], 4), "engine_bf16_vs_fp32_median": round(d_ours[len(d_ours) // 2], 4),
-            "plain_bf16_vs_fp32_max": round(d_plain[-1], 4), "plain_bf16_vs_fp32_median": round(d_plain[len(d_plain) // 2], 4),
+            "engine_bf16_vs_fp32_max": round(d_ours[-1], 4),
+            "engine_bf16_vs_fp32_median": round(d_ours[len(d_ours) // 2], 4),
+            "plain_bf16_vs_fp32_max": round(d_plain[-1], 4),
+            "plain_bf16_vs_fp32_median": round(d_plain[len(d_plain) // 2], 4),
         }
 
     if "loglik" not in skip:
@@ -499,11 +589,13 @@ def main() -> None:
     if "full" not in skip:
         full = {"'[0:2000]'": "'[0:10042]'", "'[0:1000]'": "'[0:3270]'", "'[0:256]'": "'[0:1319]'"}
         RESULTS["pipeline_full"] = step("run.py, this tree, whole sets", out)(run_pipeline)(
-            REPO, model_dir, args.work, "full", sampler, full)
+            REPO, model_dir, args.work, "full", sampler, full
+        )
     if args.base_tree and "base" not in skip:
         if time.perf_counter() - T0 < args.base_deadline_s:
             RESULTS["pipeline_base"] = step("run.py, base tree", out)(run_pipeline)(
-                args.base_tree, model_dir, args.work, "base", sampler)
+                args.base_tree, model_dir, args.work, "base", sampler
+            )
         else:
             RESULTS["pipeline_base"] = f"left out: {args.base_deadline_s} s had passed"
     sampler.close()
