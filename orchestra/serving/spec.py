@@ -19,10 +19,10 @@ ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 LOGLIK_ENGINES = frozenset({"vllm", "sglang", "command"})
 #: fields an argv template of the ``command`` engine may use
 TEMPLATE_FIELDS = ("port", "host", "model", "name", "key_file", "gpus", "threads")
-KEYS = ("engine", "model", "replicas", "tensor_parallel_size", "threads", "parallel", "ctx_size", "args",
+KEYS = ("engine", "model", "replicas", "tensor_parallel_size", "gpus", "threads", "parallel", "ctx_size", "args",
         "command", "ready_path", "startup_timeout_s", "max_restarts", "env", "python", "executable")
 #: per engine, the keys that only it accepts
-ONLY = {"tensor_parallel_size": ("vllm", "sglang"), "threads": ("llama.cpp", "command"),
+ONLY = {"tensor_parallel_size": ("vllm", "sglang"), "gpus": ("command",), "threads": ("llama.cpp", "command"),
         "parallel": ("llama.cpp",), "ctx_size": ("llama.cpp",), "command": ("command",),
         "python": ("llama.cpp", "sglang"), "executable": ("vllm",)}
 DEFAULT_STARTUP_S = {"vllm": 900.0, "sglang": 900.0, "llama.cpp": 120.0, "command": 600.0}
@@ -38,6 +38,7 @@ class ServerSpec:
             the ``command`` template's ``{model}`` stands for.
         replicas: servers started for this model (requests spread over them).
         tensor_parallel_size: GPUs one replica of vLLM / SGLang needs.
+        gpus: GPUs one replica of a ``command`` server needs (``{gpus}``, and CUDA_VISIBLE_DEVICES).
         threads: CPU threads of one llama.cpp replica (``{threads}`` of a ``command``).
         parallel: requests one llama.cpp replica decodes at once (its slots).
         ctx_size: llama.cpp's context, shared by its slots.
@@ -56,6 +57,7 @@ class ServerSpec:
     model: str
     replicas: int = 1
     tensor_parallel_size: int = 1
+    gpus: int = 0
     threads: int = 1
     parallel: int = 4
     ctx_size: int = 8192
@@ -71,6 +73,8 @@ class ServerSpec:
     @property
     def gpus_per_replica(self) -> int:
         """GPUs one replica takes from the runner's hand-out (llama.cpp runs on CPU threads)."""
+        if self.engine == "command":
+            return self.gpus
         return self.tensor_parallel_size if self.engine in ("vllm", "sglang") else 0
 
     @property
@@ -84,7 +88,7 @@ class ServerSpec:
     def to_dict(self) -> dict[str, Any]:
         """The config form (what a task spec carries; no secret ever is in it)."""
         return {"engine": self.engine, "model": self.model, "replicas": self.replicas,
-                "tensor_parallel_size": self.tensor_parallel_size, "threads": self.threads,
+                "tensor_parallel_size": self.tensor_parallel_size, "gpus": self.gpus, "threads": self.threads,
                 "parallel": self.parallel, "ctx_size": self.ctx_size, "args": list(self.args),
                 "command": list(self.command), "ready_path": self.ready_path,
                 "startup_timeout_s": self.startup_timeout_s, "max_restarts": self.max_restarts,
@@ -154,7 +158,8 @@ def parse_server(cfg: Any) -> ServerSpec:
             raise ConfigError(f"server.{key} must be a command name or path, got {cfg[key]!r}")
     return ServerSpec(
         engine=engine, model=model, replicas=_int(cfg, "replicas", 1, 1),
-        tensor_parallel_size=_int(cfg, "tensor_parallel_size", 1, 1), threads=_int(cfg, "threads", 1, 1),
+        tensor_parallel_size=_int(cfg, "tensor_parallel_size", 1, 1), gpus=_int(cfg, "gpus", 0, 0),
+        threads=_int(cfg, "threads", 1, 1),
         parallel=_int(cfg, "parallel", 4, 1), ctx_size=_int(cfg, "ctx_size", 8192, 256), args=tuple(args),
         command=tuple(command), ready_path=ready_path, startup_timeout_s=float(timeout),
         max_restarts=_int(cfg, "max_restarts", 3, 0), env=tuple(sorted(env.items())),

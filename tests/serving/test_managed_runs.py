@@ -268,3 +268,24 @@ def test_a_replica_that_exits_never_answers_or_ignores_the_key_fails_in_one_line
     (run,) = run_dirs(tmp_path / "out")
     assert (run / "servers/smol/replica-0.log").exists()
     assert not [p for p in replica_pids(run) if alive(p)]
+
+
+def test_each_replica_gets_its_own_gpus_from_the_runner(tmp_path: Path) -> None:
+    """GPU ids are labels to the hand-out: two replicas of one GPU each on a runner with GPUs
+    '0' and '1' get one each (the ``command`` engine runs the xllamacpp launcher here)."""
+    command = [PY, "-m", "orchestra.serving.xllama", "--model", "{model}", "--port", "{port}", "--alias", "{name}",
+               "--parallel", "2"]
+    server = dict(engine="command", model=gguf(), command=command, replicas=2, gpus=1)
+    cfg = config(tmp_path, server, rows=6)
+    cfg.write_text(cfg.read_text().replace("gpus=[]", "gpus=['0', '1']"))
+    res = run_cli(cfg, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = run_dirs(tmp_path / "out")
+    given = sorted(tuple(e["gpus"]) for e in events(run) if e["event"] == "server_started")
+    assert given == [("0",), ("1",)]
+    started = [e for e in events(run) if e["event"] == "started"]
+    assert all(e["resources"]["gpu_ids"] == [] for e in started)
+    too_many = config(tmp_path, {**server, "replicas": 3}, name="three.py")
+    too_many.write_text(too_many.read_text().replace("gpus=[]", "gpus=['0', '1']"))
+    refused = run_cli(too_many, timeout=60)
+    assert refused.returncode == 2 and "3 replica(s) x 1 GPU(s) = 3 GPU(s)" in refused.stderr
