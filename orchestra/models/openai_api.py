@@ -145,7 +145,7 @@ class OpenAIAPI(BaseModel):
         self.url = f"{self.base_url}/{'chat/completions' if endpoint == 'chat' else 'completions'}"
         self.completions_url = f"{self.base_url}/completions"
         self._key: _Secret | None = None  # read on first use, inside the task (see _secret)
-        self.scope_name = f"openai-api:{self.base_url}|{path}"
+        self.scope_name = f"openai-api:{self.base_url}|{path}" if self.server is None else f"served:{abbr}|{path}"
         self.rate = AdaptiveRate(max_rate=rate_limit, ramp_requests=max_connections)
         self._slots: ProcessSlots | HostSlots | None = None
         self._session: Any = None

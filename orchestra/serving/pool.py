@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import signal
-import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from typing import Any
 
 from orchestra.fileio import append_line, atomic_write_json, read_jsonl
 from orchestra.paths import safe_name
-from orchestra.privdir import open_private_file, private_dir
+from orchestra.privdir import open_private_file, private_dir, temp_folder
 from orchestra.serving.replica import Replica, start_time
 from orchestra.serving.spec import ServerSpec
 from orchestra.serving.watchdog import group_members
@@ -41,7 +40,7 @@ GiveGpus = Callable[[list[str]], None]
 def new_key_file() -> tuple[str, str]:
     """A fresh random key in a private file (0600, in a 0700 folder of this user under the temp
     folder, never in the run folder): (path, key)."""
-    folder = private_dir(os.path.join(tempfile.gettempdir(), f"orchestra-serve-{os.getuid()}"))
+    folder = private_dir(temp_folder("serve"))
     key = secrets.token_urlsafe(32)
     path = os.path.join(folder, f"{secrets.token_hex(8)}.key")
     fd = open_private_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
