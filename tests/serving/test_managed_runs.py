@@ -289,3 +289,21 @@ def test_each_replica_gets_its_own_gpus_from_the_runner(tmp_path: Path) -> None:
     too_many.write_text(too_many.read_text().replace("gpus=[]", "gpus=['0', '1']"))
     refused = run_cli(too_many, timeout=60)
     assert refused.returncode == 2 and "3 replica(s) x 1 GPU(s) = 3 GPU(s)" in refused.stderr
+
+
+def test_sigterm_stops_the_run_and_its_replicas(tmp_path: Path) -> None:
+    proc = start_cli(config(tmp_path, llama(replicas=2), rows=40, out_len=8), new_session=True)
+    try:
+        run = the_run(tmp_path)
+        wait_for(lambda: sum(e["event"] == "server_ready" for e in events(run)) == 2, 120, "two ready replicas")
+        pids = wait_for(lambda: len(replica_pids(run)) == 4 and replica_pids(run), 30, "the replicas' pids")
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        proc.communicate(timeout=60)
+        assert proc.returncode == 130 and time.monotonic() - t0 < 20
+        assert not [p for p in pids if alive(p)]  # gone before the orchestrator exited
+        assert sorted(e["replica"] for e in events(run) if e["event"] == "server_stopped") == [0, 1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
