@@ -157,6 +157,15 @@ class OpenAIAPI(BaseModel):
             self.stop_grace_s = self.batch_options.cancel_wait_s + 5.0
         self._batcher: OpenAIBatcher | None = None
 
+    @classmethod
+    def identity(cls, cfg: dict[str, Any]) -> str:
+        """A managed server's weights, engine and flags can change answers; how many replicas,
+        threads, slots or restarts it has cannot (changing those reuses predictions)."""
+        server = cfg.get("server")
+        if isinstance(server, dict):
+            cfg = {**cfg, "server": {k: server.get(k) for k in ("engine", "model", "args", "command", "ctx_size")}}
+        return super().identity(cfg)
+
     def __repr__(self) -> str:
         return f"OpenAIAPI(abbr={self.abbr!r}, path={self.path!r}, base_url={self.base_url!r})"
 

@@ -88,3 +88,15 @@ def test_llama_cpp_argv_runs_the_xllamacpp_launcher(tmp_path: Path) -> None:
     assert ("--threads", "3") == how.argv[how.argv.index("--threads"):how.argv.index("--threads") + 2]
     assert how.argv[-2:] == ("--set", "n_batch=64")
     assert spec.gpus_per_replica == 0 and not spec.supports_loglik
+
+
+def test_replicas_and_threads_do_not_change_what_a_served_model_answers(tmp_path: Path) -> None:
+    from orchestra.models.openai_api import OpenAIAPI
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    base = dict(abbr="m", path="smol", server=dict(engine="llama.cpp", model=str(gguf), replicas=1, threads=1))
+    faster = {**base, "server": {**base["server"], "replicas": 4, "threads": 2, "max_restarts": 9}}
+    other = {**base, "server": {**base["server"], "args": ["top_k=5"]}}
+    assert OpenAIAPI.identity(base) == OpenAIAPI.identity(faster)
+    assert OpenAIAPI.identity(base) != OpenAIAPI.identity(other)
