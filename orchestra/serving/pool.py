@@ -175,7 +175,11 @@ class ServerPool:
                 with self._lock:
                     models = list(self._models.values())
                 for served in models:
-                    self._tend(served)
+                    try:
+                        self._tend(served)
+                    except Exception as exc:  # noqa: BLE001 - a bug here must fail the model's tasks, not hang them
+                        served.failed = f"the server pool failed for {served.abbr}: {type(exc).__name__}: {exc}"
+                        served.stopping = True
                 self._closing.wait(TICK_S)
         finally:
             with self._lock:

@@ -100,3 +100,24 @@ def test_replicas_and_threads_do_not_change_what_a_served_model_answers(tmp_path
     other = {**base, "server": {**base["server"], "args": ["top_k=5"]}}
     assert OpenAIAPI.identity(base) == OpenAIAPI.identity(faster)
     assert OpenAIAPI.identity(base) != OpenAIAPI.identity(other)
+
+
+def test_keyed_gives_the_module_its_key_flag_without_putting_the_key_in_argv(tmp_path: Path) -> None:
+    """SGLang takes its key only as --api-key: the shim adds it inside the process."""
+    import json
+    import os
+    import subprocess
+
+    (tmp_path / "fake_server.py").write_text(
+        "import json, sys\n"
+        "cmdline = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+        "print(json.dumps({'argv': sys.argv, 'cmdline': [a.decode() for a in cmdline if a]}))\n")
+    key_file = tmp_path / "k.key"
+    key_file.write_text("s3cret-key-value\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path(__file__).resolve().parents[2]}",
+           KEY_FILE_ENV: str(key_file)}
+    out = subprocess.run([sys.executable, "-m", "orchestra.serving.keyed", "--api-key", "fake_server", "--port", "9"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    seen = json.loads(out)
+    assert seen["argv"][1:] == ["--port", "9", "--api-key", "s3cret-key-value"]
+    assert not any("s3cret" in a for a in seen["cmdline"])
