@@ -244,6 +244,7 @@ class ServerPool:
         why = {"exited": f"exited with code {replica.code} before it was ready",
                "late": f"did not answer {served.spec.ready_path} within {served.spec.startup_s:g} s",
                "foreign": f"port {replica.port} is held by another process",
+               "exposed": "listens on every address, not on 127.0.0.1 only (refused: keep it on loopback)",
                "open": "answers without the key (refused: anyone on this machine could use it)"}[state]
         if state == "foreign":  # lost a race for the port: not the server's fault, not counted
             self._stop(served, replica)

@@ -3,10 +3,11 @@
 Nothing here blocks for long: :meth:`Replica.check` makes one short probe, so the pool's thread
 watches every replica of the run in one loop.  A replica is *ready* only when
 
-1. its ``ready_path`` answers 200,
-2. the socket listening on its port belongs to a process of its own group (a port another
-   process took between our choice and the server's bind is caught here: the server then
-   exits or serves nothing, and it is restarted on another port, without a race left), and
+1. the socket listening on its port belongs to a process of its own group, looked up in /proc
+   before anything is sent to the port (a port another process took between our choice and the
+   server's bind is caught here, before that process could see the key; the replica is then
+   restarted on another port, without a race left),
+2. its ``ready_path`` answers 200, and
 3. ``/v1/models`` answers 401/403 without the key and 200 with it (a server that does not demand
    the key is never used: another local user could drive the GPUs through it).
 """
@@ -40,16 +41,17 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def listener_inode(port: int) -> int | None:
-    """The socket inode listening on 127.0.0.1:``port`` (or on any address), from /proc/net/tcp."""
-    want = {f"0100007F:{port:04X}", f"00000000:{port:04X}"}
+def listener(port: int) -> tuple[int, bool] | None:
+    """The socket listening on ``port`` from /proc/net/tcp: (its inode, whether it listens on
+    every address rather than 127.0.0.1 only); None: nothing listens there yet."""
+    loopback, anywhere = f"0100007F:{port:04X}", f"00000000:{port:04X}"
     try:
         with open("/proc/net/tcp", encoding="ascii") as fh:
             next(fh)
             for line in fh:
                 parts = line.split()
-                if len(parts) > 9 and parts[1] in want and parts[3] == "0A":
-                    return int(parts[9])
+                if len(parts) > 9 and parts[1] in (loopback, anywhere) and parts[3] == "0A":
+                    return int(parts[9]), parts[1] == anywhere
     except OSError:
         return None
     return None
@@ -146,20 +148,26 @@ class Replica:
 
     def check(self, key: str) -> str:
         """One look at a starting replica: ``starting``, ``ready``, ``exited``, ``late`` (past its
-        deadline), ``foreign`` (another process holds its port) or ``open`` (serves without the key)."""
+        deadline), ``foreign`` (another process holds its port), ``exposed`` (it listens on every
+        address, not 127.0.0.1 only) or ``open`` (it serves without the key)."""
         code = self.exited()
         if code is not None:
             self.code = code
             return "exited"
         if time.monotonic() - self.started > self.spec.startup_s:
             return "late"
-        root = self.base_url[: -len("/v1")]
-        if _status(root + self.spec.ready_path, key) != 200:
+        # Whose socket listens on the port is looked up before the key is sent anywhere: a
+        # process of another user that took the port must never see the key.
+        found = listener(self.port)
+        if found is None:
             return "starting"
-        inode = listener_inode(self.port)
         assert self.proc is not None
-        if inode is None or not owns_socket(group_members(self.proc.pid), inode):
+        if not owns_socket(group_members(self.proc.pid), found[0]):
             return "foreign"
+        if found[1]:
+            return "exposed"
+        if _status(self.base_url[: -len("/v1")] + self.spec.ready_path, key) != 200:
+            return "starting"
         if _status(self.base_url + "/models", None) not in (401, 403):
             return "open"
         if _status(self.base_url + "/models", key) != 200:

@@ -254,6 +254,8 @@ PY = sys.executable
      ["did not answer /health within 2 s"]),
     ([PY, "-m", "http.server", "{port}", "--bind", "127.0.0.1"], {"ready_path": "/"},
      ["answers without the key (refused"]),
+    ([PY, "-m", "http.server", "{port}", "--bind", "0.0.0.0"], {"ready_path": "/"},
+     ["listens on every address, not on 127.0.0.1 only"]),
 ])
 def test_a_replica_that_exits_never_answers_or_ignores_the_key_fails_in_one_line(
         tmp_path: Path, command: list[str], extra: dict[str, Any], expected: list[str]) -> None:
