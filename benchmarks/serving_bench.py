@@ -157,6 +157,9 @@ def main() -> None:
                     results["b"].append(managed(folder, "b_one", args.n, args.out_len, env, 1, args.threads, 8))
                 else:
                     results["c"].append(managed(folder, "c_two", args.n, args.out_len, env, 2, 1, 4))
+    for r in range(args.rounds):
+        line = "  ".join(f"{k}: {results[k][r][0]:.2f} s, {results[k][r][1]:.2f} req/s" for k in ("a", "b", "c"))
+        print(f"round {r + 1}: {line}")
     mean = {k: (sum(s for s, _ in v) / len(v), sum(q for _, q in v) / len(v)) for k, v in results.items()}
     t = args.threads
     names = {"a": f"(a) by hand + base_url ({t} thread(s), 8 slots)", "b": f"(b) 1 managed replica ({t}, 8 slots)",
