@@ -19,32 +19,18 @@ classes or dotted names as ``type``).  Keyword arguments whose name holds a dot
 from __future__ import annotations
 
 import os
-import signal
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from types import FrameType
 from typing import Any
 
 from orchestra.errors import ConfigError, RunFolderBusyError, UserError
-from orchestra.terminal import printable
+from orchestra.terminal import say
+
+__all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "MODES", "PlanView", "Run",
+           "plan", "run", "say", "viz"]
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_INTERRUPTED, EXIT_HANGUP = 0, 1, 2, 130, 129
 MODES = ("all", "infer", "eval", "viz")
-
-
-def say(*values: Any, file: Any = None, quiet: bool = False) -> None:
-    """``print`` that survives a reader who left (``orchestra ... | head``): the run goes on and
-    its exit code still says how it went.  What it prints may come from outside (an endpoint's
-    error, a log's line): terminal control characters are removed (``terminal.printable``)."""
-    if quiet:
-        return
-    stream = file or sys.stdout
-    try:
-        print(*(printable(str(v)) for v in values), file=stream, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())
 
 
 @dataclass
@@ -307,7 +293,7 @@ def viz(run_dir: str, quiet: bool = False, trace: str | None = None, prices: dic
     from orchestra.datasets.info import dataset_infos
     from orchestra.paths import RunPaths
     from orchestra.planner import make_plan
-    from orchestra.summary.table import build_summary, render_text, write_summary
+    from orchestra.summary.epilogue import epilogue
 
     paths = RunPaths(run_dir)
     if not os.path.isfile(paths.config):
@@ -315,122 +301,21 @@ def viz(run_dir: str, quiet: bool = False, trace: str | None = None, prices: dic
     cfg = validate(load_config(paths.config), paths.config)
     infos = dataset_infos(cfg.datasets, paths.config, write_cache=False)
     made = make_plan(cfg, infos, paths)
-    summary = build_summary(paths, [m["abbr"] for m in cfg.models], made.all_units["eval"])
-    write_summary(summary, paths)
-    say(render_text(summary), quiet=quiet)
-    pivot = _pivot(cfg, summary, paths, quiet)
-    say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
-    report = _report(paths, cfg, summary, made, prices or {}, trace, quiet, debug=False)
-    return Run(paths.root, EXIT_FAILED if summary.missing else EXIT_OK, [], summary, pivot, report)
-
-
-def _report(paths: Any, cfg: Any, summary: Any, made: Any, prices: dict[str, Any], trace: str | None, quiet: bool,
-            debug: bool) -> str | None:
-    """Write the HTML report and the trace and name them on the last line; a report that
-    cannot be written is a warning (the run's results and exit code stand)."""
-    from orchestra.summary.costs import load_prices, save_prices
-    from orchestra.summary.progress import api_model_abbrs
-    from orchestra.summary.report import write_report
-
-    try:
-        if prices:
-            save_prices(paths, prices)  # a later viz finds them: the saved config.py leaves them out
-        else:
-            prices = load_prices(paths)
-        files = write_report(paths, summary, made.all_units["eval"], api_model_abbrs(cfg.models), prices, trace)
-    except Exception as exc:  # a bug here must not hide the run's own outcome
-        if debug:
-            raise
-        say(f"orchestra: warning: could not write the report: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return None
-    say(f"report: {files.report}{f' (trace: {trace})' if trace else ''}", file=sys.stderr, quiet=quiet)
-    return files.report
-
-
-def _pivot(cfg: Any, summary: Any, paths: Any, quiet: bool) -> Any:
-    if cfg.sweep is None:
-        return None
-    from orchestra.summary.pivot import build_pivot, render_pivot, write_pivot
-
-    pivot = build_pivot(summary, cfg.sweep.to_dict())
-    write_pivot(pivot, paths)
-    say(render_pivot(pivot), quiet=quiet)
-    return pivot
-
-
-class _LineStream:
-    """A stream that says it is no terminal, so a progress display writes lines to it."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-
-    def isatty(self) -> bool:
-        return False
-
-    def write(self, text: str) -> int:
-        return int(self.stream.write(text) or 0)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-
-class _EvalAlongside:
-    """The eval stage run beside the infer stage (``eval=dict(overlap=True)``, the default): each
-    eval task starts as soon as its predictions are done, in a thread of its own with its own
-    runner; it shares the run's stop flag, so Ctrl-C stops both."""
-
-    def __init__(self, runner: Any, tasks: list[Any], ctx: Any, quiet: bool) -> None:
-        from orchestra.runners.base import RunContext
-        from orchestra.summary.progress import StageProgress
-
-        self.upstream = threading.Event()
-        self.upstream.set()
-        # Progress as lines, never a second bar: the infer stage's bar owns the terminal.
-        lines: Any = _LineStream(sys.stderr)
-        self.progress = None if quiet else StageProgress("eval", tasks, ctx.paths.events, stream=lines)
-        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream,
-                              host=ctx.host)
-        self.runner, self.tasks, self.quiet = runner, tasks, quiet
-        self.results: list[Any] = []
-        self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name="orchestra-eval", daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.results = self.runner.launch(self.tasks, self.ctx)
-        except BaseException as exc:  # re-raised in the main thread by join()
-            self.error = exc
-            self.ctx.stop.set()  # a broken stage stops the run, as it would without overlap
-        finally:
-            if self.progress is not None:
-                self.progress.close()
-
-    def start(self) -> None:
-        say(f"[eval] {len(self.tasks)} task(s), each starting as soon as its predictions are done",
-            file=sys.stderr, quiet=self.quiet)
-        self.thread.start()
-
-    def join(self) -> list[Any]:
-        """Wait for the eval stage: inference is over, so tasks still missing predictions are skipped."""
-        self.upstream.clear()
-        while self.thread.is_alive():
-            self.thread.join(0.2)  # short waits: Ctrl-C still reaches the main thread's handler
-        if self.error is not None:
-            raise self.error
-        return self.results
+    end = epilogue(paths, cfg, made, [], prices or {}, trace, quiet)
+    return Run(paths.root, EXIT_FAILED if end.summary.missing else EXIT_OK, [], end.summary, end.pivot, end.report)
 
 
 def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, trace: str | None = None) -> Run:
+    """Run the stages of ``mode`` in the locked run folder ``paths``, then the epilogue."""
     from orchestra.config import dump_config
     from orchestra.events import EventLog
     from orchestra.planner import make_plan
-    from orchestra.runners.base import RunContext, TaskResult, TaskState
+    from orchestra.runners.base import RunContext
     from orchestra.runners.core.host import HostSlots
-    from orchestra.summary.logs import with_excerpt
-    from orchestra.summary.progress import StageProgress, api_model_abbrs
-    from orchestra.summary.table import build_summary, render_text, write_summary
+    from orchestra.stages import StopOnSignals, run_stages
+    from orchestra.summary.epilogue import epilogue
 
-    cfg, runners = prep.cfg, prep.runners
+    cfg = prep.cfg
     paths.make_dirs()
     from orchestra.serving.pool import reap
 
@@ -438,70 +323,18 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     dump_config(cfg.resolved, paths.config)
     events = EventLog(paths.events)
     ctx = RunContext(paths, events, host=HostSlots())
-    received: list[int] = []
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        if not ctx.stop.is_set():
-            received.append(signum)
-            say(f"\norchestra: {signal.Signals(signum).name} received, stopping every task...", file=sys.stderr)
-        # Not ctx.stop.set() here: the handler runs in the main thread between two bytecodes,
-        # possibly while that thread holds the Event's own lock (inside ctx.stop.wait()), and
-        # set() would then wait for that lock forever.  A thread sets it once the handler returns.
-        threading.Thread(target=ctx.stop.set, name="orchestra-stop", daemon=True).start()
-
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():  # signals reach the main thread only
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            previous[sig] = signal.signal(sig, on_signal)
-    made = make_plan(cfg, prep.infos, paths)
-    events.emit("run_started", mode=mode, pid=os.getpid(),
-                tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
-    results: list[TaskResult] = []
-    stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
-    overlap = (stages == ["infer", "eval"] and cfg.stages["eval"].overlap and not debug
-               and made.tasks["infer"] and made.tasks["eval"])
-    eval_side = _EvalAlongside(runners["eval"], made.tasks["eval"], ctx, quiet) if overlap else None
-    try:
-        if eval_side is not None:
-            eval_side.start()
-            stages = ["infer"]
-        for stage in stages:
-            if ctx.stop.is_set():
-                break
-            tasks = made.tasks[stage]
-            if not tasks:
-                continue
-            say(f"[{stage}] {len(tasks)} task(s), {len(made.reused[stage])} output(s) reused", file=sys.stderr,
-                quiet=quiet)
-            progress = None if debug or quiet else StageProgress(
-                stage, tasks, paths.events, api_model_abbrs(cfg.models), len(getattr(runners[stage], "gpus", ())))
-            ctx.on_change = progress
-            try:
-                results += runners[stage].launch(tasks, ctx)
-            finally:
-                if progress is not None:
-                    progress.close()
-    finally:
-        if eval_side is not None:
-            results += eval_side.join()
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    with StopOnSignals(ctx.stop) as signals:
+        made = make_plan(cfg, prep.infos, paths)
+        events.emit("run_started", mode=mode, pid=os.getpid(),
+                    tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
+        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
+        results = run_stages(cfg, prep.runners, made, ctx, stages, debug, quiet)
     interrupted = ctx.stop.is_set()
     events.emit("run_finished", interrupted=interrupted,
-                failed=[r.task_id for r in results if r.state is not TaskState.DONE])
-    summary = build_summary(paths, [m["abbr"] for m in cfg.models], made.all_units["eval"])
-    write_summary(summary, paths)
-    say(render_text(summary), quiet=quiet)
-    pivot = _pivot(cfg, summary, paths, quiet)
-    bad = [r for r in results if r.state is not TaskState.DONE]
-    for r in bad:
-        log = f"; log: {r.log_path}" if os.path.exists(r.log_path) else ""
-        reason = with_excerpt(r.reason, r.log_path) if r.state is TaskState.FAILED else r.reason
-        say(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({reason}){log}", file=sys.stderr, quiet=quiet)
-    say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
-    report = _report(paths, cfg, summary, made, prep.prices, trace, quiet, debug)
-    code = EXIT_FAILED if bad else EXIT_OK
+                failed=[r.task_id for r in results if r.state.value != "done"])
+    end = epilogue(paths, cfg, made, results, prep.prices, trace, quiet, debug)
+    code = EXIT_FAILED if end.bad else EXIT_OK
     if interrupted:
         # 128 + the signal, as shells report it (Ctrl-C 130, SIGHUP 129, SIGTERM 130 as before)
-        code = EXIT_HANGUP if received and received[0] == signal.SIGHUP else EXIT_INTERRUPTED
-    return Run(paths.root, code, results, summary, pivot, report)
+        code = EXIT_HANGUP if signals.hangup else EXIT_INTERRUPTED
+    return Run(paths.root, code, results, end.summary, end.pivot, end.report)

@@ -74,6 +74,12 @@ class RunPaths:
         return os.path.join(self.root, "dlc")
 
     @property
+    def ray_dir(self) -> str:
+        """``RayRunner``'s ledger of every actor it started (``jobs.jsonl``): ``-r`` kills those an
+        orchestrator killed outright left behind."""
+        return os.path.join(self.root, "ray")
+
+    @property
     def servers(self) -> str:
         """Managed servers: ``ledger.jsonl``, and per model ``replicas.json`` and the replicas' logs."""
         return os.path.join(self.root, "servers")
@@ -89,6 +95,16 @@ class RunPaths:
     def worker_logs(self) -> str:
         """Folder of warm workers' own output (their tasks' output goes to the task logs)."""
         return os.path.join(self.root, "logs", "workers")
+
+    @property
+    def gpu_samples(self) -> str:
+        """GPU utilisation sampled while local launches hand out GPUs (``runners/local/gpumon.py``)."""
+        return os.path.join(self.root, "gpu.jsonl")
+
+    @property
+    def gpu_sampler_log(self) -> str:
+        """What the GPU sampler's ``nvidia-smi`` said on stderr."""
+        return os.path.join(self.root, "logs", "gpu-sampler.log")
 
     def task_log(self, stage: str, task_id: str) -> str:
         return os.path.join(self.root, "logs", stage, f"{task_id}.log")

@@ -3,13 +3,16 @@
 An error message or a model's answer may hold escape sequences that retitle the window, erase
 lines or print a fake status (ESC, BEL, CSI, OSC, and their 8-bit C1 forms).  :func:`printable`
 removes every C0/C1 control character but newline and tab, whole sequences first, so no
-``[2K`` debris is left behind.  It is applied where orchestra prints (``api.say``, the CLI's
+``[2K`` debris is left behind.  It is applied where orchestra prints (:func:`say`, the CLI's
 error line, the progress lines); files (logs, the report) keep what was received.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import sys
+from typing import Any
 
 _SEQUENCES = re.compile(
     r"\x1b\[[0-?]*[ -/]*[@-~]"  # CSI: colours, cursor moves, erasing
@@ -28,3 +31,16 @@ def printable(text: str) -> str:
     if not _CONTROLS.search(text):  # the common case, fast: nothing to remove
         return text
     return _CONTROLS.sub("", _SEQUENCES.sub("", text))
+
+
+def say(*values: Any, file: Any = None, quiet: bool = False) -> None:
+    """``print`` that survives a reader who left (``orchestra ... | head``): the run goes on and
+    its exit code still says how it went.  What it prints may come from outside (an endpoint's
+    error, a log's line): terminal control characters are removed (:func:`printable`)."""
+    if quiet:
+        return
+    stream = file or sys.stdout
+    try:
+        print(*(printable(str(v)) for v in values), file=stream, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), stream.fileno())

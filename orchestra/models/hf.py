@@ -38,6 +38,8 @@ log = logging.getLogger(__name__)
 #: Default tokens of one scoring pass on the CPU: with one thread, SmolLM2 scored BoolQ and
 #: HellaSwag fastest at 512-1024 (larger passes were up to 1.9x slower), ARC-Easy alike.
 CPU_BATCH_TOKENS = 1024
+#: Values of HFCausalLM's ``decode``.
+DECODE_MODES = ("auto", "static", "generate")
 
 
 class HFCausalLM(BatchedModel):
@@ -79,6 +81,12 @@ class HFCausalLM(BatchedModel):
         kv_cache_gb: memory the KV cache of one generation batch may take; batches of long
             prompts get fewer rows.  ``None``: 2 GB on the CPU; on CUDA, half of the memory
             free once the model is loaded.
+        decode: how greedy generation runs.  ``'auto'``: on CUDA, a static KV cache with each
+            decoding step replayed as a CUDA graph (:mod:`orchestra.models.hf_decode`), else
+            ``model.generate``; ``'static'``: the static-cache loop on any device (eager
+            steps off CUDA); ``'generate'``: always ``model.generate``.  Sampled decoding,
+            a repetition penalty, attention other than sdpa and models whose generation
+            defaults change logits always use ``model.generate``.
     """
 
     validate_by_construction = True
@@ -116,8 +124,11 @@ class HFCausalLM(BatchedModel):
         trust_remote_code: bool = False,
         max_batch_tokens: int | None = None,
         kv_cache_gb: float | None = None,
+        decode: str = "auto",
     ) -> None:
         where = f"model {abbr}"
+        if decode not in DECODE_MODES:
+            raise ConfigError(f"{where}: decode must be one of {', '.join(DECODE_MODES)}, got {decode!r}")
         if max_batch_tokens is not None and max_batch_tokens < 1:
             raise ConfigError(f"{where}: max_batch_tokens must be >= 1 or None, got {max_batch_tokens}")
         if kv_cache_gb is not None and not kv_cache_gb > 0:
@@ -142,6 +153,7 @@ class HFCausalLM(BatchedModel):
         self.trust_remote_code = trust_remote_code
         self.max_batch_tokens = max_batch_tokens
         self.kv_cache_gb = kv_cache_gb
+        self.decode = decode
         #: How the weights were last loaded (see :attr:`LoadedLM.loaded_from`).
         self.loaded_from: str | None = None
         #: The folder the weights were read from (the cache entry for a GGUF).
@@ -304,7 +316,9 @@ class HFCausalLM(BatchedModel):
         }
         if sampled and settings["seed"] is not None:
             torch.manual_seed(int(settings["seed"]))
-        new_ids, rounds = generate_rounds(torch, transformers, model, tok, lm.left_pad, prompts, limits, stops, config)
+        new_ids, rounds = generate_rounds(
+            torch, transformers, model, tok, lm.left_pad, prompts, limits, stops, config, self._static_mode(lm, config)
+        )
         self.stats.extra["gen_rounds"] = self.stats.extra.get("gen_rounds", 0) + rounds
         eos = config["eos_token_id"]
         ends = {e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None}
@@ -312,6 +326,17 @@ class HFCausalLM(BatchedModel):
         return [
             truncate_at_stop(tok.decode(ids, skip_special_tokens=True), stop) for ids, stop in zip(new_ids, stops)
         ]
+
+    def _static_mode(self, lm: LoadedLM, config: dict[str, Any]) -> str | None:
+        """How this batch decodes: ``'graph'``, ``'eager'`` (static cache) or ``None`` (``generate``)."""
+        from orchestra.models.hf_decode import static_decode_fits
+
+        on_cuda = lm.input_device.type == "cuda"
+        if self.decode == "generate" or (self.decode == "auto" and not on_cuda):
+            return None
+        if self.device_map is not None or not static_decode_fits(lm.model, config):
+            return None
+        return "graph" if on_cuda else "eager"
 
     # -- log-likelihood -----------------------------------------------------------------
     def _token_budget(self, lm: LoadedLM) -> int:

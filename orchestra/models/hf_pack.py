@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from orchestra.models.hf_common import LoglikRow
 
@@ -34,8 +35,9 @@ class Group:
     prefix: list[int]
     branches: tuple[Branch, ...]
 
-    @property
+    @cached_property
     def size(self) -> int:
+        """Tokens of the group (asked for many times while passes are planned: kept)."""
         return len(self.prefix) + sum(len(b.ids) for b in self.branches)
 
 

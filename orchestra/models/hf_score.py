@@ -137,7 +137,11 @@ class LoglikScorer:
         dev = self.lm.input_device
 
         def tensor(values: list[int]) -> Any:
-            return torch.tensor(values, dtype=torch.long).to(dev)
+            host = torch.tensor(values, dtype=torch.long)
+            if dev.type != "cuda":
+                return host
+            # pinned and asynchronous: the host builds the next pass while this one runs
+            return host.pin_memory().to(dev, non_blocking=True)
 
         shape = (batch.rows, batch.width)
         segment = tensor(batch.segment).view(shape)

@@ -21,6 +21,7 @@ from typing import Any
 from orchestra.fileio import atomic_write_text
 from orchestra.paths import RunPaths
 from orchestra.summary.costs import cost_of
+from orchestra.summary.gpu import gpu_report
 from orchestra.summary.runlog import OUTCOMES, RunLog, read_run
 from orchestra.summary.samples import DEFAULT_BUDGET_BYTES, SampleIndex, build_samples
 from orchestra.summary.table import Summary
@@ -204,6 +205,8 @@ def render_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str,
     samples = build_samples(paths, eval_units, headline, sample_budget_bytes)
     costs = _costs(run, summary.models, prices or {})
     timeline, tails = _timeline(run, report_dir)
+    overview = _overview(run, summary, costs)
+    timeline["gpu"], overview["gpu_busy"] = gpu_report(paths, run, timeline["t0"])  # None, [] unsampled
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(ASSETS), autoescape=True, trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     with open(os.path.join(ASSETS, "report.css"), encoding="utf-8") as f:
@@ -212,7 +215,7 @@ def render_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str,
         js = f.read()
     return env.get_template("report.html.j2").render(
         title=os.path.basename(paths.root.rstrip(os.sep)), root=paths.root, version=_version(),
-        generated=time.strftime("%Y-%m-%d %H:%M:%S"), overview=_overview(run, summary, costs),
+        generated=time.strftime("%Y-%m-%d %H:%M:%S"), overview=overview,
         results=_results(summary, samples), failures=_failures(run, report_dir), costs=costs,
         prices=prices or {}, samples=samples, css=css, js=js.replace("</", "<\\/"),
         timeline_json=script_json(timeline), tails_json=script_json(tails),

@@ -2,7 +2,8 @@
 
 One process per host (or runner), one thread per worker slot, one complete event ("X") per
 attempt, named by the task's readable name and coloured by outcome; instant events mark
-retries; counter tracks show samples done per stage over time.  Large runs that a page
+retries; counter tracks show samples done per stage over time and, where the local runner
+sampled them (``gpu.jsonl``), each GPU's utilisation and memory.  Large runs that a page
 cannot draw comfortably open fine in https://ui.perfetto.dev (drag the file in; it stays local).
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from orchestra.fileio import atomic_write_text
 from orchestra.paths import RunPaths
+from orchestra.summary.gpu import gpu_counters
 from orchestra.summary.runlog import RunLog
 
 # Trace viewers' reserved colour names (catapult's colour scheme)
@@ -57,6 +59,7 @@ def build_trace(run: RunLog, paths: RunPaths) -> dict[str, Any]:
             events.append({"ph": "i", "s": "t", "name": f"{a.outcome}: {a.explanation or a.reason}"[:200],
                            "pid": pid, "tid": tid, "ts": us(a.end)})
     events += _sample_counters(paths, run, us)
+    events += gpu_counters(paths, us, len(pids) + 1)
     return {"traceEvents": events, "displayTimeUnit": "ms",
             "otherData": {"run_folder": paths.root, "tasks": len(run.tasks), "attempts": len(attempts)}}
 

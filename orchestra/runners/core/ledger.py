@@ -1,4 +1,5 @@
-"""The run folder's record of every cluster job a backend submitted: ``<run>/<backend>/jobs.jsonl``.
+"""The run folder's record of every cluster job a backend started: ``<run>/<backend>/jobs.jsonl``
+(Slurm's sbatch jobs, DLC jobs, Ray actors).
 
 A line is appended (and fsynced) *before* each step that the record must survive: ``submitting``
 before the submit call (``dlc submit``, ``sbatch``), ``submitted`` with the job id before the id is
@@ -18,16 +19,20 @@ import json
 import os
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from orchestra.fileio import read_jsonl, stable_hash
 from orchestra.tasks.spec import TaskSpec
 
 #: states after which a job needs nothing more from anyone
 OVER = frozenset({"stopped", "ended", "submit_failed", "submit_unknown"})
-#: states of a job that may still be alive on DLC (it has an id and was not seen over)
+#: states of a job that may still be alive (it has an id and was not seen over)
 MAYBE_ALIVE = frozenset({"submitted", "adopted", "stop_sent", "stop_acknowledged", "stop_unconfirmed"})
+
+#: what a backend says of a job an earlier orchestrator left: over, alive, being stopped, or no answer
+Seen = Literal["over", "alive", "ending"] | None
 
 _claimed: dict[str, set[str]] = {}  # ledger path -> job names some launch of this process handles
 _claim_lock = threading.Lock()
@@ -49,6 +54,7 @@ class JobRecord:
     seq: int = 0  # the number in the job's name (unique per task across orchestrators of the run folder)
     digest: str = ""  # the task spec's content hash: an adopted job must run the same spec
     job_id: str = ""
+    namespace: str = ""  # where the backend finds the job by its name (a Ray actor's namespace)
     state: str = ""
     ts: float = 0.0
 
@@ -96,7 +102,7 @@ class Ledger:
             if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
                 continue
             job = out.setdefault(rec["name"], JobRecord(rec["name"]))
-            for key in ("task_id", "stage", "digest", "job_id"):
+            for key in ("task_id", "stage", "digest", "job_id", "namespace"):
                 if rec.get(key):
                     setattr(job, key, str(rec[key]))
             for key in ("attempt", "seq"):
@@ -105,3 +111,37 @@ class Ledger:
             job.state = str(rec.get("state", ""))
             job.ts = float(rec.get("ts") or 0.0)
         return out
+
+    def left_behind(self, stage: str | None = None) -> tuple[list[JobRecord], list[JobRecord]]:
+        """Claim the jobs of ``stage`` (None: of every stage) that an earlier orchestrator of this run
+        folder may have left alive and no launch of this process handles.  Returns ``(interrupted,
+        known)``: submissions killed before the job's id was recorded, and jobs with an id."""
+        mine = [r for r in self.unclaimed(self.jobs()).values() if (stage is None or r.stage == stage)
+                and (r.state == "submitting" or (r.job_id and r.state in MAYBE_ALIVE))]
+        claimed = set(self.claim([r.name for r in mine]))
+        mine = [r for r in mine if r.name in claimed]
+        return [r for r in mine if r.state == "submitting"], [r for r in mine if r.state != "submitting"]
+
+
+def triage(known: Sequence[JobRecord], seen: Mapping[str, Seen], wanted: Mapping[str, str]
+           ) -> tuple[list[JobRecord], list[JobRecord], list[JobRecord]]:
+    """Sort the jobs an earlier orchestrator may have left: ``(over, adopt, stop)``.
+
+    ``seen``: what the cluster says of each job, by name.  ``wanted``: task id -> spec digest of the
+    tasks this launch runs.  A job is adopted when it is alive, was not being stopped and runs the
+    very spec of one of those tasks, one job per task (its latest); every other job not seen over
+    is stopped (no answer included: a stop of a job that is over is harmless).
+    """
+    over, adopt, stop = [], [], []
+    taken: set[str] = set()
+    for rec in sorted(known, key=lambda r: (r.task_id, -r.seq, -r.attempt)):
+        state = seen.get(rec.name)
+        if state == "over":
+            over.append(rec)
+        elif (state == "alive" and rec.state in ("submitted", "adopted") and wanted.get(rec.task_id) == rec.digest
+              and rec.task_id not in taken):
+            taken.add(rec.task_id)
+            adopt.append(rec)
+        else:
+            stop.append(rec)
+    return over, adopt, stop

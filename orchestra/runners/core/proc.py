@@ -31,8 +31,10 @@ def start_group(
     parent_death_signal: signal.Signals = signal.SIGKILL,
     stdin: int | None = subprocess.DEVNULL,
     pass_fds: Sequence[int] = (),
+    stdout: int | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start ``argv`` with ``env`` added to ours, its output appended to ``log_path``.
+    """Start ``argv`` with ``env`` added to ours, its output appended to ``log_path``
+    (only its stderr when ``stdout`` is given, e.g. ``subprocess.PIPE`` to read it).
 
     The child leads its own process group (Ctrl-C is the orchestrator's to pass on, and a
     whole group can be stopped at once) and gets ``parent_death_signal`` if the orchestrator
@@ -41,8 +43,8 @@ def start_group(
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             list(argv),
-            stdout=log,
-            stderr=subprocess.STDOUT,
+            stdout=log if stdout is None else stdout,
+            stderr=subprocess.STDOUT if stdout is None else log,
             stdin=stdin,
             env={**os.environ, **env},
             pass_fds=tuple(pass_fds),

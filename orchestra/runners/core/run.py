@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import enum
+import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestra.events import EventLog
+from orchestra.fileio import append_line
 from orchestra.paths import RunPaths
 from orchestra.runners.core.contract import Job
 from orchestra.runners.core.host import HostSlots
@@ -103,3 +105,15 @@ class InFlight:
 
     running: dict[Job, PendingTask]
     stopping: dict[Job, PendingTask]  # cancelled (timeout or stop), not yet reported gone
+
+
+def note(log_path: str, text: str) -> None:
+    """Append ``text`` (whole lines, each ending in a newline: orchestra's own ``===== ...`` lines,
+    a job's log copied) to a task log; a log that cannot be written must not stop the run."""
+    if not text:
+        return
+    try:
+        os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
+        append_line(log_path, text.encode("utf-8", "replace"))
+    except OSError:
+        pass

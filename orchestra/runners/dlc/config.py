@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from orchestra.runners.core import shell
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a variable name that says it holds a secret (HF_TOKEN, OPENAI_API_KEY, DB_PASSWORD, ...)
 _SECRET_NAME = re.compile(r"(?:^|_)(?:[A-Z]*TOKEN|[A-Z]*KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)S?(?:_|$)", re.I)
@@ -191,8 +193,8 @@ def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str
         exports += [(k, cfg.http_proxy) for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")]
     if cfg.hf_endpoint:
         exports.append(("HF_ENDPOINT", cfg.hf_endpoint))
-    exports += [(k, v) for k, v in sorted(env.items())]
     lines += [f"export {k}={q(v)}" for k, v in exports]
+    lines += shell.exports(env)
     for item in cfg.extra_envs:
         key, _, value = item.partition("=")
         lines.append(f"export {key}={shell_value(value)}")
@@ -205,14 +207,8 @@ def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str
     lines.append(f'export PYTHONPATH={path}"${{PYTHONPATH:+:$PYTHONPATH}}"')
     lines.append(f"cd {q(cwd)} || exit 98")
     lines.append(f"umask {cfg.umask}")
-    lines.append(f'printf "===== dlc: job %s on %s, started %s\\n" {q(name)} "$(hostname)" "$(date -u +%FT%TZ)"')
-    lines.append(shlex.join(argv))
-    lines.append("orc_rc=$?")
-    lines.append(f'printf "{FOOTER}%s\\n" "$orc_rc"')
-    exit_dir = os.path.dirname(exit_file)
-    lines.append(f'mkdir -p {q(exit_dir)} && printf "%s\\n" "$orc_rc" > {q(exit_file + ".tmp")} '
-                 f"&& mv -f {q(exit_file + '.tmp')} {q(exit_file)}")
-    lines.append('exit "$orc_rc"')
+    lines += shell.task_lines(shlex.join(argv), shell.header("dlc", q(name), '"$(hostname)"', '"$(date -u +%FT%TZ)"'),
+                              shell.printf(f"{FOOTER}%s", shell.RC), exit_file=exit_file)
     # One line (task logs and --dry-run show it as one); a pre_cmd ending in '&' needs no ';'.
     return "".join(line + ("" if i == len(lines) - 1 else " " if line.rstrip().endswith("&") else "; ")
                    for i, line in enumerate(lines))

@@ -1,6 +1,5 @@
 """One attempt as a DLC job (``DLCJob``), its name, and the decisions ``DLCRunner`` takes about it:
-how an attempt ended (``attempt_exit``) and what to do with jobs an earlier orchestrator left
-(``triage``).  Pure functions of what the service and the run folder say."""
+how an attempt ended (``attempt_exit``).  Pure functions of what the service and the run folder say."""
 
 from __future__ import annotations
 
@@ -92,29 +91,3 @@ def attempt_exit(job_id: str, info: JobInfo, code: int | None, tail: str) -> Exi
     if info.status == "Stopped":
         return Exit(-1, f"{why}: stopped from outside orchestra before the task finished")
     return Exit(-1, f"{why} before the task finished{tail_part}", infra=True)
-
-
-def triage(alive: list[JobRecord], infos: dict[str, JobInfo | None], wanted: dict[str, str]
-           ) -> tuple[list[tuple[JobRecord, JobInfo]], list[tuple[JobRecord, JobInfo]], list[JobRecord]]:
-    """Sort the jobs an earlier orchestrator may have left: ``(over, adopt, stop)``.
-
-    ``infos``: what ``get job`` said about each (by name; None: no answer).  ``wanted``: task id ->
-    spec digest of the tasks this launch runs.  A job is adopted when it still runs (or waits) the
-    very spec of a task this launch runs and was not being stopped, one job per task (the latest
-    attempt); every other job that may be alive is stopped.
-    """
-    over, adopt, stop = [], [], []
-    taken: set[str] = set()
-    for rec in sorted(alive, key=lambda r: (r.task_id, -r.seq)):
-        info = infos.get(rec.name)
-        if info is None:
-            stop.append(rec)  # no answer: a stop is harmless if it is over already
-        elif info.terminal:
-            over.append((rec, info))
-        elif (rec.state in ("submitted", "adopted") and info.status != "Stopping"
-              and wanted.get(rec.task_id) == rec.digest and rec.task_id not in taken):
-            taken.add(rec.task_id)
-            adopt.append((rec, info))
-        else:
-            stop.append(rec)
-    return over, adopt, stop

@@ -1,13 +1,13 @@
-"""The one way ``DLCRunner`` stops DLC jobs: ``dlc stop job --force`` for each at once, then
-``dlc get job`` until the service shows each over (bounded), sending the stop again to a job that
-still runs a few seconds later.  Used on Ctrl-C/SIGTERM, timeouts, queue timeouts, orchestrator
+"""The one way ``DLCRunner`` stops DLC jobs: ``core.stopping.stop_and_confirm`` with ``dlc stop job
+--force`` for each at once to stop and ``dlc get job`` to confirm (bounded), sending the stop again to
+a job that still runs a few seconds later.  Used on Ctrl-C/SIGTERM, timeouts, queue timeouts, orchestrator
 errors and shutdown, and for jobs an earlier orchestrator left behind."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
+from orchestra.runners.core.stopping import stop_and_confirm
 from orchestra.runners.dlc.cli import TERMINAL, DLCClient, DLCError
 
 RESTOP_AFTER_S = 5.0
@@ -32,7 +32,10 @@ def stop_jobs(client: DLCClient, job_ids: list[str], timeout_s: float) -> dict[s
             try:
                 client.stop(job_id)
             except DLCError:
-                pass  # the confirmation below decides
+                pass  # the confirmation decides
+
+        def send_all(some: list[str]) -> None:
+            list(pool.map(send, some))
 
         def look(job_id: str) -> str:
             try:
@@ -40,21 +43,13 @@ def stop_jobs(client: DLCClient, job_ids: list[str], timeout_s: float) -> dict[s
             except DLCError:
                 return "unknown"
 
-        list(pool.map(send, ids))
-        sent = dict.fromkeys(ids, time.monotonic())
-        deadline = time.monotonic() + timeout_s
-        waiting = list(ids)
-        while waiting:
+        def alive(waiting: list[str]) -> dict[str, str]:
             for job_id, state in zip(waiting, pool.map(look, waiting)):
                 status[job_id] = state if state != "unknown" else status[job_id]
-            waiting = [j for j in waiting if status[j] not in TERMINAL]
-            if not waiting or time.monotonic() >= deadline:
-                break
-            again = [j for j in waiting if status[j] != "Stopping" and time.monotonic() - sent[j] > RESTOP_AFTER_S]
-            if again:
-                list(pool.map(send, again))
-                sent.update(dict.fromkeys(again, time.monotonic()))
-            time.sleep(_CONFIRM_POLL_S)
+            return {j: status[j] for j in waiting if status[j] not in TERMINAL}
+
+        stop_and_confirm(ids, send_all, alive, timeout_s=timeout_s,
+                         resend_after_s=RESTOP_AFTER_S, poll_s=_CONFIRM_POLL_S, ending={"Stopping"})
     out = {}
     for job_id in ids:
         if status[job_id] in TERMINAL:

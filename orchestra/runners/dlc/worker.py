@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.events import EventLog
-from orchestra.fileio import append_line
 from orchestra.runners.base import Exit
 from orchestra.runners.core.ledger import Ledger
+from orchestra.runners.core.run import note
 from orchestra.runners.dlc.cli import LOGGING, WAITING, DLCClient, DLCError, JobInfo
 from orchestra.runners.dlc.job import DLCJob, attempt_exit, read_exit_code
 from orchestra.runners.dlc.logs import LogCursor, copy_final, copy_settled
@@ -185,13 +185,9 @@ class JobWorker:
         return h.cursor
 
     def log(self, h: DLCJob, lines: list[str]) -> None:
-        if not lines:
-            return
-        try:
+        if lines:
             with h.lock:
-                append_line(h.log_path, ("\n".join(lines) + "\n").encode("utf-8", "replace"))
-        except OSError:
-            pass  # a log we cannot write must not stop the run
+                note(h.log_path, "\n".join(lines) + "\n")
 
     def record(self, state: str, h: DLCJob, **fields: Any) -> None:
         self.ledger.record(state, h.name, task_id=h.task_id, stage=h.stage, attempt=h.attempt, seq=h.seq,

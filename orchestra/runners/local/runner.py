@@ -18,6 +18,7 @@ from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.proc import start_group, stop_groups
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
+from orchestra.runners.local import gpumon
 from orchestra.runners.local.warm import WarmPool, Worker
 from orchestra.tasks.spec import TaskSpec
 
@@ -66,6 +67,8 @@ class LocalRunner(BaseRunner):
         kill_grace_s: how long a cancelled task gets after SIGTERM before SIGKILL.
         poll_interval_s: how often running tasks are checked.
         template: optional wrapper command around ``{task_cmd}``.
+        gpu_sample_s: while a launch hands out GPUs, sample their utilisation with
+            ``nvidia-smi`` this often into ``gpu.jsonl`` (0: off; nothing without the tool).
     """
 
     template_fields = (*BaseRunner.template_fields, "gpu_ids")
@@ -84,6 +87,7 @@ class LocalRunner(BaseRunner):
         kill_grace_s: float = 3.0,
         poll_interval_s: float = 0.02,
         template: str | list[str] | None = None,
+        gpu_sample_s: float = 1.0,
     ) -> None:
         if not isinstance(max_workers_per_gpu, int) or max_workers_per_gpu < 1:
             raise ValueError(f"max_workers_per_gpu must be an integer >= 1, got {max_workers_per_gpu!r}")
@@ -102,11 +106,14 @@ class LocalRunner(BaseRunner):
             raise ValueError("reuse_workers=True cannot be combined with a template")
         self.reuse_workers = reuse_workers
         self._pool: WarmPool | None = None  # started by launch, closed by close
+        self.gpu_sample_s = gpumon.check_period(gpu_sample_s)
 
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         self._host = ctx.host or HostSlots()
         pool = WarmPool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs) if self.reuse_workers else None
-        return LocalSession(self, pool)
+        hands_out_gpus = any(t.num_gpus > 0 and self.unfit(t) is None for t in tasks)
+        sampler = gpumon.acquire(ctx.paths, self.gpus, self.gpu_sample_s) if hands_out_gpus else None
+        return LocalSession(self, pool, sampler)
 
     # -- resources ---------------------------------------------------------------------------
     def unfit(self, task: TaskSpec) -> str | None:
@@ -149,10 +156,11 @@ class LocalRunner(BaseRunner):
 class LocalSession(Session):
     """One launch of a LocalRunner: its processes (or warm workers), and those being stopped."""
 
-    def __init__(self, runner: LocalRunner, pool: WarmPool | None) -> None:
+    def __init__(self, runner: LocalRunner, pool: WarmPool | None, sampler: str | None = None) -> None:
         self.runner = runner
         self.resources = runner
         self.pool = pool
+        self.sampler = sampler  # this launch's share of the run's GPU sampler (gpumon.acquire)
         self.stops = BackgroundStops("local")
 
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
@@ -217,7 +225,11 @@ class LocalSession(Session):
             pass
 
     def close(self) -> None:
-        self.stops.wait(self.runner.kill_grace_s + 10)
-        if self.pool is not None:
-            self.pool.close()
-        self.pool = None
+        try:
+            self.stops.wait(self.runner.kill_grace_s + 10)
+            if self.pool is not None:
+                self.pool.close()
+            self.pool = None
+        finally:
+            gpumon.release(self.sampler)
+            self.sampler = None

@@ -1,8 +1,9 @@
 """Warm worker processes for LocalRunner: load a model once, run task after task.
 
 Workers are keyed by what makes them reusable (stage, model settings, GPU ids).  A task
-goes to an idle worker with its key; otherwise a new worker starts, replacing the least
-recently used idle one when the pool is full.  See ``orchestra/tasks/worker.py`` for the
+goes to an idle worker with its key; otherwise a new worker starts, replacing an idle one
+when the pool is full (the policy of ``core/warm.py``, shared with the Ray pool; the
+transport here is a process and its pipes).  See ``orchestra/tasks/worker.py`` for the
 worker's side of the protocol.
 """
 
@@ -15,6 +16,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from orchestra.runners.core import warm
 from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.core.proc import start_group, stop_groups
 
@@ -27,9 +29,14 @@ class Worker:
     proc: subprocess.Popen[bytes]
     reply_fd: int
     busy: bool = False
-    last_used: float = 0.0
+    idle_since: float = 0.0
     buffer: bytes = b""
     tasks_run: int = field(default=0)
+
+    @property
+    def ready(self) -> bool:
+        """A worker process answers as soon as it runs (it is ready once alive)."""
+        return self.proc.poll() is None
 
 
 class WarmPool:
@@ -43,7 +50,7 @@ class WarmPool:
 
     def run(self, job: Job, key: str) -> Worker:
         """Send ``job`` to a warm worker of ``key``, starting one if needed."""
-        worker = next((w for w in self.workers if not w.busy and w.key == key and w.proc.poll() is None), None)
+        worker = warm.pick(self.workers, key)
         if worker is None:
             self._make_room()
             worker = self._spawn(job, key)
@@ -58,9 +65,8 @@ class WarmPool:
     def _make_room(self) -> None:
         for dead in [w for w in self.workers if w.proc.poll() is not None and not w.busy]:
             self._forget(dead)
-        idle = sorted((w for w in self.workers if not w.busy), key=lambda w: w.last_used)
-        while len(self.workers) >= self.max_workers and idle:
-            self.stop([idle.pop(0)])
+        while len(self.workers) >= self.max_workers and (spare := warm.victim(self.workers)) is not None:
+            self.stop([spare])
 
     def _spawn(self, job: Job, key: str) -> Worker:
         read_fd, write_fd = os.pipe()
@@ -85,7 +91,7 @@ class WarmPool:
         if b"\n" in worker.buffer:
             line, _, worker.buffer = worker.buffer.partition(b"\n")
             worker.busy = False
-            worker.last_used = time.monotonic()
+            worker.idle_since = time.monotonic()
             return Exit(int(json.loads(line)["code"]))
         if eof or worker.proc.poll() is not None:
             code = worker.proc.wait()

@@ -28,13 +28,15 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray import exceptions as rex
 
 from orchestra.events import EventLog
+from orchestra.runners.core import warm
+from orchestra.runners.core.ledger import Ledger
+from orchestra.runners.ray.actors import Actor, WorkerKind
 from orchestra.tasks.worker import run_request
 
 #: how often the node list is read from the cluster
@@ -65,46 +67,6 @@ class TaskWorker:
         return run_request(request)
 
 
-@dataclass(frozen=True)
-class WorkerKind:
-    """What makes two actors interchangeable: the model they keep and the resources they hold."""
-
-    worker_key: str
-    num_cpus: float
-    num_gpus: float
-    memory_bytes: int = 0
-
-    def options(self) -> dict[str, Any]:
-        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
-        if self.memory_bytes:
-            opts["memory"] = self.memory_bytes
-        return opts
-
-    def needs(self) -> dict[str, float]:
-        """This kind's demand in Ray's resource names."""
-        return {"CPU": self.num_cpus, "GPU": self.num_gpus, "memory": float(self.memory_bytes)}
-
-
-@dataclass
-class Actor:
-    """One actor of the pool and what the pool knows of it."""
-
-    kind: WorkerKind
-    handle: Any
-    actor_id: str
-    name: str
-    requested: float  # time.monotonic() of its creation
-    hello: Any = None  # the ObjectRef of ``hello`` while it starts
-    where: dict[str, Any] = field(default_factory=dict)  # node_id, node_ip, pid, up_since once up
-    busy: bool = False
-    idle_since: float = 0.0
-    tasks_run: int = 0
-
-    @property
-    def ready(self) -> bool:
-        return bool(self.where)
-
-
 def lost_worker(exc: BaseException) -> bool:
     """Whether a Ray error means the worker or its node went away (not the task's own failure)."""
     return isinstance(exc, (rex.RayActorError, rex.WorkerCrashedError, rex.NodeDiedError, rex.OutOfMemoryError,
@@ -128,16 +90,20 @@ class RayPool:
         idle_timeout_s: how long an idle actor that no waiting task can use is kept.
         events: the run's event log (``worker_*`` and ``node_*`` events).
         name_prefix: actors are named ``<prefix>-w<n>`` (visible in ``ray list actors``).
+        ledger: the run folder's record of actors (``<run>/ray/jobs.jsonl``): each is written there
+            before it is created, so that ``recover`` finds it after a SIGKILL of this process.
     """
 
     def __init__(self, max_workers: int, reuse: bool, idle_timeout_s: float, events: EventLog,
-                 name_prefix: str) -> None:
+                 name_prefix: str, ledger: Ledger | None = None) -> None:
         self.max_workers = max_workers
         self.reuse = reuse
         self.idle_timeout_s = idle_timeout_s
         self.events = events
         self.name_prefix = name_prefix
         self.actors: dict[str, Actor] = {}
+        self.ledger = ledger
+        self._namespace = ray.get_runtime_context().namespace if ledger is not None else ""
         self._remote: Any = ray.remote(TaskWorker)
         self._started = 0
         self._wanted: Counter[WorkerKind] = Counter()  # tasks that waited for a kind this round
@@ -155,11 +121,10 @@ class RayPool:
     # -- handing out -----------------------------------------------------------------------------
     def take(self, kind: WorkerKind) -> Actor | None:
         """An idle actor of ``kind``, now busy; None (and the kind counted as wanted) if there is none."""
-        idle = [a for a in self.actors.values() if a.kind == kind and a.ready and not a.busy]
-        if not idle:
+        actor = warm.pick(self.actors.values(), kind)  # the most recently used: its caches are warmest
+        if actor is None:
             self._wanted[kind] += 1
             return None
-        actor = max(idle, key=lambda a: a.idle_since)  # the most recently used: its caches are warmest
         actor.busy = True
         return actor
 
@@ -240,29 +205,26 @@ class RayPool:
 
     def _evict_one(self) -> bool:
         """Stop one actor no waiting task can use (queued ones first: they would take the room)."""
-        spare = [a for a in self.actors.values() if not a.busy and not self._wanted[a.kind]]
-        if not spare:
-            return False
-        victim = min(spare, key=lambda a: (a.ready, a.idle_since))
-        self.stop([victim], "room for another model")
-        return True
+        spare = warm.victim(self.actors.values(), self._is_wanted)
+        if spare is not None:
+            self.stop([spare], "room for another model")
+        return spare is not None
 
     def _shrink(self, now: float) -> None:
-        unwanted = []
-        for a in self.actors.values():
-            if a.busy or self._wanted[a.kind]:
-                continue
-            if not a.ready:
-                unwanted.append(a)  # queued, and no task waits for it any more
-            elif now - max(a.idle_since, self._last_wanted.get(a.kind, 0.0)) >= self.idle_timeout_s:
-                unwanted.append(a)
+        unwanted = warm.expired(self.actors.values(), now, self.idle_timeout_s, self._is_wanted, self._last_wanted)
         if unwanted:
             self.stop(unwanted, "idle: no remaining task needs it")
+
+    def _is_wanted(self, kind: WorkerKind) -> bool:
+        return bool(self._wanted[kind])
 
     def _start(self, kind: WorkerKind) -> None:
         self._started += 1
         name = f"{self.name_prefix}-w{self._started}"
         options = {**kind.options(), "name": name, "max_restarts": 0, "max_concurrency": 1}
+        if self.ledger is not None:  # recorded before it exists: a SIGKILL from here on leaves its name
+            self.ledger.claim([name])
+            self.ledger.record("submitting", name, namespace=self._namespace)
         suspects = self._live_suspects()
         if suspects:  # keep off nodes that stopped answering until Ray declares them dead
             options["label_selector"] = {"ray.io/node-id": f"!in({','.join(sorted(suspects))})"}
@@ -273,6 +235,8 @@ class RayPool:
             handle = self._remote.options(**options).remote()
         actor = Actor(kind, handle, handle._actor_id.hex(), name, time.monotonic())  # the id Ray reports it by
         self.actors[actor.actor_id] = actor
+        if self.ledger is not None:
+            self.ledger.record("submitted", name, job_id=actor.actor_id, namespace=self._namespace)
         # recorded before it is relied on: the run folder names every actor this run started
         self.events.emit("worker_requested", actor_id=actor.actor_id, name=name, worker_key=kind.worker_key,
                          **{k: v for k, v in kind.options().items() if v})
@@ -378,6 +342,8 @@ class RayPool:
                 ray.kill(actor.handle, no_restart=True)
             except (rex.RayError, ValueError, ConnectionError):
                 pass  # already gone
+            if self.ledger is not None:
+                self.ledger.record("stopped", actor.name, job_id=actor.actor_id, reason=reason)
             self.events.emit("worker_stopped", actor_id=actor.actor_id, name=actor.name, reason=reason,
                              tasks_run=actor.tasks_run, **self.place(actor))
 
@@ -389,3 +355,20 @@ class RayPool:
     def place(actor: Actor) -> dict[str, Any]:
         """Where ``actor`` runs: ``node_id``, ``node_ip``, ``pid`` (nothing before it is up)."""
         return {k: actor.where[k] for k in ("node_id", "node_ip", "pid") if k in actor.where}
+
+
+def recover(ledger: Ledger) -> list[str]:
+    """Kill the actors an earlier orchestrator of this run folder left (``-r`` after a SIGKILL; Ray
+    Client keeps a dead driver's actors for a while): every one the ledger shows possibly alive
+    that no launch of this process owns.  Returns the names of those that were still alive."""
+    interrupted, known = ledger.left_behind()
+    killed = []
+    for rec in interrupted + known:
+        try:
+            ray.kill(ray.get_actor(rec.name, namespace=rec.namespace or None), no_restart=True)
+        except (ValueError, rex.RayError, ConnectionError):  # not alive (any more)
+            ledger.record("ended", rec.name, job_id=rec.job_id)
+            continue
+        ledger.record("stopped", rec.name, job_id=rec.job_id, reason="left by an earlier orchestrator")
+        killed.append(rec.name)
+    return killed

@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestra.errors import UserError
 from orchestra.runners.core.contract import Session
+from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.naming import run_tag
 from orchestra.runners.core.run import RunContext
@@ -125,7 +126,7 @@ class RayRunner(BaseRunner):
         if unreachable:
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
         try:  # the modules that import ray
-            from orchestra.runners.ray.pool import RayPool
+            from orchestra.runners.ray.pool import RayPool, recover
             from orchestra.runners.ray.session import connect, route_cluster_messages
         except ModuleNotFoundError as exc:
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
@@ -140,7 +141,12 @@ class RayRunner(BaseRunner):
             session.unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
             stage = tasks[0].stage if tasks else "run"
             prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
-            session.pool = RayPool(self.max_num_workers, self.reuse_workers, self.idle_timeout_s, ctx.events, prefix)
+            ledger = Ledger(ctx.paths.ray_dir)
+            left = recover(ledger)
+            if left:
+                ctx.events.emit("ray_recovered", stopped=left)
+            session.pool = RayPool(self.max_num_workers, self.reuse_workers, self.idle_timeout_s, ctx.events, prefix,
+                                   ledger)
             session.pool.tick()  # reads the nodes, for unfit
         except BaseException:
             session.close()
@@ -171,7 +177,7 @@ class RayRunner(BaseRunner):
         """The :class:`~orchestra.runners.ray.pool.WorkerKind` of the actors that can run ``task``."""
         kind = self._kinds.get(task.task_id)
         if kind is None:
-            from orchestra.runners.ray.pool import WorkerKind
+            from orchestra.runners.ray.actors import WorkerKind
 
             cpus = self.cpus_per_task if self.cpus_per_task is not None else max(1, task.num_procs)
             memory = int(self.mem_gb * 1024**3) if self.mem_gb else 0

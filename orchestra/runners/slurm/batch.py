@@ -13,126 +13,39 @@ State: one ``squeue -t all -j IDS`` per poll round for every live job; a job squ
 looked up in ``sacct`` (clusters with accounting), then in the footer of its task log, and is
 counted lost after a few rounds.  A failed job's Slurm-side output (``--output``,
 ``<run>/slurm/<job id>.out``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is
-appended to the log.  Cancelling is ``slurm_state.cancel_and_wait``.
+appended to the log.  Cancelling is ``slurm_state.cancel_and_wait``.  The script and the sbatch
+call are ``script.py``; this module is the session's verbs.
 """
 
 from __future__ import annotations
 
 import os
-import re
-import shlex
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestra.events import EventLog
-from orchestra.fileio import append_line, atomic_write_text
+from orchestra.fileio import atomic_write_text
 from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.core.ledger import JobRecord, Ledger, spec_digest
-from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions, job_header, log_offset
+from orchestra.runners.core.run import note
+from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions, log_offset
 from orchestra.runners.slurm.recover import cancel_records
-from orchestra.runners.slurm.state import (
-    JobInfo,
-    SlurmCommandError,
-    cancel_and_wait,
-    exit_of,
-    run_client,
-    sacct,
-    squeue,
+from orchestra.runners.slurm.script import (
+    SbatchError,
+    footer_code,
+    job_output,
+    job_script,
+    output_pattern,
+    parse_parsable,
+    sbatch_long_options,
+    submit_batch,
 )
+from orchestra.runners.slurm.state import JobInfo, SlurmCommandError, cancel_and_wait, exit_of, sacct, squeue
 from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
 LOST_AFTER_MISSES = 3  # poll rounds in which neither squeue nor sacct knows a job
-_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_FOOTER = re.compile(r"===== slurm: job (\S+) ended with exit code (\d+)")
-
-
-class SbatchError(RuntimeError):
-    """sbatch refused a submission, or answered something that is not a job id."""
-
-
-def sbatch_long_options(extra_args: Sequence[str]) -> list[str]:
-    """``['--account=x', '--exclusive', '--constraint', 'a100']`` as one argument per option
-    (``['--account=x', '--exclusive', '--constraint=a100']``); anything but a long option is refused."""
-    options: list[str] = []
-    i = 0
-    while i < len(extra_args):
-        arg = extra_args[i]
-        if not arg.startswith("--") or len(arg) < 3:
-            raise ValueError(
-                f"extra_args {arg!r}: with launcher='sbatch' give sbatch options in long form "
-                "('--account=x', '--exclusive')"
-            )
-        if "=" not in arg and i + 1 < len(extra_args) and not extra_args[i + 1].startswith("-"):
-            options.append(f"{arg}={extra_args[i + 1]}")
-            i += 1
-        else:
-            options.append(arg)
-        i += 1
-    return options
-
-
-def parse_parsable(stdout: str) -> tuple[str, str | None]:
-    """``sbatch --parsable``'s answer as ``(job id, cluster or None)``: ``"123"`` or ``"123;c1"``.
-
-    Raises ``SbatchError`` when the last line is not a job id.
-    """
-    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
-    job_id, sep, cluster = (lines[-1] if lines else "").partition(";")
-    if not job_id.isdigit() or (sep and not cluster):
-        raise SbatchError(f"unexpected sbatch --parsable output {stdout.strip()[:200]!r}")
-    return job_id, cluster or None
-
-
-def output_pattern(folder: str, array: bool) -> str:
-    """sbatch's ``--output`` for a job's own output: ``<folder>/<job id>.out`` with ``<job id>``
-    ``A_i`` for array task ``i`` of array ``A``.  A ``%`` in ``folder`` is escaped (``%%``)."""
-    # (A backslash anywhere turns every replacement off in Slurm: the jobs then share one file.)
-    return os.path.join(folder.replace("%", "%%"), "%A_%a.out" if array else "%j.out")
-
-
-def submit_batch(argv: list[str]) -> tuple[str, str | None]:
-    """Run ``sbatch --parsable ...`` (argv) and return the job id (and cluster) it printed."""
-    try:
-        res = run_client(argv)
-    except SlurmCommandError as exc:
-        raise SbatchError(str(exc)) from None
-    if res.returncode != 0:
-        raise SbatchError(" ".join((res.stderr or res.stdout).split()) or f"exit code {res.returncode}")
-    return parse_parsable(res.stdout)
-
-
-def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:
-    """The batch script that runs array index ``i`` (0 for a single job) as ``jobs[i]``'s command.
-
-    ``sbatch_args`` are recorded in a comment (they are passed on sbatch's command line).
-    """
-    lines = ["#!/bin/bash", f"# submitted by orchestra: sbatch {shlex.join(sbatch_args)} <this script>",
-             'case "${SLURM_ARRAY_TASK_ID:-0}" in']
-    for i, job in enumerate(jobs):
-        bad = [name for name in job.command.env if not _ENV_NAME.fullmatch(name)]
-        if bad:
-            raise ValueError(f"task environment variable names must be identifiers, got {bad}")
-        exports = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(job.command.env.items()))
-        lines.append(f"  {i})")
-        if exports:
-            lines.append(f"    export {exports}")
-        lines.append(f"    orc_log={shlex.quote(job.log_path)}")
-        lines.append(f"    set -- {shlex.join(job.command.argv)} ;;")
-    lines += [
-        '  *) echo "orchestra: no task for array index ${SLURM_ARRAY_TASK_ID-}" >&2; exit 1 ;;',
-        "esac",
-        'orc_job=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}',
-        'orc_job=${orc_job:-${SLURM_JOB_ID-?}}',
-        f'{job_header("$orc_job")} >>"$orc_log"',
-        '"$@" >>"$orc_log" 2>&1 </dev/null',
-        "orc_code=$?",
-        'printf "===== slurm: job %s ended with exit code %s at %s\\n" "$orc_job" "$orc_code" '
-        '"${EPOCHREALTIME-?}" >>"$orc_log"',
-        'exit "$orc_code"',
-    ]
-    return "\n".join(lines) + "\n"
 
 
 @dataclass
@@ -205,7 +118,7 @@ class SbatchLauncher(SlurmLauncher):
         if self.events is not None:
             self.events.emit("slurm_adopted", task_id=job.task.task_id, stage=job.task.stage, job_id=record.job_id,
                              name=record.name)
-        _append(job.log_path, f"===== slurm: adopted job {record.job_id} ({record.name}), submitted by an earlier "
+        note(job.log_path, f"===== slurm: adopted job {record.job_id} ({record.name}), submitted by an earlier "
                               "orchestrator of this run folder\n")
 
     def sbatch_args(self, task: TaskSpec, name: str, count: int) -> list[str]:
@@ -232,7 +145,7 @@ class SbatchLauncher(SlurmLauncher):
             message = " ".join(str(exc).split())[:500]
             for job in jobs:
                 self._record("submit_failed", job)
-                _append(job.log_path, f"===== slurm: sbatch did not take {pending}\n")
+                note(job.log_path, f"===== slurm: sbatch did not take {pending}\n")
             return {job: Exit(-1, f"sbatch failed: {message}") for job in jobs}
         script = os.path.join(self.folder, f"{job_id}.sh")
         try:
@@ -246,7 +159,7 @@ class SbatchLauncher(SlurmLauncher):
             handle.slurm_log = os.path.join(self.folder, f"{handle.job_id}.out")
             self._record("submitted", job, job_id=handle.job_id)
             self.live[handle.job_id] = job
-            _append(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, name {name}, "
+            note(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, name {name}, "
                                   f"script {script})\n")
         return {}
 
@@ -266,7 +179,7 @@ class SbatchLauncher(SlurmLauncher):
             if job_id in states:
                 continue
             job = self.live[job_id]
-            footer = _footer(job.log_path, job.handle.log_offset, job_id)
+            footer = footer_code(job.log_path, job.handle.log_offset, job_id)
             if footer is not None:
                 states[job_id] = JobInfo(job_id, "COMPLETED" if footer == 0 else "FAILED", footer << 8)
             else:
@@ -299,25 +212,13 @@ class SbatchLauncher(SlurmLauncher):
         self._record("ended", job, job_id=handle.job_id, slurm_state=info.state)
         ended = exit_of(info, self.options.time_limit, self.options.mem_gb)
         if ended.code != 0:
-            self._append_slurm_log(job)
+            note(job.log_path, job_output(job.handle.slurm_log))
         return ended
 
     def _forget(self, job_id: str) -> None:
         self.live.pop(job_id, None)
         self.states.pop(job_id, None)
 
-    def _append_slurm_log(self, job: Job) -> None:
-        handle: BatchHandle = job.handle
-        try:
-            with open(handle.slurm_log, encoding="utf-8", errors="replace") as f:
-                text = f.read()[-20000:]
-        except OSError:
-            return
-        if text.strip():
-            _append(job.log_path, f"===== slurm: the batch job's own output ({handle.slurm_log}):\n"
-                                  f"{text.rstrip()}\n")
-
-    # -- stopping -------------------------------------------------------------------------------
     def cancel(self, jobs: Sequence[Job]) -> None:
         records = [JobRecord(job.handle.name, job_id=job.handle.job_id) for job in jobs
                    if isinstance(job.handle, BatchHandle) and job.handle.job_id]
@@ -342,23 +243,4 @@ class SbatchLauncher(SlurmLauncher):
         self.adopt.clear()
 
 
-def _append(path: str, text: str) -> None:
-    """Append a line of our own to a task log; a log we cannot write must not stop the run."""
-    try:
-        append_line(path, text.encode("utf-8", "replace"))
-    except OSError:
-        pass
-
-
-def _footer(log_path: str, offset: int, job_id: str) -> int | None:
-    """The exit code the job script wrote at the end of this attempt's log, if it did."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    for m in _FOOTER.finditer(text):
-        if m.group(1) == job_id:
-            return int(m.group(2))
-    return None
+__all__ = ["SbatchError", "SbatchLauncher", "job_script", "output_pattern", "parse_parsable", "sbatch_long_options"]

@@ -15,6 +15,7 @@ from typing import Any
 
 from orchestra.runners.core.contract import Job, NoResources, Session
 from orchestra.runners.core.naming import job_name
+from orchestra.runners.core.shell import header
 from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.tasks.spec import TaskSpec
 
@@ -23,11 +24,10 @@ _TIME_LIMIT = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
 
 
 def job_header(job_id: str) -> str:
-    """The bash that prints, inside a job, the header a task log gets for each attempt: which
-    job, node and GPUs it got and when it started (``job_id`` is a shell expression)."""
-    return ('printf "===== slurm: job %s on %s, CUDA_VISIBLE_DEVICES=%s, started %s\\n" '
-            f'"{job_id}" "${{SLURMD_NODENAME-?}}" "${{CUDA_VISIBLE_DEVICES-<unset>}}" "${{EPOCHREALTIME-?}}"')
-
+    """The printf, inside a job, of the header a task log gets for each attempt: which job, node
+    and GPUs it got and when it started (``job_id`` is a shell word)."""
+    return header("slurm", job_id, '"${SLURMD_NODENAME-?}"',
+                  fields=[("CUDA_VISIBLE_DEVICES", '"${CUDA_VISIBLE_DEVICES-<unset>}"')])
 
 
 def time_limit_minutes(spec: int | str) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from orchestra.runners.core.ledger import MAYBE_ALIVE, JobRecord, Ledger, spec_digest
+from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, spec_digest, triage
 from orchestra.runners.slurm.state import SlurmCommandError, cancel_and_wait, squeue, squeue_by_name
 from orchestra.tasks.spec import TaskSpec
 
@@ -22,34 +22,21 @@ def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float) 
     launch of this process handles; returns the adopted ones by task id."""
     if not tasks:
         return {}
-    stage = tasks[0].stage
-    records = ledger.unclaimed(ledger.jobs())
-    mine = [r for r in records.values() if r.stage == stage
-            and (r.state == "submitting" or (r.job_id and r.state in MAYBE_ALIVE))]
-    claimed = set(ledger.claim([r.name for r in mine]))
-    mine = [r for r in mine if r.name in claimed]
-    _cancel_unknown([r for r in mine if not r.job_id], ledger, cancel_timeout_s)
-    known = [r for r in mine if r.job_id]
+    interrupted, known = ledger.left_behind(tasks[0].stage)
+    _cancel_unknown(interrupted, ledger, cancel_timeout_s)
     if not known:
         return {}
     try:
         states = squeue(r.job_id for r in known)
     except SlurmCommandError:
         states = {}
-    wanted = {t.task_id: spec_digest(t) for t in tasks}
-    adopt: dict[str, JobRecord] = {}
-    stop: list[JobRecord] = []
-    for rec in sorted(known, key=lambda r: (r.task_id, -r.attempt)):
-        info = states.get(rec.job_id)
-        if info is not None and info.terminal:
-            ledger.record("ended", rec.name, job_id=rec.job_id, slurm_state=info.state)
-        elif (info is not None and rec.state in ("submitted", "adopted") and rec.task_id not in adopt
-              and wanted.get(rec.task_id) == rec.digest):
-            adopt[rec.task_id] = rec
-        else:
-            stop.append(rec)  # no answer, an older attempt, another spec, or being stopped: cancel it
+    seen: dict[str, Seen] = {r.name: None if r.job_id not in states else "over" if states[r.job_id].terminal
+                             else "alive" for r in known}
+    over, adopt, stop = triage(known, seen, {t.task_id: spec_digest(t) for t in tasks})
+    for rec in over:
+        ledger.record("ended", rec.name, job_id=rec.job_id, slurm_state=states[rec.job_id].state)
     cancel_records(stop, ledger, cancel_timeout_s, "left by an earlier orchestrator of this run folder, not needed")
-    return adopt
+    return {rec.task_id: rec for rec in adopt}
 
 
 def cancel_records(records: Sequence[JobRecord], ledger: Ledger, timeout_s: float, why: str) -> None:

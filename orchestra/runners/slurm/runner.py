@@ -42,7 +42,7 @@ from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec
 
 # srun: print the header, then exec the task; "$@" is the task's argv, never parsed by the shell.
-_SRUN_WRAPPER = job_header("${SLURM_JOB_ID-?}") + '; exec "$@"'
+_SRUN_WRAPPER = job_header('"${SLURM_JOB_ID-?}"') + '; exec "$@"'
 
 
 class SlurmRunner(BaseRunner):

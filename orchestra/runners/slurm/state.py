@@ -3,19 +3,20 @@
 One ``squeue -h -t all -j IDS`` call answers for every job of a poll round (finished jobs stay
 visible for ``MinJobAge`` seconds).  ``sacct`` is asked only about jobs that squeue no longer
 knows, and its failure ("accounting storage is disabled") is an answer, not an error.
-``cancel_and_wait`` is how both launchers stop jobs: scancel, then wait for squeue to agree.
+``cancel_and_wait`` is how both launchers stop jobs: ``core.stopping.stop_and_confirm`` with
+``scancel`` to stop and ``squeue`` to confirm.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from orchestra.runners.core.cli import CallError, CallTimeout, call
 from orchestra.runners.core.contract import Exit
+from orchestra.runners.core.stopping import stop_and_confirm
 
 #: states after which a job never runs again (anything else is still alive: PENDING, RUNNING,
 #: COMPLETING, CONFIGURING, SUSPENDED, REQUEUED, RESIZING, SIGNALING, STAGE_OUT, ...)
@@ -195,26 +196,13 @@ def cancel_and_wait(job_ids: Iterable[str], timeout_s: float, *, names: Iterable
         True when squeue showed every job gone (and ``busy`` was False) in time.
     """
     ids, wanted = set(job_ids), set(names)
-    deadline = time.monotonic() + timeout_s
-    sent: dict[str, float] = {}  # job id -> when its last scancel was sent
-    if ids:
-        scancel(ids)
-        sent.update(dict.fromkeys(ids, time.monotonic()))
-    while True:
-        alive = _alive(ids, wanted) if ids or wanted else {}
-        if alive is not None:
-            now = time.monotonic()
-            # COMPLETING jobs are already ending: a second scancel would only add noise.
-            again = [j for j, state in alive.items()
-                     if j not in sent or (now - sent[j] > RESCANCEL_AFTER_S and state != "COMPLETING")]
-            if again:
-                scancel(again)
-                sent.update(dict.fromkeys(again, now))
-            if not alive and not (busy is not None and busy()):
-                return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(_CANCEL_POLL_S)
+
+    def look(_: list[str]) -> dict[str, str] | None:
+        return _alive(ids, wanted) if ids or wanted else {}
+
+    # COMPLETING jobs are already ending: a second scancel would only add noise.
+    return stop_and_confirm(ids, scancel, look, timeout_s=timeout_s, resend_after_s=RESCANCEL_AFTER_S,
+                            poll_s=_CANCEL_POLL_S, ending={"COMPLETING"}, busy=busy) == {}
 
 
 def describe_status(wait_status: int | None) -> tuple[int, str]:

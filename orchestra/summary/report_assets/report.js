@@ -223,7 +223,8 @@
       groups[k].ends.forEach(function (_, s) { lanes.push(s ? k + " (" + (s + 1) + ")" : k); });
     });
     var wrap = $("tl-wrap"), plotW = Math.max(400, (wrap.clientWidth || 1000) - LABEL_W - 24) * tl.zoom;
-    var W = LABEL_W + plotW + 44, H = AXIS_H + lanes.length * LANE_H + 6, k = plotW / span;
+    var nGpu = TL.gpu ? TL.gpu.gpus.length : 0;  // GPU lanes below the task lanes
+    var W = LABEL_W + plotW + 44, H = AXIS_H + (lanes.length + nGpu) * LANE_H + 6, k = plotW / span;
     var out = [];
     lanes.forEach(function (name, n) {
       var y = AXIS_H + n * LANE_H;
@@ -243,10 +244,33 @@
           '" y="' + y + '" width="' + Math.max(1.5, a[3] * k).toFixed(1) + '" height="' + (LANE_H - 4) + '"/>');
       });
     });
+    if (nGpu) out.push(gpuLanes(t0, t1, k, AXIS_H + lanes.length * LANE_H, W));
     svg.setAttribute("width", W);
     svg.setAttribute("height", H);
     svg.setAttribute("viewBox", "0 0 " + W + " " + H);
     svg.innerHTML = out.join("");
+  }
+  /* one lane per sampled GPU (gpu.jsonl): its utilisation as a filled area on the bars' time axis */
+  function gpuLanes(t0, t1, k, top, W) {
+    var G = TL.gpu, out = [];
+    G.gpus.forEach(function (g, n) {
+      var y = top + n * LANE_H, base = y + LANE_H - 2, h = LANE_H - 4, ts = G.t[n], us = G.util[n];
+      var pts = [], sum = 0, cnt = 0;
+      for (var i = 0; i < ts.length; i++) {
+        if (ts[i] < t0 || ts[i] > t1) continue;
+        pts.push([(LABEL_W + (ts[i] - t0) * k).toFixed(1), (base - us[i] / 100 * h).toFixed(1)]);
+        sum += us[i]; cnt++;
+      }
+      var label = "GPU " + g + " busy" + (cnt ? " " + Math.round(sum / cnt) + "%" : "");
+      out.push('<rect class="gpu-bg" x="0" y="' + y + '" width="' + W + '" height="' + LANE_H + '"/>');
+      out.push('<text x="6" y="' + (y + 14) + '">' + esc(label) + "<title>GPU " + esc(g) +
+        " utilisation sampled by nvidia-smi; the % is its mean over this view</title></text>");
+      if (pts.length) {
+        out.push('<polygon class="gpu-util" data-gpu="' + esc(g) + '" points="' + pts[0][0] + "," + base + " " +
+          pts.map(function (p) { return p[0] + "," + p[1]; }).join(" ") + " " + pts[pts.length - 1][0] + "," + base + '"/>');
+      }
+    });
+    return out.join("");
   }
   function invStart() {
     var inv = (TL.invocations || []).filter(function (v) { return v.index === tl.inv; })[0];

@@ -51,6 +51,30 @@ def test_a_signal_stops_every_job_within_seconds(double: Double, tmp_path: Path,
     assert "===== dlc: stopped job dlc" in log and "the service shows it Stopped" in log
 
 
+def test_ctrl_c_with_fifty_dlc_jobs_returns_within_seconds_and_leaves_none(double: Double, tmp_path: Path) -> None:
+    """50 jobs in flight: the stops go out together and are confirmed beside the loop; the CLI exits
+    130 within seconds, the service shows every job over and the ledger records each stop."""
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, max_num_workers=64), tasks=50, model=", hang=True")
+    proc = start_cli(double.state, cfg)
+    try:
+        double.wait_for(lambda: len(double.job_ids()) >= 50 or None, 120, "50 submitted DLC jobs")
+        running_jobs(double, 2, timeout_s=120)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+        took = time.monotonic() - t0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    assert took < 15, f"Ctrl-C took {took:.1f} s"
+    jobs = double.job_ids()
+    assert len(jobs) == 50 and not double.alive()
+    (run,) = run_dirs(tmp_path / "out")
+    assert {r["job_id"] for r in ledger(run) if r["state"] == "stopped"} == set(jobs)
+    assert err.count("CANCELLED: infer task") == 50
+
+
 def test_timeout_stops_the_job(double: Double, tmp_path: Path) -> None:
     cfg = write_config(tmp_path, dlc_runner(tmp_path, timeout_s=2.0, retry=0), tasks=1, model=", hang=True")
     res = run_cli(double.state, cfg)

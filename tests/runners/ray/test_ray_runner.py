@@ -284,3 +284,32 @@ def test_stages_at_once_on_different_clusters_is_one_line(cluster: RayCluster, t
     assert "two stages running at once ask for different Ray clusters or runtime_env" in line
     assert "eval=dict(overlap=False)" in line
     assert cluster.wait_no_actors(timeout_s=30) == []
+
+
+def test_resume_after_sigkill_kills_the_actors_the_killed_orchestrator_left(cluster: RayCluster,
+                                                                          tmp_path: Path) -> None:
+    """Ray Client keeps a dead driver's actors for its reconnect grace period (30 s): ``-r`` finds
+    them in the run folder's ledger (``<run>/ray/jobs.jsonl``) and kills them before it starts its own."""
+    from helpers import jsonl
+
+    cluster.add_node(cpus=2)
+    cfg = write_config(tmp_path, f"type=RayRunner, address={cluster.client_address!r}, max_num_workers=2",
+                       model=", delay_s=5")
+    proc = start_cli(cfg, "--mode", "infer")
+    try:
+        wait_for_event(tmp_path, lambda e: e["event"] == "started", proc=proc)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        proc.kill()
+    run = run_dir(tmp_path)
+    first = {r["name"] for r in jsonl(run / "ray" / "jobs.jsonl") if r["state"] == "submitted"}
+    left = first & {a["name"] for a in cluster.live_actors()}
+    assert left, "the killed orchestrator's actors were gone at once: nothing for -r to do"
+    res = run_cli(cfg, "-r", "--mode", "infer")
+    assert res.returncode == 0, res.stderr[-3000:]
+    stopped = {r["name"] for r in jsonl(run / "ray" / "jobs.jsonl")
+               if r["state"] == "stopped" and r.get("reason") == "left by an earlier orchestrator"}
+    assert stopped and stopped <= first and not first & {a["name"] for a in cluster.live_actors()}
+    (recovered,) = [e for e in events(run) if e["event"] == "ray_recovered"]
+    assert set(recovered["stopped"]) == stopped

@@ -1,0 +1,125 @@
+"""What ``SlurmRunner(launcher='sbatch')`` hands to Slurm: the batch script of a round's jobs, the
+``sbatch`` call and what it answers, and the footer the script leaves in each task log.
+
+The script (``job_script``) picks its array index's task, appends a header (``core/shell.py``) to
+the task log, runs the task's argv (quoted with ``shlex.quote``, never re-parsed) with its output
+appended to that log, appends a footer with its exit code and leaves with that code.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Sequence
+
+from orchestra.runners.core.contract import Job
+from orchestra.runners.core.shell import NOW, RC, exports, printf, task_lines
+from orchestra.runners.slurm.common import job_header
+from orchestra.runners.slurm.state import SlurmCommandError, run_client
+
+_FOOTER = re.compile(r"===== slurm: job (\S+) ended with exit code (\d+)")
+
+
+class SbatchError(RuntimeError):
+    """sbatch refused a submission, or answered something that is not a job id."""
+
+
+def sbatch_long_options(extra_args: Sequence[str]) -> list[str]:
+    """``['--account=x', '--exclusive', '--constraint', 'a100']`` as one argument per option
+    (``['--account=x', '--exclusive', '--constraint=a100']``); anything but a long option is refused."""
+    options: list[str] = []
+    i = 0
+    while i < len(extra_args):
+        arg = extra_args[i]
+        if not arg.startswith("--") or len(arg) < 3:
+            raise ValueError(
+                f"extra_args {arg!r}: with launcher='sbatch' give sbatch options in long form "
+                "('--account=x', '--exclusive')"
+            )
+        if "=" not in arg and i + 1 < len(extra_args) and not extra_args[i + 1].startswith("-"):
+            options.append(f"{arg}={extra_args[i + 1]}")
+            i += 1
+        else:
+            options.append(arg)
+        i += 1
+    return options
+
+
+def parse_parsable(stdout: str) -> tuple[str, str | None]:
+    """``sbatch --parsable``'s answer as ``(job id, cluster or None)``: ``"123"`` or ``"123;c1"``.
+
+    Raises ``SbatchError`` when the last line is not a job id.
+    """
+    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    job_id, sep, cluster = (lines[-1] if lines else "").partition(";")
+    if not job_id.isdigit() or (sep and not cluster):
+        raise SbatchError(f"unexpected sbatch --parsable output {stdout.strip()[:200]!r}")
+    return job_id, cluster or None
+
+
+def output_pattern(folder: str, array: bool) -> str:
+    """sbatch's ``--output`` for a job's own output: ``<folder>/<job id>.out`` with ``<job id>``
+    ``A_i`` for array task ``i`` of array ``A``.  A ``%`` in ``folder`` is escaped (``%%``)."""
+    # (A backslash anywhere turns every replacement off in Slurm: the jobs then share one file.)
+    return os.path.join(folder.replace("%", "%%"), "%A_%a.out" if array else "%j.out")
+
+
+def submit_batch(argv: list[str]) -> tuple[str, str | None]:
+    """Run ``sbatch --parsable ...`` (argv) and return the job id (and cluster) it printed."""
+    try:
+        res = run_client(argv)
+    except SlurmCommandError as exc:
+        raise SbatchError(str(exc)) from None
+    if res.returncode != 0:
+        raise SbatchError(" ".join((res.stderr or res.stdout).split()) or f"exit code {res.returncode}")
+    return parse_parsable(res.stdout)
+
+
+def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:
+    """The batch script that runs array index ``i`` (0 for a single job) as ``jobs[i]``'s command.
+
+    ``sbatch_args`` are recorded in a comment (they are passed on sbatch's command line).
+    """
+    lines = ["#!/bin/bash", f"# submitted by orchestra: sbatch {shlex.join(sbatch_args)} <this script>",
+             'case "${SLURM_ARRAY_TASK_ID:-0}" in']
+    for i, job in enumerate(jobs):
+        lines.append(f"  {i})")
+        lines += [f"    {line}" for line in exports(job.command.env)]
+        lines.append(f"    orc_log={shlex.quote(job.log_path)}")
+        lines.append(f"    set -- {shlex.join(job.command.argv)} ;;")
+    lines += [
+        '  *) echo "orchestra: no task for array index ${SLURM_ARRAY_TASK_ID-}" >&2; exit 1 ;;',
+        "esac",
+        'orc_job=${SLURM_ARRAY_JOB_ID:+${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}}',
+        'orc_job=${orc_job:-${SLURM_JOB_ID-?}}',
+        *task_lines('"$@"', job_header('"$orc_job"'),
+                    printf("===== slurm: job %s ended with exit code %s at %s", '"$orc_job"', RC, NOW),
+                    log='"$orc_log"'),
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def footer_code(log_path: str, offset: int, job_id: str) -> int | None:
+    """The exit code the job script wrote at the end of this attempt's log, if it did."""
+    try:
+        with open(log_path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    for m in _FOOTER.finditer(text):
+        if m.group(1) == job_id:
+            return int(m.group(2))
+    return None
+
+
+def job_output(slurm_log: str) -> str:
+    """The lines a failed job's task log gets from the batch job's own output (``--output``: e.g.
+    slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``), or ``""`` when there are none."""
+    try:
+        with open(slurm_log, encoding="utf-8", errors="replace") as f:
+            text = f.read()[-20000:]
+    except OSError:
+        return ""
+    return f"===== slurm: the batch job's own output ({slurm_log}):\n{text.rstrip()}\n" if text.strip() else ""

@@ -1,0 +1,152 @@
+"""The stages of one run: infer then eval (or eval alongside infer), under one stop flag.
+
+:func:`run_stages` is what ``orchestra.run`` does between planning and the summary: it hands
+each stage's tasks to that stage's runner, starts the eval stage beside the infer stage when
+``eval=dict(overlap=True)`` (the default; :class:`EvalAlongside`), and turns SIGINT, SIGTERM and
+SIGHUP into the run's stop flag (:class:`StopOnSignals`), so that every runner stops what it
+started within seconds.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from orchestra.runners.base import RunContext, TaskResult
+from orchestra.summary.progress import StageProgress, api_model_abbrs
+from orchestra.terminal import say
+
+
+class StopOnSignals:
+    """While active (``with``), SIGINT, SIGTERM and SIGHUP set ``stop`` and are remembered in
+    ``received``; the previous handlers come back on exit.  Outside the main thread (signals reach
+    that thread only) it does nothing."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+    def __init__(self, stop: threading.Event) -> None:
+        self.stop = stop
+        self.received: list[int] = []
+        self._previous: dict[int, Any] = {}
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self.stop.is_set():
+            self.received.append(signum)
+            say(f"\norchestra: {signal.Signals(signum).name} received, stopping every task...", file=sys.stderr)
+        # Not stop.set() here: the handler runs in the main thread between two bytecodes,
+        # possibly while that thread holds the Event's own lock (inside stop.wait()), and
+        # set() would then wait for that lock forever.  A thread sets it once the handler returns.
+        threading.Thread(target=self.stop.set, name="orchestra-stop", daemon=True).start()
+
+    def __enter__(self) -> StopOnSignals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in self.SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous.clear()
+
+    @property
+    def hangup(self) -> bool:
+        """The run was stopped by a SIGHUP (its exit code is then 129, not 130)."""
+        return bool(self.received) and self.received[0] == signal.SIGHUP
+
+
+class _LineStream:
+    """A stream that says it is no terminal, so a progress display writes lines to it."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def isatty(self) -> bool:
+        return False
+
+    def write(self, text: str) -> int:
+        return int(self.stream.write(text) or 0)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+class EvalAlongside:
+    """The eval stage run beside the infer stage (``eval=dict(overlap=True)``, the default): each
+    eval task starts as soon as its predictions are done, in a thread of its own with its own
+    runner; it shares the run's stop flag, so Ctrl-C stops both."""
+
+    def __init__(self, runner: Any, tasks: list[Any], ctx: RunContext, quiet: bool) -> None:
+        self.upstream = threading.Event()
+        self.upstream.set()
+        # Progress as lines, never a second bar: the infer stage's bar owns the terminal.
+        lines: Any = _LineStream(sys.stderr)
+        self.progress = None if quiet else StageProgress("eval", tasks, ctx.paths.events, stream=lines)
+        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream,
+                              host=ctx.host)
+        self.runner, self.tasks, self.quiet = runner, tasks, quiet
+        self.results: list[TaskResult] = []
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name="orchestra-eval", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.results = self.runner.launch(self.tasks, self.ctx)
+        except BaseException as exc:  # re-raised in the main thread by join()
+            self.error = exc
+            self.ctx.stop.set()  # a broken stage stops the run, as it would without overlap
+        finally:
+            if self.progress is not None:
+                self.progress.close()
+
+    def start(self) -> None:
+        say(f"[eval] {len(self.tasks)} task(s), each starting as soon as its predictions are done",
+            file=sys.stderr, quiet=self.quiet)
+        self.thread.start()
+
+    def join(self) -> list[TaskResult]:
+        """Wait for the eval stage: inference is over, so tasks still missing predictions are skipped."""
+        self.upstream.clear()
+        while self.thread.is_alive():
+            self.thread.join(0.2)  # short waits: Ctrl-C still reaches the main thread's handler
+        if self.error is not None:
+            raise self.error
+        return self.results
+
+
+def run_stages(cfg: Any, runners: dict[str, Any], made: Any, ctx: RunContext, stages: list[str], debug: bool,
+               quiet: bool) -> list[TaskResult]:
+    """Launch ``stages`` (of ``infer``, ``eval``) of the plan ``made`` in order, the eval stage beside
+    the infer stage where the config lets it; stops early once ``ctx.stop`` is set.  Returns the
+    result of every task that was launched."""
+    results: list[TaskResult] = []
+    overlap = (stages == ["infer", "eval"] and cfg.stages["eval"].overlap and not debug
+               and made.tasks["infer"] and made.tasks["eval"])
+    eval_side = EvalAlongside(runners["eval"], made.tasks["eval"], ctx, quiet) if overlap else None
+    try:
+        if eval_side is not None:
+            eval_side.start()
+            stages = ["infer"]
+        for stage in stages:
+            if ctx.stop.is_set():
+                break
+            tasks = made.tasks[stage]
+            if not tasks:
+                continue
+            say(f"[{stage}] {len(tasks)} task(s), {len(made.reused[stage])} output(s) reused", file=sys.stderr,
+                quiet=quiet)
+            progress = None if debug or quiet else StageProgress(
+                stage, tasks, ctx.paths.events, api_model_abbrs(cfg.models), len(getattr(runners[stage], "gpus", ())))
+            ctx.on_change = progress
+            try:
+                results += runners[stage].launch(tasks, ctx)
+            finally:
+                if progress is not None:
+                    progress.close()
+    finally:
+        if eval_side is not None:
+            results += eval_side.join()
+    return results

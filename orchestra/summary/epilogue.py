@@ -1,0 +1,82 @@
+"""The end of every run, written once: the results table, a sweep's pivot, what failed, the report.
+
+``orchestra.run`` calls it after its stages, ``orchestra.viz`` (``--mode viz``) on a finished run
+folder; both print the same lines in the same order and leave the same files in ``summary/``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestra.paths import RunPaths
+from orchestra.summary.logs import with_excerpt
+from orchestra.summary.table import Summary, build_summary, render_text, write_summary
+from orchestra.terminal import say
+
+
+@dataclass
+class Ending:
+    """What the epilogue built: the summary, a sweep's pivot, the report (None if not written), and
+    the results of the tasks that did not end done."""
+
+    summary: Summary
+    pivot: Any = None
+    report: str | None = None
+    bad: list[Any] = field(default_factory=list)
+
+
+def epilogue(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: dict[str, Any], trace: str | None,
+             quiet: bool, debug: bool = False) -> Ending:
+    """Build and write the summary of ``paths`` (``cfg``: the validated config, ``made``: its plan),
+    print it, name each task of ``results`` (``TaskResult``) that did not end done, then write the
+    report; the last lines name the run folder and the report."""
+    summary = build_summary(paths, [m["abbr"] for m in cfg.models], made.all_units["eval"])
+    write_summary(summary, paths)
+    say(render_text(summary), quiet=quiet)
+    pivot = _pivot(cfg, summary, paths, quiet)
+    bad = [r for r in results if r.state.value != "done"]
+    for r in bad:
+        log = f"; log: {r.log_path}" if os.path.exists(r.log_path) else ""
+        reason = with_excerpt(r.reason, r.log_path) if r.state.value == "failed" else r.reason
+        say(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({reason}){log}", file=sys.stderr, quiet=quiet)
+    say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
+    report = _report(paths, cfg, summary, made, prices, trace, quiet, debug)
+    return Ending(summary, pivot, report, bad)
+
+
+def _report(paths: RunPaths, cfg: Any, summary: Summary, made: Any, prices: dict[str, Any], trace: str | None,
+            quiet: bool, debug: bool) -> str | None:
+    """Write the HTML report and the trace and name them on the last line; a report that
+    cannot be written is a warning (the run's results and exit code stand)."""
+    from orchestra.summary.costs import load_prices, save_prices
+    from orchestra.summary.progress import api_model_abbrs
+    from orchestra.summary.report import write_report
+
+    try:
+        if prices:
+            save_prices(paths, prices)  # a later viz finds them: the saved config.py leaves them out
+        else:
+            prices = load_prices(paths)
+        files = write_report(paths, summary, made.all_units["eval"], api_model_abbrs(cfg.models), prices, trace)
+    except Exception as exc:  # a bug here must not hide the run's own outcome
+        if debug:
+            raise
+        say(f"orchestra: warning: could not write the report: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return None
+    say(f"report: {files.report}{f' (trace: {trace})' if trace else ''}", file=sys.stderr, quiet=quiet)
+    return files.report
+
+
+def _pivot(cfg: Any, summary: Summary, paths: RunPaths, quiet: bool) -> Any:
+    """A sweep's pivot table, written and printed; None for a run without a sweep."""
+    if cfg.sweep is None:
+        return None
+    from orchestra.summary.pivot import build_pivot, render_pivot, write_pivot
+
+    pivot = build_pivot(summary, cfg.sweep.to_dict())
+    write_pivot(pivot, paths)
+    say(render_pivot(pivot), quiet=quiet)
+    return pivot

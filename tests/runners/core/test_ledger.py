@@ -1,0 +1,42 @@
+"""The durable job ledger's recovery, shared by Slurm, DLC and Ray: what an earlier orchestrator
+left (``Ledger.left_behind``) and what becomes of each job (``triage``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestra.runners.core.ledger import JobRecord, Ledger, triage
+
+
+def test_left_behind_claims_what_may_be_alive_once(tmp_path: Path) -> None:
+    ledger = Ledger(str(tmp_path / "slurm"))
+    ledger.record("submitting", "j1", task_id="a", stage="infer")  # killed inside sbatch: no id
+    ledger.record("submitting", "j2", task_id="b", stage="infer")
+    ledger.record("submitted", "j2", job_id="12")
+    ledger.record("submitting", "j3", task_id="c", stage="infer")
+    ledger.record("submitted", "j3", job_id="13")
+    ledger.record("ended", "j3", job_id="13")  # over: nothing to do
+    ledger.record("submitting", "j4", task_id="d", stage="eval")
+    ledger.record("submitted", "j4", job_id="14")
+    ledger.claim(["j5"])  # a launch of this process submits j5: never another's to stop
+    ledger.record("submitting", "j5", task_id="e", stage="infer")
+    ledger.record("submitted", "j5", job_id="15")
+    interrupted, known = ledger.left_behind("infer")
+    assert [r.name for r in interrupted] == ["j1"] and [(r.name, r.job_id) for r in known] == [("j2", "12")]
+    assert ledger.left_behind("infer") == ([], [])  # claimed: a second launch of the stage leaves them
+    assert [r.name for r in ledger.left_behind()[1]] == ["j4"]  # None: every stage
+
+
+def rec(name: str, task_id: str, seq: int, digest: str = "d", state: str = "submitted") -> JobRecord:
+    return JobRecord(name, task_id=task_id, stage="infer", attempt=1, seq=seq, digest=digest, job_id=name, state=state)
+
+
+def test_triage_adopts_the_latest_alive_job_of_the_same_spec_and_stops_the_rest() -> None:
+    known = [rec("a1", "a", 1), rec("a2", "a", 2), rec("b1", "b", 1, digest="old"), rec("c1", "c", 1),
+             rec("d1", "d", 1), rec("e1", "e", 1, state="stop_sent"), rec("f1", "f", 1)]
+    seen = {"a1": "alive", "a2": "alive", "b1": "alive", "c1": "over", "d1": None, "e1": "alive", "f1": "ending"}
+    over, adopt, stop = triage(known, seen, {"a": "d", "b": "d", "d": "d", "e": "d", "f": "d"})
+    assert [r.name for r in over] == ["c1"]
+    assert [r.name for r in adopt] == ["a2"]  # one per task, its latest attempt
+    # an older attempt, another spec, no answer, a job being stopped: each is stopped
+    assert sorted(r.name for r in stop) == ["a1", "b1", "d1", "e1", "f1"]

@@ -1,0 +1,207 @@
+"""The GPU sampler's lifecycle through the real CLI, with a DOUBLE of the ``nvidia-smi`` CLI.
+
+This machine has no GPU, so a small bash script named ``nvidia-smi`` is put first on PATH: it
+checks that it was called with the query, format and ``-lms`` flags the sampler uses, records
+its pid, and prints lines in the real ``--format=csv,noheader,nounits`` shape (plus hostile
+ones) until it is killed.  The runner is given GPU ids ``0,1`` with ``gpus=[...]``, as on a GPU
+box, and the model asks for one GPU per task.  What the real tool prints is checked on a GPU
+machine separately; what is checked here is the orchestrator's side: one long-lived child per
+run, gone after the run and after Ctrl-C, its lines in ``gpu.jsonl`` and in the report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import run_cli, run_dirs, start_cli
+from tests.report.chromium import Chromium, ChromiumMissing
+
+NVIDIA_SMI_DOUBLE = r"""#!/bin/bash
+# A stand-in for the nvidia-smi CLI (a test double), not the real tool.
+echo "$$ $*" >> "$SMI_DOUBLE_LOG"
+case " $* " in
+  *" --query-gpu=index,uuid,utilization.gpu,memory.used,memory.total --format=csv,noheader,nounits -lms "*) ;;
+  *) echo "nvidia-smi double: unexpected arguments: $*" >&2; exit 3 ;;
+esac
+head -c 5000 /dev/zero | tr '\0' x; echo            # a line far too long: dropped
+i=0
+while true; do
+  echo "0, GPU-11111111-2222-3333-4444-555555555555, $((i % 101)), 1234, 143771"
+  echo "1, GPU-66666666-7777-8888-9999-000000000000, 250, 999999, 143771"   # clamped
+  echo "2, GPU-aaaaaaaa-0000-0000-0000-000000000000, 50, 1, 1"              # not handed out
+  echo "0, GPU-11111111-2222-3333-4444-555555555555, [N/A], 1, 1"           # no utilisation
+  echo "garbage, <script>alert(1)</script>"
+  i=$((i + 7))
+  sleep 0.05
+done
+"""
+
+
+def _double(tmp_path: Path) -> dict[str, str]:
+    """The environment of a CLI that finds the double first on PATH."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(NVIDIA_SMI_DOUBLE)
+    smi.chmod(smi.stat().st_mode | stat.S_IXUSR)
+    return {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+            "SMI_DOUBLE_LOG": str(tmp_path / "smi-calls.log")}
+
+
+def _config(tmp_path: Path, delay_s: float, runner: str = "", num_gpus: int = 1, rows: int = 12) -> Path:
+    data = tmp_path / "arith.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i} + {i}?", "answer": str(2 * i)}) + "\n"
+                            for i in range(rows)))
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(f"""
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+from orchestra.partitioners import SizePartitioner
+from orchestra.runners import LocalRunner
+from orchestra.tasks import InferTask
+
+models = [dict(type=DeterministicModel, abbr='det', batch_size=2, delay_s={delay_s},
+               run_cfg=dict(num_gpus={num_gpus}))]
+datasets = [dict(type=JsonlDataset, abbr='arith', path={str(data)!r},
+                 reader_cfg=dict(input_columns=['question'], output_column='answer'),
+                 infer_cfg=dict(prompt_template='Q: {{question}}', inferencer=dict(type='gen', max_out_len=8)),
+                 eval_cfg=dict(evaluator='numeric_match'))]
+infer = dict(partitioner=dict(type=SizePartitioner, max_task_size=4, gen_task_coef=1),
+             runner=dict(type=LocalRunner, gpus=['0', '1'], reuse_workers=True{runner}, task=dict(type=InferTask)))
+work_dir = {str(tmp_path / 'out')!r}
+""")
+    return cfg
+
+
+def _double_pids(tmp_path: Path) -> list[int]:
+    log = tmp_path / "smi-calls.log"
+    """Pids of the double's sampling calls (the eval runner's GPU detection calls ``-L`` too)."""
+    lines = log.read_text().splitlines() if log.exists() else []
+    return [int(line.split()[0]) for line in lines if "--query-gpu" in line]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _gone_soon(pid: int, within_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + within_s
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return not _alive(pid)
+
+
+@pytest.fixture(scope="module")
+def sampled(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A finished run sampled by the double: (its test folder, its run folder)."""
+    tmp_path = tmp_path_factory.mktemp("sampled")
+    res = run_cli(_config(tmp_path, delay_s=0.4, runner=", gpu_sample_s=0.1"), env=_double(tmp_path))
+    assert res.returncode == 0, res.stderr
+    (run,) = run_dirs(tmp_path / "out")
+    return tmp_path, run
+
+
+def test_sampler_double_writes_gpu_jsonl_is_gone_after_the_run_and_the_report_has_lanes(
+        sampled: tuple[Path, Path]) -> None:
+    tmp_path, run = sampled
+    pids = _double_pids(tmp_path)
+    assert len(pids) == 1, "one long-lived sampler per run, not one per task or poll"
+    assert not _alive(pids[0]), "the nvidia-smi child outlived the run"
+
+    records = [json.loads(line) for line in (run / "gpu.jsonl").read_text().splitlines()]
+    assert {r["gpu"] for r in records} == {0, 1}  # GPU 2 is not the runner's; junk lines skipped
+    assert all(set(r) <= {"t", "gpu", "uuid", "util", "mem_mib", "mem_total_mib"} for r in records)
+    assert [r["uuid"] for r in records if "uuid" in r] == ["GPU-11111111-2222-3333-4444-555555555555",
+                                                          "GPU-66666666-7777-8888-9999-000000000000"]
+    gpu0 = [r["util"] for r in records if r["gpu"] == 0]
+    assert len(gpu0) >= 5 and len(set(gpu0)) > 1 and all(0 <= u <= 100 for u in gpu0)
+    assert {r["util"] for r in records if r["gpu"] == 1} == {100}  # 250 clamped
+    assert [r["mem_total_mib"] for r in records if "mem_total_mib" in r] == [143771, 143771]
+    assert all(r["mem_mib"] <= 143771 for r in records)
+    started = json.loads((run / "events.jsonl").read_text().splitlines()[0])["ts"]
+    assert all(started - 5 <= r["t"] <= time.time() for r in records)
+
+    html = (run / "summary/report.html").read_text()
+    timeline = json.loads(re.search(r'id="timeline-data">(.*?)</script>', html, re.S).group(1))
+    lanes = timeline["gpu"]
+    assert lanes["gpus"] == [0, 1] and all(len(ts) == len(us) > 0 for ts, us in zip(lanes["t"], lanes["util"]))
+    assert re.search(r'id="gpu-busy"><b>GPU 0 \d+%, GPU 1 100%</b>', html)
+    assert "alert(1)" not in html
+    trace = json.loads((run / "summary/trace.json").read_text())
+    assert {e["name"] for e in trace["traceEvents"] if e["ph"] == "C"} >= {"GPU 0 busy %", "GPU 1 busy %"}
+
+
+def test_the_report_draws_one_filled_lane_per_gpu_in_a_browser(sampled: tuple[Path, Path]) -> None:
+    _, run = sampled
+    try:
+        browser = Chromium()
+    except ChromiumMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        browser.open(str(run / "summary/report.html"))
+        browser.wait_for("document.querySelectorAll('#tl polygon.gpu-util').length > 0")
+        assert browser.eval("[...document.querySelectorAll('#tl polygon.gpu-util')].map(p => p.dataset.gpu)") == [
+            "0", "1"]
+        labels = browser.eval("[...document.querySelectorAll('#tl text')].map(t => t.textContent)")
+        assert any(t.startswith("GPU 1 busy 100%") for t in labels)
+        # the lanes sit below the task bars and within the plot's width
+        box = browser.eval("""(() => { const b = [...document.querySelectorAll('#tl rect.bar')].map(r => r.getBBox());
+            const p = document.querySelector('#tl polygon.gpu-util').getBBox();
+            return [Math.max(...b.map(r => r.y + r.height)), p.y, p.x, p.x + p.width,
+                    Math.max(...b.map(r => r.x + r.width))]; })()""")
+        assert box[1] >= box[0] and box[2] >= 190 and box[3] <= box[4] + 50
+        assert browser.console == [], browser.console
+    finally:
+        browser.close()
+
+
+def test_ctrl_c_stops_the_sampler_double_with_the_run(tmp_path: Path) -> None:
+    env = _double(tmp_path)
+    proc = start_cli(_config(tmp_path, delay_s=3.0, runner=", gpu_sample_s=0.1"), env=env, new_session=True)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not list((tmp_path / "out").glob("*/gpu.jsonl")):
+            time.sleep(0.1)
+        assert list((tmp_path / "out").glob("*/gpu.jsonl")), "no samples before the deadline"
+        (pid,) = _double_pids(tmp_path)
+        assert _alive(pid)
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=30)
+        assert _gone_soon(pid), "the nvidia-smi child outlived Ctrl-C"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_no_sampler_when_off_or_when_no_task_asks_for_a_gpu(tmp_path: Path) -> None:
+    env = _double(tmp_path)
+    off = tmp_path / "off"
+    off.mkdir()
+    assert run_cli(_config(off, delay_s=0.0, runner=", gpu_sample_s=0", rows=4), env=env).returncode == 0
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    assert run_cli(_config(cpu, delay_s=0.0, num_gpus=0, rows=4), env=env).returncode == 0
+    assert _double_pids(tmp_path) == []
+    for where in (off, cpu):
+        (run,) = run_dirs(where / "out")
+        assert not (run / "gpu.jsonl").exists() and not (run / "logs/gpu-sampler.log").exists()
+
+
+def test_bad_gpu_sample_s_is_one_line_exit_2(tmp_path: Path) -> None:
+    res = run_cli(_config(tmp_path, delay_s=0.0, runner=", gpu_sample_s=-1"), "--dry-run")
+    assert res.returncode == 2
+    assert len(res.stderr.strip().splitlines()) == 1
+    assert "infer.runner" in res.stderr and "gpu_sample_s must be 0 (off)" in res.stderr and "-1" in res.stderr
