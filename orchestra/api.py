@@ -187,6 +187,7 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
              write_cache: bool, yes: bool, edit_raw: Callable[[dict[str, Any]], None] | None) -> _Prepared:
     from orchestra.config import validate
     from orchestra.datasets.info import dataset_infos
+    from orchestra.serving.spec import check_server_gpus
 
     raw, source = _load(config, cfg_options, overrides)
     if edit_raw is not None:
@@ -210,6 +211,7 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
             runners[name] = stage.runner_cls(**stage.runner_kwargs)  # built (checked) even for debug
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {name}.runner: {exc}") from None
+    check_server_gpus(cfg.models, getattr(runners.get("infer"), "gpus", None), source)
     if debug:  # every stage in this process, one task at a time, tracebacks shown
         from orchestra.runners.local.inprocess import InProcessRunner
 
@@ -315,6 +317,9 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
 
     cfg = prep.cfg
     paths.make_dirs()
+    from orchestra.serving.pool import reap
+
+    reap(paths.servers)  # replicas an orchestrator of this run folder left behind (SIGKILLed)
     dump_config(cfg.resolved, paths.config)
     events = EventLog(paths.events)
     ctx = RunContext(paths, events, host=HostSlots())

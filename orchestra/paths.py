@@ -79,6 +79,11 @@ class RunPaths:
         orchestrator killed outright left behind."""
         return os.path.join(self.root, "ray")
 
+    @property
+    def servers(self) -> str:
+        """Managed servers: ``ledger.jsonl``, and per model ``replicas.json`` and the replicas' logs."""
+        return os.path.join(self.root, "servers")
+
     def batch_ledger(self, model_abbr: str) -> str:
         """Batch mode's record of every provider batch of one model (id, the requests it holds)."""
         return os.path.join(self.root, "batches", f"{safe_name(model_abbr)}.jsonl")

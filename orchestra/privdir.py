@@ -31,6 +31,7 @@ TEMP_FOLDERS = {
     "slots": ("orchestra-{uid}", "ORCHESTRA_LOCK_DIR"),
     "sandbox": ("orchestra-sandbox-{euid}", "ORCHESTRA_SANDBOX_DIR"),
     "weights": ("orchestra-weights-{uid}", ""),
+    "serve": ("orchestra-serve-{uid}", ""),  # managed servers' key files (0600)
 }
 
 

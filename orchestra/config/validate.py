@@ -118,6 +118,22 @@ def _check_model(cfg: Any, where: str) -> dict[str, Any]:
     return {**cfg, "type": f"{cls.__module__}.{cls.__qualname__}"}
 
 
+def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
+    """A managed server whose engine returns no prompt log-probs cannot score a loglik dataset."""
+    from orchestra.serving.spec import parse_server
+
+    loglik = [d["abbr"] for d in datasets
+              if ((d.get("infer_cfg") or {}).get("inferencer") or {}).get("type") == "loglik"]
+    for i, model in enumerate(models):
+        if not model.get("server") or not loglik:
+            continue
+        spec = parse_server(model["server"])
+        if not spec.supports_loglik:
+            raise ConfigError(
+                f"{source}: models[{i}].server.engine {spec.engine!r} returns no prompt log-probs, so it cannot "
+                f"score log-likelihood dataset {loglik[0]!r}; use engine 'vllm' or 'sglang', or a local model")
+
+
 def _check_keys(sub: dict[str, Any], valid: tuple[str, ...], where: str) -> None:
     for key in sub:
         if key not in valid:
@@ -288,6 +304,7 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
                 raise ConfigError(f"{source}: {kind}[{i}].abbr {abbr!r} is also used by {kind}[{seen[abbr]}]")
             seen[abbr] = i
     _check_file_names(datasets, source)
+    _check_served(models, datasets, source)
     work_dir = raw.get("work_dir", "outputs/default")
     if not isinstance(work_dir, str) or not work_dir:
         raise ConfigError(f"{source}: work_dir must be a path string, got {work_dir!r}")

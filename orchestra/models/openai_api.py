@@ -37,8 +37,11 @@ from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
 from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
-from orchestra.paths import RunPaths
+from orchestra.paths import RunPaths, safe_name
 from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, prompt_text
+from orchestra.serving.balance import ReplicaSet
+from orchestra.serving.presets import KEY_FILE_ENV, SERVERS_DIR_ENV
+from orchestra.serving.spec import parse_server
 
 ENDPOINTS = ("chat", "completions")
 
@@ -87,6 +90,10 @@ class OpenAIAPI(BaseModel):
             answers within 24 h): ``True`` or a dict of
             :class:`~orchestra.models.batch_rows.BatchOptions` (``size``, ``poll_s``,
             ``flush_s``, ...).  See docs/api.md, "Batch mode".
+        server: a managed server the run starts for this model (``dict(engine='vllm',
+            model='/ckpt', replicas=2, ...)``, see :class:`~orchestra.serving.spec.ServerSpec` and
+            docs/serving.md); ``path`` is then the name it serves the model as, ``base_url`` and
+            ``key_env`` are orchestra's, and ``max_connections`` counts per replica.
     """
 
     validate_by_construction = True  # the constructor only checks values: no network, no key
@@ -109,6 +116,7 @@ class OpenAIAPI(BaseModel):
         attempt_timeout_s: float = 120.0,
         rate_limit: float | None = None,
         batch: bool | dict[str, Any] | None = None,
+        server: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(abbr, path, max_out_len=max_out_len, generation_kwargs=generation_kwargs)
         if not path:
@@ -121,6 +129,13 @@ class OpenAIAPI(BaseModel):
             raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
         if rate_limit is not None and rate_limit <= 0:
             raise ValueError(f"rate_limit must be > 0 requests per second, got {rate_limit}")
+        self.server = parse_server(server) if server is not None else None
+        if self.server is not None:
+            if batch:
+                raise ValueError("a managed server (server=...) has no Batch API: drop batch=")
+            base_url, key_env = "http://127.0.0.1/v1", None  # the replicas' addresses come at run time
+            max_connections *= self.server.replicas
+        self._replicas: ReplicaSet | None = None
         self.base_url = base_url.rstrip("/")
         self.key_env = key_env
         self.endpoint = endpoint
@@ -130,7 +145,7 @@ class OpenAIAPI(BaseModel):
         self.url = f"{self.base_url}/{'chat/completions' if endpoint == 'chat' else 'completions'}"
         self.completions_url = f"{self.base_url}/completions"
         self._key: _Secret | None = None  # read on first use, inside the task (see _secret)
-        self.scope_name = f"openai-api:{self.base_url}|{path}"
+        self.scope_name = f"openai-api:{self.base_url}|{path}" if self.server is None else f"served:{abbr}|{path}"
         self.rate = AdaptiveRate(max_rate=rate_limit, ramp_requests=max_connections)
         self._slots: ProcessSlots | HostSlots | None = None
         self._session: Any = None
@@ -141,6 +156,15 @@ class OpenAIAPI(BaseModel):
         if self.batch_options is not None:  # room to cancel the batches in flight on SIGTERM
             self.stop_grace_s = self.batch_options.cancel_wait_s + 5.0
         self._batcher: OpenAIBatcher | None = None
+
+    @classmethod
+    def identity(cls, cfg: dict[str, Any]) -> str:
+        """A managed server's weights, engine and flags can change answers; how many replicas,
+        threads, slots or restarts it has cannot (changing those reuses predictions)."""
+        server = cfg.get("server")
+        if isinstance(server, dict):
+            cfg = {**cfg, "server": {k: server.get(k) for k in ("engine", "model", "args", "command", "ctx_size")}}
+        return super().identity(cfg)
 
     def __repr__(self) -> str:
         return f"OpenAIAPI(abbr={self.abbr!r}, path={self.path!r}, base_url={self.base_url!r})"
@@ -171,6 +195,13 @@ class OpenAIAPI(BaseModel):
         when the orchestrator validates the config) and kept out of repr, errors and logs."""
         if self._key is None:
             self._key = _Secret(os.environ.get(self.key_env, "") if self.key_env else "")
+            if self.server is not None:
+                try:
+                    with open(os.environ.get(KEY_FILE_ENV, ""), encoding="utf-8") as fh:
+                        self._key = _Secret(fh.read().strip())
+                except OSError:
+                    raise ModelError(f"model {self.abbr}: the managed server's key file is not readable "
+                                     f"(${KEY_FILE_ENV}); this model runs only inside a run") from None
         return self._key
 
     def _scrub(self, text: str) -> str:
@@ -235,12 +266,41 @@ class OpenAIAPI(BaseModel):
         """One HTTP attempt, its failure (if any) classified."""
         import aiohttp
 
+        target = None
+        if self.server is not None:  # a managed replica: the least busy one this process knows
+            target = self._replica_set().pick()
+            if target is None:
+                return Outcome(0, None, RetryDecision.transient("no replica of the managed server is ready"))
+            url = target.url + url[len(self.base_url):]
+        try:
+            return await self._send(url, payload, budget_s)
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
+            if target is not None:  # a replica gone: set it aside; the retry goes to another one
+                self._replica_set().done(target, refused=True)
+                target = None
+            return Outcome(0, None, classify_exception(exc))
+        finally:
+            if target is not None:
+                self._replica_set().done(target)
+
+    def _replica_set(self) -> ReplicaSet:
+        if self._replicas is None:
+            folder = os.environ.get(SERVERS_DIR_ENV, "")
+            self._replicas = ReplicaSet(os.path.join(folder, safe_name(self.abbr), "replicas.json"))
+        return self._replicas
+
+    async def _send(self, url: str, payload: bytes, budget_s: float) -> Outcome:
+        """POST once; a refused or dropped connection is raised (the caller knows the replica)."""
+        import aiohttp
+
         try:
             async with self._client().post(url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth,
                                            timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
                 raw = await resp.read()
                 if resp.status != 200:
                     return Outcome(resp.status, None, classify_status(resp.status, resp.headers, raw))
+        except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError):
+            raise
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             return Outcome(0, None, classify_exception(exc))
         try:
@@ -320,7 +380,7 @@ class OpenAIAPI(BaseModel):
         Needs a completions endpoint that echoes prompt logprobs (vLLM, many others).  Tokens
         that start at or after the end of the context count as the continuation's.
         """
-        if self.endpoint != "completions":
+        if self.endpoint != "completions" and self.server is None:
             raise ModelError(f"model {self.abbr}: log-likelihoods need endpoint='completions' (echo + logprobs)")
         context = prompt_text(request.context)
         results = await asyncio.gather(*(self._score(context, c) for c in request.continuations))

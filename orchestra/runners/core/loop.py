@@ -4,7 +4,7 @@
 and infrastructure retries that do not spend it), timeouts, cancellation and the event log.  It
 drives a backend only through ``core/contract.py``: ``open(ctx, tasks)`` gives a ``Session``; each
 round submits the ready jobs together, polls every job in flight in one call, and cancels without
-waiting (a cancelled job stays polled until its session reports it gone).
+waiting (a cancelled job stays polled until its session reports it gone).  Managed servers: served.py.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from orchestra.fileio import append_line
 from orchestra.runners.core.command import Command, fill_template
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
 from orchestra.runners.core.run import InFlight, PendingTask, Results, RunContext, TaskResult, TaskState
+from orchestra.runners.core.served import attach_servers, close_launch, with_server_env
 from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec, output_done
 
@@ -130,9 +131,8 @@ class BaseRunner(abc.ABC):
     def launch(self, tasks: list[TaskSpec], ctx: RunContext) -> list[TaskResult]:
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
         session = self.open(ctx, tasks)
-        results = Results()
-        flight = InFlight({}, {})
-        pending: deque[PendingTask] = deque()
+        self._servers = attach_servers(session, tasks, ctx, self)
+        results, flight, pending = Results(), InFlight({}, {}), deque[PendingTask]()
         try:
             pending.extend(self._queue(tasks, session, results, ctx))
             self._free_slots = list(range(self.max_num_workers))  # a heap: the lowest free slot first
@@ -149,13 +149,13 @@ class BaseRunner(abc.ABC):
             try:
                 self._stop_all(session, pending, flight, results, ctx, drain=False)
             finally:
-                session.close()
+                close_launch(session, self._servers)
             raise
         try:
             if flight.running or flight.stopping or (ctx.stop.is_set() and pending):
                 self._stop_all(session, pending, flight, results, ctx, drain=True)
         finally:
-            session.close()  # whatever the clean-up met: nothing the backend started may outlive the launch
+            close_launch(session, self._servers)  # whatever the clean-up met: nothing started may outlive the launch
         return [results[t.task_id] for t in tasks if t.task_id in results]
 
     def _queue(self, tasks: list[TaskSpec], session: Session, results: dict[str, TaskResult],
@@ -168,8 +168,7 @@ class BaseRunner(abc.ABC):
             if missing and not waits:  # a stage waits for its inputs: an eval task whose predictions failed
                 self._skip(task, missing, results, ctx)
                 continue
-            unfit = session.resources.unfit(task)
-            if unfit:
+            if unfit := session.resources.unfit(task):
                 results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, 0, log_path, unfit)
                 ctx.events.emit("failed", task_id=task.task_id, stage=task.stage, reason=unfit, name=task.display_name,
                                 model=task.model_abbr)
@@ -231,7 +230,8 @@ class BaseRunner(abc.ABC):
                 spec_path = ctx.paths.task_spec(task.task_id)
                 if entry.attempt == 1:  # the one place a spec is written: what every attempt runs
                     task.dump(spec_path)
-                job.command = self.get_command(task, spec_path, resources, entry.attempt, job.log_path)
+                job.command = with_server_env(self.get_command(task, spec_path, resources, entry.attempt,
+                                                               job.log_path), task, self._servers, ctx.paths)
                 self.log_attempt(job, f"===== orchestra: attempt {entry.attempt} of {task.task_id} "
                                       f"({task.display_name}) at {time.strftime('%Y-%m-%d %H:%M:%S')}\n"
                                       f"===== command: {job.command.display()}\n")

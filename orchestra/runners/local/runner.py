@@ -73,6 +73,7 @@ class LocalRunner(BaseRunner):
 
     template_fields = (*BaseRunner.template_fields, "gpu_ids")
     refill_at_once = True  # polling a local process or a warm worker's pipe costs nothing
+    serves_locally = True  # managed servers (server=dict(...)) run on this machine beside its tasks
 
     def __init__(
         self,

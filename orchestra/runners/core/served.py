@@ -1,0 +1,114 @@
+"""Managed inference servers as a resource of a launch (``orchestra/serving``; docs/serving.md).
+
+An infer task whose model has ``server=dict(...)`` may start only once one replica of that
+model answers: :class:`ServedResources` wraps the session's resources, asks the launch's
+:class:`~orchestra.serving.pool.ServerPool` for the replicas (the first such task starts them)
+and makes the task wait (``acquire`` -> None) until one is ready, or fails it with the pool's
+one-line reason once none can be.  The task learns where the replicas are and where the key is
+through its environment (:func:`server_env`); when the model's last task is done its replicas
+stop, and the launch's end stops whatever is left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestra.errors import ConfigError
+from orchestra.paths import RunPaths
+from orchestra.runners.core.command import Command
+from orchestra.runners.core.contract import CannotStart, Exit, Job, Resources, Session
+from orchestra.runners.core.host import FIRST_STAGE, HostSlots
+from orchestra.runners.core.run import RunContext
+from orchestra.serving.pool import ServerPool
+from orchestra.serving.presets import KEY_FILE_ENV, SERVERS_DIR_ENV
+from orchestra.serving.spec import ServerSpec, parse_server
+from orchestra.tasks.spec import TaskSpec
+
+
+def server_spec(task: TaskSpec) -> ServerSpec | None:
+    """The managed server an infer task's model needs (None: it needs none)."""
+    cfg = task.model.get("server") if task.stage == FIRST_STAGE else None
+    if not cfg:
+        return None
+    try:
+        return parse_server(cfg)
+    except ConfigError:
+        return None  # the config was checked before the run; a spec edited since fails in its task
+
+
+def server_env(pool: ServerPool, paths: RunPaths) -> dict[str, str]:
+    """What a task of a served model needs to reach the replicas (no secret: a path to the key)."""
+    return {KEY_FILE_ENV: pool.key_file, SERVERS_DIR_ENV: paths.servers}
+
+
+class ServedResources:
+    """A session's resources, with the replicas of served models reserved before their tasks."""
+
+    def __init__(self, inner: Resources, pool: ServerPool | None, tasks: list[TaskSpec]) -> None:
+        self.inner, self.pool = inner, pool
+        self.left: dict[str, set[str]] = {}  # model -> its tasks of this launch not done yet
+        for task in tasks:
+            if server_spec(task) is not None:
+                self.left.setdefault(task.model_abbr, set()).add(task.task_id)
+
+    def unfit(self, task: TaskSpec) -> str | None:
+        if self.pool is None and server_spec(task) is not None:
+            return "managed servers (server=dict(...)) run with LocalRunner only, so far"
+        return self.inner.unfit(task)
+
+    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
+        spec = server_spec(task)
+        if spec is not None and self.pool is not None:
+            ready, failed = self.pool.want(task.model_abbr, spec, str(task.model.get("path", "")))
+            if failed:
+                raise CannotStart(f"no server for {task.model_abbr}: {failed}")
+            if not ready:
+                return None
+        return self.inner.acquire(task)
+
+    def release(self, job: Job, ended: Exit | None) -> None:
+        self.inner.release(job, ended)
+        left = self.left.get(job.task.model_abbr)
+        if left is not None and ended is not None and ended.code == 0:
+            left.discard(job.task.task_id)
+            if not left and self.pool is not None:
+                self.pool.release(job.task.model_abbr)
+
+
+def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, runner: Any) -> ServerPool | None:
+    """Wrap ``session``'s resources when some task needs managed servers; the launch's pool.
+    Replicas take their GPUs from the run's host hand-out (``runner.gpus``), shared with tasks;
+    a runner without ``serves_locally = True`` cannot run them (its served tasks are unfit)."""
+    if not any(server_spec(t) for t in tasks):
+        return None
+    gpus = [str(g) for g in getattr(runner, "gpus", [])]
+    if not getattr(runner, "serves_locally", False):
+        session.resources = ServedResources(session.resources, None, tasks)
+        return None
+    slots = ctx.host or HostSlots()
+
+    def take(n: int) -> list[str] | None:
+        return slots.take(FIRST_STAGE, 0, gpus, n, 1)
+
+    def give(ids: list[str]) -> None:
+        slots.give(FIRST_STAGE, 0, ids)
+
+    pool = ServerPool(ctx.paths.servers, ctx.events.emit, take, give)
+    session.resources = ServedResources(session.resources, pool, tasks)
+    return pool
+
+
+def close_launch(session: Session, pool: ServerPool | None) -> None:
+    """End a launch: the session first (its tasks stop), then its replicas."""
+    try:
+        session.close()
+    finally:
+        if pool is not None:
+            pool.close()
+
+
+def with_server_env(command: Command, task: TaskSpec, pool: ServerPool | None, paths: RunPaths) -> Command:
+    """``command`` with what a task of a served model needs to reach its replicas."""
+    if pool is None or server_spec(task) is None:
+        return command
+    return Command(command.argv, {**command.env, **server_env(pool, paths)})

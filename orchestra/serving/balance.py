@@ -1,0 +1,73 @@
+"""The client side of managed replicas: which replica the next request goes to.
+
+A task reads its model's live replicas from ``replicas.json`` (the pool rewrites it whenever the
+set changes) and sends each request to the replica with the fewest requests of this process in
+flight.  A replica that refuses a connection is set aside until the file changes or a few seconds
+pass; the request is retried on another one (a dead replica's requests go to the others).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+RELOAD_S = 0.5  #: how often the file is looked at (its mtime) while replicas are set aside
+SET_ASIDE_S = 5.0  #: how long a replica that refused a connection is skipped
+
+
+@dataclass
+class Target:
+    """One replica as a client sees it."""
+
+    url: str
+    in_flight: int = 0
+    down_until: float = 0.0
+
+
+class ReplicaSet:
+    """The replicas of one served model, for one task process (not thread-safe: one event loop)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.targets: dict[str, Target] = {}
+        self._mtime = -1.0
+        self._looked = 0.0
+
+    def _reload(self, now: float) -> None:
+        if now - self._looked < RELOAD_S and self.targets:
+            return
+        self._looked = now
+        try:
+            mtime = os.stat(self.path).st_mtime
+            if mtime == self._mtime:
+                return
+            with open(self.path, encoding="utf-8") as fh:
+                data = json.load(fh)
+            urls = [str(r["url"]) for r in data["replicas"] if str(r.get("url", "")).startswith("http://127.")]
+        except (OSError, ValueError, KeyError, TypeError):
+            return
+        self._mtime = mtime
+        self.targets = {u: self.targets.get(u) or Target(u) for u in urls}
+        for target in self.targets.values():
+            target.down_until = 0.0  # the set changed: give every listed replica another chance
+
+    def pick(self) -> Target | None:
+        """The live replica with the fewest requests in flight (None: none is listed)."""
+        now = time.monotonic()
+        self._reload(now)
+        up = [t for t in self.targets.values() if t.down_until <= now]
+        if not up:
+            up = list(self.targets.values())
+        if not up:
+            return None
+        best = min(up, key=lambda t: t.in_flight)
+        best.in_flight += 1
+        return best
+
+    def done(self, target: Target, refused: bool = False) -> None:
+        """A request to ``target`` is over; ``refused``: it could not connect (set it aside)."""
+        target.in_flight = max(0, target.in_flight - 1)
+        if refused:
+            target.down_until = time.monotonic() + SET_ASIDE_S

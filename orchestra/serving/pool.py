@@ -1,0 +1,295 @@
+"""The replicas of a launch: started on demand, watched, restarted, stopped (one thread does it).
+
+:class:`ServerPool` is driven from the scheduling loop's thread through :meth:`ServerPool.want`
+(cheap: it only records the wish) and :meth:`ServerPool.release`; a single thread of its own starts
+every replica process, probes readiness, restarts dead replicas and stops them.  That thread lives
+until :meth:`ServerPool.close`, which matters: a replica's parent-death signal fires when the
+*thread* that started it ends, so the replicas die with the pool, and with the orchestrator.
+
+The live addresses of a model's replicas are in ``<run>/servers/<model>/replicas.json`` (rewritten
+atomically whenever the set changes: tasks re-read it); each replica's output in
+``<run>/servers/<model>/replica-<i>.log``; every start and stop in ``<run>/servers/ledger.jsonl``,
+which a later orchestrator on the same run folder reads to stop what a crashed one left (:func:`reap`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestra.fileio import append_line, atomic_write_json, read_jsonl
+from orchestra.paths import safe_name
+from orchestra.privdir import open_private_file, private_dir, temp_folder
+from orchestra.serving.replica import Replica, start_time
+from orchestra.serving.spec import ServerSpec
+from orchestra.serving.watchdog import group_members
+
+TICK_S = 0.1  #: how often the pool's thread looks at its replicas
+#: GPU hand-out: ``take(n)`` -> GPU ids or None (wait), ``give(ids)``
+TakeGpus = Callable[[int], "list[str] | None"]
+GiveGpus = Callable[[list[str]], None]
+
+
+def new_key_file() -> tuple[str, str]:
+    """A fresh random key in a private file (0600, in a 0700 folder of this user under the temp
+    folder, never in the run folder): (path, key)."""
+    folder = private_dir(temp_folder("serve"))
+    key = secrets.token_urlsafe(32)
+    path = os.path.join(folder, f"{secrets.token_hex(8)}.key")
+    fd = open_private_file(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.write(fd, key.encode())
+    finally:
+        os.close(fd)
+    return path, key
+
+
+def _record(ledger: str, state: str, **fields: Any) -> None:
+    """Append one line to the servers' ledger and fsync it before going on."""
+    line = json.dumps({"ts": round(time.time(), 3), "state": state, **fields}) + "\n"
+    append_line(ledger, line.encode())
+    fd = os.open(ledger, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def reap(servers_dir: str) -> list[int]:
+    """Stop every replica an earlier orchestrator of this run folder recorded as started and
+    not as gone (e.g. after it was SIGKILLed): the pids stopped.  A pid is only killed while
+    it still is the same process (its start time matches the ledger's)."""
+    ledger = os.path.join(servers_dir, "ledger.jsonl")
+    if not os.path.exists(ledger):
+        return []
+    live: dict[str, dict[str, Any]] = {}
+    for rec in read_jsonl(ledger):
+        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
+            continue
+        if rec.get("state") == "started":
+            live[rec["name"]] = rec
+        else:
+            live.pop(rec["name"], None)
+    stopped = []
+    for name, rec in live.items():
+        pid, born = rec.get("pid"), rec.get("start_time")
+        if isinstance(pid, int) and born is not None and start_time(pid) == born:
+            for member in [*group_members(pid), pid]:
+                try:
+                    os.kill(member, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            stopped.append(pid)
+        _record(ledger, "reaped", name=name, pid=pid)
+        key_file = rec.get("key_file")
+        if isinstance(key_file, str) and os.path.basename(os.path.dirname(key_file)).startswith("orchestra-serve-"):
+            try:
+                os.unlink(key_file)
+            except OSError:
+                pass
+    return stopped
+
+
+@dataclass
+class Served:
+    """One model's replicas in this launch."""
+
+    abbr: str
+    spec: ServerSpec
+    served_name: str
+    folder: str
+    replicas: list[Replica] = field(default_factory=list)
+    restarts: int = 0
+    failed: str = ""  # set once no replica can serve any more (one line)
+    stopping: bool = False
+    published: tuple[str, ...] = ()
+
+    def ready(self) -> list[Replica]:
+        return [r for r in self.replicas if r.state == "ready"]
+
+
+class ServerPool:
+    """Every managed server of one launch (thread-safe).
+
+    Args:
+        servers_dir: ``<run>/servers``.
+        emit: the run's event log (``server_*`` events).
+        take_gpus / give_gpus: the runner's GPU hand-out, which replicas share with tasks.
+    """
+
+    def __init__(self, servers_dir: str, emit: Callable[..., None], take_gpus: TakeGpus,
+                 give_gpus: GiveGpus) -> None:
+        self.dir = servers_dir
+        os.makedirs(servers_dir, exist_ok=True)
+        self.ledger = os.path.join(servers_dir, "ledger.jsonl")
+        self.emit, self.take_gpus, self.give_gpus = emit, take_gpus, give_gpus
+        self.key_file, self._key = new_key_file()
+        self._lock = threading.Lock()
+        self._models: dict[str, Served] = {}
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="orchestra-servers", daemon=True)
+        self._thread.start()
+
+    # -- the scheduling loop's side ----------------------------------------------------------
+    def want(self, abbr: str, spec: ServerSpec, served_name: str) -> tuple[bool, str]:
+        """Ask for ``abbr``'s replicas: (ready, why not ready for good); starts them if needed."""
+        with self._lock:
+            served = self._models.get(abbr)
+            if served is not None and served.stopping and not served.failed:
+                served.stopping = False  # wanted again (a retry after the last task seemed over)
+            if served is None:
+                folder = os.path.join(self.dir, safe_name(abbr))
+                served = Served(abbr, spec, served_name, folder)
+                served.replicas = [Replica(spec, served_name, i, os.path.join(folder, f"replica-{i}.log"))
+                                   for i in range(spec.replicas)]
+                self._models[abbr] = served
+            return bool(served.ready()), served.failed
+
+    def release(self, abbr: str) -> None:
+        """``abbr``'s last task is over: stop its replicas (their GPUs go back)."""
+        with self._lock:
+            served = self._models.get(abbr)
+            if served is not None:
+                served.stopping = True
+
+    def close(self) -> None:
+        """Stop every replica, wait for the thread, remove the key file."""
+        self._closing.set()
+        self._thread.join(timeout=60)
+        try:
+            os.unlink(self.key_file)
+        except OSError:
+            pass
+
+    # -- the pool's thread -------------------------------------------------------------------
+    def _run(self) -> None:
+        try:
+            while not self._closing.is_set():
+                with self._lock:
+                    models = list(self._models.values())
+                for served in models:
+                    try:
+                        self._tend(served)
+                    except Exception as exc:  # noqa: BLE001 - a bug here must fail the model's tasks, not hang them
+                        served.failed = f"the server pool failed for {served.abbr}: {type(exc).__name__}: {exc}"
+                        served.stopping = True
+                self._closing.wait(TICK_S)
+        finally:
+            with self._lock:
+                models = list(self._models.values())
+            for served in models:  # all of them asked at once: they stop side by side
+                for replica in served.replicas:
+                    replica.ask_stop()
+            for served in models:
+                for replica in served.replicas:
+                    self._stop(served, replica)
+
+    def _tend(self, served: Served) -> None:
+        if served.stopping:
+            for replica in served.replicas:
+                replica.ask_stop()
+            for replica in served.replicas:
+                self._stop(served, replica)
+            self._publish(served)
+            return
+        for replica in served.replicas:
+            if replica.state in ("new", "waiting", "stopped"):
+                self._start(served, replica)
+            elif replica.state == "starting":
+                self._look(served, replica)
+            elif replica.state == "ready" and replica.exited() is not None:
+                replica.code = replica.exited()
+                self._lost(served, replica, f"exited with code {replica.code} while serving")
+        self._publish(served)
+
+    def _start(self, served: Served, replica: Replica) -> None:
+        if served.spec.gpus_per_replica and not replica.gpus:
+            gpus = self.take_gpus(served.spec.gpus_per_replica)
+            if gpus is None:
+                replica.state = "waiting"
+                return
+            replica.gpus = gpus
+        name = f"{served.abbr}/{replica.index}/{served.restarts}/{time.time():.3f}"
+        try:
+            replica.start(self.key_file)
+        except OSError as exc:
+            self._give_gpus(replica)
+            served.failed = f"{served.spec.engine} replica {replica.index} of {served.abbr} could not start: {exc}"
+            replica.state = "exited"
+            return
+        assert replica.proc is not None
+        _record(self.ledger, "started", name=name, model=served.abbr, replica=replica.index, pid=replica.proc.pid,
+                start_time=start_time(replica.proc.pid), port=replica.port, gpus=replica.gpus,
+                key_file=self.key_file)
+        replica.ledger_name = name
+        self.emit("server_started", model=served.abbr, engine=served.spec.engine, replica=replica.index,
+                  port=replica.port, pid=replica.proc.pid, gpus=replica.gpus, log=replica.log_path)
+
+    def _look(self, served: Served, replica: Replica) -> None:
+        state = replica.check(self._key)
+        if state == "starting":
+            return
+        if state == "ready":
+            replica.state = "ready"
+            self.emit("server_ready", model=served.abbr, replica=replica.index, port=replica.port,
+                      startup_s=round(time.monotonic() - replica.started, 3))
+            return
+        why = {"exited": f"exited with code {replica.code} before it was ready",
+               "late": f"did not answer {served.spec.ready_path} within {served.spec.startup_s:g} s",
+               "foreign": f"port {replica.port} is held by another process",
+               "exposed": "listens on every address, not on 127.0.0.1 only (refused: keep it on loopback)",
+               "open": "answers without the key (refused: anyone on this machine could use it)"}[state]
+        if state == "foreign":  # lost a race for the port: not the server's fault, not counted
+            self._stop(served, replica)
+            replica.state = "new"
+            return
+        self._lost(served, replica, why)
+
+    def _lost(self, served: Served, replica: Replica, why: str) -> None:
+        """A replica died or never became ready: report it in one line, restart it if allowed."""
+        tail = replica.tail()
+        line = (f"{served.spec.engine} replica {replica.index} of {served.abbr} {why}"
+                + (f"; last log lines: {tail}" if tail else "") + f" (log: {replica.log_path})")
+        self._stop(served, replica)
+        again = served.restarts < served.spec.max_restarts
+        self.emit("server_exited", model=served.abbr, replica=replica.index, reason=line, exit_code=replica.code,
+                  infra=True, restart=again)
+        if again:
+            served.restarts += 1
+            replica.state = "new"
+            return
+        replica.state = "exited"
+        if not served.ready() and all(r.state == "exited" for r in served.replicas):
+            served.failed = line
+
+    def _stop(self, served: Served, replica: Replica) -> None:
+        if replica.proc is not None and replica.state not in ("stopped",):
+            replica.stop()
+            _record(self.ledger, "stopped", name=replica.ledger_name, model=served.abbr,
+                    replica=replica.index, exit_code=replica.proc.returncode)
+            self.emit("server_stopped", model=served.abbr, replica=replica.index)
+            replica.proc = None
+        replica.state = "stopped" if replica.state != "exited" else "exited"
+        self._give_gpus(replica)
+
+    def _give_gpus(self, replica: Replica) -> None:
+        if replica.gpus:
+            self.give_gpus(replica.gpus)
+            replica.gpus = []
+
+    def _publish(self, served: Served) -> None:
+        """Write the ready replicas' addresses where the model's tasks read them."""
+        urls = tuple(r.base_url for r in served.ready())
+        if urls == served.published:
+            return
+        os.makedirs(served.folder, exist_ok=True)
+        atomic_write_json(os.path.join(served.folder, "replicas.json"),
+                          {"model": served.served_name, "replicas": [{"url": u} for u in urls]})
+        served.published = urls

@@ -1,0 +1,88 @@
+"""One llama.cpp replica: llama.cpp's OpenAI-compatible server from the ``xllamacpp`` wheel.
+
+    python -m orchestra.serving.xllama --model FILE.gguf --port P --alias NAME
+        [--threads 1] [--parallel 4] [--ctx 8192] [--set name=value ...]
+
+Listens on 127.0.0.1 only and demands the key read from the file named by
+``ORCHESTRA_SERVER_KEY_FILE`` (``/health`` stays public, as in llama.cpp; every other route
+answers 401 without the key).  xllamacpp runs the server on threads of this process, so this
+process *is* the replica: it serves until SIGTERM or SIGINT and exits 0, or exits 3 when the
+model cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+
+def _apply(params: Any, setting: str) -> None:
+    """``name=value`` on ``CommonParams`` (value read as int, float, bool or str, like the field)."""
+    name, sep, raw = setting.partition("=")
+    if not sep or not hasattr(params, name):
+        raise SystemExit(f"xllama: --set {setting!r}: expected name=value with a CommonParams field name")
+    old = getattr(params, name)
+    value: Any = raw
+    if isinstance(old, bool):
+        value = raw.lower() in ("1", "true", "yes", "on")
+    elif isinstance(old, int):
+        value = int(raw)
+    elif isinstance(old, float):
+        value = float(raw)
+    setattr(params, name, value)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m orchestra.serving.xllama")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--alias", required=True)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--set", action="append", default=[], dest="settings")
+    args = ap.parse_args()
+    try:
+        with open(os.environ["ORCHESTRA_SERVER_KEY_FILE"], encoding="utf-8") as fh:
+            key = fh.read().strip()
+    except (KeyError, OSError) as exc:
+        raise SystemExit(f"xllama: no key file ({exc}); a replica never serves without a key") from None
+    if not key:
+        raise SystemExit("xllama: the key file is empty; a replica never serves without a key")
+    if not os.path.isfile(args.model):
+        print(f"xllama: model file not found: {args.model}", file=sys.stderr, flush=True)
+        sys.exit(3)
+    import xllamacpp
+
+    params = xllamacpp.CommonParams()
+    params.model.path = args.model
+    params.model_alias = {args.alias}
+    params.hostnames = ["127.0.0.1"]
+    params.port = args.port
+    params.api_keys = [key]
+    params.n_parallel = args.parallel
+    params.n_ctx = args.ctx
+    params.cpuparams.n_threads = args.threads
+    params.cpuparams_batch.n_threads = args.threads
+    for setting in args.settings:
+        _apply(params, setting)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        server = xllamacpp.Server(params)
+    except Exception as exc:  # noqa: BLE001 - the engine's own error, reported in the replica's log
+        print(f"xllama: llama.cpp could not start: {exc}", file=sys.stderr, flush=True)
+        sys.exit(3)
+    print(f"xllama: serving {args.alias} on 127.0.0.1:{args.port}", flush=True)
+    stop.wait()
+    del server
+    sys.exit(0)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,123 @@
+"""ServerSpec and the engines' presets: what a config may say, and the argv each replica runs.
+
+The vLLM and SGLang argv are checked against their documented flags (docs/serving.md cites the
+pages): ``vllm serve MODEL --host --port --served-model-name --tensor-parallel-size`` with the key
+in ``VLLM_API_KEY``; ``python -m sglang.launch_server --model-path --host --port
+--served-model-name --tp-size`` with ``--api-key`` added inside the process.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestra.errors import ConfigError
+from orchestra.serving.presets import KEY_FILE_ENV, launch
+from orchestra.serving.spec import check_gpus, parse_server
+
+
+def test_refusals_name_the_key_and_what_is_valid(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    cases = [
+        (dict(engine="tgi", model=str(gguf)), "server.engine must be one of vllm, sglang, llama.cpp, command"),
+        (dict(engine="llama.cpp", model=str(gguf), replicas=0), "server.replicas must be an integer >= 1"),
+        (dict(engine="llama.cpp", model=str(tmp_path / "nope.gguf")), "llama.cpp needs a GGUF file"),
+        (dict(engine="vllm", model=str(tmp_path / "ckpt")), "does not exist"),
+        (dict(engine="vllm", model="org/name", threads=2), "server.threads does not apply to engine 'vllm'"),
+        (dict(engine="vllm", model="org/name", colour=1), "unknown key 'colour'; valid keys: engine, model"),
+        (dict(engine="command", model="x", command=["srv", "--port", "{prot}"]), "unknown field {prot}"),
+        (dict(engine="command", model="x", command=["srv", "--port", "8000"]), "must take its port from {port}"),
+        (dict(engine="llama.cpp", model=str(gguf), ready_path="health"), "must be a path starting with '/'"),
+    ]
+    for cfg, expected in cases:
+        with pytest.raises(ConfigError) as err:
+            parse_server(cfg)
+        assert expected in str(err.value), (cfg, str(err.value))
+        assert "\n" not in str(err.value)
+
+
+def test_a_hub_id_is_not_looked_for_on_disk() -> None:
+    spec = parse_server(dict(engine="vllm", model="HuggingFaceTB/SmolLM2-135M-Instruct", tensor_parallel_size=2))
+    assert spec.gpus_per_replica == 2 and spec.supports_loglik
+
+
+def test_more_gpus_than_the_runner_has_is_refused() -> None:
+    spec = parse_server(dict(engine="vllm", model="org/m", replicas=2, tensor_parallel_size=4))
+    check_gpus(spec, 8, "cfg.py: models[0]")
+    with pytest.raises(ConfigError, match=r"2 replica\(s\) x 4 GPU\(s\) = 8 GPU\(s\), but this machine's runner has 7"):
+        check_gpus(spec, 7, "cfg.py: models[0]")
+    check_gpus(parse_server(dict(engine="command", model="m", command="srv {port}")), 0, "x")  # no GPU needed
+
+
+def test_vllm_argv_follows_its_documented_flags_and_keeps_the_key_out() -> None:
+    spec = parse_server(dict(engine="vllm", model="org/m", tensor_parallel_size=2, args=["--max-model-len", "4096"]))
+    how = launch(spec, "m-served", 41234, "/private/k.key", ["2", "3"])
+    assert how.argv == ("vllm", "serve", "org/m", "--host", "127.0.0.1", "--port", "41234",
+                        "--served-model-name", "m-served", "--tensor-parallel-size", "2", "--max-model-len", "4096")
+    assert how.key_env == ("VLLM_API_KEY",)
+    assert how.env["CUDA_VISIBLE_DEVICES"] == "2,3" and how.env[KEY_FILE_ENV] == "/private/k.key"
+    assert not any("api-key" in a for a in how.argv)
+
+
+def test_sglang_argv_follows_its_documented_flags() -> None:
+    spec = parse_server(dict(engine="sglang", model="org/m", tensor_parallel_size=4))
+    how = launch(spec, "m", 30001, "/k", ["0", "1", "2", "3"])
+    assert how.argv[:5] == (sys.executable, "-m", "orchestra.serving.keyed", "--api-key", "sglang.launch_server")
+    assert how.argv[5:] == ("--model-path", "org/m", "--host", "127.0.0.1", "--port", "30001",
+                            "--served-model-name", "m", "--tp-size", "4")
+
+
+def test_command_template_is_filled_per_argument(tmp_path: Path) -> None:
+    hostile = "model; rm -rf ~ '$(x)'"
+    spec = parse_server(dict(engine="command", model=hostile,
+                             command="my-server --port {port} --model {model} --key-file {key_file}"))
+    how = launch(spec, "n", 5000, "/k f", [])
+    assert how.argv == ("my-server", "--port", "5000", "--model", hostile, "--key-file", "/k f")
+    assert how.key_env == ("ORCHESTRA_SERVER_KEY",)
+
+
+def test_llama_cpp_argv_runs_the_xllamacpp_launcher(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    spec = parse_server(dict(engine="llama.cpp", model=str(gguf), threads=3, parallel=2, args=["n_batch=64"]))
+    how = launch(spec, "smol", 7000, "/k", [])
+    assert how.argv[1:3] == ("-m", "orchestra.serving.xllama")
+    assert ("--threads", "3") == how.argv[how.argv.index("--threads"):how.argv.index("--threads") + 2]
+    assert how.argv[-2:] == ("--set", "n_batch=64")
+    assert spec.gpus_per_replica == 0 and not spec.supports_loglik
+
+
+def test_replicas_and_threads_do_not_change_what_a_served_model_answers(tmp_path: Path) -> None:
+    from orchestra.models.openai_api import OpenAIAPI
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    base = dict(abbr="m", path="smol", server=dict(engine="llama.cpp", model=str(gguf), replicas=1, threads=1))
+    faster = {**base, "server": {**base["server"], "replicas": 4, "threads": 2, "max_restarts": 9}}
+    other = {**base, "server": {**base["server"], "args": ["top_k=5"]}}
+    assert OpenAIAPI.identity(base) == OpenAIAPI.identity(faster)
+    assert OpenAIAPI.identity(base) != OpenAIAPI.identity(other)
+
+
+def test_keyed_gives_the_module_its_key_flag_without_putting_the_key_in_argv(tmp_path: Path) -> None:
+    """SGLang takes its key only as --api-key: the shim adds it inside the process."""
+    import json
+    import os
+    import subprocess
+
+    (tmp_path / "fake_server.py").write_text(
+        "import json, sys\n"
+        "cmdline = open('/proc/self/cmdline', 'rb').read().split(b'\\0')\n"
+        "print(json.dumps({'argv': sys.argv, 'cmdline': [a.decode() for a in cmdline if a]}))\n")
+    key_file = tmp_path / "k.key"
+    key_file.write_text("s3cret-key-value\n")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path(__file__).resolve().parents[2]}",
+           KEY_FILE_ENV: str(key_file)}
+    out = subprocess.run([sys.executable, "-m", "orchestra.serving.keyed", "--api-key", "fake_server", "--port", "9"],
+                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    seen = json.loads(out)
+    assert seen["argv"][1:] == ["--port", "9", "--api-key", "s3cret-key-value"]
+    assert not any("s3cret" in a for a in seen["cmdline"])
