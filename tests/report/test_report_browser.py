@@ -45,8 +45,8 @@ def test_report_shows_every_result_one_bar_per_attempt_and_the_failure(failed_ru
     # every bar is painted: the canvas pixel at its centre has its outcome's colour
     painted = browser.eval("""(() => { const c = document.getElementById('tl'), w = document.getElementById('tl-wrap');
         const ctx = c.getContext('2d'), r = window.devicePixelRatio || 1;
-        return orchestraTimeline.bars().map(b => [b.outcome, [...ctx.getImageData(
-            Math.round((b.x + b.w / 2 - w.scrollLeft) * r), Math.round((b.y + b.h / 2 - w.scrollTop) * r), 1, 1).data]]); })()""")
+        return orchestraTimeline.bars().map(b => [b.outcome, [...ctx.getImageData(Math.round((b.x + b.w / 2 -
+            w.scrollLeft) * r), Math.round((b.y + b.h / 2 - w.scrollTop) * r), 1, 1).data]]); })()""")
     css = {"done": (0x2F, 0x9E, 0x44), "retried": (0xF0, 0x8C, 0x00), "failed": (0xE0, 0x31, 0x31)}
     assert all(tuple(rgba[:3]) == css[outcome] for outcome, rgba in painted), painted
 
