@@ -17,12 +17,14 @@ jobs), and both per task, so a per-task storm or a quadratic step shows as a gro
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from bench_common import REPO, print_table, stage_wall, trivial_config
@@ -46,6 +48,18 @@ def run_measured(cfg: Path, env: dict[str, str]) -> tuple[float, float, float]:
     if int(code) != 0:
         raise SystemExit(f"run.py {cfg} exited {code}")
     return float(wall), float(cpu), int(peak_kb) / 1024
+
+
+@contextlib.contextmanager
+def work_folder(keep: Path | None, name: str) -> Iterator[str]:
+    """``keep/name`` (left in place, a failed run's folder included), or a temporary folder."""
+    if keep is None:
+        with tempfile.TemporaryDirectory(prefix=f"scale-{name}-") as tmp:
+            yield tmp
+        return
+    folder = keep / name
+    folder.mkdir(parents=True)
+    yield str(folder)
 
 
 def write_shims(folder: Path, log: Path) -> Path:
@@ -80,7 +94,7 @@ def slurm_main(args: argparse.Namespace) -> None:
         raise SystemExit("set SLURM_CONF to the test cluster's slurm.conf")
     rows: list[tuple[str, str]] = []
     for n in [int(s) for s in args.sizes.split(",")]:
-        with tempfile.TemporaryDirectory(prefix="scale-slurm-") as tmp:
+        with work_folder(args.keep, f"slurm-{n}") as tmp:
             folder = Path(tmp)
             calls = folder / "calls.log"
             calls.touch()
@@ -114,7 +128,7 @@ def ray_main(args: argparse.Namespace) -> None:
     try:
         cluster.add_node(cpus=args.ray_cpus)
         for n in [int(s) for s in args.sizes.split(",")]:
-            with tempfile.TemporaryDirectory(prefix="scale-ray-") as tmp:
+            with work_folder(args.keep, f"ray-{n}") as tmp:
                 folder = Path(tmp)
                 runner = (f"dict(type=RayRunner, address={cluster.address!r}, max_num_workers={args.ray_cpus}, "
                           "reuse_workers=True")
@@ -140,6 +154,8 @@ def main() -> None:
     r = sub.add_parser("ray")
     r.add_argument("--sizes", default="1000,2000,5000", help="task counts, comma-separated")
     r.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the one worker node (= warm actors)")
+    for p in (s, r):
+        p.add_argument("--keep", type=Path, help="run in DIR/<backend>-<size> and keep it (default: a temp folder)")
     args = ap.parse_args()
     {"slurm": slurm_main, "ray": ray_main}[args.what](args)
 
