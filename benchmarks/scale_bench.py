@@ -13,7 +13,8 @@ LocalRunner with warm workers; then ``-r`` of the finished run, streaming events
     python benchmarks/scale_bench.py plan [--sides 32,100,316] [--base-tree DIR] [--repeat 1]
     python benchmarks/scale_bench.py run [--run-tasks 10000] [--workers 2] [--base-tree DIR]
     python benchmarks/scale_bench.py refuse [--side 300] [--base-tree DIR]   # issue 20.8
-    python benchmarks/scale_bench.py slurm [--run-tasks 300] [--partition debug]   # Slurm client calls
+    python benchmarks/scale_bench.py open [--run-tasks 10000] [--repeat 5] [--base-tree DIR] [--gpus 2]
+    (Slurm arrays and Ray at this scale: benchmarks/scale_backends_bench.py)
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shlex
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,9 @@ import time
 from pathlib import Path
 
 from bench_common import REPO, print_table
+
+sys.path.insert(0, str(REPO / "tests" / "report"))
+from chromium import Chromium, find_chromium  # noqa: E402
 
 ROWS = 1000
 
@@ -116,16 +120,52 @@ def _timed(tree: Path, argv: list[str], env: dict[str, str]) -> tuple[float, sub
     return time.perf_counter() - t0, res
 
 
-def _chromium(url: str) -> float | None:
-    """Seconds for headless Chromium to load ``url``, run its scripts and leave (None without it)."""
-    chromium = next((c for c in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(c)), None)
-    if chromium is None:
-        return None
+def chromium_cold(page: Path, mode: str) -> float:
+    """Seconds for a fresh headless Chromium to open ``page`` and leave: ``dump`` (load, scripts,
+    then the DOM written to stdout: the first measurement of issue 23) or ``shot`` (load,
+    scripts, layout and paint of a 1300x900 window into a PNG)."""
     with tempfile.TemporaryDirectory() as profile:
+        extra = ["--dump-dom"] if mode == "dump" else [f"--screenshot={profile}/shot.png", "--window-size=1300,900"]
         t0 = time.perf_counter()
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
-                        "--dump-dom", url], capture_output=True, timeout=120, check=True)
+        subprocess.run([find_chromium(), "--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={profile}",
+                        *extra, page.as_uri()], capture_output=True, timeout=120, check=True)
         return time.perf_counter() - t0
+
+
+def open_rows(reports: dict[str, Path], folder: Path, repeat: int) -> list[tuple[str, str]]:
+    """Each report opened ``repeat`` times in a fresh Chromium (interleaved with an empty page,
+    so that load on the machine hits all alike; medians), then once more over the DevTools
+    protocol: the load event, first paint, the timeline's bars and the page's elements."""
+    blank = folder / "blank.html"
+    blank.write_text("<!doctype html><title>x</title>")
+    pages = {"empty page": blank, **reports}
+    times: dict[tuple[str, str], list[float]] = {}
+    chromium_cold(blank, "dump")  # untimed: the first start reads Chromium from disk
+    for _ in range(repeat):
+        for label, page in pages.items():
+            for mode in ("dump", "shot"):
+                times.setdefault((label, mode), []).append(chromium_cold(page, mode))
+    rows = []
+    for mode, what in (("dump", "--dump-dom (start, load, scripts, DOM out)"),
+                       ("shot", "--screenshot (start, load, scripts, paint)")):
+        empty = statistics.median(times[("empty page", mode)])
+        for label in pages:
+            med = statistics.median(times[(label, mode)])
+            over = "" if label == "empty page" else f" ({med - empty:+.2f} s over the empty page)"
+            rows.append((f"cold Chromium {what}: {label}, median of {repeat}", f"{med:.2f} s{over}"))
+    drawn = "document.querySelectorAll('#tl rect.bar').length || +(document.getElementById('tl').dataset || {}).bars"
+    with Chromium() as chrome:
+        chrome.open(str(blank))
+        for label, page in reports.items():
+            load = chrome.open(str(page))
+            fcp = chrome.wait_for("(performance.getEntriesByType('paint').find(e => e.name === "
+                                  "'first-contentful-paint') || {}).startTime")
+            bars, nodes = chrome.eval(drawn), chrome.eval("document.getElementsByTagName('*').length")
+            rows.append((f"DevTools: {label}: load event / first paint / bars / elements",
+                         f"{load:.2f} s / {fcp / 1000:.2f} s / {bars} / {nodes}"))
+            if chrome.console:
+                rows.append((f"DevTools: {label}: console errors", str(chrome.console)))
+    return rows
 
 
 def _run_one(tree: Path, label: str, folder: Path, args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -155,12 +195,7 @@ def _run_one(tree: Path, label: str, folder: Path, args: argparse.Namespace) -> 
                  f"{time.perf_counter() - t0:.2f} s"))
     report = run / "summary" / "report.html"
     rows.append((f"{label}: report.html size", f"{report.stat().st_size / 1e6:.1f} MB"))
-    blank = folder / "blank.html"
-    blank.write_text("<!doctype html><title>x</title>")
-    base_s, opened = _chromium(blank.as_uri()), _chromium(report.as_uri())
-    rows.append((f"{label}: headless Chromium: empty page / report.html (start, load, scripts, dump)",
-                 "no chromium" if opened is None or base_s is None else f"{base_s:.2f} s / {opened:.2f} s"))
-    return rows
+    return rows + open_rows({f"{label}: report.html": report}, folder, 3)
 
 
 def run_main(args: argparse.Namespace) -> None:
@@ -209,39 +244,50 @@ work_dir = {str(folder / 'out')!r}
     print_table(rows)
 
 
-def slurm_main(args: argparse.Namespace) -> None:
-    """``--run-tasks`` one-row tasks through SlurmRunner(launcher='sbatch') (job arrays), with every
-    Slurm client call counted by a shim on PATH that logs its name and runs the real one."""
-    from bench_common import stage_wall, trivial_config
+def write_gpu_samples(run: Path, gpus: int, per_gpu: int = 20000) -> None:
+    """A made-up ``gpu.jsonl`` over the run's time span, in the sampler's record shape: the
+    report keeps 2,000 points per GPU of it, the most it ever draws."""
+    with open(run / "events.jsonl", encoding="utf-8") as f:
+        ts = [json.loads(line)["ts"] for line in f if line.strip()]
+    start, span = min(ts), max(max(ts) - min(ts), 1.0)
+    with open(run / "gpu.jsonl", "w", encoding="utf-8") as f:
+        for i in range(per_gpu):
+            for g in range(gpus):
+                f.write(json.dumps({"t": start + span * i / per_gpu, "gpu": g, "util": (i * 7 + g * 13) % 101,
+                                    "mem_mib": 1000 + i % 500}) + "\n")
+
+
+def open_main(args: argparse.Namespace) -> None:
+    """One run of ``--run-tasks`` trivial tasks; its report written by this tree (and by
+    ``--base-tree``, from the same run folder), then opened in Chromium."""
+    from bench_common import trivial_config
 
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        shims, calls = folder / "shims", folder / "calls.log"
-        shims.mkdir()
-        for name in ("sbatch", "squeue", "sacct", "scancel", "srun"):
-            real = shutil.which(name)
-            if real is None:
-                raise SystemExit(f"{name} not on PATH: start a cluster (tools/slurm_cluster.sh) first")
-            shim = shims / name
-            shim.write_text(f"#!/bin/sh\necho {name} >> {shlex.quote(str(calls))}\nexec {shlex.quote(real)} \"$@\"\n")
-            shim.chmod(0o755)
-        runner = (f"dict(type=SlurmRunner, launcher='sbatch', partition={args.partition!r}, "
-                  f"max_num_workers={args.run_tasks}")
-        cfg = trivial_config(folder, "slurm", args.run_tasks, "from orchestra.runners import SlurmRunner", runner,
-                             folder / "out")
-        env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}",
-               "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
-        total, _ = _timed(REPO, [str(cfg), "--mode", "infer"], env)
+        env = {**os.environ, "PYTHONPATH": str(REPO), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
+        cfg = trivial_config(folder, "open", args.run_tasks, "from orchestra.runners import LocalRunner",
+                             "dict(type=LocalRunner, max_num_workers=2, reuse_workers=True", folder / "out")
+        _timed(REPO, [str(cfg)], env)
         (run,) = [p for p in (folder / "out").iterdir() if p.is_dir()]
-        wall, done = stage_wall(run, "infer")
-        counts: dict[str, int] = {}
-        for line in calls.read_text().split():
-            counts[line] = counts.get(line, 0) + 1
-        rows += [(f"sbatch arrays: infer stage, {done} tasks: wall", f"{wall:.1f} s"),
-                 ("whole run (--mode infer)", f"{total:.1f} s")]
-        rows += [(f"{name} calls", str(counts.get(name, 0))) for name in ("sbatch", "squeue", "sacct", "scancel")]
-        rows.append(("squeue calls per task", f"{counts.get('squeue', 0) / max(done, 1):.3f}"))
+        reports: dict[str, Path] = {}
+        trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+        for label, tree in trees:
+            wall, _ = _timed(tree, [str(cfg), "-r", run.name, "--mode", "viz"], {**env, "PYTHONPATH": str(tree)})
+            page = run / "summary" / f"report-{label}.html"  # beside the original: its links still work
+            shutil.copyfile(run / "summary" / "report.html", page)
+            reports[f"{label}: report.html"] = page
+            rows.append((f"{label}: report.html of {args.run_tasks} + 1 tasks: size / --mode viz -r",
+                         f"{page.stat().st_size / 1e6:.2f} MB / {wall:.1f} s"))
+        if args.gpus:  # the same report with GPU lanes: a made-up gpu.jsonl, 20,000 samples per GPU
+            write_gpu_samples(run, args.gpus)
+            wall, _ = _timed(REPO, [str(cfg), "-r", run.name, "--mode", "viz"], env)
+            page = run / "summary" / "report-gpu.html"
+            shutil.copyfile(run / "summary" / "report.html", page)
+            reports[f"new + {args.gpus} GPU lanes: report.html"] = page
+            rows.append((f"new + {args.gpus} GPU lanes: report.html size / --mode viz -r",
+                         f"{page.stat().st_size / 1e6:.2f} MB / {wall:.1f} s"))
+        rows += open_rows(reports, folder, args.repeat)
     print_table(rows)
 
 
@@ -256,14 +302,16 @@ def main() -> None:
     r.add_argument("--run-tasks", type=int, default=10000)
     r.add_argument("--workers", type=int, default=2)
     r.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
-    sl = sub.add_parser("slurm")
-    sl.add_argument("--run-tasks", type=int, default=300)
-    sl.add_argument("--partition", default="debug")
+    o = sub.add_parser("open")
+    o.add_argument("--run-tasks", type=int, default=10000)
+    o.add_argument("--repeat", type=int, default=5, help="cold opens per page; the median is shown")
+    o.add_argument("--base-tree", type=Path, help="another checkout whose report of the same run is measured too")
+    o.add_argument("--gpus", type=int, default=0, help="also a report with N GPU lanes (made-up samples)")
     f = sub.add_parser("refuse")
     f.add_argument("--side", type=int, default=300)
     f.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
     args = ap.parse_args()
-    {"plan": plan_main, "run": run_main, "refuse": refuse_main, "slurm": slurm_main}[args.what](args)
+    {"plan": plan_main, "run": run_main, "refuse": refuse_main, "open": open_main}[args.what](args)
 
 
 if __name__ == "__main__":

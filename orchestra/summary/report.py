@@ -23,7 +23,7 @@ from orchestra.paths import RunPaths
 from orchestra.summary.costs import cost_of
 from orchestra.summary.gpu import gpu_report
 from orchestra.summary.runlog import OUTCOMES, RunLog, read_run
-from orchestra.summary.samples import DEFAULT_BUDGET_BYTES, SampleIndex, build_samples
+from orchestra.summary.samples import DEFAULT_BUDGET_BYTES, SampleIndex, build_samples, pack_json
 from orchestra.summary.table import Summary
 from orchestra.summary.trace import write_trace
 from orchestra.tasks.spec import Unit
@@ -139,14 +139,26 @@ def _costs(run: RunLog, models: list[str], prices: dict[str, dict[str, Any]]) ->
             "tokens_counted": counted}
 
 
-def _timeline(run: RunLog, report_dir: str) -> tuple[dict[str, Any], list[Any]]:
-    """The timeline's compact payload (arrays, not objects: 2,000 attempts stay small) and
-    each attempt's hover text, kept apart so it is parsed only on the first hover."""
+def _timeline(run: RunLog, report_dir: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The timeline's payload, in two parts: what drawing needs (arrays of numbers and indexes
+    into short lists: 10,000 attempts take ~0.4 MB) and what only a hover shows (task names, log
+    paths, each attempt's reason and log tail), which the page gets compressed and inflates on
+    the first visit to the timeline."""
     attempts = run.attempts
     t0 = min([a.start for a in attempts] + [i.started for i in run.invocations] or [time.time()])
-    tasks: list[list[Any]] = []
+    names: dict[str, list[str]] = {"stages": [], "models": [], "hosts": [], "runners": []}
+    index: dict[tuple[str, str], int] = {}
+
+    def num(kind: str, value: str) -> int:
+        key = (kind, value)
+        if key not in index:
+            index[key] = len(names[kind])
+            names[kind].append(value)
+        return index[key]
+
+    tasks: list[list[int]] = []
+    task_details: list[list[str]] = []
     task_index: dict[str, int] = {}
-    hosts: list[str] = []
     rows: list[list[Any]] = []
     tails: list[list[Any]] = []
     rel_dirs: dict[str, str] = {}  # log folder -> relative to the report (relpath per log is slow at 10,000)
@@ -160,20 +172,17 @@ def _timeline(run: RunLog, report_dir: str) -> tuple[dict[str, Any], list[Any]]:
                 if folder not in rel_dirs:
                     rel_dirs[folder] = os.path.relpath(folder or ".", report_dir)
                 log = os.path.join(rel_dirs[folder], name)
-            tasks.append([rec.name or a.task_id, a.task_id, rec.stage, rec.model, log])
-        host = a.host or a.runner or ""
-        if host not in hosts:
-            hosts.append(host)
-        where = {k: v for k, v in a.where.items() if k not in ("host",)}
+            tasks.append([num("stages", rec.stage), num("models", rec.model)])
+            task_details.append([rec.name or a.task_id, a.task_id, log])
         rows.append([task_index[a.task_id], a.attempt, round(a.start - t0, 3), round(a.duration_s, 3),
-                     OUTCOMES.index(a.outcome), a.exit_code, a.slot, hosts.index(host), ",".join(a.gpu_ids),
-                     a.invocation, a.runner])
-        tails.append([a.reason, a.explanation, a.tail, where])
+                     OUTCOMES.index(a.outcome), a.exit_code, a.slot, num("hosts", a.host or a.runner or ""),
+                     ",".join(a.gpu_ids), a.invocation, num("runners", a.runner or "")])
+        tails.append([a.reason, a.explanation, a.tail, {k: v for k, v in a.where.items() if k != "host"}])
     invocations = [{"index": i.index, "start": round(i.started - t0, 3),
                     "end": round((i.finished or i.started) - t0, 3), "mode": i.mode, "interrupted": i.interrupted}
                    for i in run.invocations]
-    return ({"t0": t0, "outcomes": list(OUTCOMES), "tasks": tasks, "hosts": hosts, "attempts": rows,
-             "invocations": invocations}, tails)
+    return ({"t0": t0, "outcomes": list(OUTCOMES), **names, "tasks": tasks, "attempts": rows,
+             "invocations": invocations}, {"tasks": task_details, "tails": tails})
 
 
 def _overview(run: RunLog, summary: Summary, costs: dict[str, Any]) -> dict[str, Any]:
@@ -204,21 +213,23 @@ def render_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str,
         headline.setdefault(row["dataset"], row["metric"])
     samples = build_samples(paths, eval_units, headline, sample_budget_bytes)
     costs = _costs(run, summary.models, prices or {})
-    timeline, tails = _timeline(run, report_dir)
+    timeline, details = _timeline(run, report_dir)
     overview = _overview(run, summary, costs)
     timeline["gpu"], overview["gpu_busy"] = gpu_report(paths, run, timeline["t0"])  # None, [] unsampled
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(ASSETS), autoescape=True, trim_blocks=True,
                              lstrip_blocks=True, undefined=jinja2.StrictUndefined)
     with open(os.path.join(ASSETS, "report.css"), encoding="utf-8") as f:
         css = f.read()
-    with open(os.path.join(ASSETS, "report.js"), encoding="utf-8") as f:
-        js = f.read()
+    js = ""
+    for script in ("report.js", "timeline.js"):
+        with open(os.path.join(ASSETS, script), encoding="utf-8") as f:
+            js += f.read()
     return env.get_template("report.html.j2").render(
         title=os.path.basename(paths.root.rstrip(os.sep)), root=paths.root, version=_version(),
         generated=time.strftime("%Y-%m-%d %H:%M:%S"), overview=overview,
         results=_results(summary, samples), failures=_failures(run, report_dir), costs=costs,
         prices=prices or {}, samples=samples, css=css, js=js.replace("</", "<\\/"),
-        timeline_json=script_json(timeline), tails_json=script_json(tails),
+        timeline_json=script_json(timeline), timeline_details=pack_json(_finite(details)),
         pairs_json=script_json(list(samples.pairs.values())),
     )
 

@@ -66,7 +66,9 @@ def _cut(text: str, limit: int) -> str:
     return f"{text[:head]}\n… [{len(text) - limit} characters cut; full text in the run folder] …\n{text[-tail:]}"
 
 
-def _encode(obj: Any) -> str:
+def pack_json(obj: Any) -> str:
+    """``obj`` as the page's packs carry it: base64 of raw deflate of UTF-8 JSON (the page
+    inflates it with ``DecompressionStream("deflate-raw")``)."""
     comp = zlib.compressobj(6, zlib.DEFLATED, -15)
     raw = json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     return base64.b64encode(comp.compress(raw) + comp.flush()).decode("ascii")
@@ -126,7 +128,7 @@ def _pack_all(pairs: list[tuple[str, str, dict[Any, dict[str, Any]], list[dict[s
                 golds.append(_cut(_text(rec.get("gold")), limits["answer"]))
             key = f"p{len(prompt_keys)}"
             prompt_keys[dataset] = (key, {i: n for n, i in enumerate(ids)}, prompts)
-            index.packs.append(Pack(key, _encode({"id": ids, "prompt": prompts, "gold": golds})))
+            index.packs.append(Pack(key, pack_json({"id": ids, "prompt": prompts, "gold": golds})))
         pkey, rows, prompts = prompt_keys[dataset]
         by_id = {d.get("id"): d for d in details}
         ids = list(by_id) if by_id else sorted(preds, key=lambda i: (str(type(i)), i))
@@ -151,7 +153,7 @@ def _pack_all(pairs: list[tuple[str, str, dict[Any, dict[str, Any]], list[dict[s
             # a model whose prompt differed (another chat template) keeps its own
             cols["prompt"].append(own_prompt if row is None or (own_prompt and own_prompt != prompts[row]) else None)
         key = f"s{len(index.pairs)}"
-        index.packs.append(Pack(key, _encode(cols)))
+        index.packs.append(Pack(key, pack_json(cols)))
         scored = [s for s in cols["score"] if s is not None]
         index.pairs[f"{model}\u0000{dataset}"] = {"model": model, "dataset": dataset, "key": key, "prompts": pkey,
                                                   "n": len(ids), "metric": metric,

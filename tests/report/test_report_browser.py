@@ -12,7 +12,7 @@ from conftest import RunResult, events, save_artifact, summary_cells
 def _open(browser: Chromium, report: Path) -> None:
     browser.console.clear()
     browser.open(str(report))
-    browser.wait_for("document.querySelectorAll('#tl rect.bar').length > 0")
+    browser.wait_for("+document.getElementById('tl').dataset.bars > 0")
 
 
 def test_report_shows_every_result_one_bar_per_attempt_and_the_failure(failed_run: RunResult, browser: Chromium,
@@ -38,10 +38,17 @@ def test_report_shows_every_result_one_bar_per_attempt_and_the_failure(failed_ru
 
     started = [e for e in events(failed_run.run) if e["event"] == "started"]
     assert len(started) == 6 + 4 + 4  # 6 infer tasks, 4 of them twice; 4 eval tasks (2 skipped)
-    assert browser.eval("document.querySelectorAll('#tl rect.bar').length") == len(started)
-    outcomes = browser.eval("[...document.querySelectorAll('#tl rect.bar')].map(r => r.getAttribute('class'))")
-    assert sum("o-retried" in c for c in outcomes) == 4 and sum("o-failed" in c for c in outcomes) == 2
-    assert sum("o-done" in c for c in outcomes) == 8
+    assert browser.eval("+document.getElementById('tl').dataset.bars") == len(started)
+    outcomes = browser.eval("orchestraTimeline.bars().map(b => b.outcome)")
+    assert len(outcomes) == len(started)
+    assert outcomes.count("retried") == 4 and outcomes.count("failed") == 2 and outcomes.count("done") == 8
+    # every bar is painted: the canvas pixel at its centre has its outcome's colour
+    painted = browser.eval("""(() => { const c = document.getElementById('tl'), w = document.getElementById('tl-wrap');
+        const ctx = c.getContext('2d'), r = window.devicePixelRatio || 1;
+        return orchestraTimeline.bars().map(b => [b.outcome, [...ctx.getImageData(Math.round((b.x + b.w / 2 -
+            w.scrollLeft) * r), Math.round((b.y + b.h / 2 - w.scrollTop) * r), 1, 1).data]]); })()""")
+    css = {"done": (0x2F, 0x9E, 0x44), "retried": (0xF0, 0x8C, 0x00), "failed": (0xE0, 0x31, 0x31)}
+    assert all(tuple(rgba[:3]) == css[outcome] for outcome, rgba in painted), painted
 
     failures = browser.eval("document.getElementById('failures').innerText")
     assert "infer/det_broken/arith" in failures and "infer/det_broken/pick" in failures
@@ -63,11 +70,13 @@ def test_report_shows_every_result_one_bar_per_attempt_and_the_failure(failed_ru
 def test_hovering_a_failed_bar_shows_attempt_exit_code_host_and_log_tail(failed_run: RunResult,
                                                                         browser: Chromium) -> None:
     _open(browser, failed_run.report)
-    box = browser.eval("""(() => { const r = document.querySelector('#tl rect.bar.o-failed');
-        r.scrollIntoView({block: 'center', inline: 'center'}); const b = r.getBoundingClientRect();
-        return [b.left + b.width / 2, b.top + b.height / 2]; })()""")
+    box = browser.eval("orchestraTimeline.show(orchestraTimeline.bars().find(b => b.outcome === 'failed').i)")
     browser.hover(*box)
+    # the card shows the bar at once, and the names and log tail once the details are inflated
     tip = browser.wait_for("!document.getElementById('tip').hidden && document.getElementById('tip').innerText")
+    assert "attempt: 2" in tip and "outcome: failed" in tip
+    tip = browser.wait_for("!document.getElementById('tip').innerText.includes('loading') && "
+                           "document.getElementById('tip').innerText")
     assert "infer/det_broken/" in tip and "attempt: 2" in tip and "exit code: 1" in tip
     assert "host:" in tip and "duration:" in tip and "pid:" in tip
     assert "RuntimeError: model det_broken: configured to fail" in tip  # the reason and the log tail

@@ -145,3 +145,32 @@ def test_a_stage_that_waits_prints_a_line_only_when_something_moved(tmp_path: Pa
     time.sleep(1.05)
     bar({"pending": 0, "running": 1})
     assert out.getvalue().splitlines()[-1].startswith("[eval] 4/10 samples"), out.getvalue()
+
+
+def test_the_timeline_draws_from_numbers_and_keeps_names_and_log_tails_in_the_deflated_details(
+        failed_run: RunResult) -> None:
+    html = failed_run.report.read_text()
+
+    def element(element_id: str, kind: str) -> str:
+        start = html.index(f'<script type="application/{kind}" id="{element_id}">')
+        start = html.index(">", start) + 1
+        return html[start:html.index("</script>", start)]
+
+    timeline = json.loads(element("timeline-data", "json"))
+    details = json.loads(zlib.decompress(base64.b64decode(element("timeline-details", "octet-stream")), -15))
+    started = [e for e in map(json.loads, (failed_run.run / "events.jsonl").read_text().splitlines())
+               if e["event"] == "started"]
+    assert len(timeline["attempts"]) == len(details["tails"]) == len(started) == 14
+    assert len(timeline["tasks"]) == len(details["tasks"]) == 10  # 6 infer + 4 eval tasks ran
+    # drawing needs no text of a task: only numbers and indexes into the short name lists
+    assert all(isinstance(v, int) for task in timeline["tasks"] for v in task)
+    assert sorted(timeline["models"]) == ["det", "det_broken", "det_flaky"] and set(timeline["stages"]) == {
+        "infer", "eval"}
+    assert "Traceback" not in element("timeline-data", "json") and "infer_det_broken_arith" not in element(
+        "timeline-data", "json")
+    # ... and the hover's text is all in the details, attempt by attempt
+    broken = next(i for i, t in enumerate(details["tasks"]) if t[1] == "infer_det_broken_arith")
+    assert details["tasks"][broken][2] == "../logs/infer/infer_det_broken_arith.log"
+    tails = [details["tails"][n] for n, a in enumerate(timeline["attempts"]) if a[0] == broken]
+    assert len(tails) == 2 and all("configured to fail" in t[2] and "Traceback" in t[2] for t in tails)
+    assert all(timeline["outcomes"][a[4]] in ("retried", "failed") for a in timeline["attempts"] if a[0] == broken)

@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import stat
+import statistics
 import time
 from pathlib import Path
 
@@ -145,23 +146,47 @@ def test_sampler_double_writes_gpu_jsonl_is_gone_after_the_run_and_the_report_ha
 
 def test_the_report_draws_one_filled_lane_per_gpu_in_a_browser(sampled: tuple[Path, Path]) -> None:
     _, run = sampled
+    html = (run / "summary/report.html").read_text()
+    timeline = json.loads(re.search(r'id="timeline-data">(.*?)</script>', html, re.S).group(1))
+    lo = min(a[2] for a in timeline["attempts"])  # the view (one invocation): first start to last end
+    hi = max(a[2] + a[3] for a in timeline["attempts"])
+    means = [statistics.mean(u for t, u in zip(ts, us) if lo <= t <= hi)
+             for ts, us in zip(timeline["gpu"]["t"], timeline["gpu"]["util"])]
     try:
         browser = Chromium()
     except ChromiumMissing as exc:
         pytest.fail(str(exc), pytrace=False)
     try:
         browser.open(str(run / "summary/report.html"))
-        browser.wait_for("document.querySelectorAll('#tl polygon.gpu-util').length > 0")
-        assert browser.eval("[...document.querySelectorAll('#tl polygon.gpu-util')].map(p => p.dataset.gpu)") == [
-            "0", "1"]
-        labels = browser.eval("[...document.querySelectorAll('#tl text')].map(t => t.textContent)")
-        assert any(t.startswith("GPU 1 busy 100%") for t in labels)
-        # the lanes sit below the task bars and within the plot's width
-        box = browser.eval("""(() => { const b = [...document.querySelectorAll('#tl rect.bar')].map(r => r.getBBox());
-            const p = document.querySelector('#tl polygon.gpu-util').getBBox();
-            return [Math.max(...b.map(r => r.y + r.height)), p.y, p.x, p.x + p.width,
-                    Math.max(...b.map(r => r.x + r.width))]; })()""")
-        assert box[1] >= box[0] and box[2] >= 190 and box[3] <= box[4] + 50
+        browser.wait_for("+document.getElementById('tl').dataset.bars > 0")
+        lanes = browser.eval("orchestraTimeline.gpuLanes()")
+        assert [lane["gpu"] for lane in lanes] == [0, 1]
+        assert all(abs(lane["mean"] - m) < 1e-6 for lane, m in zip(lanes, means)), (lanes, means)
+        assert lanes[1]["label"] == "GPU 1 busy 100%" and lanes[0]["label"] == f"GPU 0 busy {lanes[0]['mean']:.0f}%"
+        # the lanes sit below the task bars, within the plot's width, and inside the canvas in sight
+        bars = browser.eval("orchestraTimeline.bars()")
+        assert lanes[0]["y"] >= max(b["y"] + b["h"] for b in bars) and lanes[1]["y"] == lanes[0]["y"] + lanes[0]["h"]
+        assert all(lane["points"] > 2 and 190 <= lane["x0"] < lane["x1"] <= max(b["x"] + b["w"] for b in bars) + 50
+                   for lane in lanes)
+        assert browser.eval("document.getElementById('tl').clientHeight") >= lanes[1]["y"] + lanes[1]["h"]
+        # what the canvas shows, per lane: one pixel row 3 px above the base across the area, and the
+        # label column at mid-height
+        rows = browser.eval("""(() => { const c = document.getElementById('tl'), w = document.getElementById('tl-wrap');
+            const ctx = c.getContext('2d'), r = window.devicePixelRatio || 1;
+            const px = (x, y) => [...ctx.getImageData(Math.round((x - w.scrollLeft) * r),
+                                                      Math.round((y - w.scrollTop) * r), 1, 1).data].slice(0, 3);
+            return orchestraTimeline.gpuLanes().map(l => {
+              const area = [], label = [];
+              for (let x = Math.ceil(l.x0) + 2; x < l.x1 - 2; x++) area.push(px(x, l.base - 3));
+              for (let x = 6; x < 150; x++) label.push(px(x, l.y + l.h / 2));
+              return [area, label, px(l.x0 + (l.x1 - l.x0) / 2, l.y + l.h / 2)]; }); })()""")
+        fill, background = [0x7A, 0xC3, 0x88], [0xEB, 0xFB, 0xEE]
+        for n, (area, label, _) in enumerate(rows):
+            assert len(area) > 20 and sum(p == fill for p in area) > 0.3 * len(area), (n, area)
+            assert any(max(p) < 120 for p in label), (n, "no label text drawn")
+            assert sum(p == background for p in label) > 0.5 * len(label), (n, "no lane background")
+        assert rows[1][2] == fill  # GPU 1 is 100% busy: its area fills the lane's middle
+        assert sum(p == fill for p in rows[1][0]) > 0.9 * len(rows[1][0])
         assert browser.console == [], browser.console
     finally:
         browser.close()
