@@ -39,10 +39,9 @@ from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.dlc.cli import DLCClient
 from orchestra.runners.dlc.config import AliyunConfig, container_command, load_aliyun_file, submit_argv
-from orchestra.runners.dlc.job import DLCJob, dlc_job_name
+from orchestra.runners.dlc.job import DLCJob, Timings, dlc_job_name
 from orchestra.runners.dlc.secrets import env_file_path, write_env_file
 from orchestra.runners.dlc.session import DLCSession
-from orchestra.runners.dlc.worker import Timings
 from orchestra.tasks.kinds import TASK_MODULES
 from orchestra.tasks.spec import TaskSpec
 
@@ -157,7 +156,7 @@ class DLCRunner(BaseRunner):
                 session.env_files.add(path)
                 write_env_file(path, self.forward_env)
             if unfit is None:
-                for rec in session.worker.ledger.jobs().values():  # job names count on from every earlier one
+                for rec in session.track.ledger.jobs().values():  # job names count on from every earlier one
                     self._name_base[rec.task_id] = max(self._name_base.get(rec.task_id, 0), rec.seq)
                 session.recover(list(tasks), tasks[0].stage if tasks else None)
         except BaseException:
