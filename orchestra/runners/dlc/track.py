@@ -5,6 +5,8 @@ decide how the attempt ended, stop it.
 windows that settled since, and the next look scheduled: every ``poll_interval_s`` after a change,
 1.5x longer per unchanged answer up to ``max_poll_interval_s``, 1 s once the command's exit code
 file exists.  Everything it learns goes to the task log, the run folder's ledger and the event log.
+``stop`` is ``core.stopping.stop_and_confirm`` with ``dlc stop job --force`` for each job at once
+and ``dlc get job`` to confirm (bounded), the stop sent again to a job still running 5 s later.
 """
 
 from __future__ import annotations
@@ -12,16 +14,67 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestra.events import EventLog
 from orchestra.runners.core.contract import Exit
 from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.run import note
-from orchestra.runners.dlc.cli import LOGGING, WAITING, DLCClient, DLCError, JobInfo
+from orchestra.runners.core.stopping import stop_and_confirm
+from orchestra.runners.dlc.cli import LOGGING, TERMINAL, WAITING, DLCClient, DLCError, JobInfo
 from orchestra.runners.dlc.job import DLCJob, Timings, attempt_exit, read_exit_code
 from orchestra.runners.dlc.logs import LogCursor, copy_final, copy_settled
-from orchestra.runners.dlc.stop import stop_jobs
+
+RESTOP_AFTER_S = 5.0
+STOP_CONCURRENCY = 64  # stop (and confirm) calls in flight at once: a Ctrl-C on a big run ends fast
+_CONFIRM_POLL_S = 0.25
+
+
+def stop_jobs(client: DLCClient, job_ids: list[str], timeout_s: float) -> dict[str, tuple[str, str]]:
+    """Stop these jobs; ``{job id: (last status seen, outcome)}``.
+
+    The outcome is ``'stopped'`` (the service shows the job over: Stopped, or it had already
+    Succeeded/Failed), ``'stop_acknowledged'`` (still ``Stopping`` at the deadline) or
+    ``'stop_unconfirmed'`` (no answer that shows either).
+    """
+    ids = [j for j in dict.fromkeys(job_ids) if j]
+    if not ids:
+        return {}
+    status = dict.fromkeys(ids, "unknown")
+    with ThreadPoolExecutor(min(STOP_CONCURRENCY, len(ids)), thread_name_prefix="dlc-stop") as pool:
+
+        def send(job_id: str) -> None:
+            try:
+                client.stop(job_id)
+            except DLCError:
+                pass  # the confirmation decides
+
+        def send_all(some: list[str]) -> None:
+            list(pool.map(send, some))
+
+        def look(job_id: str) -> str:
+            try:
+                return client.get(job_id, urgent=True).status
+            except DLCError:
+                return "unknown"
+
+        def alive(waiting: list[str]) -> dict[str, str]:
+            for job_id, state in zip(waiting, pool.map(look, waiting)):
+                status[job_id] = state if state != "unknown" else status[job_id]
+            return {j: status[j] for j in waiting if status[j] not in TERMINAL}
+
+        stop_and_confirm(ids, send_all, alive, timeout_s=timeout_s,
+                         resend_after_s=RESTOP_AFTER_S, poll_s=_CONFIRM_POLL_S, ending={"Stopping"})
+    out = {}
+    for job_id in ids:
+        if status[job_id] in TERMINAL:
+            out[job_id] = (status[job_id], "stopped")
+        elif status[job_id] == "Stopping":
+            out[job_id] = (status[job_id], "stop_acknowledged")
+        else:
+            out[job_id] = (status[job_id], "stop_unconfirmed")
+    return out
 
 
 class Tracker:
