@@ -31,52 +31,6 @@ STOP_CONCURRENCY = 64  # stop (and confirm) calls in flight at once: a Ctrl-C on
 _CONFIRM_POLL_S = 0.25
 
 
-def stop_jobs(client: DLCClient, job_ids: list[str], timeout_s: float) -> dict[str, tuple[str, str]]:
-    """Stop these jobs; ``{job id: (last status seen, outcome)}``.
-
-    The outcome is ``'stopped'`` (the service shows the job over: Stopped, or it had already
-    Succeeded/Failed), ``'stop_acknowledged'`` (still ``Stopping`` at the deadline) or
-    ``'stop_unconfirmed'`` (no answer that shows either).
-    """
-    ids = [j for j in dict.fromkeys(job_ids) if j]
-    if not ids:
-        return {}
-    status = dict.fromkeys(ids, "unknown")
-    with ThreadPoolExecutor(min(STOP_CONCURRENCY, len(ids)), thread_name_prefix="dlc-stop") as pool:
-
-        def send(job_id: str) -> None:
-            try:
-                client.stop(job_id)
-            except DLCError:
-                pass  # the confirmation decides
-
-        def send_all(some: list[str]) -> None:
-            list(pool.map(send, some))
-
-        def look(job_id: str) -> str:
-            try:
-                return client.get(job_id, urgent=True).status
-            except DLCError:
-                return "unknown"
-
-        def alive(waiting: list[str]) -> dict[str, str]:
-            for job_id, state in zip(waiting, pool.map(look, waiting)):
-                status[job_id] = state if state != "unknown" else status[job_id]
-            return {j: status[j] for j in waiting if status[j] not in TERMINAL}
-
-        stop_and_confirm(ids, send_all, alive, timeout_s=timeout_s,
-                         resend_after_s=RESTOP_AFTER_S, poll_s=_CONFIRM_POLL_S, ending={"Stopping"})
-    out = {}
-    for job_id in ids:
-        if status[job_id] in TERMINAL:
-            out[job_id] = (status[job_id], "stopped")
-        elif status[job_id] == "Stopping":
-            out[job_id] = (status[job_id], "stop_acknowledged")
-        else:
-            out[job_id] = (status[job_id], "stop_unconfirmed")
-    return out
-
-
 class Tracker:
     """Submits, watches and stops DLC jobs through ``client``, recording into ``ledger`` and ``events``."""
 
@@ -216,6 +170,12 @@ class Tracker:
         self.ledger.record(state, h.name, task_id=h.task_id, stage=h.stage, attempt=h.attempt, seq=h.seq,
                             digest=h.digest, job_id=h.job_id or "", **fields)
 
+    def _send_stop(self, job_id: str) -> None:
+        try:
+            self.client.stop(job_id)
+        except DLCError:
+            pass  # the confirmation decides
+
     def _record_anyway(self, state: str, h: DLCJob, **fields: Any) -> None:
         """A stop goes out even when the ledger cannot be written (a full disk): say so, go on."""
         try:
@@ -228,20 +188,46 @@ class Tracker:
         self.events.emit(event, task_id=h.task_id, stage=h.stage, attempt=h.attempt, name=h.name, **fields)
 
     def stop(self, handles: list[DLCJob], reason: str) -> None:
-        """Stop these jobs, wait for the service to show them over, record it all."""
+        """Stop these jobs (``dlc stop job --force``, ``STOP_CONCURRENCY`` calls at once), wait until
+        ``dlc get job`` shows each over (at most ``cancel_timeout_s``), record the outcome of each:
+        ``stopped`` (Stopped, or it had already ended), ``stop_acknowledged`` (still Stopping) or
+        ``stop_unconfirmed`` (no answer that shows either)."""
         for h in handles:
             h.stop_reason = reason
             self._record_anyway("stop_sent", h, reason=reason)
-        outcome = stop_jobs(self.client, [h.job_id or "" for h in handles], self.t.cancel_timeout_s)
+        ids = [j for j in dict.fromkeys(h.job_id for h in handles) if j]
+        status = dict.fromkeys(ids, "unknown")
+        if ids:
+            with ThreadPoolExecutor(min(STOP_CONCURRENCY, len(ids)), thread_name_prefix="dlc-stop") as pool:
+
+                def send(some: list[str]) -> None:
+                    list(pool.map(self._send_stop, some))  # every stop sent before the first look
+
+                def look(job_id: str) -> str:
+                    try:
+                        return self.client.get(job_id, urgent=True).status
+                    except DLCError:
+                        return "unknown"
+
+                def alive(waiting: list[str]) -> dict[str, str]:
+                    for job_id, state in zip(waiting, pool.map(look, waiting)):
+                        status[job_id] = state if state != "unknown" else status[job_id]
+                    return {j: status[j] for j in waiting if status[j] not in TERMINAL}
+
+                stop_and_confirm(ids, send, alive,
+                                 timeout_s=self.t.cancel_timeout_s, resend_after_s=RESTOP_AFTER_S,
+                                 poll_s=_CONFIRM_POLL_S, ending={"Stopping"})
+        unconfirmed = []
         for h in handles:
-            status, state = outcome.get(h.job_id or "", ("unknown", "stop_unconfirmed"))
+            seen = status.get(h.job_id or "", "unknown")
+            state = "stopped" if seen in TERMINAL else "stop_acknowledged" if seen == "Stopping" else "stop_unconfirmed"
             h.over = state == "stopped"
-            self._record_anyway(state, h, status=status, reason=reason)
-            self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=status, confirmed=state == "stopped")
-            self.log(h, [f"===== dlc: stopped job {h.job_id} ({reason}); the service shows it {status}"])
-        unconfirmed = [h.job_id for h in handles if outcome.get(h.job_id or "", ("", ""))[1] == "stop_unconfirmed"]
+            self._record_anyway(state, h, status=seen, reason=reason)
+            self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=seen, confirmed=h.over)
+            self.log(h, [f"===== dlc: stopped job {h.job_id} ({reason}); the service shows it {seen}"])
+            if state == "stop_unconfirmed":
+                unconfirmed.append(str(h.job_id))
         if unconfirmed:
-            print(f"orchestra: warning: DLC job(s) {', '.join(map(str, unconfirmed))} not shown over "
+            print(f"orchestra: warning: DLC job(s) {', '.join(unconfirmed)} not shown over "
                   f"{self.t.cancel_timeout_s:g} s after 'dlc stop job --force'; check them in the console "
                   "(orchestra -r stops them again)", file=sys.stderr)
-
