@@ -23,13 +23,13 @@ What the runner relies on, from Alibaba's PAI-DLC CLI and GetJob documentation:
 
 from __future__ import annotations
 
-import calendar
 import json
 import re
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 from orchestra.runners.core.cli import CallError, CallTimeout, call, shared_limiter
@@ -79,20 +79,13 @@ class JobInfo:
 
 
 def parse_time(text: object) -> float | None:
-    """A DLC time (``2021-01-26T09:02:16Z``, optionally with fractions or ``+00:00``) as epoch seconds."""
-    if not isinstance(text, str) or not text:
+    """A DLC time (``2021-01-26T09:02:16Z``, optionally with fractions or ``+00:00``; UTC without a
+    zone) as epoch seconds; None when it is not one."""
+    try:
+        when = datetime.fromisoformat(text.strip()) if isinstance(text, str) and "T" in text else None
+    except ValueError:
         return None
-    m = re.fullmatch(r"(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(\.\d+)?(Z|[+-]\d\d:?\d\d)?", text.strip())
-    if not m:
-        return None
-    seconds = float(calendar.timegm(time.strptime(m.group(1), "%Y-%m-%dT%H:%M:%S")))
-    seconds += float(m.group(2) or 0)
-    zone = m.group(3)
-    if zone and zone != "Z":
-        sign = 1 if zone[0] == "+" else -1
-        hh, mm = int(zone[1:3]), int(zone[-2:])
-        seconds -= sign * (hh * 3600 + mm * 60)
-    return seconds
+    return None if when is None else (when if when.tzinfo else when.replace(tzinfo=timezone.utc)).timestamp()
 
 
 def format_time(epoch_s: int) -> str:

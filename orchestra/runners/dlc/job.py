@@ -17,6 +17,18 @@ from orchestra.tasks.spec import TaskSpec
 MAX_NAME = 512  # DLC's limit on a job name
 
 
+@dataclass(frozen=True)
+class Timings:
+    """The runner's clocks (see ``DLCRunner`` for each)."""
+
+    poll_interval_s: float
+    max_poll_interval_s: float
+    queue_timeout_s: float | None
+    log_settle_s: float
+    lost_after_s: float
+    cancel_timeout_s: float
+
+
 @dataclass
 class DLCJob:
     """One attempt as a DLC job: what the runner knows and has decided about it."""
@@ -35,17 +47,15 @@ class DLCJob:
     submitted_wall: float = 0.0  # local clock when submit returned
     info: JobInfo | None = None
     waiting_since: float | None = None  # monotonic: first seen waiting for resources
-    next_check: float = 0.0  # monotonic
+    next_check: float = 0.0  # monotonic: when a poll round next looks at it
     interval: float = 0.0
-    busy: bool = False  # a thread works on it
     exit_seen: bool = False  # the command's exit code file appeared: the job is ending, ask now
     get_error_since: float | None = None
     cursor: LogCursor | None = None
     drain_at: float | None = None  # service clock: when the final log window is read again
-    result: Exit | None = None  # what poll reports, once decided
     over: bool = False  # the service showed it over (or it was never created)
-    cancelled: bool = False
     stop_reason: str = ""
+    verdict: Exit | None = None  # how the attempt ended, once the stop this runner decided is over
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 

@@ -1,27 +1,12 @@
 """Run tasks as Alibaba Cloud PAI-DLC jobs, through the one scheduling loop; never leave one behind.
 
 Each attempt of a task is one DLC job (``dlc submit pytorchjob``, one worker) that runs the task's
-command from the shared file system: the run folder and the code must be on storage the container
-mounts (``data_sources``), as with OpenCompass.  The pieces, imported one way (this module ->
-``session`` -> ``worker`` -> ``job``/``logs``/``stop`` -> ``core.ledger``/``config``/``cli``):
-
-* this module is the runner's configuration and what a job runs (``get_command``); ``open``
-  starts a ``DLCSession`` (``session.py``), whose ``submit`` records each attempt and whose every
-  round hands the jobs that are due to a few threads (``cli_concurrency``), where ``JobWorker.step``
-  submits a job, checks it (``dlc get job``, backing off), copies its log into the task log while
-  it runs and to the very end once it is over, and decides how the attempt ended
-  (``job.attempt_exit``).  ``poll`` reports what was decided.  All ``dlc`` calls but stops share
-  one rate (``max_calls_per_s``).
-* The run folder's ledger (``<run>/dlc/jobs.jsonl``) records each submission before the call and
-  the job id before anything relies on it.  Failures of the platform (a refused or garbled
-  submission, a job stuck waiting longer than ``queue_timeout_s``, a node lost or a preemption
-  before the task finished) are ``Exit(infra=True)``: retried without spending ``retry``, up to
-  ``infra_retry`` times.
-* ``cancel`` (Ctrl-C, SIGTERM, ``timeout_s``, an orchestrator error) and ``close`` stop every job
-  (``dlc stop job --force``, in parallel, then ``get job`` until each is over), recorded in the
-  ledger and the events.  On ``-r``, jobs the ledger shows possibly alive (an orchestrator killed
-  by SIGKILL) are looked up: one still running the same task spec is adopted by that task's first
-  attempt, any other is stopped.
+command from the shared file system (the run folder and the code on storage the container mounts,
+``data_sources``, as with OpenCompass).  This module is the runner's configuration and what a job
+runs (``get_command``); ``open`` starts a ``DLCSession`` (``session.py``: the verbs), whose jobs
+``track.py`` submits, watches and stops one by one, each step recorded in the run folder's ledger
+(``<run>/dlc/jobs.jsonl``) before anything relies on it.  Imports run one way: this module ->
+``session`` -> ``track`` -> ``job``/``logs`` -> ``config``/``cli`` (and ``core``).  See docs/dlc.md.
 """
 
 from __future__ import annotations
@@ -39,10 +24,9 @@ from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.dlc.cli import DLCClient
 from orchestra.runners.dlc.config import AliyunConfig, container_command, load_aliyun_file, submit_argv
-from orchestra.runners.dlc.job import DLCJob, dlc_job_name
+from orchestra.runners.dlc.job import DLCJob, Timings, dlc_job_name
 from orchestra.runners.dlc.secrets import env_file_path, write_env_file
 from orchestra.runners.dlc.session import DLCSession
-from orchestra.runners.dlc.worker import Timings
 from orchestra.tasks.kinds import TASK_MODULES
 from orchestra.tasks.spec import TaskSpec
 
@@ -157,7 +141,7 @@ class DLCRunner(BaseRunner):
                 session.env_files.add(path)
                 write_env_file(path, self.forward_env)
             if unfit is None:
-                for rec in session.worker.ledger.jobs().values():  # job names count on from every earlier one
+                for rec in session.track.ledger.jobs().values():  # job names count on from every earlier one
                     self._name_base[rec.task_id] = max(self._name_base.get(rec.task_id, 0), rec.seq)
                 session.recover(list(tasks), tasks[0].stage if tasks else None)
         except BaseException:

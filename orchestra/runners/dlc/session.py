@@ -1,11 +1,11 @@
-"""One launch of a ``DLCRunner``: the contract's verbs over DLC jobs, each watched by a few threads.
+"""One launch of a ``DLCRunner``: the contract's verbs over DLC jobs, on the one scheduling loop.
 
-``submit`` records each attempt as a ``DLCJob`` (or hands it the job an earlier orchestrator left
-for it); every round (``submit`` and ``poll``) the jobs that are due go to the threads
-(``cli_concurrency``), where ``JobWorker.step`` submits a job, checks it (``dlc get job``, backing
-off), copies its log and decides how the attempt ended; ``poll`` reports what was decided.
-``cancel`` stops jobs (``dlc stop``, confirmed) off the loop; ``close`` is the net under anything
-left, and stops what earlier orchestrators left of a stage no launch here took.
+``submit`` records and submits this round's attempts together (``dlc submit``, ``cli_concurrency``
+calls at once, at the shared rate), or hands an attempt the job an earlier orchestrator left for it.
+``poll`` makes one round: every job that is due is looked at together (``Tracker.look``: ``dlc get
+job``, its log windows, its end).  ``cancel`` starts the stops (``dlc stop``, confirmed) off the
+loop and ``poll`` reports them once over; ``close`` is the net under anything left, and stops what
+earlier orchestrators left of a stage no launch here took.
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Mapping, Sequence
+import traceback
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -25,7 +26,7 @@ from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.dlc.cli import DLCClient, DLCError, JobInfo
 from orchestra.runners.dlc.job import DLCJob, dlc_job_name, orphan
 from orchestra.runners.dlc.secrets import remove_env_file
-from orchestra.runners.dlc.worker import JobWorker
+from orchestra.runners.dlc.track import Tracker
 from orchestra.tasks.spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -35,7 +36,7 @@ EXIT_SCAN_S = 0.25  # how often the exit code files of running jobs are looked f
 
 
 class DLCSession(Session):
-    """One launch of a DLCRunner: its client, its job threads, the jobs it watches."""
+    """One launch of a DLCRunner: its client, the jobs it watches, the stops under way."""
 
     def __init__(self, runner: DLCRunner, ctx: RunContext, client: DLCClient, unfit: str | None) -> None:
         self.runner = runner
@@ -43,106 +44,121 @@ class DLCSession(Session):
         self.client = client
         self.unfit = unfit
         self.resources = NoResources(unfit)
-        self.worker = JobWorker(client, Ledger(ctx.paths.dlc_dir), ctx.events, runner.timings)
+        self.track = Tracker(client, Ledger(ctx.paths.dlc_dir), ctx.events, runner.timings)
         self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(runner.cli_concurrency, thread_name_prefix="dlc")
         self.stops = BackgroundStops("dlc")
-        self.live: dict[str, DLCJob] = {}
+        self.live: dict[Job, DLCJob] = {}  # submitted, neither ended nor being stopped
         self.adopt: dict[str, tuple[JobRecord, JobInfo]] = {}
         self.env_files: set[str] = set()
         self._last_exit_scan = 0.0
 
     # -- the verbs ---------------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        for job in jobs:
-            self._add(job)
-        self._hand_out()
-        return {}
+        new = [job for job in jobs if self._add(job)]
+        refused = {job: ended for job, ended in zip(new, self._each(self.track.submit, new)) if ended is not None}
+        self.live.update({job: job.handle for job in jobs if job not in refused})
+        return refused
 
-    def _add(self, job: Job) -> None:
+    def _add(self, job: Job) -> bool:
+        """Give the attempt its ``DLCJob``; False when it adopts a job an earlier orchestrator left."""
         task = job.task
         seq = self.runner._seq(task, job.attempt)
         name = dlc_job_name(task, seq)
         dlc_dir = RunPaths(task.run_dir).dlc_dir
         handle = DLCJob(name, task.task_id, task.stage, job.attempt, spec_digest(task), job.log_path,
                         os.path.join(dlc_dir, "exit", name), list(job.command.argv), seq)
-        adopt = self.adopt.pop(task.task_id, None) if job.attempt == 1 else None
-        if adopt is not None:
-            record, info = adopt
-            handle.name, handle.job_id, handle.adopted, handle.info = record.name, record.job_id, True, info
-            handle.seq = record.seq
-            handle.exit_file = os.path.join(dlc_dir, "exit", record.name)
-            handle.interval = self.runner.timings.poll_interval_s
-            self.worker.record("adopted", handle, by_attempt=job.attempt)
-            self.worker.emit("dlc_adopted", handle, job_id=record.job_id, status=info.status)
-            self.worker.log(handle, [f"===== dlc: adopted job {record.job_id} ({record.name}, {info.status}), "
-                                     "submitted by an earlier orchestrator of this run folder; its log from the "
-                                     "start follows"])
         job.handle = handle
-        self.live[handle.name] = handle
+        adopt = self.adopt.pop(task.task_id, None) if job.attempt == 1 else None
+        if adopt is None:
+            return True
+        record, info = adopt
+        handle.name, handle.job_id, handle.adopted, handle.info = record.name, record.job_id, True, info
+        handle.seq = record.seq
+        handle.exit_file = os.path.join(dlc_dir, "exit", record.name)
+        handle.interval = self.runner.timings.poll_interval_s
+        self.track.record("adopted", handle, by_attempt=job.attempt)
+        self.track.emit("dlc_adopted", handle, job_id=record.job_id, status=info.status)
+        self.track.log(handle, [f"===== dlc: adopted job {record.job_id} ({record.name}, {info.status}), "
+                                "submitted by an earlier orchestrator of this run folder; its log from the "
+                                "start follows"])
+        return False
 
     def placement(self, job: Job) -> dict[str, Any]:
         handle: DLCJob = job.handle
         where: dict[str, Any] = {"dlc_job_name": handle.name, "workspace_id": self.runner.cfg.workspace_id}
-        if handle.job_id:  # an adopted job (a new one gets its id once its submission went through)
+        if handle.job_id:
             where["dlc_job_id"] = handle.job_id
         return where
 
     def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        self._hand_out()
-        ended: dict[Job, Exit] = self.stops.ended(jobs)
-        for job in jobs:
-            handle = job.handle
-            if job in ended or self.stops.stopping(job) or not isinstance(handle, DLCJob) or handle.result is None:
-                continue
-            self.live.pop(handle.name, None)
-            ended[job] = handle.result
-        return ended
-
-    def _hand_out(self) -> None:
-        """Hand every job that is due (a submission, a check, a last log read) to the threads."""
-        assert self.pool is not None
+        """One round: the stops that are over, then one look at every job that is due, together."""
+        ended = {job: job.handle.verdict or stopped for job, stopped in self.stops.ended(jobs).items()}
         now = time.monotonic()
         if now - self._last_exit_scan >= max(EXIT_SCAN_S, 0.001 * len(self.live)):  # ~1,000 files/s at most
-            # A task that ended wrote its exit code to the shared file system: no need to wait for the
-            # next scheduled check (a file check costs no dlc call).
+            # A task that ended wrote its exit code to the shared file system: its job is looked at in
+            # this round rather than at its next scheduled look (a file check costs no dlc call).
             self._last_exit_scan = now
             for h in self.live.values():
-                if h.job_id and not h.exit_seen and h.drain_at is None and os.path.exists(h.exit_file):
+                if not h.exit_seen and h.drain_at is None and os.path.exists(h.exit_file):
                     h.exit_seen = True
                     h.next_check = min(h.next_check, now)
-        due = [h for h in self.live.values()
-               if not h.busy and h.result is None and not h.cancelled and h.next_check <= now]
-        for handle in sorted(due, key=lambda h: (not h.exit_seen, h.next_check)):
-            handle.busy = True
-            self.pool.submit(self.worker.step, handle)
+        due = [job for job, h in self.live.items() if h.job_id and h.next_check <= now]
+        for job, result in zip(due, self._each(self.track.look, due)):
+            h = self.live[job]
+            if h.verdict is not None:  # this runner ends it (queued too long, lost): stop it first
+                del self.live[job]
+                self.stops.start([job], self._stop_own)
+            elif result is not None:
+                del self.live[job]
+                ended[job] = result
+        return ended
+
+    def _stop_own(self, jobs: list[Job]) -> None:
+        for job in jobs:
+            self.track.stop([job.handle], job.handle.stop_reason)
+
+    def _each(self, step: Callable[[DLCJob], Exit | None], jobs: list[Job]) -> list[Exit | None]:
+        """``step`` for the handle of each job, ``cli_concurrency`` at once; an error it raises (a bug,
+        a full disk) ends that attempt, and stops its job, rather than the launch.  Once the run is
+        stopped the rest are left alone (nothing more is submitted; the loop cancels every job)."""
+
+        def safely(job: Job) -> Exit | None:
+            h: DLCJob = job.handle
+            if self.ctx.stop.is_set():
+                return None
+            try:
+                return step(h)
+            except Exception as exc:
+                self.track.log(h, ["===== dlc: internal error", *traceback.format_exc().splitlines()])
+                if h.job_id and not h.over:
+                    try:  # the attempt ends here: so does its job
+                        self.track.stop([h], f"internal error: {type(exc).__name__}")
+                    except Exception:
+                        pass
+                h.verdict = None
+                return Exit(-1, f"DLCRunner internal error: {type(exc).__name__}: {exc}")
+
+        if not jobs:
+            return []
+        assert self.pool is not None
+        return list(self.pool.map(safely, jobs))
 
     def cancel(self, jobs: Sequence[Job]) -> None:
-        """Mark the jobs cancelled here, then stop them (``dlc stop``, confirmed) in the background."""
-        handles = [job.handle for job in jobs if isinstance(job.handle, DLCJob)]
-        why = {id(job.handle): ("timeout_s" if job.timed_out else self._stop_cause()) for job in jobs}
-        for h in handles:
-            h.cancelled = True
-            self.live.pop(h.name, None)
+        """Stop the jobs (``dlc stop``, confirmed) in the background; ``poll`` reports them once over."""
+        cause = self._stop_cause()
+        for job in jobs:
+            self.live.pop(job, None)
 
-        def stop(_: list[Job]) -> None:
-            self._settle(handles)
-            groups: dict[str, list[DLCJob]] = {}
-            for h in handles:
-                if h.job_id and not h.over:
-                    groups.setdefault(why[id(h)], []).append(h)
-            for reason, group in groups.items():
-                self.worker.stop(group, reason)
+        def stop(group: list[Job]) -> None:
+            reasons: dict[str, list[DLCJob]] = {}
+            for job in group:
+                h = job.handle
+                if isinstance(h, DLCJob) and h.job_id and not h.over:
+                    reasons.setdefault("timeout_s" if job.timed_out else cause, []).append(h)
+            for reason, handles in reasons.items():
+                self.track.stop(handles, reason)
 
         self.stops.start(jobs, stop)
-
-    def _settle(self, handles: list[DLCJob]) -> None:
-        """Mark these jobs cancelled and wait for their submissions in flight: a job created meanwhile
-        must be stopped, not left without an owner (bounded by one call's timeout)."""
-        for h in handles:
-            h.cancelled = True
-        deadline = time.monotonic() + self.runner.cli_timeout_s + 5
-        while any(h.busy and h.job_id is None for h in handles) and time.monotonic() < deadline:
-            time.sleep(0.01)
 
     def _stop_cause(self) -> str:
         if self.ctx.stop.is_set():
@@ -155,12 +171,11 @@ class DLCSession(Session):
         self.stops.wait(self.runner.cli_timeout_s + self.runner.timings.cancel_timeout_s + 10)
         # The loop stopped or finished every job it knows; this is the net under an unexpected exit.
         try:
-            self._settle(list(self.live.values()))
             leftover = [h for h in self.live.values() if h.job_id and not h.over]
             # kept for a task that never started (skipped, stopped): stopped, not left running
             leftover += [orphan(record) for record, _ in self.adopt.values()]
             if leftover:
-                self.worker.stop(leftover, self._stop_cause())
+                self.track.stop(leftover, self._stop_cause())
             if self.unfit is None and self.pool is not None:
                 self.recover([], None)  # what earlier orchestrators left of a stage no launch here took
         finally:
@@ -179,10 +194,10 @@ class DLCSession(Session):
         alive and no launch of this process handles: an earlier orchestrator's.  A job still running
         the spec of one of ``tasks`` is kept for that task's first attempt; any other is stopped."""
         assert self.pool is not None
-        worker, client = self.worker, self.client
-        interrupted, alive = worker.ledger.left_behind(stage)
+        track, client = self.track, self.client
+        interrupted, alive = track.ledger.left_behind(stage)
         for rec in interrupted:  # killed inside dlc submit: the id is unknown
-            worker.ledger.record("submit_unknown", rec.name, task_id=rec.task_id, stage=rec.stage)
+            track.ledger.record("submit_unknown", rec.name, task_id=rec.task_id, stage=rec.stage)
             print(f"orchestra: warning: the submission of DLC job {rec.name} was interrupted before its id "
                   "was known; if DLC created it, stop it in the console", file=sys.stderr)
         if not alive:
@@ -201,7 +216,7 @@ class DLCSession(Session):
         for rec in over:
             info = infos[rec.name]
             assert info is not None
-            worker.record("ended", orphan(rec), status=info.status, reason_code=info.reason_code)
+            track.record("ended", orphan(rec), status=info.status, reason_code=info.reason_code)
         self.adopt.update({rec.task_id: (rec, info) for rec in adopt if (info := infos[rec.name]) is not None})
         if to_stop:
-            worker.stop([orphan(r) for r in to_stop], "left by an earlier orchestrator of this run folder, not needed")
+            track.stop([orphan(r) for r in to_stop], "left by an earlier orchestrator of this run folder, not needed")

@@ -1,10 +1,12 @@
-"""The work ``DLCRunner`` does for each job, in its threads: submit, check, copy the log, conclude, stop.
+"""What ``DLCSession`` does for one job, called from its verbs: submit it, look at it, copy its log,
+decide how the attempt ended, stop it.
 
-One ``JobWorker`` per launch.  ``step(job)`` does the one thing a job needs next (a submission, a
-status check with its log copy, the final log read) and schedules the next check: every
-``poll_interval_s`` after a change, 1.5x longer per unchanged answer up to ``max_poll_interval_s``,
-1 s once the command's exit code file exists.  Everything it learns goes to the task log, the run
-folder's ledger and the event log; a decided attempt is ``job.result``, which ``poll`` reports.
+``look(job)`` runs in a poll round (every job that is due, together): a ``dlc get job``, the log
+windows that settled since, and the next look scheduled: every ``poll_interval_s`` after a change,
+1.5x longer per unchanged answer up to ``max_poll_interval_s``, 1 s once the command's exit code
+file exists.  Everything it learns goes to the task log, the run folder's ledger and the event log.
+``stop`` is ``core.stopping.stop_and_confirm`` with ``dlc stop job --force`` for each job at once
+and ``dlc get job`` to confirm (bounded), the stop sent again to a job still running 5 s later.
 """
 
 from __future__ import annotations
@@ -12,33 +14,24 @@ from __future__ import annotations
 import sys
 import threading
 import time
-import traceback
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestra.events import EventLog
-from orchestra.runners.base import Exit
+from orchestra.runners.core.contract import Exit
 from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.run import note
-from orchestra.runners.dlc.cli import LOGGING, WAITING, DLCClient, DLCError, JobInfo
-from orchestra.runners.dlc.job import DLCJob, attempt_exit, read_exit_code
+from orchestra.runners.core.stopping import stop_and_confirm
+from orchestra.runners.dlc.cli import LOGGING, TERMINAL, WAITING, DLCClient, DLCError, JobInfo
+from orchestra.runners.dlc.job import DLCJob, Timings, attempt_exit, read_exit_code
 from orchestra.runners.dlc.logs import LogCursor, copy_final, copy_settled
-from orchestra.runners.dlc.stop import stop_jobs
+
+RESTOP_AFTER_S = 5.0
+STOP_CONCURRENCY = 64  # stop (and confirm) calls in flight at once: a Ctrl-C on a big run ends fast
+_CONFIRM_POLL_S = 0.25
 
 
-@dataclass(frozen=True)
-class Timings:
-    """The runner's clocks (see ``DLCRunner`` for each)."""
-
-    poll_interval_s: float
-    max_poll_interval_s: float
-    queue_timeout_s: float | None
-    log_settle_s: float
-    lost_after_s: float
-    cancel_timeout_s: float
-
-
-class JobWorker:
+class Tracker:
     """Submits, watches and stops DLC jobs through ``client``, recording into ``ledger`` and ``events``."""
 
     def __init__(self, client: DLCClient, ledger: Ledger, events: EventLog, timings: Timings) -> None:
@@ -49,32 +42,9 @@ class JobWorker:
         self._offset: float | None = None  # the service's clock minus ours (a lower bound)
         self._lock = threading.Lock()
 
-    def step(self, h: DLCJob) -> None:
-        try:
-            if h.cancelled:
-                return
-            if h.job_id is None:
-                self._submit(h)
-            elif h.drain_at is not None and h.info is not None:
-                self._conclude(h, h.info)
-            else:
-                self._check(h)
-        except Exception as exc:  # a bug (or a full disk) here must end the attempt, not hang it
-            self.log(h, ["===== dlc: internal error", *traceback.format_exc().splitlines()])
-            if h.job_id and not h.over:
-                try:  # the attempt ends here: so does its job
-                    self.stop([h], f"internal error: {type(exc).__name__}")
-                except Exception:
-                    pass
-            h.result = Exit(-1, f"DLCRunner internal error: {type(exc).__name__}: {exc}")
-        finally:
-            h.busy = False
-
-    def _submit(self, h: DLCJob) -> None:
+    def submit(self, h: DLCJob) -> Exit | None:
+        """Submit the job (its turn at the shared rate first); an ``Exit`` when that failed."""
         self.client.limiter.acquire()
-        if h.cancelled:  # stopped while it waited for its turn: nothing was created
-            h.over = True
-            return
         self.ledger.claim([h.name])  # this launch's job: no other launch of this process touches it
         self.record("submitting", h)
         try:
@@ -84,15 +54,22 @@ class JobWorker:
             self.record("submit_failed", h, error=str(exc))
             self.emit("dlc_submit_failed", h, error=str(exc))
             self.log(h, [f"===== dlc: submit failed: {exc}"])
-            h.result = Exit(-1, f"dlc submit failed: {exc}", infra=True)
-            return
+            return Exit(-1, f"dlc submit failed: {exc}", infra=True)
         h.job_id, h.submitted_wall = job_id, time.time()
         self.record("submitted", h)
         self.emit("dlc_submitted", h, job_id=job_id)
         self.log(h, [f"===== dlc: submitted job {job_id} as {h.name}"])
         self._schedule(h, changed=True)
+        return None
 
-    def _check(self, h: DLCJob) -> None:
+    def look(self, h: DLCJob) -> Exit | None:
+        """One look at a submitted job; its ``Exit`` once the attempt is decided.  A job this runner
+        must stop first (queued too long, lost) gets ``h.verdict`` and ``h.stop_reason`` instead."""
+        if h.drain_at is not None and h.info is not None:
+            return self._conclude(h, h.info)
+        return self._check(h)
+
+    def _check(self, h: DLCJob) -> Exit | None:
         assert h.job_id is not None
         try:
             info = self.client.get(h.job_id)
@@ -100,11 +77,11 @@ class JobWorker:
             h.get_error_since = h.get_error_since or time.monotonic()
             if time.monotonic() - h.get_error_since < self.t.lost_after_s:
                 self._schedule(h, changed=False)
-                return
-            self.stop([h], "lost: dlc get job kept failing")
-            h.result = Exit(-1, f"DLC job {h.job_id} lost: dlc get job failed for {self.t.lost_after_s:g} s ({exc})",
-                            infra=True)
-            return
+                return None
+            h.stop_reason = "lost: dlc get job kept failing"
+            h.verdict = Exit(-1, f"DLC job {h.job_id} lost: dlc get job failed for {self.t.lost_after_s:g} s ({exc})",
+                             infra=True)
+            return None
         h.get_error_since = None
         if h.info is None and not h.adopted and info.create_time is not None:
             self._observe_offset(info.create_time - h.submitted_wall)
@@ -115,15 +92,14 @@ class JobWorker:
                 self.log(h, [f"===== dlc: job {h.job_id} {info.describe()}"])
             self.emit("dlc_status", h, job_id=h.job_id, status=info.status, reason_code=info.reason_code)
         if info.terminal:
-            self._conclude(h, info)
-            return
+            return self._conclude(h, info)
         if info.status in WAITING:
             h.waiting_since = h.waiting_since or time.monotonic()
             if self.t.queue_timeout_s is not None and time.monotonic() - h.waiting_since > self.t.queue_timeout_s:
-                self.stop([h], f"queue_timeout_s: still {info.status} after {self.t.queue_timeout_s:g} s")
-                h.result = Exit(-1, f"DLC job {h.job_id} still {info.status} after queue_timeout_s="
-                                    f"{self.t.queue_timeout_s:g} s; stopped it", infra=True)
-                return
+                h.stop_reason = f"queue_timeout_s: still {info.status} after {self.t.queue_timeout_s:g} s"
+                h.verdict = Exit(-1, f"DLC job {h.job_id} still {info.status} after queue_timeout_s="
+                                     f"{self.t.queue_timeout_s:g} s; stopped it", infra=True)
+                return None
         else:
             h.waiting_since = None
         if info.status in LOGGING:
@@ -131,8 +107,9 @@ class JobWorker:
             copy_settled(cursor, self.client, h.job_id, info.pod_id, self._service_now(), self.t.log_settle_s,
                          lambda lines: self.log(h, lines))
         self._schedule(h, changed)
+        return None
 
-    def _conclude(self, h: DLCJob, info: JobInfo) -> None:
+    def _conclude(self, h: DLCJob, info: JobInfo) -> Exit | None:
         """The job is over: copy its log to the end, then decide how the attempt ended."""
         assert h.job_id is not None
         cursor = self._cursor(h, info)
@@ -150,7 +127,7 @@ class JobWorker:
             h.drain_at = first
             wait = first - now if now < first else min(self.t.log_settle_s, 1.0)
             h.next_check = time.monotonic() + max(0.0, wait)
-            return
+            return None
         h.over = True
         code = read_exit_code(h.exit_file)
         ended = attempt_exit(h.job_id, info, code, cursor.tail_text())
@@ -159,7 +136,7 @@ class JobWorker:
         self.record("ended", h, status=info.status, reason_code=info.reason_code, exit_code=code)
         self.emit("dlc_ended", h, job_id=h.job_id, status=info.status, reason_code=info.reason_code,
                    reason_message=info.reason_message, exit_code=code)
-        h.result = ended
+        return ended
 
     # -- clocks, schedules, logs -----------------------------------------------------------------------
     def _schedule(self, h: DLCJob, changed: bool) -> None:
@@ -193,6 +170,12 @@ class JobWorker:
         self.ledger.record(state, h.name, task_id=h.task_id, stage=h.stage, attempt=h.attempt, seq=h.seq,
                             digest=h.digest, job_id=h.job_id or "", **fields)
 
+    def _send_stop(self, job_id: str) -> None:
+        try:
+            self.client.stop(job_id)
+        except DLCError:
+            pass  # the confirmation decides
+
     def _record_anyway(self, state: str, h: DLCJob, **fields: Any) -> None:
         """A stop goes out even when the ledger cannot be written (a full disk): say so, go on."""
         try:
@@ -205,20 +188,46 @@ class JobWorker:
         self.events.emit(event, task_id=h.task_id, stage=h.stage, attempt=h.attempt, name=h.name, **fields)
 
     def stop(self, handles: list[DLCJob], reason: str) -> None:
-        """Stop these jobs, wait for the service to show them over, record it all."""
+        """Stop these jobs (``dlc stop job --force``, ``STOP_CONCURRENCY`` calls at once), wait until
+        ``dlc get job`` shows each over (at most ``cancel_timeout_s``), record the outcome of each:
+        ``stopped`` (Stopped, or it had already ended), ``stop_acknowledged`` (still Stopping) or
+        ``stop_unconfirmed`` (no answer that shows either)."""
         for h in handles:
             h.stop_reason = reason
             self._record_anyway("stop_sent", h, reason=reason)
-        outcome = stop_jobs(self.client, [h.job_id or "" for h in handles], self.t.cancel_timeout_s)
+        ids = [j for j in dict.fromkeys(h.job_id for h in handles) if j]
+        status = dict.fromkeys(ids, "unknown")
+        if ids:
+            with ThreadPoolExecutor(min(STOP_CONCURRENCY, len(ids)), thread_name_prefix="dlc-stop") as pool:
+
+                def send(some: list[str]) -> None:
+                    list(pool.map(self._send_stop, some))  # every stop sent before the first look
+
+                def look(job_id: str) -> str:
+                    try:
+                        return self.client.get(job_id, urgent=True).status
+                    except DLCError:
+                        return "unknown"
+
+                def alive(waiting: list[str]) -> dict[str, str]:
+                    for job_id, state in zip(waiting, pool.map(look, waiting)):
+                        status[job_id] = state if state != "unknown" else status[job_id]
+                    return {j: status[j] for j in waiting if status[j] not in TERMINAL}
+
+                stop_and_confirm(ids, send, alive,
+                                 timeout_s=self.t.cancel_timeout_s, resend_after_s=RESTOP_AFTER_S,
+                                 poll_s=_CONFIRM_POLL_S, ending={"Stopping"})
+        unconfirmed = []
         for h in handles:
-            status, state = outcome.get(h.job_id or "", ("unknown", "stop_unconfirmed"))
+            seen = status.get(h.job_id or "", "unknown")
+            state = "stopped" if seen in TERMINAL else "stop_acknowledged" if seen == "Stopping" else "stop_unconfirmed"
             h.over = state == "stopped"
-            self._record_anyway(state, h, status=status, reason=reason)
-            self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=status, confirmed=state == "stopped")
-            self.log(h, [f"===== dlc: stopped job {h.job_id} ({reason}); the service shows it {status}"])
-        unconfirmed = [h.job_id for h in handles if outcome.get(h.job_id or "", ("", ""))[1] == "stop_unconfirmed"]
+            self._record_anyway(state, h, status=seen, reason=reason)
+            self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=seen, confirmed=h.over)
+            self.log(h, [f"===== dlc: stopped job {h.job_id} ({reason}); the service shows it {seen}"])
+            if state == "stop_unconfirmed":
+                unconfirmed.append(str(h.job_id))
         if unconfirmed:
-            print(f"orchestra: warning: DLC job(s) {', '.join(map(str, unconfirmed))} not shown over "
+            print(f"orchestra: warning: DLC job(s) {', '.join(unconfirmed)} not shown over "
                   f"{self.t.cancel_timeout_s:g} s after 'dlc stop job --force'; check them in the console "
                   "(orchestra -r stops them again)", file=sys.stderr)
-
