@@ -69,6 +69,12 @@ def test_anything_else_is_permanent_and_says_why_in_one_line(stderr: str, reason
     assert str(refused) == reason
 
 
+@pytest.mark.parametrize("bad", [0, -1, True, "60"])
+def test_submit_wait_s_must_be_a_positive_number(bad: object) -> None:
+    with pytest.raises(ValueError, match=f"submit_wait_s must be a number of seconds > 0, got {bad!r}"):
+        SlurmRunner(launcher="sbatch", submit_wait_s=bad)  # type: ignore[arg-type]
+
+
 def test_sbatch_that_is_about_to_retry_by_itself_is_stopped_before_it_asks_again(tmp_path: Path) -> None:
     # A stand-in for sbatch (a unit test of submit_batch alone): it prints sbatch's retry line,
     # sleeps as sbatch does, then would create a job.  It must be killed in its sleep.
