@@ -1,8 +1,9 @@
 """A submission the cluster refuses: for now (wait, submit again, never spend ``retry``) or for good.
 
 The transient refusal here is a real one: a partition of this test's own, created with
-``scontrol create partition`` in state DRAIN (slurmctld then refuses every submission to it with
-``Required partition not available (inactive or drain)``) and resumed while the run waits.  The
+``scontrol create PartitionName=...`` in state DRAIN (slurmctld then refuses every submission to it with
+``Required partition not available (inactive or drain)``) and resumed while the run waits.  So is a
+controller that does not answer (the real sbatch pointed at a port nobody listens on).  The
 cluster's other limits (``MaxJobCount``, a QOS's ``MaxSubmitJobs``) cannot be reached on the shared
 test cluster without refusing every other session's jobs too; their messages are checked as text.
 """
@@ -105,6 +106,22 @@ def test_the_real_clusters_permanent_refusals(slurm_cluster: SlurmCluster, tmp_p
         with pytest.raises(SbatchRefused) as info:
             submit_batch([*base, *args, str(script)])
         assert (str(info.value), info.value.transient) == (reason, False)
+
+
+@pytest.mark.slurm
+def test_a_controller_that_does_not_answer_is_a_refusal_for_now(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    # the real sbatch, pointed at a controller port nobody listens on (a copy of the cluster's config)
+    conf = slurm_cluster.conf.read_text().replace("SlurmctldPort=6817", "SlurmctldPort=6899")
+    assert "SlurmctldPort=6899" in conf
+    (tmp_path / "slurm.conf").write_text(conf)
+    (tmp_path / "gres.conf").write_text((slurm_cluster.conf.parent / "gres.conf").read_text())
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    script = tmp_path / "job.sh"
+    script.write_text("#!/bin/bash\ntrue\n")
+    with pytest.raises(SbatchRefused) as info:
+        submit_batch(["sbatch", "--parsable", f"--output={tmp_path}/%j.out", str(script)])
+    assert (str(info.value), info.value.transient) == ("Unable to contact slurm controller (connect failure)", True)
 
 
 def scontrol(*args: str) -> None:
