@@ -90,9 +90,9 @@ def test_sbatch_that_is_about_to_retry_by_itself_is_stopped_before_it_asks_again
         submit_batch([str(fake), "--parsable", "job.sh"])
     assert info.value.transient
     assert str(info.value) == "Slurm temporarily unable to accept job, sleeping and retrying"
-    assert time.monotonic() - start < 0.9
+    assert time.monotonic() - start < 5  # not sbatch's 120 s of retries
     time.sleep(1.5)
-    assert not created.exists()
+    assert not created.exists()  # killed in its sleep: the "job" was never created
 
 
 @pytest.mark.slurm
