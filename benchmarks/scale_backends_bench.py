@@ -10,7 +10,7 @@ For each size: the infer stage's wall (first start to last end), the orchestrato
 time (``getrusage`` of ``run.py --mode infer`` and its children: the client calls, not the
 jobs), and both per task, so a per-task storm or a quadratic step shows as a growing column.
 
-    python benchmarks/scale_backends_bench.py slurm [--sizes 1000,2000] [--partition debug]
+    python benchmarks/scale_backends_bench.py slurm [--sizes 1000,2000] [--partition debug] [--max-workers N]
     python benchmarks/scale_backends_bench.py ray [--sizes 1000,2000,5000] [--ray-cpus 2]
 """
 
@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from bench_common import REPO, print_table, stage_wall, trivial_config
+from bench_common import REPO, print_table, read_events, stage_wall, trivial_config
 
 CLIENTS = ("sbatch", "squeue", "sacct", "scancel", "scontrol", "srun")
 _MEASURE = (
@@ -99,8 +99,9 @@ def slurm_main(args: argparse.Namespace) -> None:
             calls = folder / "calls.log"
             calls.touch()
             shims = write_shims(folder, calls)
+            workers = args.max_workers or n
             runner = (f"dict(type=SlurmRunner, launcher='sbatch', partition={args.partition!r}, "
-                      f"max_num_workers={n}")
+                      f"max_num_workers={workers}")
             cfg = trivial_config(folder, "slurm", n, "from orchestra.runners import SlurmRunner", runner,
                                  folder / "out")
             env = {**os.environ, "PATH": f"{shims}{os.pathsep}{os.environ['PATH']}", "PYTHONPATH": str(REPO),
@@ -115,6 +116,9 @@ def slurm_main(args: argparse.Namespace) -> None:
                          " / ".join(str(counts[c]) for c in CLIENTS)))
             rows.append((f"slurm sbatch arrays, {n} tasks: squeue calls per task",
                          f"{counts['squeue'] / n:.3f}"))
+            refused = [e for e in read_events(run) if e["event"] == "slurm_submit_refused"]
+            rows.append((f"slurm sbatch arrays, {n} tasks: jobs in flight (max_num_workers) / submissions the "
+                         "cluster refused for now", f"{workers} / {len(refused)}"))
         print(f"  slurm {n} done", file=sys.stderr, flush=True)
     print_table(rows)
 
@@ -151,6 +155,8 @@ def main() -> None:
     s.add_argument("--sizes", default="1000,2000", help="task counts, comma-separated")
     s.add_argument("--partition", default="debug")
     s.add_argument("--slots", type=int, default=8, help="job slots of the cluster (for wall x slots / tasks)")
+    s.add_argument("--max-workers", type=int, default=0,
+                   help="SlurmRunner max_num_workers, jobs in flight (default: the task count, all at once)")
     r = sub.add_parser("ray")
     r.add_argument("--sizes", default="1000,2000,5000", help="task counts, comma-separated")
     r.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the one worker node (= warm actors)")

@@ -30,7 +30,12 @@
 # scheduling, EnforcePartLimits=ALL (impossible requests fail at submit instead of pending
 # forever), 8 declared CPUs via config_overrides (more concurrent test jobs on 2 cores),
 # cred_expire=10 (a requeued job may restart after ~10 s instead of 120 s), MinJobAge=600
-# (finished jobs stay visible to squeue/scontrol), jobcomp/filetxt (there is no slurmdbd).
+# (finished jobs stay visible to squeue/scontrol), jobcomp/filetxt (there is no slurmdbd),
+# MaxJobCount=50000 (Slurm's default 10000 counts ended jobs until MinJobAge has passed: a
+# 10,000-task run at ~7 jobs/s on the 8 slots, plus other sessions' jobs, reached it and had
+# submissions refused; slurmctld's memory with 50000 records is not measured here). MinJobAge
+# stays 600: tests read ended jobs from squeue. A real cluster keeps ended jobs too, so
+# SlurmRunner waits out such refusals instead of relying on this setting.
 #
 # Ports 6817/6818 are fixed: one such cluster per machine.
 set -euo pipefail
@@ -147,6 +152,7 @@ EnforcePartLimits=ALL
 SlurmdParameters=config_overrides
 ReturnToService=2
 MinJobAge=600
+MaxJobCount=50000
 KillWait=5
 InactiveLimit=0
 Waittime=0

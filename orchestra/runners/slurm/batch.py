@@ -13,16 +13,26 @@ State: one ``squeue -t all -j IDS`` per poll round for every live job; a job squ
 looked up in ``sacct`` (clusters with accounting), then in the footer of its task log, and is
 counted lost after a few rounds.  A failed job's Slurm-side output (``--output``,
 ``<run>/slurm/<job id>.out``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is
-appended to the log.  Cancelling is ``slurm_state.cancel_and_wait``.  The script and the sbatch
+appended to the log.  Cancelling is ``slurm_state.cancel_and_wait``.
+
+A submission the cluster refuses for now (its job limits: ``MaxJobCount``, a QOS's
+``MaxSubmitJobs``; a busy, drained or unreachable controller; see ``script.SBATCH_TRANSIENT``)
+is an infrastructure outcome, not a task failure: its jobs wait in this launcher, with every job
+submitted after it, and go again after 5, 10, 20, 40, then every 60 s (a refused array is
+split in two each time, so a nearly full cluster takes part of it), without spending the
+tasks' ``retry``.  Only after ``submit_wait_s`` (one hour) of refusals do they end, ``Exit(infra=True)``.
+A permanent refusal (a bad partition, an invalid option) fails the tasks at once with sbatch's
+reason in one line.  The script and the sbatch
 call are ``script.py``; this module is the session's verbs.
 """
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from orchestra.events import EventLog
 from orchestra.fileio import atomic_write_text
@@ -33,6 +43,7 @@ from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions, log_offs
 from orchestra.runners.slurm.recover import cancel_records
 from orchestra.runners.slurm.script import (
     SbatchError,
+    SbatchRefused,
     footer_code,
     job_output,
     job_script,
@@ -46,6 +57,17 @@ from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
 LOST_AFTER_MISSES = 3  # poll rounds in which neither squeue nor sacct knows a job
+SUBMIT_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 60.0)  # waits after 1, 2, ... refusals in a row (then the last)
+SUBMIT_WAIT_S = 3600.0  # how long jobs the cluster keeps refusing wait before they end (infra)
+
+
+@dataclass
+class Waiting:
+    """Jobs not submitted yet because the cluster refused a submission for now."""
+
+    jobs: list[Job]
+    since: float = field(default_factory=time.monotonic)  # when they began to wait
+    reason: str = "queued behind a submission the cluster refused"
 
 
 @dataclass
@@ -69,12 +91,16 @@ class SbatchLauncher(SlurmLauncher):
         array: submit a round's jobs with the same resources as one job array (False: one by one).
         ledger: where every job is recorded before its id is relied on (None: nowhere).
         adopt: jobs an earlier orchestrator left running, by task id, for its first attempt.
-        events: the run's event log (``slurm_adopted``).
+        events: the run's event log (``slurm_adopted``, ``slurm_submit_refused``).
+        submit_wait_s: how long jobs the cluster keeps refusing for now wait before they end.
+        submit_backoff_s: the waits after 1, 2, ... such refusals in a row (then the last, again).
     """
 
     def __init__(self, options: SlurmOptions, tag: str, folder: str, array: bool = True,
                  unfit: str | None = None, ledger: Ledger | None = None,
-                 adopt: dict[str, JobRecord] | None = None, events: EventLog | None = None) -> None:
+                 adopt: dict[str, JobRecord] | None = None, events: EventLog | None = None,
+                 submit_wait_s: float = SUBMIT_WAIT_S,
+                 submit_backoff_s: Sequence[float] = SUBMIT_BACKOFF_S) -> None:
         super().__init__(options, tag, unfit)
         self.ledger = ledger
         self.adopt = dict(adopt or {})
@@ -85,6 +111,11 @@ class SbatchLauncher(SlurmLauncher):
         self.extra = sbatch_long_options(options.extra_args)
         self.live: dict[str, Job] = {}
         self.states: dict[str, JobInfo] = {}
+        self.waiting: list[Waiting] = []  # oldest first; submitted again, in order, at ``retry_at``
+        self.retry_at = 0.0
+        self.refusals = 0  # transient refusals in a row
+        self.submit_wait_s = submit_wait_s
+        self.submit_backoff_s = tuple(submit_backoff_s)
 
     # -- submitting -----------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
@@ -100,7 +131,11 @@ class SbatchLauncher(SlurmLauncher):
         for group in groups.values():
             size = MAX_ARRAY_SIZE if self.array else 1
             for start in range(0, len(group), size):
-                refused.update(self._send(group[start : start + size]))
+                chunk = group[start : start + size]
+                if self.waiting:  # the cluster refused a submission lately: these wait behind it
+                    self.waiting.append(Waiting(chunk))
+                else:
+                    refused.update(self._send(chunk))
         return refused
 
     def _record(self, state: str, job: Job, **fields: object) -> None:
@@ -130,7 +165,9 @@ class SbatchLauncher(SlurmLauncher):
         # No --signal: Slurm sends nothing before the time limit, so an over-limit job ends TIMEOUT.
         return [*args, *self.options.resource_args(task), *self.extra]
 
-    def _send(self, jobs: list[Job]) -> dict[Job, Exit]:
+    def _send(self, jobs: list[Job], waited: Waiting | None = None) -> dict[Job, Exit]:
+        """Submit ``jobs`` (one array, or one job); the failures of a permanent refusal, else ``{}``
+        (a refusal for now puts them first in ``waiting``)."""
         first = jobs[0]
         name = first.handle.name if len(jobs) == 1 else f"orc-{self.tag}-{first.task.stage}"
         args = self.sbatch_args(first.task, name, len(jobs))
@@ -144,9 +181,18 @@ class SbatchLauncher(SlurmLauncher):
         except (SbatchError, OSError, ValueError) as exc:
             message = " ".join(str(exc).split())[:500]
             for job in jobs:
-                self._record("submit_failed", job)
-                note(job.log_path, f"===== slurm: sbatch did not take {pending}\n")
+                self._record("submit_failed", job, error=message)
+            if isinstance(exc, SbatchRefused) and exc.transient:
+                self._wait(jobs, message, waited)
+                return {}
+            for job in jobs:
+                note(job.log_path, f"===== slurm: sbatch did not take {pending}: {message}\n")
+            if isinstance(exc, SbatchRefused):
+                asked = " ".join([*self.options.resource_args(first.task), *self.extra])
+                return {job: Exit(-1, f"sbatch refused the job: {message}" + (f" (asked: {asked})" if asked else ""))
+                        for job in jobs}
             return {job: Exit(-1, f"sbatch failed: {message}") for job in jobs}
+        self.refusals = 0
         script = os.path.join(self.folder, f"{job_id}.sh")
         try:
             os.replace(pending, script)  # sbatch has sent the script to slurmctld: renaming is safe
@@ -162,6 +208,42 @@ class SbatchLauncher(SlurmLauncher):
             note(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, name {name}, "
                                   f"script {script})\n")
         return {}
+
+    def _wait(self, jobs: list[Job], reason: str, waited: Waiting | None) -> None:
+        """Put ``jobs``, refused for now, first in ``waiting`` (an array in two halves)."""
+        self.refusals += 1
+        delay = self.submit_backoff_s[min(self.refusals, len(self.submit_backoff_s)) - 1]
+        self.retry_at = time.monotonic() + delay
+        since = waited.since if waited is not None else time.monotonic()
+        half = (len(jobs) + 1) // 2
+        parts = [jobs[:half], jobs[half:]] if len(jobs) > 1 else [jobs]
+        self.waiting[0:0] = [Waiting(part, since, reason) for part in parts]
+        so_far = time.monotonic() - since
+        for job in jobs:
+            note(job.log_path, f"===== slurm: the cluster refused the submission for now ({reason}); submitting "
+                               f"again in {delay:g} s (waited {so_far:.0f} s so far; the task's retry is not spent)\n")
+        if self.events is not None:
+            self.events.emit("slurm_submit_refused", stage=jobs[0].task.stage, tasks=len(jobs), reason=reason,
+                             retry_in_s=delay, waited_s=round(so_far, 1), waiting_tasks=self.waiting_count())
+
+    def waiting_count(self) -> int:
+        """How many jobs wait for the cluster to take them."""
+        return sum(len(w.jobs) for w in self.waiting)
+
+    def _resubmit(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
+        """Submit what waits, oldest first, once its time has come; end what waited too long."""
+        ended: dict[Job, Exit] = {}
+        now = time.monotonic()
+        polled = set(jobs)
+        for w in [w for w in self.waiting if now - w.since >= self.submit_wait_s and polled.issuperset(w.jobs)]:
+            self.waiting.remove(w)
+            for job in w.jobs:
+                ended[job] = Exit(-1, f"the Slurm cluster refused the submission for {now - w.since:.0f} s: "
+                                      f"{w.reason}", infra=True)
+        while self.waiting and time.monotonic() >= self.retry_at:
+            w = self.waiting.pop(0)
+            ended.update(self._send(w.jobs, w))
+        return ended
 
     # -- watching -------------------------------------------------------------------------------
     def _refresh(self) -> None:
@@ -188,6 +270,7 @@ class SbatchLauncher(SlurmLauncher):
 
     def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         ended: dict[Job, Exit] = self.stops.ended(jobs)
+        ended.update(self._resubmit(jobs))
         self._refresh()
         for job in jobs:
             if job not in ended and not self.stops.stopping(job):
@@ -222,6 +305,10 @@ class SbatchLauncher(SlurmLauncher):
     def cancel(self, jobs: Sequence[Job]) -> None:
         records = [JobRecord(job.handle.name, job_id=job.handle.job_id) for job in jobs
                    if isinstance(job.handle, BatchHandle) and job.handle.job_id]
+        gone = set(jobs)  # jobs still waiting to be submitted are simply never submitted
+        for w in self.waiting:
+            w.jobs = [job for job in w.jobs if job not in gone]
+        self.waiting = [w for w in self.waiting if w.jobs]
         for rec in records:
             self._forget(rec.job_id)
         self.stops.start(jobs, lambda _: self._cancel(records, "cancelled"))
@@ -241,6 +328,7 @@ class SbatchLauncher(SlurmLauncher):
         self.live.clear()
         self.states.clear()
         self.adopt.clear()
+        self.waiting.clear()
 
 
 __all__ = ["SbatchError", "SbatchLauncher", "job_script", "output_pattern", "parse_parsable", "sbatch_long_options"]

@@ -85,6 +85,10 @@ class SlurmRunner(BaseRunner):
             setting every variable of the orchestrator reaches the job.
         infra_retry: attempts per task that may end for the cluster's sake (preempted, its node
             failed or did not boot) and be retried without spending ``retry``.
+        submit_wait_s: with ``launcher='sbatch'``, how long jobs wait while the cluster refuses to
+            take them for now (its job limits, e.g. ``MaxJobCount``; a drained partition; a busy
+            controller): they are submitted again with backoff, without spending ``retry``, and
+            end as infrastructure failures only after this long.
     """
 
     template_fields = (
@@ -112,7 +116,11 @@ class SlurmRunner(BaseRunner):
         template: str | list[str] | None = None,
         forward_env: list[str] | tuple[str, ...] = (),
         infra_retry: int = 3,
+        submit_wait_s: float = 3600.0,
     ) -> None:
+        if isinstance(submit_wait_s, bool) or not isinstance(submit_wait_s, (int, float)) or submit_wait_s <= 0:
+            raise ValueError(f"submit_wait_s must be a number of seconds > 0, got {submit_wait_s!r}")
+        self.submit_wait_s = float(submit_wait_s)
         self.forward_env = forward_env_names(forward_env)
         if self.forward_env:
             extra = shlex.split(extra_args) if isinstance(extra_args, str) else list(extra_args or [])
@@ -188,7 +196,7 @@ class SlurmRunner(BaseRunner):
             ledger = Ledger(ctx.paths.slurm_dir)
             adopt = recover(ledger, tasks, self.options.cancel_timeout_s) if unfit is None else {}
             launcher = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, adopt,
-                                      ctx.events)
+                                      ctx.events, self.submit_wait_s)
         else:
             from orchestra.runners.slurm.srun import SrunLauncher
 

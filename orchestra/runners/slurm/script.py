@@ -8,15 +8,20 @@ appended to that log, appends a footer with its exit code and leaves with that c
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
+import signal
+import subprocess
+import threading
 from collections.abc import Sequence
 
+from orchestra.runners.core.cli import kill_group
 from orchestra.runners.core.contract import Job
 from orchestra.runners.core.shell import NOW, RC, exports, printf, task_lines
 from orchestra.runners.slurm.common import job_header
-from orchestra.runners.slurm.state import SlurmCommandError, run_client
+from orchestra.runners.slurm.state import SLURM_CALL_TIMEOUT_S
 
 _FOOTER = re.compile(r"===== slurm: job (\S+) ended with exit code (\d+)")
 
@@ -65,15 +70,88 @@ def output_pattern(folder: str, array: bool) -> str:
     return os.path.join(folder.replace("%", "%%"), "%A_%a.out" if array else "%j.out")
 
 
-def submit_batch(argv: list[str]) -> tuple[str, str | None]:
-    """Run ``sbatch --parsable ...`` (argv) and return the job id (and cluster) it printed."""
+#: What sbatch prints on stderr (sbatch.c, Slurm 22.05) before it sleeps 1, 2, ... 15 s and asks again,
+#: for up to 120 s in all: the controller refused the job for now (EAGAIN, e.g. MaxJobCount reached; a
+#: job record it could not create; nodes powering up).  ``submit_batch`` stops sbatch right there.
+SBATCH_RETRYING = ("sleeping and retrying", "temporarily disabled, retrying")
+#: ``Batch job submission failed: <reason>`` reasons (slurm_errno.c) that a later submission may not
+#: get: the cluster's job limits and a controller that is busy, drained or unreachable.  Any other
+#: reason (a bad partition, an invalid option, an impossible request) is permanent.
+SBATCH_TRANSIENT = (
+    "Resource temporarily unavailable",  # EAGAIN: MaxJobCount reached, or slurmctld too busy
+    "Unable to create job record, try again",  # ESLURM_ERROR_ON_DESC_TO_RECORD_COPY
+    "Job violates accounting/QOS policy (job submit limit",  # ESLURM_ACCOUNTING_POLICY: MaxSubmitJobs
+    "Required partition not available (inactive or drain)",  # ESLURM_PARTITION_NOT_AVAIL
+    "Unable to contact slurm controller (connect failure)",  # nothing reached the controller
+)
+_SUBMIT_FAILED = re.compile(r"Batch job submission failed:\s*(.+)")
+
+
+class SbatchRefused(SbatchError):
+    """sbatch answered that the cluster did not take the job: ``transient`` when a later try may
+    succeed (the cluster's job limits, a busy or drained controller), else permanent.  The message
+    is one line: sbatch's reason."""
+
+    def __init__(self, message: str, transient: bool) -> None:
+        super().__init__(message)
+        self.transient = transient
+
+
+def refusal(stderr: str) -> SbatchRefused:
+    """What sbatch's ``stderr`` says of a refused submission: its reason, transient or not."""
+    lines = [" ".join(line.split()) for line in stderr.splitlines()
+             if line.strip() and not line.startswith('Try "sbatch --help"')]
+    if any(marker in line for line in lines for marker in SBATCH_RETRYING):
+        reason = next(line for line in lines if any(m in line for m in SBATCH_RETRYING))
+        return SbatchRefused(reason.removeprefix("sbatch: error: ").removeprefix("sbatch: "), True)
+    failed = [m.group(1) for line in lines if (m := _SUBMIT_FAILED.search(line))]
+    errors = [line.removeprefix("sbatch: error: ") for line in lines if line.startswith("sbatch: error: ")]
+    reason = (failed or errors or lines or ["no message"])[-1]
+    return SbatchRefused(reason, any(marker in reason for marker in SBATCH_TRANSIENT))
+
+
+def submit_batch(argv: list[str], timeout_s: float = SLURM_CALL_TIMEOUT_S) -> tuple[str, str | None]:
+    """Run ``sbatch --parsable ...`` (argv) and return the job id (and cluster) it printed.
+
+    Raises ``SbatchRefused`` when sbatch says the cluster did not take the job; when its stderr says
+    it is about to sleep and ask again (the controller refused it for now), sbatch is killed at
+    once, while it sleeps (its first sleep is 1 s), so no job can come of it, and the refusal is
+    transient.  ``SbatchError`` when sbatch cannot start, does not end within ``timeout_s`` (then
+    whether a job was created is unknown), or answers something that is not a job id.
+    """
     try:
-        res = run_client(argv)
-    except SlurmCommandError as exc:
-        raise SbatchError(str(exc)) from None
-    if res.returncode != 0:
-        raise SbatchError(" ".join((res.stderr or res.stdout).split()) or f"exit code {res.returncode}")
-    return parse_parsable(res.stdout)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                text=True, errors="replace", start_new_session=True)
+    except OSError as exc:
+        raise SbatchError(f"cannot run {argv[0]}: {exc}") from None
+    stderr: list[str] = []
+    retrying = threading.Event()
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            stderr.append(line)
+            if not retrying.is_set() and any(marker in line for marker in SBATCH_RETRYING):
+                retrying.set()
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    reader = threading.Thread(target=read_stderr, name="sbatch-stderr", daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)
+        raise SbatchError(f"{argv[0]}: no answer within {timeout_s:g} s (whether it created a job is unknown)") \
+            from None
+    finally:
+        reader.join(timeout=5)
+    assert proc.stdout is not None
+    stdout = proc.stdout.read()
+    proc.stdout.close()
+    if proc.returncode == 0:  # (also when sbatch's retry got the job in before the kill landed)
+        return parse_parsable(stdout)
+    raise refusal("".join(stderr) or stdout or f"exit code {proc.returncode}")
 
 
 def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:

@@ -108,12 +108,14 @@ def test_gpu_and_cpu_tasks_of_one_round_go_as_two_arrays(slurm_cluster: SlurmClu
                     f"{cpu_array}_1": "N/A"}
 
 
-def test_sbatch_failure_is_a_task_failure_with_sbatchs_message(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+def test_a_permanent_sbatch_refusal_fails_at_once_with_sbatchs_reason(slurm_cluster: SlurmCluster,
+                                                                       tmp_path: Path) -> None:
     runner = SlurmRunner(launcher="sbatch", partition="no_such_partition", template=sleeping(0))
     ctx, _ = context(tmp_path)
     (result,) = runner.launch(tasks(1), ctx)
     assert result.state is TaskState.FAILED
-    assert result.reason.startswith("sbatch failed:") and "partition" in result.reason.lower()
+    assert result.reason == ("sbatch refused the job: Invalid partition name specified "
+                             "(asked: --partition=no_such_partition)")
 
 
 def test_srun_allocation_failure_names_the_cause(slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
