@@ -229,7 +229,10 @@ class OpenAIAPI(BaseModel):
                                              keepalive_timeout=30, ttl_dns_cache=300)
             # Proxy settings from the environment are looked up once here: aiohttp's
             # trust_env=True would do it (and a netrc lookup) on a thread for every request.
+            # A managed replica is on 127.0.0.1 and gets the run's key: never through a proxy.
             try:
+                if self.server is not None:
+                    raise LookupError("a managed replica is reached directly")
                 self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self.url))
             except LookupError:
                 self._proxy, self._proxy_auth = None, None

@@ -91,11 +91,15 @@ def _watched_by_us() -> None:
         pass
 
 
+#: readiness checks never go through a proxy (``http_proxy`` would get the key, even for 127.0.0.1)
+_DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
 def _status(url: str, key: str | None, timeout_s: float = 1.0) -> int:
-    """The HTTP status of GET ``url`` (0: no answer)."""
+    """The HTTP status of GET ``url`` (0: no answer), asked directly, never through a proxy."""
     req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:  # noqa: S310 - loopback only
+        with _DIRECT.open(req, timeout=timeout_s) as resp:
             resp.read(1 << 16)
             return int(resp.status)
     except urllib.error.HTTPError as exc:
