@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.helpers import run_cli, run_dirs
+from tests.helpers import events, run_cli, run_dirs
 from tests.serving.test_managed_runs import config, llama, predictions
 
 pytestmark = pytest.mark.slow
@@ -63,3 +65,42 @@ def test_the_key_never_goes_to_the_environments_http_proxy(tmp_path: Path) -> No
     finally:
         proxy.close()
     assert proxy.seen == [], proxy.seen[:3]
+
+
+STUB = str(Path(__file__).with_name("keyed_stub.py"))
+
+
+def stub(*flags: str, **extra: Any) -> dict[str, Any]:
+    """A ``command`` server running :mod:`tests.serving.keyed_stub`."""
+    return dict(engine="command", model="m", command=[sys.executable, STUB, "{port}", *flags], **extra)
+
+
+def two_models(tmp_path: Path, first: dict[str, Any], second: dict[str, Any]) -> Path:
+    """A run of models ``a`` (``first``) and ``b`` (``second``) on the runner's one GPU '0'."""
+    cfg = config(tmp_path, first, rows=2)
+    text = cfg.read_text()
+    model_b = text.split("models = [", 1)[1].split("]\n", 1)[0].replace("abbr='smol'", "abbr='b'")
+    model_b = model_b.replace(repr(first), repr(second))
+    text = text.replace("abbr='smol'", "abbr='a'").replace("gpus=[]", "gpus=['0']")
+    head, rest = text.split("models = [", 1)
+    model_a, tail = rest.split("]\n", 1)
+    cfg.write_text(f"{head}models = [{model_a}, {model_b}]\n{tail}")
+    return cfg
+
+
+def test_a_task_that_fails_for_good_frees_its_replicas_gpus_for_the_next_model(tmp_path: Path) -> None:
+    """Model a's one task fails (every request a 400): a's replica must stop, so b's replica
+    can take GPU '0' and b's task runs; the run ends with a's failure named."""
+    cfg = two_models(tmp_path, stub("--fail", gpus=1, max_restarts=0), stub(gpus=1, max_restarts=0))
+    res = run_cli(cfg, timeout=90)
+    assert res.returncode == 1, res.stderr[-3000:]
+    failed = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED: infer task")]
+    assert len(failed) == 1 and "infer_a_arith" in failed[0] and "HTTP 400" in failed[0], failed
+    (run,) = run_dirs(tmp_path / "out")
+    evs = events(run)
+    assert [e["model"] for e in evs if e["event"] == "server_started"] == ["a", "b"]
+    assert [e["task_id"] for e in evs if e["event"] == "done" and e["stage"] == "infer"] == ["infer_b_arith"]
+    stopped_a = next(i for i, e in enumerate(evs) if e["event"] == "server_stopped" and e["model"] == "a")
+    started_b = next(i for i, e in enumerate(evs) if e["event"] == "server_started" and e["model"] == "b")
+    assert stopped_a < started_b  # b's replica got GPU '0' once a's gave it back
+

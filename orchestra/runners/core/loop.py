@@ -132,7 +132,8 @@ class BaseRunner(abc.ABC):
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
         session = self.open(ctx, tasks)
         self._servers = attach_servers(session, tasks, ctx, self)
-        results, flight, pending = Results(), InFlight({}, {}), deque[PendingTask]()
+        results = Results(getattr(session.resources, "ended", None))  # served models: their replicas stop
+        flight, pending = InFlight({}, {}), deque[PendingTask]()
         try:
             pending.extend(self._queue(tasks, session, results, ctx))
             self._free_slots = list(range(self.max_num_workers))  # a heap: the lowest free slot first
@@ -330,8 +331,7 @@ class BaseRunner(abc.ABC):
                 log_path = ctx.paths.task_log(entry.task.stage, entry.task.task_id)
                 results[entry.task.task_id] = TaskResult(
                     entry.task.task_id, entry.task.stage, TaskState.CANCELLED, entry.attempt - 1, log_path,
-                    "cancelled before it started",
-                )
+                    "cancelled before it started")
                 ctx.events.emit("cancelled", task_id=entry.task.task_id, stage=entry.task.stage)
             pending.clear()
 

@@ -42,9 +42,10 @@ class Results(dict[str, TaskResult]):
     """Results by task id, with a running count per end state: the progress hook gets the
     counts every round, and counting 10,000 results each round would make the loop quadratic."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_end: Callable[[str], None] | None = None) -> None:
         super().__init__()
         self.counts: dict[str, int] = {}
+        self.on_end = on_end  # told each task id that reached an end state (no attempt of it can follow)
 
     def __setitem__(self, task_id: str, result: TaskResult) -> None:
         old = self.get(task_id)
@@ -52,6 +53,8 @@ class Results(dict[str, TaskResult]):
             self.counts[old.state.value] -= 1
         super().__setitem__(task_id, result)
         self.counts[result.state.value] = self.counts.get(result.state.value, 0) + 1
+        if self.on_end is not None:
+            self.on_end(task_id)
 
 
 @dataclass

@@ -5,8 +5,8 @@ model answers: :class:`ServedResources` wraps the session's resources, asks the 
 :class:`~orchestra.serving.pool.ServerPool` for the replicas (the first such task starts them)
 and makes the task wait (``acquire`` -> None) until one is ready, or fails it with the pool's
 one-line reason once none can be.  The task learns where the replicas are and where the key is
-through its environment (:func:`server_env`); when the model's last task is done its replicas
-stop, and the launch's end stops whatever is left.
+through its environment (:func:`server_env`); once no task of the model can still run (each
+one done, failed for good or cancelled) its replicas stop, and the launch's end stops whatever is left.
 """
 
 from __future__ import annotations
@@ -68,11 +68,16 @@ class ServedResources:
 
     def release(self, job: Job, ended: Exit | None) -> None:
         self.inner.release(job, ended)
-        left = self.left.get(job.task.model_abbr)
-        if left is not None and ended is not None and ended.code == 0:
-            left.discard(job.task.task_id)
-            if not left and self.pool is not None:
-                self.pool.release(job.task.model_abbr)
+
+    def ended(self, task_id: str) -> None:
+        """``task_id`` reached an end state (done, failed for good, could not start, cancelled,
+        skipped): once no task of its model can still run, the model's replicas stop and give
+        their GPUs back (a failed task must not keep them for the rest of the launch)."""
+        for model, left in self.left.items():
+            if task_id in left:
+                left.discard(task_id)
+                if not left and self.pool is not None:
+                    self.pool.release(model)
 
 
 def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, runner: Any) -> ServerPool | None:

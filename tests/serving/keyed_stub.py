@@ -1,0 +1,67 @@
+"""A small OpenAI-compatible server for tests of managed ``command`` servers (stdlib only).
+
+    python tests/serving/keyed_stub.py PORT [--fail] [--exit-after-print]
+
+It takes its key from ``ORCHESTRA_SERVER_KEY`` and, like SGLang, prints its arguments, the key
+among them, when it starts.  ``/health`` answers 200; ``/v1/models`` and ``/v1/completions``
+demand the key (401 otherwise).  Completions answer ``3`` (``--fail``: every completion is a
+400, so the task fails for good).  ``--exit-after-print``: exit 3 right after printing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+KEY = os.environ.get("ORCHESTRA_SERVER_KEY", "")
+FAIL = "--fail" in sys.argv
+
+
+class Handler(BaseHTTPRequestHandler):
+    """Answers the few routes a managed replica needs."""
+
+    def _answer(self, status: int, body: dict[str, object]) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _keyed(self) -> bool:
+        if self.headers.get("Authorization") == f"Bearer {KEY}" and KEY:
+            return True
+        self._answer(401, {"error": {"message": "bad key"}})
+        return False
+
+    def do_GET(self) -> None:  # noqa: N802 - the http.server name
+        if self.path == "/health":
+            self._answer(200, {"ok": True})
+        elif self.path == "/v1/models" and self._keyed():
+            self._answer(200, {"data": [{"id": "m"}]})
+
+    def do_POST(self) -> None:  # noqa: N802 - the http.server name
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if not self._keyed():
+            return
+        if FAIL:
+            self._answer(400, {"error": {"message": "this model refuses every request"}})
+            return
+        self._answer(200, {"choices": [{"index": 0, "text": " 3", "finish_reason": "stop"}],
+                           "usage": {"prompt_tokens": 5, "completion_tokens": 1}})
+
+    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the http.server name
+        print(f"request {self.command} {self.path}", flush=True)
+
+
+def main() -> None:
+    print(f"server_args: port={sys.argv[1]} api_key={KEY} served_model_name=m", flush=True)
+    if "--exit-after-print" in sys.argv:
+        sys.exit(3)
+    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+
+
+if __name__ == "__main__":
+    main()
