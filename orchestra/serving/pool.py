@@ -254,7 +254,7 @@ class ServerPool:
 
     def _lost(self, served: Served, replica: Replica, why: str) -> None:
         """A replica died or never became ready: report it in one line, restart it if allowed."""
-        tail = replica.tail()
+        tail = replica.tail(self._key)
         line = (f"{served.spec.engine} replica {replica.index} of {served.abbr} {why}"
                 + (f"; last log lines: {tail}" if tail else "") + f" (log: {replica.log_path})")
         self._stop(served, replica)

@@ -135,7 +135,9 @@ class Replica:
         argv = [sys.executable, "-m", "orchestra.serving.watchdog",
                 *(a for name in how.key_env for a in ("--key-env", name)), "--", *how.argv]
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
-        with open(self.log_path, "ab") as log:
+        fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.fchmod(fd, 0o600)  # the server's own words stay private (the key is scrubbed, not all else)
+        with os.fdopen(fd, "ab") as log:
             log.write(f"===== orchestra: replica {self.index} of {self.served_name} on port {self.port} at "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {' '.join(how.argv)}\n".encode())
             log.flush()
@@ -207,8 +209,9 @@ class Replica:
             pass
         self.state = "stopped"
 
-    def tail(self, lines: int = 5) -> str:
-        """The last lines of the replica's log, joined with ' | ' (for a one-line report)."""
+    def tail(self, key: str, lines: int = 5) -> str:
+        """The last lines of the replica's log, joined with ' | ', ``key`` replaced by ``***``
+        (for a one-line report)."""
         try:
             with open(self.log_path, "rb") as fh:
                 fh.seek(max(0, os.path.getsize(self.log_path) - 8192))
@@ -216,4 +219,5 @@ class Replica:
                               if ln.strip() and not ln.startswith("=====")), maxlen=lines)
         except OSError:
             return ""
-        return " | ".join(last)
+        text = " | ".join(last)
+        return text.replace(key, "***") if key else text

@@ -8,6 +8,8 @@ the run's key (read from ``ORCHESTRA_SERVER_KEY_FILE``) into the variables named
 starts ``ARGV`` in its own group (so an engine's worker processes are in it too), and then:
 
 * when the server exits, it stops what the server left in the group and exits with its code;
+* what the server prints goes to the watchdog's stdout (the replica's log) with the key
+  replaced by ``***``;
 * on SIGTERM / SIGINT, or once its parent is gone, it sends SIGTERM to the whole group, waits
   ``--grace-s``, SIGKILLs whatever is left and exits.
 
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import IO
 
 _PR_SET_PDEATHSIG = 1
 
@@ -62,6 +65,35 @@ def _die_with_parent() -> None:
         pass
 
 
+def _pump(pipe: IO[bytes], key: bytes) -> None:
+    """Copy what the server prints to our stdout (the replica's log), the key replaced by
+    ``***`` (SGLang prints its arguments, the key among them, when it starts).  Lines are
+    read at most 1 MiB at a time; the last ``len(key) - 1`` bytes of a longer line wait for
+    the next piece, so a key split between two pieces is still found."""
+    out = sys.stdout.buffer
+    held = b""
+    keep = max(len(key) - 1, 0)
+    while True:
+        piece = pipe.readline(1 << 20)
+        if not piece:
+            break
+        text = held + piece
+        if key:
+            text = text.replace(key, b"***")
+        if not text.endswith(b"\n") and keep:
+            text, held = text[:-keep], text[-keep:]
+        else:
+            held = b""
+        try:
+            out.write(text)
+            out.flush()
+        except OSError:
+            pass
+    if held:
+        out.write(held.replace(key, b"***") if key else held)
+        out.flush()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m orchestra.serving.watchdog")
     ap.add_argument("--key-env", action="append", default=[])
@@ -72,20 +104,28 @@ def main() -> None:
     if not argv:
         raise SystemExit("watchdog: no server command after --")
     env = dict(os.environ)
-    if args.key_env:
-        with open(env["ORCHESTRA_SERVER_KEY_FILE"], encoding="utf-8") as fh:
+    try:
+        with open(env.get("ORCHESTRA_SERVER_KEY_FILE", ""), encoding="utf-8") as fh:
             key = fh.read().strip()
-        env.update({name: key for name in args.key_env})
+    except OSError:
+        if args.key_env:
+            raise
+        key = ""
+    env.update({name: key for name in args.key_env})
     parent = os.getppid()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent)
+        child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
     except OSError as exc:
         print(f"watchdog: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
         sys.exit(127)
     print(f"watchdog: server pid {child.pid}", flush=True)
+    assert child.stdout is not None
+    pump = threading.Thread(target=_pump, args=(child.stdout, key.encode()), daemon=True)
+    pump.start()
     while child.poll() is None and not stop.is_set() and os.getppid() == parent:
         stop.wait(0.2)
     if child.poll() is None:
@@ -99,6 +139,7 @@ def main() -> None:
             time.sleep(0.05)
     _kill_rest(signal.SIGKILL)
     code = child.wait()
+    pump.join(timeout=5)  # the group is gone: the pipe ends
     print(f"watchdog: server exited with code {code}", flush=True)
     sys.exit(code if code >= 0 else 128 - code)
 

@@ -1,11 +1,12 @@
 """A small OpenAI-compatible server for tests of managed ``command`` servers (stdlib only).
 
-    python tests/serving/keyed_stub.py PORT [--fail] [--exit-after-print]
+    python tests/serving/keyed_stub.py PORT [--fail] [--exit-after-print] [--tell PATH]
 
 It takes its key from ``ORCHESTRA_SERVER_KEY`` and, like SGLang, prints its arguments, the key
 among them, when it starts.  ``/health`` answers 200; ``/v1/models`` and ``/v1/completions``
 demand the key (401 otherwise).  Completions answer ``3`` (``--fail``: every completion is a
 400, so the task fails for good).  ``--exit-after-print``: exit 3 right after printing.
+``--tell PATH``: write the key to PATH (outside the run folder), so a test knows what to look for.
 """
 
 from __future__ import annotations
@@ -57,6 +58,9 @@ class Handler(BaseHTTPRequestHandler):
 
 
 def main() -> None:
+    if "--tell" in sys.argv:
+        with open(sys.argv[sys.argv.index("--tell") + 1], "w", encoding="utf-8") as fh:
+            fh.write(KEY)
     print(f"server_args: port={sys.argv[1]} api_key={KEY} served_model_name=m", flush=True)
     if "--exit-after-print" in sys.argv:
         sys.exit(3)

@@ -104,3 +104,24 @@ def test_a_task_that_fails_for_good_frees_its_replicas_gpus_for_the_next_model(t
     started_b = next(i for i, e in enumerate(evs) if e["event"] == "server_started" and e["model"] == "b")
     assert stopped_a < started_b  # b's replica got GPU '0' once a's gave it back
 
+
+@pytest.mark.parametrize("exits", [True, False], ids=["exits-at-once", "serves"])
+def test_a_key_the_server_prints_shows_in_no_file_event_or_failed_line(tmp_path: Path, exits: bool) -> None:
+    told = tmp_path / "told.key"
+    flags = ("--tell", str(told), *(("--exit-after-print",) if exits else ()))
+    res = run_cli(config(tmp_path, stub(*flags, max_restarts=0), rows=2), timeout=60)
+    key = told.read_text()
+    assert len(key) >= 32
+    assert res.returncode == (1 if exits else 0), res.stderr[-3000:]
+    assert key not in res.stdout + res.stderr
+    (run,) = run_dirs(tmp_path / "out")
+    log = run / "servers/smol/replica-0.log"
+    assert "server_args: port=" in log.read_text() and "api_key=***" in log.read_text()
+    assert oct(log.stat().st_mode & 0o777) == "0o600"
+    files = [p for p in run.rglob("*") if p.is_file()]
+    assert [p for p in files if key.encode() in p.read_bytes()] == []
+    if exits:
+        (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED: infer task")]
+        assert "exited with code 3 before it was ready" in line and "api_key=***" in line, line
+        (ev,) = [e for e in events(run) if e["event"] == "server_exited"]
+        assert "api_key=***" in ev["reason"]
