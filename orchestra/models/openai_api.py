@@ -35,6 +35,7 @@ from orchestra.limits.retry import (
 )
 from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
+from orchestra.models.http_body import MAX_BODY_BYTES, read_capped
 from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.paths import RunPaths, safe_name
@@ -299,7 +300,10 @@ class OpenAIAPI(BaseModel):
         try:
             async with self._client().post(url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth,
                                            timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
-                raw = await resp.read()
+                raw = await read_capped(resp)
+                if raw is None:
+                    return Outcome(resp.status, None, RetryDecision.no(
+                        f"HTTP {resp.status} with a response body over {MAX_BODY_BYTES >> 20} MiB (refused)"))
                 if resp.status != 200:
                     return Outcome(resp.status, None, classify_status(resp.status, resp.headers, raw))
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError):
