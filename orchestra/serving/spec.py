@@ -25,6 +25,8 @@ KEYS = ("engine", "model", "replicas", "tensor_parallel_size", "gpus", "threads"
 ONLY = {"tensor_parallel_size": ("vllm", "sglang"), "gpus": ("command",), "threads": ("llama.cpp", "command"),
         "parallel": ("llama.cpp",), "ctx_size": ("llama.cpp",), "command": ("command",),
         "python": ("llama.cpp", "sglang"), "executable": ("vllm",)}
+#: the most replicas one model may have (each is a process, a port and a thread's worth of checks)
+MAX_REPLICAS = 64
 DEFAULT_STARTUP_S = {"vllm": 900.0, "sglang": 900.0, "llama.cpp": 120.0, "command": 600.0}
 
 
@@ -95,10 +97,11 @@ class ServerSpec:
                 "env": dict(self.env), "python": self.python, "executable": self.executable}
 
 
-def _int(cfg: dict[str, Any], key: str, default: int, low: int) -> int:
+def _int(cfg: dict[str, Any], key: str, default: int, low: int, high: int | None = None) -> int:
     value = cfg.get(key, default)
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ConfigError(f"server.{key} must be an integer >= {low}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or value < low or (high is not None and value > high):
+        valid = f">= {low}" if high is None else f"from {low} to {high}"
+        raise ConfigError(f"server.{key} must be an integer {valid}, got {value!r}")
     return value
 
 
@@ -157,7 +160,7 @@ def parse_server(cfg: Any) -> ServerSpec:
         if key in cfg and (not isinstance(cfg[key], str) or not cfg[key]):
             raise ConfigError(f"server.{key} must be a command name or path, got {cfg[key]!r}")
     return ServerSpec(
-        engine=engine, model=model, replicas=_int(cfg, "replicas", 1, 1),
+        engine=engine, model=model, replicas=_int(cfg, "replicas", 1, 1, MAX_REPLICAS),
         tensor_parallel_size=_int(cfg, "tensor_parallel_size", 1, 1), gpus=_int(cfg, "gpus", 0, 0),
         threads=_int(cfg, "threads", 1, 1),
         parallel=_int(cfg, "parallel", 4, 1), ctx_size=_int(cfg, "ctx_size", 8192, 256), args=tuple(args),

@@ -227,6 +227,8 @@ def test_reap_stops_a_live_replica_left_in_the_ledger(tmp_path: Path) -> None:
 @pytest.mark.parametrize("server, expected", [
     (dict(engine="llama.cpp", model="/nonexistent/smol.gguf"), "llama.cpp needs a GGUF file"),
     (dict(engine="vllm", model="org/m", tensor_parallel_size=2), "but this machine's runner has 0"),
+    (dict(engine="command", model="m", command=["srv", "{port}"], replicas=65),
+     "server.replicas must be an integer from 1 to 64, got 65"),
 ])
 def test_bad_servers_are_refused_before_anything_starts(tmp_path: Path, server: dict[str, Any],
                                                         expected: str) -> None:

@@ -23,7 +23,8 @@ def test_refusals_name_the_key_and_what_is_valid(tmp_path: Path) -> None:
     gguf.write_bytes(b"GGUF")
     cases = [
         (dict(engine="tgi", model=str(gguf)), "server.engine must be one of vllm, sglang, llama.cpp, command"),
-        (dict(engine="llama.cpp", model=str(gguf), replicas=0), "server.replicas must be an integer >= 1"),
+        (dict(engine="llama.cpp", model=str(gguf), replicas=0), "server.replicas must be an integer from 1 to 64"),
+        (dict(engine="llama.cpp", model=str(gguf), replicas=10**6), "server.replicas must be an integer from 1 to 64"),
         (dict(engine="llama.cpp", model=str(tmp_path / "nope.gguf")), "llama.cpp needs a GGUF file"),
         (dict(engine="vllm", model=str(tmp_path / "ckpt")), "does not exist"),
         (dict(engine="vllm", model="org/name", threads=2), "server.threads does not apply to engine 'vllm'"),
