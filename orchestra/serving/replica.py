@@ -132,7 +132,7 @@ class Replica:
         """Start the watchdog and the server under it on a fresh port (output appended to the log)."""
         self.port = free_port()
         how = launch(self.spec, self.served_name, self.port, key_file, self.gpus)
-        argv = [sys.executable, "-m", "orchestra.serving.watchdog",
+        argv = [sys.executable, "-m", "orchestra.serving.watchdog", "--owner", str(os.getpid()),
                 *(a for name in how.key_env for a in ("--key-env", name)), "--", *how.argv]
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -198,7 +198,9 @@ class Replica:
                 self.proc.wait(timeout=grace_s + 2)
             except subprocess.TimeoutExpired:
                 pass
-        for pid in [*group_members(self.proc.pid), self.proc.pid]:
+        # A reaped watchdog's pid may be another process's by now: only a live one is signalled
+        # (its group's id cannot be reused while a member of the group lives).
+        for pid in [*group_members(self.proc.pid), *([self.proc.pid] if self.proc.poll() is None else [])]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):

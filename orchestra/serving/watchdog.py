@@ -1,6 +1,6 @@
 """The guard of one replica: it runs the server and makes sure nothing of it outlives its owner.
 
-    python -m orchestra.serving.watchdog [--key-env NAME ...] [--grace-s 5] -- ARGV...
+    python -m orchestra.serving.watchdog [--owner PID] [--key-env NAME ...] [--grace-s 5] -- ARGV...
 
 The orchestrator starts this process as the leader of a new process group, with a parent-death
 signal (SIGTERM when the orchestrator's thread that started it dies, SIGKILL included).  It puts
@@ -27,6 +27,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
 _PR_SET_PDEATHSIG = 1
@@ -58,11 +59,17 @@ def _kill_rest(sig: signal.Signals) -> None:
                 pass
 
 
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+def _die_with(parent: int) -> Callable[[], None]:
+    """``preexec_fn`` of the server: SIGKILL when ``parent`` (this watchdog) dies; if it died
+    already, between the fork and the ``prctl``, the server is not started at all."""
+    def arm() -> None:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent:
+            os._exit(1)
+    return arm
 
 
 def _pump(pipe: IO[bytes], key: bytes) -> None:
@@ -98,11 +105,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m orchestra.serving.watchdog")
     ap.add_argument("--key-env", action="append", default=[])
     ap.add_argument("--grace-s", type=float, default=5.0)
+    ap.add_argument("--owner", type=int, default=0, help="the pid that started this watchdog")
     ap.add_argument("argv", nargs=argparse.REMAINDER)
     args = ap.parse_args()
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
     if not argv:
         raise SystemExit("watchdog: no server command after --")
+    # The owner's parent-death signal was armed before exec: an owner already gone (it died
+    # between the fork and the prctl) is seen here, before anything starts.
+    if args.owner and os.getppid() != args.owner:
+        print("watchdog: owner gone before the server started", flush=True)
+        sys.exit(1)
     env = dict(os.environ)
     try:
         with open(env.get("ORCHESTRA_SERVER_KEY_FILE", ""), encoding="utf-8") as fh:
@@ -118,7 +131,7 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     try:
         child = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, preexec_fn=_die_with_parent)
+                                 stderr=subprocess.STDOUT, preexec_fn=_die_with(os.getpid()))
     except OSError as exc:
         print(f"watchdog: cannot start {argv[0]!r}: {exc}", file=sys.stderr, flush=True)
         sys.exit(127)

@@ -1,0 +1,45 @@
+"""The watchdog's owner check and a stop that never signals a reaped pid (real processes; a
+watchdog always leads its own process group, as the pool starts it)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestra.serving import replica as replica_module
+from orchestra.serving.replica import Replica
+from orchestra.serving.spec import parse_server
+
+
+def test_a_watchdog_whose_owner_is_already_gone_starts_nothing(tmp_path: Path) -> None:
+    """``--owner`` names a pid that is not its parent (the owner died between the fork and the
+    parent-death signal): the watchdog exits at once and the server never runs."""
+    marker = tmp_path / "ran"
+    server = [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]
+    not_parent = 1  # init: never the parent of a process this test starts
+    res = subprocess.run([sys.executable, "-m", "orchestra.serving.watchdog", "--owner", str(not_parent), "--",
+                          *server], capture_output=True, text=True, timeout=60, start_new_session=True,
+                         env={**os.environ, "ORCHESTRA_SERVER_KEY_FILE": str(tmp_path / "none")})
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "owner gone before the server started" in res.stdout
+    assert not marker.exists()
+    ok = subprocess.run([sys.executable, "-m", "orchestra.serving.watchdog", "--owner", str(os.getpid()), "--",
+                         *server], capture_output=True, text=True, timeout=60, start_new_session=True,
+                        env={**os.environ, "ORCHESTRA_SERVER_KEY_FILE": str(tmp_path / "none")})
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    assert marker.exists()
+
+
+def test_stop_does_not_signal_the_pid_of_a_reaped_watchdog(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    spec = parse_server(dict(engine="command", model="m", command=["srv", "{port}"]))
+    rep = Replica(spec, "m", 0, str(tmp_path / "r.log"))
+    rep.proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    rep.proc.wait()  # reaped: its pid is free for any new process
+    sent: list[int] = []
+    monkeypatch.setattr(replica_module.os, "kill", lambda pid, sig: sent.append(pid))
+    rep.stop(grace_s=0.1)
+    assert rep.proc.pid not in sent and rep.state == "stopped"
