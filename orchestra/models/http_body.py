@@ -1,9 +1,11 @@
-"""A bounded read of an HTTP response body: an endpoint's answer is adversarial input, and a
-body without end (or a compressed one that inflates without end) must not fill the memory of
-the task that asked."""
+"""What a model API endpoint sends back is adversarial input: its body is read with a bound (a
+body without end, or a compressed one that inflates without end, must not fill the memory of
+the task that asked), and the key is scrubbed from any of it quoted in an error."""
 
 from __future__ import annotations
 
+import json
+import urllib.parse
 from typing import Any
 
 #: the largest response body a model API call reads (a completion of any real size fits well)
@@ -23,3 +25,17 @@ async def read_capped(resp: Any, limit: int = MAX_BODY_BYTES) -> bytes | None:
             return None
         chunks.append(chunk)
     return b"".join(chunks)
+
+
+def scrub_key(text: str, key: str) -> str:
+    """``text`` with ``key`` replaced by ``***``, also where an echo escaped it: JSON (``\\/``,
+    ``\\u..``), URL-encoding, ``+`` for spaces."""
+    if not key:
+        return text
+    forms = {key, json.dumps(key)[1:-1], json.dumps(key, ensure_ascii=True)[1:-1].replace("/", "\\/"),
+             urllib.parse.quote(key, safe=""), urllib.parse.quote_plus(key), urllib.parse.quote(key)}
+    for form in sorted(forms, key=len, reverse=True):
+        text = text.replace(form, "***")
+        if form != form.lower():  # percent-escapes may come back in lower case
+            text = text.replace(form.lower() if "%" in form else form, "***")
+    return text

@@ -17,7 +17,6 @@ import asyncio
 import functools
 import json
 import os
-import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -35,7 +34,7 @@ from orchestra.limits.retry import (
 )
 from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
-from orchestra.models.http_body import MAX_BODY_BYTES, read_capped
+from orchestra.models.http_body import MAX_BODY_BYTES, read_capped, scrub_key
 from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.paths import RunPaths, safe_name
@@ -206,18 +205,8 @@ class OpenAIAPI(BaseModel):
         return self._key
 
     def _scrub(self, text: str) -> str:
-        """Never let the key into an error message (some servers echo what they were sent),
-        also where the echo escaped it: JSON (``\\/``, ``\\u..``), URL-encoding, ``+`` for spaces."""
-        key = self._secret().value
-        if not key:
-            return text
-        forms = {key, json.dumps(key)[1:-1], json.dumps(key, ensure_ascii=True)[1:-1].replace("/", "\\/"),
-                 urllib.parse.quote(key, safe=""), urllib.parse.quote_plus(key), urllib.parse.quote(key)}
-        for form in sorted(forms, key=len, reverse=True):
-            text = text.replace(form, "***")
-            if form != form.lower():  # percent-escapes may come back in lower case
-                text = text.replace(form.lower() if "%" in form else form, "***")
-        return text
+        """Never let the key into an error message (some servers echo what they were sent)."""
+        return scrub_key(text, self._secret().value)
 
     def _client(self) -> Any:
         loop = asyncio.get_running_loop()
