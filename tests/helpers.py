@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -58,3 +59,15 @@ def summary_rows(run: Path) -> dict[tuple[str, str], dict]:
 
 def predictions(run: Path) -> dict[str, str]:
     return {str(p.relative_to(run)): p.read_text() for p in sorted((run / "predictions").rglob("*.jsonl"))}
+
+
+def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.1) -> Any:
+    """Poll ``check()`` until it returns something true (returned), or fail the test after
+    ``timeout_s`` naming ``what`` was awaited."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = check()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")

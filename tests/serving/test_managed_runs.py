@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, events, jsonl, run_cli, run_dirs, start_cli
+from tests.helpers import REPO, events, jsonl, run_cli, run_dirs, start_cli, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -74,16 +74,6 @@ def replica_pids(run: Path) -> list[int]:
 
 def served_requests(log: Path) -> int:
     return log.read_text(errors="replace").count("launch_slot_") if log.exists() else 0
-
-
-def wait_for(check: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def the_run(tmp_path: Path) -> Path:

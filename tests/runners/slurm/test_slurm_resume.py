@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import jsonl
+from helpers import jsonl, wait_for
 from slurm_helpers import job_prefix, run_cli, run_dirs, squeue_jobs, start_cli, summary_rows, write_config
 
 if TYPE_CHECKING:
@@ -19,14 +19,6 @@ pytestmark = pytest.mark.slurm
 RUNNER = "type=SlurmRunner, launcher='sbatch', partition='debug', poll_interval_s=0.2, max_num_workers=16"
 
 
-def wait_for(predicate, timeout_s: float, what: str):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 def ledger(run: Path) -> list[dict]:
@@ -38,7 +30,7 @@ def test_resume_after_sigkill_adopts_running_sbatch_jobs_without_duplicates(slur
     cfg = write_config(tmp_path, RUNNER, gpu=False, model=", delay_s=3.0")  # 3 infer tasks of ~15 s
     proc = start_cli(cfg)
     try:
-        run = wait_for(lambda: (run_dirs(tmp_path) or [None])[0], 60, "the run folder")
+        run = wait_for(lambda: (run_dirs(tmp_path) or [None])[0], 60, "the run folder", every_s=0.2)
         prefix = job_prefix(run)
         running = wait_for(lambda: [j for j in squeue_jobs(prefix) if j[2] == "RUNNING"] if len(
             [j for j in squeue_jobs(prefix) if j[2] == "RUNNING"]) >= 3 else None, 90, "3 running jobs")
@@ -76,7 +68,7 @@ def test_ctrl_c_with_fifty_sbatch_jobs_returns_within_seconds_and_leaves_none(sl
                        max_task_size=6, model=", hang=True")  # 40 + 10 infer tasks of a few rows each
     proc = start_cli(cfg)
     try:
-        run = wait_for(lambda: (run_dirs(tmp_path) or [None])[0], 60, "the run folder")
+        run = wait_for(lambda: (run_dirs(tmp_path) or [None])[0], 60, "the run folder", every_s=0.2)
         prefix = job_prefix(run)
         started = lambda: [e for e in events(run) if e["event"] == "started" and e["stage"] == "infer"]  # noqa: E731
         wait_for(lambda: len(started()) == 50 and len(
