@@ -119,19 +119,28 @@ def _check_model(cfg: Any, where: str) -> dict[str, Any]:
 
 
 def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
-    """A managed server whose engine returns no prompt log-probs cannot score a loglik dataset."""
+    """A managed server whose engine returns no prompt log-probs cannot score a loglik dataset:
+    a native one (``inferencer=dict(type='loglik')``) or one whose class says it needs log-probs
+    (``needs_loglik(cfg)``, e.g. an lm-eval ``multiple_choice`` task), asked only then."""
     from orchestra.serving.spec import parse_server
 
-    loglik = [d["abbr"] for d in datasets
-              if ((d.get("infer_cfg") or {}).get("inferencer") or {}).get("type") == "loglik"]
-    for i, model in enumerate(models):
-        if not model.get("server") or not loglik:
-            continue
-        spec = parse_server(model["server"])
-        if not spec.supports_loglik:
+    blind = [(i, parse_server(m["server"])) for i, m in enumerate(models) if m.get("server")]
+    blind = [(i, spec) for i, spec in blind if not spec.supports_loglik]
+    if not blind:
+        return
+    i, spec = blind[0]
+    for d in datasets:
+        what = None
+        if ((d.get("infer_cfg") or {}).get("inferencer") or {}).get("type") == "loglik":
+            what = f"log-likelihood dataset {d['abbr']!r}"
+        else:
+            needs = getattr(DATASETS.resolve(d["type"], f"{source}: datasets"), "needs_loglik", None)
+            found = needs(d) if callable(needs) else None
+            what = f"{found} of dataset {d['abbr']!r}" if found else None
+        if what:
             raise ConfigError(
                 f"{source}: models[{i}].server.engine {spec.engine!r} returns no prompt log-probs, so it cannot "
-                f"score log-likelihood dataset {loglik[0]!r}; use engine 'vllm' or 'sglang', or a local model")
+                f"score {what}; use engine 'vllm' or 'sglang', or a local model")
 
 
 def _check_keys(sub: dict[str, Any], valid: tuple[str, ...], where: str) -> None:
@@ -187,6 +196,10 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
         # Keys that hold a model (a judge) are checked as models are, and resolved the same way.
         model_keys = [key for key in getattr(ev_cls, "model_keys", ()) if key in ev]
         for key in model_keys:
+            if isinstance(ev[key], dict) and ev[key].get("server") is not None:
+                raise ConfigError(f"{ev_where}.{key}.server: a judge cannot use a managed server yet (the eval stage "
+                                  "starts none); start the server yourself and give the judge its base_url and "
+                                  "key_env (docs/serving.md, 'Not yet')")
             ev[key] = _check_model({"abbr": key, **ev[key]} if isinstance(ev[key], dict) else ev[key],
                                    f"{ev_where}.{key}")
         check = getattr(ev_cls, "check_config", None)

@@ -2,8 +2,9 @@
 
 The vLLM and SGLang argv are checked against their documented flags (docs/serving.md cites the
 pages): ``vllm serve MODEL --uds SOCKET --served-model-name --tensor-parallel-size`` with the key
-in ``VLLM_API_KEY`` (a Unix socket in a private folder: vLLM's key guards only ``/v1`` routes); ``python -m sglang.launch_server --model-path --host --port
---served-model-name --tp-size`` with ``--api-key`` added inside the process.
+in ``VLLM_API_KEY`` (a Unix socket in a private folder: vLLM's key guards only ``/v1`` routes);
+``python -m sglang.launch_server --model-path --host --port --served-model-name --tp-size`` with
+``--api-key`` added inside the process.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def test_refusals_name_the_key_and_what_is_valid(tmp_path: Path) -> None:
         (dict(engine="vllm", model="org/name", threads=2), "server.threads does not apply to engine 'vllm'"),
         (dict(engine="vllm", model="org/name", colour=1), "unknown key 'colour'; valid keys: engine, model"),
         (dict(engine="command", model="x", command=["srv", "--port", "{prot}"]), "unknown field {prot}"),
-        (dict(engine="command", model="x", command=["srv", "--port", "8000"]), "on {port} (a free loopback port) or on {socket}"),
+        (dict(engine="command", model="x", command=["srv", "--port", "8000"]), "or on {socket}"),
         (dict(engine="llama.cpp", model=str(gguf), ready_path="health"), "must be a path starting with '/'"),
     ]
     for cfg, expected in cases:

@@ -26,7 +26,7 @@ import pytest
 
 from orchestra.serving.presets import launch
 from orchestra.serving.spec import parse_server
-from tests.helpers import events, jsonl, run_dirs, start_cli, wait_for
+from tests.helpers import events, jsonl, start_cli, wait_for
 from tests.serving.test_managed_runs import config, predictions, the_run
 
 pytestmark = pytest.mark.slow
