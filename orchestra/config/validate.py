@@ -124,6 +124,7 @@ def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], 
     (``needs_loglik(cfg)``, e.g. an lm-eval ``multiple_choice`` task), asked only then."""
     from orchestra.serving.spec import parse_server
 
+    _check_served_names(models, datasets, source)
     blind = [(i, parse_server(m["server"])) for i, m in enumerate(models) if m.get("server")]
     blind = [(i, spec) for i, spec in blind if not spec.supports_loglik]
     if not blind:
@@ -141,6 +142,23 @@ def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], 
             raise ConfigError(
                 f"{source}: models[{i}].server.engine {spec.engine!r} returns no prompt log-probs, so it cannot "
                 f"score {what}; use engine 'vllm' or 'sglang', or a local model")
+
+
+def _check_served_names(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
+    """Served models (infer models and judges with ``server=``) share one replica set per abbr:
+    two of one abbr must be the same server serving the same name."""
+    seen: dict[str, tuple[str, Any]] = {}
+    for m in models:
+        if m.get("server"):
+            seen[str(m["abbr"])] = (str(m.get("path")), m["server"])
+    for j, d in enumerate(datasets):
+        judge = ((d.get("eval_cfg") or {}).get("evaluator") or {}).get("judge")
+        if not isinstance(judge, dict) or not judge.get("server"):
+            continue
+        abbr, mine = str(judge.get("abbr") or "judge"), (str(judge.get("path")), judge["server"])
+        if seen.setdefault(abbr, mine) != mine:
+            raise ConfigError(f"{source}: datasets[{j}].eval_cfg.evaluator.judge: abbr {abbr!r} names another served "
+                              "model (another server or path) of this config; give this judge its own abbr")
 
 
 def _check_keys(sub: dict[str, Any], valid: tuple[str, ...], where: str) -> None:
@@ -196,10 +214,6 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
         # Keys that hold a model (a judge) are checked as models are, and resolved the same way.
         model_keys = [key for key in getattr(ev_cls, "model_keys", ()) if key in ev]
         for key in model_keys:
-            if isinstance(ev[key], dict) and ev[key].get("server") is not None:
-                raise ConfigError(f"{ev_where}.{key}.server: a judge cannot use a managed server yet (the eval stage "
-                                  "starts none); start the server yourself and give the judge its base_url and "
-                                  "key_env (docs/serving.md, 'Not yet')")
             ev[key] = _check_model({"abbr": key, **ev[key]} if isinstance(ev[key], dict) else ev[key],
                                    f"{ev_where}.{key}")
         check = getattr(ev_cls, "check_config", None)

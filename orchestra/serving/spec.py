@@ -203,6 +203,17 @@ def check_server_gpus(models: list[dict[str, Any]], gpus: list[str] | None, sour
             check_gpus(parse_server(model["server"]), len(gpus), f"{source}: models[{i}]")
 
 
+def check_judge_gpus(datasets: list[dict[str, Any]], gpus: list[str] | None, source: str) -> None:
+    """Refuse a judge's server (``eval_cfg.evaluator.judge.server``) that needs more GPUs than the
+    eval runner hands out (None: nothing to count here)."""
+    if gpus is None:
+        return
+    for j, ds in enumerate(datasets):
+        judge = ((ds.get("eval_cfg") or {}).get("evaluator") or {}).get("judge")
+        if isinstance(judge, dict) and judge.get("server"):
+            check_gpus(parse_server(judge["server"]), len(gpus), f"{source}: datasets[{j}].eval_cfg.evaluator.judge")
+
+
 def check_gpus(spec: ServerSpec, available: int, where: str) -> None:
     """Refuse a server that needs more GPUs than the runner hands out (one line)."""
     need = spec.gpus_per_replica
