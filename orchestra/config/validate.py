@@ -147,13 +147,15 @@ def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], 
 def _check_served_names(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
     """Served models (infer models and judges with ``server=``) share one replica set per abbr:
     two of one abbr must be the same server serving the same name."""
+    from orchestra.serving.spec import served_judge
+
     seen: dict[str, tuple[str, Any]] = {}
     for m in models:
         if m.get("server"):
             seen[str(m["abbr"])] = (str(m.get("path")), m["server"])
     for j, d in enumerate(datasets):
-        judge = ((d.get("eval_cfg") or {}).get("evaluator") or {}).get("judge")
-        if not isinstance(judge, dict) or not judge.get("server"):
+        judge = served_judge(d)
+        if judge is None:
             continue
         abbr, mine = str(judge.get("abbr") or "judge"), (str(judge.get("path")), judge["server"])
         if seen.setdefault(abbr, mine) != mine:

@@ -203,14 +203,22 @@ def check_server_gpus(models: list[dict[str, Any]], gpus: list[str] | None, sour
             check_gpus(parse_server(model["server"]), len(gpus), f"{source}: models[{i}]")
 
 
+def served_judge(dataset: dict[str, Any]) -> dict[str, Any] | None:
+    """The judge model config of a dataset's evaluator (``eval_cfg.evaluator.judge``) if it has
+    ``server=``; None otherwise (an evaluator given by name has no judge)."""
+    evaluator = (dataset.get("eval_cfg") or {}).get("evaluator")
+    judge = evaluator.get("judge") if isinstance(evaluator, dict) else None
+    return judge if isinstance(judge, dict) and judge.get("server") else None
+
+
 def check_judge_gpus(datasets: list[dict[str, Any]], gpus: list[str] | None, source: str) -> None:
     """Refuse a judge's server (``eval_cfg.evaluator.judge.server``) that needs more GPUs than the
     eval runner hands out (None: nothing to count here)."""
     if gpus is None:
         return
     for j, ds in enumerate(datasets):
-        judge = ((ds.get("eval_cfg") or {}).get("evaluator") or {}).get("judge")
-        if isinstance(judge, dict) and judge.get("server"):
+        judge = served_judge(ds)
+        if judge is not None:
             check_gpus(parse_server(judge["server"]), len(gpus), f"{source}: datasets[{j}].eval_cfg.evaluator.judge")
 
 

@@ -22,7 +22,7 @@ from orchestra.runners.core.host import FIRST_STAGE, HostSlots
 from orchestra.runners.core.run import RunContext
 from orchestra.serving.pool import ServerPool
 from orchestra.serving.presets import KEY_FILE_ENV, SERVERS_DIR_ENV
-from orchestra.serving.spec import ServerSpec, parse_server
+from orchestra.serving.spec import ServerSpec, parse_server, served_judge
 from orchestra.tasks.spec import TaskSpec
 
 
@@ -41,8 +41,8 @@ def served_models(task: TaskSpec) -> list[tuple[str, ServerSpec, str]]:
         return [(task.model_abbr, spec, str(task.model.get("path", "")))] if spec else []
     found: dict[str, tuple[str, ServerSpec, str]] = {}
     for unit in task.units:
-        judge = ((unit.dataset.get("eval_cfg") or {}).get("evaluator") or {}).get("judge")
-        if isinstance(judge, dict) and judge.get("server"):
+        judge = served_judge(unit.dataset)
+        if judge is not None:
             spec = _parsed(judge["server"])
             abbr = str(judge.get("abbr") or "judge")
             if spec is not None:
