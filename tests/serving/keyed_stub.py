@@ -64,7 +64,14 @@ class Handler(BaseHTTPRequestHandler):
         print(f"request {self.command} {self.path}", flush=True)
 
 
-class UnixHTTPServer(ThreadingHTTPServer):
+class StubServer(ThreadingHTTPServer):
+    """A listen backlog as servers use (uvicorn: 2048), not socketserver's 5: on a Unix socket a
+    full backlog makes asyncio's connect look done and the request's write fail."""
+
+    request_queue_size = 256
+
+
+class UnixHTTPServer(StubServer):
     """The same server on a Unix socket (no host name to look up)."""
 
     address_family = socket.AF_UNIX
@@ -84,7 +91,7 @@ def main() -> None:
     if sys.argv[1].startswith("/"):
         UnixHTTPServer(sys.argv[1], Handler).serve_forever()  # type: ignore[arg-type]
     else:
-        ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+        StubServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 
 
 if __name__ == "__main__":
