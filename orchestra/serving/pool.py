@@ -96,6 +96,10 @@ def reap(servers_dir: str) -> list[int]:
                 os.unlink(key_file)
             except OSError:
                 pass
+        sock = rec.get("socket")
+        if isinstance(sock, str) and sock and isinstance(key_file, str) and \
+                os.path.dirname(os.path.dirname(sock)) == os.path.dirname(key_file):
+            shutil.rmtree(os.path.dirname(sock), ignore_errors=True)  # the crashed launch's socket folder
     return stopped
 
 

@@ -26,8 +26,8 @@ import pytest
 
 from orchestra.serving.presets import launch
 from orchestra.serving.spec import parse_server
-from tests.helpers import events, jsonl, start_cli, wait_for
-from tests.serving.test_managed_runs import config, predictions, the_run
+from tests.helpers import events, jsonl, run_cli, start_cli, wait_for
+from tests.serving.test_managed_runs import alive, config, predictions, replica_pids, the_run
 
 pytestmark = pytest.mark.slow
 
@@ -136,3 +136,23 @@ def test_a_replica_on_a_unix_socket_serves_the_run_and_no_other_user_can_connect
     served = [log.read_text().count("request POST /v1/completions") for log in (run / "servers/smol").glob("*.log")]
     assert sum(served) >= 12 and min(served) >= 2, served  # both replicas answered over their sockets
     assert not os.path.exists(os.path.dirname(listed[0]["socket"]))  # the socket folder goes with the run
+
+
+def test_sigkill_of_the_orchestrator_leaves_no_socket_replica_and_r_clears_its_folder(tmp_path: Path) -> None:
+    server: dict[str, Any] = dict(engine="command", model="m", max_restarts=0,
+                                  command=[sys.executable, STUB, "{socket}", "--slow", "0.5"])
+    cfg = config(tmp_path, server, rows=40)
+    proc = start_cli(cfg, new_session=True)
+    run = the_run(tmp_path)
+    wait_for(lambda: any(e["event"] == "server_ready" for e in events(run)), 60, "a ready replica")
+    pids = wait_for(lambda: len(replica_pids(run)) == 2 and replica_pids(run), 30, "the replica's pids")
+    (started,) = [r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"]
+    folder = os.path.dirname(started["socket"])
+    proc.kill()
+    proc.wait()
+    wait_for(lambda: not [p for p in pids if alive(p)], 15, "the replica to die with its owner")
+    assert os.path.isdir(folder)  # nobody removed the crashed launch's socket folder yet
+    res = run_cli(cfg, "-r", timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert len(predictions(run)) == 40
+    assert not os.path.exists(folder)  # -r reaped it with the ledger's record
