@@ -3,8 +3,9 @@
 A task reads its model's live replicas from ``replicas.json`` (the pool rewrites it whenever the
 set changes) and sends each request to the replica with the fewest requests of this process in
 flight.  A replica on a Unix socket (vLLM's) is listed with its ``socket`` path; requests to it
-go over that socket.  A replica that refuses a connection is set aside until the file changes or a few seconds
-pass; the request is retried on another one (a dead replica's requests go to the others).
+go over that socket.  A replica that refuses a connection is set aside until the file changes or
+a few seconds pass; the request is retried on another one (a dead replica's requests go to the
+others).
 """
 
 from __future__ import annotations

@@ -3,11 +3,11 @@
 An infer task whose model has ``server=dict(...)``, or an eval task whose judge has one, may
 start only once one replica of that model answers: :class:`ServedResources` wraps the session's
 resources, asks the launch's :class:`~orchestra.serving.pool.ServerPool` for the replicas (the
-first such task starts them)
-and makes the task wait (``acquire`` -> None) until one is ready, or fails it with the pool's
-one-line reason once none can be.  The task learns where the replicas are and where the key is
-through its environment (:func:`server_env`); once no task of the model can still run (each
-one done, failed for good or cancelled) its replicas stop, and the launch's end stops whatever is left.
+first such task starts them) and makes the task wait (``acquire`` -> None) until one is ready,
+or fails it with the pool's one-line reason once none can be.  The task learns where the
+replicas are and where the key is through its environment (:func:`server_env`); once no task of
+the model can still run (each one done, failed for good or cancelled) its replicas stop, and the
+launch's end stops whatever is left.
 """
 
 from __future__ import annotations
