@@ -187,7 +187,7 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
              write_cache: bool, yes: bool, edit_raw: Callable[[dict[str, Any]], None] | None) -> _Prepared:
     from orchestra.config import validate
     from orchestra.datasets.info import dataset_infos
-    from orchestra.serving.spec import check_server_gpus
+    from orchestra.serving.spec import check_judge_gpus, check_server_gpus
 
     raw, source = _load(config, cfg_options, overrides)
     if edit_raw is not None:
@@ -212,6 +212,7 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {name}.runner: {exc}") from None
     check_server_gpus(cfg.models, getattr(runners.get("infer"), "gpus", None), source)
+    check_judge_gpus(cfg.datasets, getattr(runners.get("eval"), "gpus", None), source)
     if debug:  # every stage in this process, one task at a time, tracebacks shown
         from orchestra.runners.local.inprocess import InProcessRunner
 

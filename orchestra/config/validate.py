@@ -119,19 +119,48 @@ def _check_model(cfg: Any, where: str) -> dict[str, Any]:
 
 
 def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
-    """A managed server whose engine returns no prompt log-probs cannot score a loglik dataset."""
+    """A managed server whose engine returns no prompt log-probs cannot score a loglik dataset:
+    a native one (``inferencer=dict(type='loglik')``) or one whose class says it needs log-probs
+    (``needs_loglik(cfg)``, e.g. an lm-eval ``multiple_choice`` task), asked only then."""
     from orchestra.serving.spec import parse_server
 
-    loglik = [d["abbr"] for d in datasets
-              if ((d.get("infer_cfg") or {}).get("inferencer") or {}).get("type") == "loglik"]
-    for i, model in enumerate(models):
-        if not model.get("server") or not loglik:
-            continue
-        spec = parse_server(model["server"])
-        if not spec.supports_loglik:
+    _check_served_names(models, datasets, source)
+    blind = [(i, parse_server(m["server"])) for i, m in enumerate(models) if m.get("server")]
+    blind = [(i, spec) for i, spec in blind if not spec.supports_loglik]
+    if not blind:
+        return
+    i, spec = blind[0]
+    for d in datasets:
+        what = None
+        if ((d.get("infer_cfg") or {}).get("inferencer") or {}).get("type") == "loglik":
+            what = f"log-likelihood dataset {d['abbr']!r}"
+        else:
+            needs = getattr(DATASETS.resolve(d["type"], f"{source}: datasets"), "needs_loglik", None)
+            found = needs(d) if callable(needs) else None
+            what = f"{found} of dataset {d['abbr']!r}" if found else None
+        if what:
             raise ConfigError(
                 f"{source}: models[{i}].server.engine {spec.engine!r} returns no prompt log-probs, so it cannot "
-                f"score log-likelihood dataset {loglik[0]!r}; use engine 'vllm' or 'sglang', or a local model")
+                f"score {what}; use engine 'vllm' or 'sglang', or a local model")
+
+
+def _check_served_names(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
+    """Served models (infer models and judges with ``server=``) share one replica set per abbr:
+    two of one abbr must be the same server serving the same name."""
+    from orchestra.serving.spec import served_judge
+
+    seen: dict[str, tuple[str, Any]] = {}
+    for m in models:
+        if m.get("server"):
+            seen[str(m["abbr"])] = (str(m.get("path")), m["server"])
+    for j, d in enumerate(datasets):
+        judge = served_judge(d)
+        if judge is None:
+            continue
+        abbr, mine = str(judge.get("abbr") or "judge"), (str(judge.get("path")), judge["server"])
+        if seen.setdefault(abbr, mine) != mine:
+            raise ConfigError(f"{source}: datasets[{j}].eval_cfg.evaluator.judge: abbr {abbr!r} names another served "
+                              "model (another server or path) of this config; give this judge its own abbr")
 
 
 def _check_keys(sub: dict[str, Any], valid: tuple[str, ...], where: str) -> None:

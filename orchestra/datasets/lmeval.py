@@ -32,6 +32,10 @@ from orchestra.errors import ConfigError
 from orchestra.requests import Sample
 
 INSTALL_HINT = "install it with `pip install 'orchestra[lmeval]'`"
+#: lm-eval output types whose requests are scored by prompt log-probabilities
+LOGLIK_OUTPUTS = frozenset({"multiple_choice", "loglikelihood", "loglikelihood_rolling"})
+#: probe answers of this process, by settings (the config check and the planner share one probe)
+_PROBED: dict[str, dict[str, Any]] = {}
 
 
 def lmeval_version(where: str) -> str:
@@ -127,15 +131,36 @@ class LmEvalDataset(BaseDataset):
 
     def load_rows(self) -> list[dict[str, Any]]:
         """One row per document under evaluation (``task``, ``doc``), from a probe subprocess."""
+        return [{"task": name, "doc": i} for name, count in self._probe()["tasks"] for i in range(count)]
+
+    def output_types(self) -> dict[str, str]:
+        """Each subtask's lm-eval ``output_type`` (``multiple_choice``, ``generate_until``, ...)."""
+        return dict(self._probe().get("output_types", {}))
+
+    @classmethod
+    def needs_loglik(cls, cfg: dict[str, Any]) -> str | None:
+        """What in this dataset needs prompt log-probabilities (``"lm-eval task 'arc_easy'
+        (output_type 'multiple_choice')"``), or None: it only generates.  Runs the probe (seconds),
+        so the config check asks only when a model cannot score log-likelihoods."""
+        ds = cls(**{k: v for k, v in cfg.items() if k != "type"})
+        for name, kind in sorted(ds.output_types().items()):
+            if kind in LOGLIK_OUTPUTS:
+                return f"lm-eval task {name!r} (output_type {kind!r})"
+        return None
+
+    def _probe(self) -> dict[str, Any]:
+        """The probe subprocess's answer for these settings (once per process)."""
         lmeval_version(f"dataset {self.abbr}")
-        argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(self.settings)]
-        proc = subprocess.run(argv, capture_output=True, text=True, check=False)
-        if proc.returncode != 0:
-            lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
-            raise ConfigError(f"dataset {self.abbr}: lm-eval could not load task {self.task!r}: "
-                              f"{lines[-1] if lines else 'exit ' + str(proc.returncode)}")
-        probe = json.loads(proc.stdout.strip().splitlines()[-1])
-        return [{"task": name, "doc": i} for name, count in probe["tasks"] for i in range(count)]
+        key = json.dumps(self.settings, sort_keys=True)
+        if key not in _PROBED:
+            argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(self.settings)]
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            if proc.returncode != 0:
+                lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+                raise ConfigError(f"dataset {self.abbr}: lm-eval could not load task {self.task!r}: "
+                                  f"{lines[-1] if lines else 'exit ' + str(proc.returncode)}")
+            _PROBED[key] = json.loads(proc.stdout.strip().splitlines()[-1])
+        return _PROBED[key]
 
     def rows(self) -> list[dict[str, Any]]:
         return self.all_rows()  # test_range is applied per subtask by the probe

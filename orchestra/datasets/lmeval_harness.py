@@ -64,9 +64,11 @@ def _task_manager(settings: dict[str, Any]) -> Any:
     return _MANAGERS[key]
 
 
-def _counts(settings: dict[str, Any], tm: Any) -> tuple[list[tuple[str, int]], dict[str, list[int]]]:
+def _counts(settings: dict[str, Any], tm: Any,
+            kinds: dict[str, str] | None = None) -> tuple[list[tuple[str, int]], dict[str, list[int]]]:
     """(subtask, documents in range) in row order (subtasks by name), and each subtask's
-    document indices; loads the tasks (their datasets)."""
+    document indices; loads the tasks (their datasets).  ``kinds`` gets each subtask's
+    ``output_type``."""
     loaded = tm.load([settings["task"]])
     lo, hi = settings["test_range"]
     counts: list[tuple[str, int]] = []
@@ -76,16 +78,20 @@ def _counts(settings: dict[str, Any], tm: Any) -> tuple[list[tuple[str, int]], d
         kind = obj.get_config("output_type")
         if kind in UNSUPPORTED_OUTPUT:
             raise ConfigError(f"lm-eval task {name}: {UNSUPPORTED_OUTPUT[kind]}")
+        if kinds is not None:
+            kinds[name] = str(kind)
         picked[name] = list(range(len(obj.eval_docs))[lo:hi])
         counts.append((name, len(picked[name])))
     return counts, picked
 
 
 def probe(settings: dict[str, Any]) -> dict[str, Any]:
-    """What the planner needs: ``tasks`` as ``[[name, documents in range], ...]``."""
+    """What the planner needs: ``tasks`` as ``[[name, documents in range], ...]``, and each
+    subtask's ``output_type`` (``output_types``: which requests it sends)."""
     _quiet()
-    counts, _ = _counts(settings, _task_manager(settings))
-    return {"tasks": counts}
+    kinds: dict[str, str] = {}
+    counts, _ = _counts(settings, _task_manager(settings), kinds)
+    return {"tasks": counts, "output_types": kinds}
 
 
 def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int) -> tuple[dict[str, Any], list[tuple[str, int]]]:

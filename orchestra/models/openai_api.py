@@ -35,6 +35,7 @@ from orchestra.limits.retry import (
 from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
 from orchestra.models.http_body import MAX_BODY_BYTES, read_capped, scrub_key
+from orchestra.models.http_session import Secret, env_proxy, open_session
 from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.paths import RunPaths, safe_name
@@ -44,18 +45,6 @@ from orchestra.serving.presets import KEY_FILE_ENV, SERVERS_DIR_ENV
 from orchestra.serving.spec import parse_server
 
 ENDPOINTS = ("chat", "completions")
-
-
-class _Secret:
-    """Holds an API key; its repr never shows it."""
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: str) -> None:
-        self.value = value
-
-    def __repr__(self) -> str:
-        return "<secret>" if self.value else "<no key>"
 
 
 class OpenAIAPI(BaseModel):
@@ -144,11 +133,12 @@ class OpenAIAPI(BaseModel):
         self.policy = RetryPolicy(max_retries=max_retries, timeout_s=timeout_s, attempt_timeout_s=attempt_timeout_s)
         self.url = f"{self.base_url}/{'chat/completions' if endpoint == 'chat' else 'completions'}"
         self.completions_url = f"{self.base_url}/completions"
-        self._key: _Secret | None = None  # read on first use, inside the task (see _secret)
+        self._key: Secret | None = None  # read on first use, inside the task (see _secret)
         self.scope_name = f"openai-api:{self.base_url}|{path}" if self.server is None else f"served:{abbr}|{path}"
         self.rate = AdaptiveRate(max_rate=rate_limit, ramp_requests=max_connections)
         self._slots: ProcessSlots | HostSlots | None = None
         self._session: Any = None
+        self._sockets: dict[str, Any] = {}  # socket path -> session, for managed replicas on Unix sockets
         self._proxy: Any = None
         self._proxy_auth: Any = None
         self._session_loop: asyncio.AbstractEventLoop | None = None
@@ -190,15 +180,15 @@ class OpenAIAPI(BaseModel):
                            task_id, emit)
 
     # -- plumbing -----------------------------------------------------------------------
-    def _secret(self) -> _Secret:
+    def _secret(self) -> Secret:
         """The API key, read from ``key_env`` when the first request is made (in the task, not
         when the orchestrator validates the config) and kept out of repr, errors and logs."""
         if self._key is None:
-            self._key = _Secret(os.environ.get(self.key_env, "") if self.key_env else "")
+            self._key = Secret(os.environ.get(self.key_env, "") if self.key_env else "")
             if self.server is not None:
                 try:
                     with open(os.environ.get(KEY_FILE_ENV, ""), encoding="utf-8") as fh:
-                        self._key = _Secret(fh.read().strip())
+                        self._key = Secret(fh.read().strip())
                 except OSError:
                     raise ModelError(f"model {self.abbr}: the managed server's key file is not readable "
                                      f"(${KEY_FILE_ENV}); this model runs only inside a run") from None
@@ -208,30 +198,26 @@ class OpenAIAPI(BaseModel):
         """Never let the key into an error message (some servers echo what they were sent)."""
         return scrub_key(text, self._secret().value)
 
-    def _client(self) -> Any:
+    def _client(self, socket_path: str = "") -> Any:
+        """The session for the endpoint, or for the managed replica on the Unix socket ``socket_path``."""
         loop = asyncio.get_running_loop()
-        if self._session is None or self._session_loop is not loop or self._session.closed:
-            import aiohttp
-            from aiohttp.helpers import get_env_proxy_for_url
-            from yarl import URL
-
-            connector = aiohttp.TCPConnector(limit=self.max_connections, limit_per_host=0,
-                                             keepalive_timeout=30, ttl_dns_cache=300)
-            # Proxy settings from the environment are looked up once here: aiohttp's
-            # trust_env=True would do it (and a netrc lookup) on a thread for every request.
+        if self._session_loop is not loop:  # sessions of another event loop are not usable here
+            self._session, self._sockets = None, {}
+        if socket_path:
+            session = self._sockets.get(socket_path)
+            if session is None or session.closed:
+                session = self._sockets[socket_path] = open_session(self.max_connections, self._headers(), socket_path)
+            self._session_loop = loop
+            return session
+        if self._session is None or self._session.closed:
             # A managed replica is on 127.0.0.1 and gets the run's key: never through a proxy.
-            try:
-                if self.server is not None:
-                    raise LookupError("a managed replica is reached directly")
-                self._proxy, self._proxy_auth = get_env_proxy_for_url(URL(self.url))
-            except LookupError:
-                self._proxy, self._proxy_auth = None, None
-            headers = {"Content-Type": "application/json", **self._auth_headers()}
-            self._session = aiohttp.ClientSession(connector=connector, headers=headers,
-                                                  cookie_jar=aiohttp.DummyCookieJar(),
-                                                  timeout=aiohttp.ClientTimeout(total=None))
+            self._proxy, self._proxy_auth = env_proxy(self.url) if self.server is None else (None, None)
+            self._session = open_session(self.max_connections, self._headers())
             self._session_loop = loop
         return self._session
+
+    def _headers(self) -> dict[str, str]:
+        return {"Content-Type": "application/json", **self._auth_headers()}
 
     def _auth_headers(self) -> dict[str, str]:
         """Headers that carry the key (a provider with another scheme overrides this)."""
@@ -246,10 +232,10 @@ class OpenAIAPI(BaseModel):
     async def aclose(self) -> None:
         if self._batcher is not None:
             await self._batcher.aclose()  # cancels what is still in flight (Ctrl-C, a failed task)
-        if self._session is not None and not self._session.closed:
-            if self._session_loop is asyncio.get_running_loop():
-                await self._session.close()
-        self._session = None
+        for session in [self._session, *self._sockets.values()]:
+            if session is not None and not session.closed and self._session_loop is asyncio.get_running_loop():
+                await session.close()
+        self._session, self._sockets = None, {}
         if isinstance(self._slots, HostSlots):
             self._slots.close()  # leave the host's membership; slots reopen lazily
         self._slots = None
@@ -266,7 +252,7 @@ class OpenAIAPI(BaseModel):
                 return Outcome(0, None, RetryDecision.transient("no replica of the managed server is ready"))
             url = target.url + url[len(self.base_url):]
         try:
-            return await self._send(url, payload, budget_s)
+            return await self._send(url, payload, budget_s, target.socket if target is not None else "")
         except (aiohttp.ClientConnectorError, aiohttp.ServerDisconnectedError, ConnectionError) as exc:
             if target is not None:  # a replica gone: set it aside; the retry goes to another one
                 self._replica_set().done(target, refused=True)
@@ -282,13 +268,15 @@ class OpenAIAPI(BaseModel):
             self._replicas = ReplicaSet(os.path.join(folder, safe_name(self.abbr), "replicas.json"))
         return self._replicas
 
-    async def _send(self, url: str, payload: bytes, budget_s: float) -> Outcome:
-        """POST once; a refused or dropped connection is raised (the caller knows the replica)."""
+    async def _send(self, url: str, payload: bytes, budget_s: float, socket_path: str = "") -> Outcome:
+        """POST once (over ``socket_path`` if given); a refused or dropped connection is raised
+        (the caller knows the replica)."""
         import aiohttp
 
         try:
-            async with self._client().post(url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth,
-                                           timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
+            async with self._client(socket_path).post(
+                    url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth,
+                    timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
                 raw = await read_capped(resp)
                 if raw is None:
                     return Outcome(resp.status, None, RetryDecision.no(

@@ -4,6 +4,10 @@ Upload a JSONL file (``purpose=batch``, a name ending ``.jsonl``), create, get, 
 batches, and read a file's content.  Every call goes through
 :func:`orchestra.limits.retry.send_with_retries` on the model's own HTTP session, with its own
 counters (``calls``), so that these control calls never count as the model's requests.
+
+What the provider sends back is read with a bound, as a model call's answer is
+(:mod:`orchestra.models.http_body`): 64 MiB for the JSON of a control call, and
+:data:`MAX_FILE_BYTES` for a batch's output file, which legitimately holds up to 50,000 answers.
 """
 
 from __future__ import annotations
@@ -27,6 +31,10 @@ from orchestra.limits.retry import (
 )
 from orchestra.models.base import ModelStats
 from orchestra.models.batch_rows import batch_reason, errors_of, row_outcome
+from orchestra.models.http_body import MAX_BODY_BYTES, read_capped
+
+#: the largest batch output (or error) file read: 50,000 answers of ~20 KiB each
+MAX_FILE_BYTES = 1 << 30
 
 
 class BatchHTTP:
@@ -51,6 +59,7 @@ class BatchHTTP:
         self.stats = ModelStats()  # control calls: stats.done is the number of calls answered
         self._slots = concurrency(scope_name + "|batch-control", 8)
         self._rate = AdaptiveRate(max_rate=None, ramp_requests=8)
+        self.file_limit = MAX_FILE_BYTES  # bytes of a file's content (``raw`` calls) read at most
 
     @property
     def calls(self) -> int:
@@ -66,7 +75,11 @@ class BatchHTTP:
             async with session.request(method, self.base_url + path, data=data, headers=headers,
                                               proxy=proxy, proxy_auth=auth,
                                               timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
-                body = await resp.read()
+                limit = self.file_limit if raw else MAX_BODY_BYTES
+                body = await read_capped(resp, limit)
+                if body is None:
+                    return Outcome(resp.status, None, RetryDecision.no(
+                        f"HTTP {resp.status} with a response body over {limit >> 20} MiB (refused)"))
                 if resp.status != 200:
                     return Outcome(resp.status, None, classify_status(resp.status, resp.headers, body))
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:

@@ -2,8 +2,10 @@
 
 A task reads its model's live replicas from ``replicas.json`` (the pool rewrites it whenever the
 set changes) and sends each request to the replica with the fewest requests of this process in
-flight.  A replica that refuses a connection is set aside until the file changes or a few seconds
-pass; the request is retried on another one (a dead replica's requests go to the others).
+flight.  A replica on a Unix socket (vLLM's) is listed with its ``socket`` path; requests to it
+go over that socket.  A replica that refuses a connection is set aside until the file changes or
+a few seconds pass; the request is retried on another one (a dead replica's requests go to the
+others).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ class Target:
     """One replica as a client sees it."""
 
     url: str
+    socket: str = ""  # the Unix socket the replica listens on ("": it listens on ``url``'s port)
     in_flight: int = 0
     down_until: float = 0.0
 
@@ -45,11 +48,14 @@ class ReplicaSet:
                 return
             with open(self.path, encoding="utf-8") as fh:
                 data = json.load(fh)
-            urls = [str(r["url"]) for r in data["replicas"] if str(r.get("url", "")).startswith("http://127.")]
+            found = [(str(r["url"]), str(r.get("socket") or "")) for r in data["replicas"]]
         except (OSError, ValueError, KeyError, TypeError):
             return
+        # only loopback addresses, or sockets given by absolute path, are ever sent the key
+        found = [(u, s) for u, s in found
+                 if (os.path.isabs(s) and u.startswith("http://localhost/")) or (not s and u.startswith("http://127."))]
         self._mtime = mtime
-        self.targets = {u: self.targets.get(u) or Target(u) for u in urls}
+        self.targets = {s or u: self.targets.get(s or u) or Target(u, s) for u, s in found}
         for target in self.targets.values():
             target.down_until = 0.0  # the set changed: give every listed replica another chance
 

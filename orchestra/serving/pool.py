@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -94,6 +96,10 @@ def reap(servers_dir: str) -> list[int]:
                 os.unlink(key_file)
             except OSError:
                 pass
+        sock = rec.get("socket")
+        if isinstance(sock, str) and sock and isinstance(key_file, str) and \
+                os.path.dirname(os.path.dirname(sock)) == os.path.dirname(key_file):
+            shutil.rmtree(os.path.dirname(sock), ignore_errors=True)  # the crashed launch's socket folder
     return stopped
 
 
@@ -109,7 +115,7 @@ class Served:
     restarts: int = 0
     failed: str = ""  # set once no replica can serve any more (one line)
     stopping: bool = False
-    published: tuple[str, ...] = ()
+    published: tuple[tuple[str, str], ...] = ()
 
     def ready(self) -> list[Replica]:
         return [r for r in self.replicas if r.state == "ready"]
@@ -131,6 +137,8 @@ class ServerPool:
         self.ledger = os.path.join(servers_dir, "ledger.jsonl")
         self.emit, self.take_gpus, self.give_gpus = emit, take_gpus, give_gpus
         self.key_file, self._key = new_key_file()
+        # replicas on Unix sockets (vLLM) listen in a folder only this user may enter (0700)
+        self.socket_dir = tempfile.mkdtemp(prefix="sockets-", dir=os.path.dirname(self.key_file))
         self._lock = threading.Lock()
         self._models: dict[str, Served] = {}
         self._closing = threading.Event()
@@ -167,6 +175,7 @@ class ServerPool:
             os.unlink(self.key_file)
         except OSError:
             pass
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
 
     # -- the pool's thread -------------------------------------------------------------------
     def _run(self) -> None:
@@ -218,7 +227,7 @@ class ServerPool:
             replica.gpus = gpus
         name = f"{served.abbr}/{replica.index}/{served.restarts}/{time.time():.3f}"
         try:
-            replica.start(self.key_file)
+            replica.start(self.key_file, self.socket_dir)
         except OSError as exc:
             self._give_gpus(replica)
             served.failed = f"{served.spec.engine} replica {replica.index} of {served.abbr} could not start: {exc}"
@@ -226,11 +235,12 @@ class ServerPool:
             return
         assert replica.proc is not None
         _record(self.ledger, "started", name=name, model=served.abbr, replica=replica.index, pid=replica.proc.pid,
-                start_time=start_time(replica.proc.pid), port=replica.port, gpus=replica.gpus,
-                key_file=self.key_file)
+                start_time=start_time(replica.proc.pid), port=replica.port, socket=replica.socket_path,
+                gpus=replica.gpus, key_file=self.key_file)
         replica.ledger_name = name
         self.emit("server_started", model=served.abbr, engine=served.spec.engine, replica=replica.index,
-                  port=replica.port, pid=replica.proc.pid, gpus=replica.gpus, log=replica.log_path)
+                  port=replica.port, socket=replica.socket_path, pid=replica.proc.pid, gpus=replica.gpus,
+                  log=replica.log_path)
 
     def _look(self, served: Served, replica: Replica) -> None:
         state = replica.check(self._key)
@@ -239,11 +249,11 @@ class ServerPool:
         if state == "ready":
             replica.state = "ready"
             self.emit("server_ready", model=served.abbr, replica=replica.index, port=replica.port,
-                      startup_s=round(time.monotonic() - replica.started, 3))
+                      socket=replica.socket_path, startup_s=round(time.monotonic() - replica.started, 3))
             return
         why = {"exited": f"exited with code {replica.code} before it was ready",
                "late": f"did not answer {served.spec.ready_path} within {served.spec.startup_s:g} s",
-               "foreign": f"port {replica.port} is held by another process",
+               "foreign": f"{replica.where} is held by another process",
                "exposed": "listens on every address, not on 127.0.0.1 only (refused: keep it on loopback)",
                "open": "answers without the key (refused: anyone on this machine could use it)"}[state]
         if state == "foreign":  # lost a race for the port: not the server's fault, not counted
@@ -286,10 +296,11 @@ class ServerPool:
 
     def _publish(self, served: Served) -> None:
         """Write the ready replicas' addresses where the model's tasks read them."""
-        urls = tuple(r.base_url for r in served.ready())
+        urls = tuple((r.base_url, r.socket_path) for r in served.ready())
         if urls == served.published:
             return
         os.makedirs(served.folder, exist_ok=True)
         atomic_write_json(os.path.join(served.folder, "replicas.json"),
-                          {"model": served.served_name, "replicas": [{"url": u} for u in urls]})
+                          {"model": served.served_name,
+                           "replicas": [{"url": u, **({"socket": s} if s else {})} for u, s in urls]})
         served.published = urls

@@ -4,15 +4,17 @@ Every replica listens on 127.0.0.1 only and demands the run's key, which it gets
 file (``ORCHESTRA_SERVER_KEY_FILE``) or an environment variable, never from argv (``ps`` shows
 argv to every local user):
 
-* vLLM: ``vllm serve MODEL --host --port --served-model-name --tensor-parallel-size``; the key in
-  ``VLLM_API_KEY`` (vLLM reads it like ``--api-key``).
+* vLLM: ``vllm serve MODEL --uds SOCKET --served-model-name --tensor-parallel-size``; the key in
+  ``VLLM_API_KEY`` (vLLM reads it like ``--api-key``).  vLLM checks its key only on ``/v1``
+  routes, so it listens on a Unix socket in a 0700 folder of this user, not on a port: another
+  local user cannot connect at all.
 * SGLang: ``python -m sglang.launch_server --model-path --host --port --served-model-name
   --tp-size``; SGLang takes its key only as ``--api-key``, so :mod:`orchestra.serving.keyed`
   adds it to ``sys.argv`` inside the process (the kernel's copy of argv never holds it).
 * llama.cpp: :mod:`orchestra.serving.xllama` (llama.cpp's server from the ``xllamacpp`` wheel),
   which reads the key file itself.
 * ``command``: the user's argv template, filled per argument; the key in the file ``{key_file}``
-  and in ``ORCHESTRA_SERVER_KEY``.
+  and in ``ORCHESTRA_SERVER_KEY``; it listens on ``{port}`` or on the Unix socket ``{socket}``.
 """
 
 from __future__ import annotations
@@ -38,12 +40,14 @@ class Launch:
     key_env: tuple[str, ...] = ()  # variables the replica's launcher fills with the key itself
 
 
-def launch(spec: ServerSpec, served_name: str, port: int, key_file: str, gpus: list[str]) -> Launch:
-    """The command of one replica of ``spec`` on ``port`` with the GPUs ``gpus``."""
+def launch(spec: ServerSpec, served_name: str, port: int, key_file: str, gpus: list[str],
+           socket_path: str = "") -> Launch:
+    """The command of one replica of ``spec`` on ``port`` (or, if ``spec.on_socket``, on the Unix
+    socket ``socket_path``) with the GPUs ``gpus``."""
     env = {**dict(spec.env), KEY_FILE_ENV: key_file, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
     python = spec.python or sys.executable
     if spec.engine == "vllm":
-        argv = [spec.executable, "serve", spec.model, "--host", HOST, "--port", str(port),
+        argv = [spec.executable, "serve", spec.model, "--uds", socket_path,
                 "--served-model-name", served_name, "--tensor-parallel-size", str(spec.tensor_parallel_size),
                 *spec.args]
         return Launch(tuple(argv), env, ("VLLM_API_KEY",))
@@ -57,7 +61,7 @@ def launch(spec: ServerSpec, served_name: str, port: int, key_file: str, gpus: l
                 "--alias", served_name, "--threads", str(spec.threads), "--parallel", str(spec.parallel),
                 "--ctx", str(spec.ctx_size), *(a for arg in spec.args for a in ("--set", arg))]
         return Launch(tuple(argv), env)
-    fields = {"port": str(port), "host": HOST, "model": spec.model, "name": served_name, "key_file": key_file,
-              "gpus": ",".join(gpus), "threads": str(spec.threads)}
+    fields = {"port": str(port), "socket": socket_path, "host": HOST, "model": spec.model, "name": served_name,
+              "key_file": key_file, "gpus": ",".join(gpus), "threads": str(spec.threads)}
     argv = [arg.format(**fields) for arg in spec.command] + list(spec.args)
     return Launch(tuple(argv), env, ("ORCHESTRA_SERVER_KEY",))

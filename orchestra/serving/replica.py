@@ -10,18 +10,25 @@ watches every replica of the run in one loop.  A replica is *ready* only when
 2. its ``ready_path`` answers 200, and
 3. ``/v1/models`` answers 401/403 without the key and 200 with it (a server that does not demand
    the key is never used: another local user could drive the GPUs through it).
+
+A replica of an engine whose key does not guard every route (vLLM) listens on a Unix socket in
+a 0700 folder of this user instead of a port (:attr:`ServerSpec.on_socket`): only this user can
+connect to it.  Step 1 then looks the socket up in /proc/net/unix.
 """
 
 from __future__ import annotations
 
 import ctypes
+import http.client
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections import deque
 from dataclasses import dataclass, field
@@ -53,6 +60,21 @@ def listener(port: int) -> tuple[int, bool] | None:
                 if len(parts) > 9 and parts[1] in (loopback, anywhere) and parts[3] == "0A":
                     return int(parts[9]), parts[1] == anywhere
     except OSError:
+        return None
+    return None
+
+
+def unix_listener(path: str) -> int | None:
+    """The inode of the Unix socket listening at ``path`` (from /proc/net/unix); None: none yet."""
+    try:
+        with open("/proc/net/unix", encoding="utf-8", errors="replace") as fh:
+            next(fh)
+            for line in fh:
+                parts = line.split(None, 7)
+                # Flags 00010000 (__SO_ACCEPTCON): a listening socket; the path is the last column.
+                if len(parts) == 8 and parts[7].rstrip("\n") == path and int(parts[3], 16) & 0x10000:
+                    return int(parts[6])
+    except (OSError, ValueError):
         return None
     return None
 
@@ -95,9 +117,40 @@ def _watched_by_us() -> None:
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
-def _status(url: str, key: str | None, timeout_s: float = 1.0) -> int:
-    """The HTTP status of GET ``url`` (0: no answer), asked directly, never through a proxy."""
-    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {key}"} if key else {})
+class _UnixHTTP(http.client.HTTPConnection):
+    """HTTP over the Unix socket ``path`` (the readiness checks of a replica on a socket)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def _status(url: str, key: str | None, timeout_s: float = 1.0, socket_path: str = "") -> int:
+    """The HTTP status of GET ``url`` (0: no answer), asked directly, never through a proxy; over
+    the Unix socket ``socket_path`` if one is given (``url``'s path is what is asked then)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if socket_path:
+        conn = _UnixHTTP(socket_path, timeout_s)
+        try:
+            conn.request("GET", urllib.parse.urlsplit(url).path, headers=headers)
+            resp = conn.getresponse()
+            resp.read(1 << 16)
+            return int(resp.status)
+        except (OSError, http.client.HTTPException):
+            return 0
+        finally:
+            conn.close()
+    req = urllib.request.Request(url, headers=headers)
     try:
         with _DIRECT.open(req, timeout=timeout_s) as resp:
             resp.read(1 << 16)
@@ -118,6 +171,7 @@ class Replica:
     log_path: str
     gpus: list[str] = field(default_factory=list)
     port: int = 0
+    socket_path: str = ""  # a replica on a Unix socket (``spec.on_socket``): its path; port stays 0
     proc: subprocess.Popen[bytes] | None = None
     state: str = "new"  # new -> starting -> ready -> exited | stopped
     started: float = 0.0
@@ -126,19 +180,28 @@ class Replica:
 
     @property
     def base_url(self) -> str:
-        return f"http://{HOST}:{self.port}/v1"
+        return "http://localhost/v1" if self.socket_path else f"http://{HOST}:{self.port}/v1"
 
-    def start(self, key_file: str) -> None:
-        """Start the watchdog and the server under it on a fresh port (output appended to the log)."""
-        self.port = free_port()
-        how = launch(self.spec, self.served_name, self.port, key_file, self.gpus)
+    @property
+    def where(self) -> str:
+        """Where it listens, for the log and events: ``port N`` or ``socket PATH``."""
+        return f"socket {self.socket_path}" if self.socket_path else f"port {self.port}"
+
+    def start(self, key_file: str, socket_dir: str = "") -> None:
+        """Start the watchdog and the server under it on a fresh port, or on a fresh socket in the
+        private folder ``socket_dir`` (output appended to the log)."""
+        if self.spec.on_socket:
+            self.port, self.socket_path = 0, os.path.join(socket_dir, f"{secrets.token_hex(6)}.sock")
+        else:
+            self.port, self.socket_path = free_port(), ""
+        how = launch(self.spec, self.served_name, self.port, key_file, self.gpus, self.socket_path)
         argv = [sys.executable, "-m", "orchestra.serving.watchdog", "--owner", str(os.getpid()),
                 *(a for name in how.key_env for a in ("--key-env", name)), "--", *how.argv]
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(fd, 0o600)  # the server's own words stay private (the key is scrubbed, not all else)
         with os.fdopen(fd, "ab") as log:
-            log.write(f"===== orchestra: replica {self.index} of {self.served_name} on port {self.port} at "
+            log.write(f"===== orchestra: replica {self.index} of {self.served_name} on {self.where} at "
                       f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {' '.join(how.argv)}\n".encode())
             log.flush()
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -164,19 +227,27 @@ class Replica:
             return "late"
         # Whose socket listens on the port is looked up before the key is sent anywhere: a
         # process of another user that took the port must never see the key.
-        found = listener(self.port)
-        if found is None:
-            return "starting"
         assert self.proc is not None
-        if not owns_socket(group_members(self.proc.pid), found[0]):
-            return "foreign"
-        if found[1]:
-            return "exposed"
-        if _status(self.base_url[: -len("/v1")] + self.spec.ready_path, key) != 200:
+        if self.socket_path:
+            inode = unix_listener(self.socket_path)
+            if inode is None:
+                return "starting"
+            if not owns_socket(group_members(self.proc.pid), inode):
+                return "foreign"
+        else:
+            found = listener(self.port)
+            if found is None:
+                return "starting"
+            if not owns_socket(group_members(self.proc.pid), found[0]):
+                return "foreign"
+            if found[1]:
+                return "exposed"
+        sock = self.socket_path
+        if _status(self.base_url[: -len("/v1")] + self.spec.ready_path, key, socket_path=sock) != 200:
             return "starting"
-        if _status(self.base_url + "/models", None) not in (401, 403):
+        if _status(self.base_url + "/models", None, socket_path=sock) not in (401, 403):
             return "open"
-        if _status(self.base_url + "/models", key) != 200:
+        if _status(self.base_url + "/models", key, socket_path=sock) != 200:
             return "starting"
         return "ready"
 
@@ -209,6 +280,11 @@ class Replica:
             self.proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+        if self.socket_path:  # a server killed does not remove its socket file
+            try:
+                os.unlink(self.socket_path)
+            except OSError:
+                pass
         self.state = "stopped"
 
     def tail(self, key: str, lines: int = 5) -> str:

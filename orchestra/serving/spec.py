@@ -18,7 +18,7 @@ ENGINES = ("vllm", "sglang", "llama.cpp", "command")
 #: engines whose server returns the prompt's log-probs (``echo`` + ``logprobs`` on /v1/completions)
 LOGLIK_ENGINES = frozenset({"vllm", "sglang", "command"})
 #: fields an argv template of the ``command`` engine may use
-TEMPLATE_FIELDS = ("port", "host", "model", "name", "key_file", "gpus", "threads")
+TEMPLATE_FIELDS = ("port", "socket", "host", "model", "name", "key_file", "gpus", "threads")
 KEYS = ("engine", "model", "replicas", "tensor_parallel_size", "gpus", "threads", "parallel", "ctx_size", "args",
         "command", "ready_path", "startup_timeout_s", "max_restarts", "env", "python", "executable")
 #: per engine, the keys that only it accepts
@@ -78,6 +78,13 @@ class ServerSpec:
         if self.engine == "command":
             return self.gpus
         return self.tensor_parallel_size if self.engine in ("vllm", "sglang") else 0
+
+    @property
+    def on_socket(self) -> bool:
+        """Whether a replica listens on a Unix socket in a private folder rather than a loopback
+        port: vLLM (its key guards only ``/v1`` routes, a socket in a 0700 folder guards them all)
+        and a ``command`` template that uses ``{socket}``."""
+        return self.engine == "vllm" or (self.engine == "command" and any("{socket}" in a for a in self.command))
 
     @property
     def startup_s(self) -> float:
@@ -181,8 +188,9 @@ def _check_template(command: Any) -> None:
             if name not in TEMPLATE_FIELDS:
                 raise ConfigError(f"server.command: unknown field {{{name}}} in {arg!r}; "
                                   f"valid fields: {', '.join('{' + f + '}' for f in TEMPLATE_FIELDS)}")
-    if not any("{port}" in a for a in command):
-        raise ConfigError("server.command must take its port from {port} (orchestra chooses a free one)")
+    if not any("{port}" in a or "{socket}" in a for a in command):
+        raise ConfigError("server.command must listen where orchestra says: on {port} (a free loopback port) or "
+                          "on {socket} (a Unix socket in a private folder)")
 
 
 def check_server_gpus(models: list[dict[str, Any]], gpus: list[str] | None, source: str) -> None:
@@ -193,6 +201,25 @@ def check_server_gpus(models: list[dict[str, Any]], gpus: list[str] | None, sour
     for i, model in enumerate(models):
         if model.get("server"):
             check_gpus(parse_server(model["server"]), len(gpus), f"{source}: models[{i}]")
+
+
+def served_judge(dataset: dict[str, Any]) -> dict[str, Any] | None:
+    """The judge model config of a dataset's evaluator (``eval_cfg.evaluator.judge``) if it has
+    ``server=``; None otherwise (an evaluator given by name has no judge)."""
+    evaluator = (dataset.get("eval_cfg") or {}).get("evaluator")
+    judge = evaluator.get("judge") if isinstance(evaluator, dict) else None
+    return judge if isinstance(judge, dict) and judge.get("server") else None
+
+
+def check_judge_gpus(datasets: list[dict[str, Any]], gpus: list[str] | None, source: str) -> None:
+    """Refuse a judge's server (``eval_cfg.evaluator.judge.server``) that needs more GPUs than the
+    eval runner hands out (None: nothing to count here)."""
+    if gpus is None:
+        return
+    for j, ds in enumerate(datasets):
+        judge = served_judge(ds)
+        if judge is not None:
+            check_gpus(parse_server(judge["server"]), len(gpus), f"{source}: datasets[{j}].eval_cfg.evaluator.judge")
 
 
 def check_gpus(spec: ServerSpec, available: int, where: str) -> None:

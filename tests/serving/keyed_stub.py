@@ -1,23 +1,29 @@
 """A small OpenAI-compatible server for tests of managed ``command`` servers (stdlib only).
 
-    python tests/serving/keyed_stub.py PORT [--fail] [--exit-after-print] [--tell PATH]
+    python tests/serving/keyed_stub.py PORT|SOCKET [--fail] [--exit-after-print] [--tell PATH] [--slow S]
 
 It takes its key from ``ORCHESTRA_SERVER_KEY`` and, like SGLang, prints its arguments, the key
 among them, when it starts.  ``/health`` answers 200; ``/v1/models`` and ``/v1/completions``
 demand the key (401 otherwise).  Completions answer ``3`` (``--fail``: every completion is a
 400, so the task fails for good).  ``--exit-after-print``: exit 3 right after printing.
 ``--tell PATH``: write the key to PATH (outside the run folder), so a test knows what to look for.
+An absolute path instead of a port: listen on that Unix socket (as ``vllm serve --uds``).
+``--slow S``: each completion takes S seconds.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+import socketserver
 import sys
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 KEY = os.environ.get("ORCHESTRA_SERVER_KEY", "")
 FAIL = "--fail" in sys.argv
+SLOW_S = float(sys.argv[sys.argv.index("--slow") + 1]) if "--slow" in sys.argv else 0.0
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -47,6 +53,7 @@ class Handler(BaseHTTPRequestHandler):
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
         if not self._keyed():
             return
+        time.sleep(SLOW_S)
         if FAIL:
             self._answer(400, {"error": {"message": "this model refuses every request"}})
             return
@@ -57,6 +64,23 @@ class Handler(BaseHTTPRequestHandler):
         print(f"request {self.command} {self.path}", flush=True)
 
 
+class StubServer(ThreadingHTTPServer):
+    """A listen backlog as servers use (uvicorn: 2048), not socketserver's 5: on a Unix socket a
+    full backlog makes asyncio's connect look done and the request's write fail."""
+
+    request_queue_size = 256
+
+
+class UnixHTTPServer(StubServer):
+    """The same server on a Unix socket (no host name to look up)."""
+
+    address_family = socket.AF_UNIX
+
+    def server_bind(self) -> None:
+        socketserver.TCPServer.server_bind(self)
+        self.server_name, self.server_port = "localhost", 0
+
+
 def main() -> None:
     if "--tell" in sys.argv:
         with open(sys.argv[sys.argv.index("--tell") + 1], "w", encoding="utf-8") as fh:
@@ -64,7 +88,10 @@ def main() -> None:
     print(f"server_args: port={sys.argv[1]} api_key={KEY} served_model_name=m", flush=True)
     if "--exit-after-print" in sys.argv:
         sys.exit(3)
-    ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
+    if sys.argv[1].startswith("/"):
+        UnixHTTPServer(sys.argv[1], Handler).serve_forever()  # type: ignore[arg-type]
+    else:
+        StubServer(("127.0.0.1", int(sys.argv[1])), Handler).serve_forever()
 
 
 if __name__ == "__main__":

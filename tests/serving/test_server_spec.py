@@ -1,9 +1,10 @@
 """ServerSpec and the engines' presets: what a config may say, and the argv each replica runs.
 
 The vLLM and SGLang argv are checked against their documented flags (docs/serving.md cites the
-pages): ``vllm serve MODEL --host --port --served-model-name --tensor-parallel-size`` with the key
-in ``VLLM_API_KEY``; ``python -m sglang.launch_server --model-path --host --port
---served-model-name --tp-size`` with ``--api-key`` added inside the process.
+pages): ``vllm serve MODEL --uds SOCKET --served-model-name --tensor-parallel-size`` with the key
+in ``VLLM_API_KEY`` (a Unix socket in a private folder: vLLM's key guards only ``/v1`` routes);
+``python -m sglang.launch_server --model-path --host --port --served-model-name --tp-size`` with
+``--api-key`` added inside the process.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def test_refusals_name_the_key_and_what_is_valid(tmp_path: Path) -> None:
         (dict(engine="vllm", model="org/name", threads=2), "server.threads does not apply to engine 'vllm'"),
         (dict(engine="vllm", model="org/name", colour=1), "unknown key 'colour'; valid keys: engine, model"),
         (dict(engine="command", model="x", command=["srv", "--port", "{prot}"]), "unknown field {prot}"),
-        (dict(engine="command", model="x", command=["srv", "--port", "8000"]), "must take its port from {port}"),
+        (dict(engine="command", model="x", command=["srv", "--port", "8000"]), "or on {socket}"),
         (dict(engine="llama.cpp", model=str(gguf), ready_path="health"), "must be a path starting with '/'"),
     ]
     for cfg, expected in cases:
@@ -55,8 +56,8 @@ def test_more_gpus_than_the_runner_has_is_refused() -> None:
 
 def test_vllm_argv_follows_its_documented_flags_and_keeps_the_key_out() -> None:
     spec = parse_server(dict(engine="vllm", model="org/m", tensor_parallel_size=2, args=["--max-model-len", "4096"]))
-    how = launch(spec, "m-served", 41234, "/private/k.key", ["2", "3"])
-    assert how.argv == ("vllm", "serve", "org/m", "--host", "127.0.0.1", "--port", "41234",
+    how = launch(spec, "m-served", 0, "/private/k.key", ["2", "3"], "/private/s/r.sock")
+    assert how.argv == ("vllm", "serve", "org/m", "--uds", "/private/s/r.sock",
                         "--served-model-name", "m-served", "--tensor-parallel-size", "2", "--max-model-len", "4096")
     assert how.key_env == ("VLLM_API_KEY",)
     assert how.env["CUDA_VISIBLE_DEVICES"] == "2,3" and how.env[KEY_FILE_ENV] == "/private/k.key"

@@ -1,12 +1,13 @@
 """Managed inference servers as a resource of a launch (``orchestra/serving``; docs/serving.md).
 
-An infer task whose model has ``server=dict(...)`` may start only once one replica of that
-model answers: :class:`ServedResources` wraps the session's resources, asks the launch's
-:class:`~orchestra.serving.pool.ServerPool` for the replicas (the first such task starts them)
-and makes the task wait (``acquire`` -> None) until one is ready, or fails it with the pool's
-one-line reason once none can be.  The task learns where the replicas are and where the key is
-through its environment (:func:`server_env`); once no task of the model can still run (each
-one done, failed for good or cancelled) its replicas stop, and the launch's end stops whatever is left.
+An infer task whose model has ``server=dict(...)``, or an eval task whose judge has one, may
+start only once one replica of that model answers: :class:`ServedResources` wraps the session's
+resources, asks the launch's :class:`~orchestra.serving.pool.ServerPool` for the replicas (the
+first such task starts them) and makes the task wait (``acquire`` -> None) until one is ready,
+or fails it with the pool's one-line reason once none can be.  The task learns where the
+replicas are and where the key is through its environment (:func:`server_env`); once no task of
+the model can still run (each one done, failed for good or cancelled) its replicas stop, and the
+launch's end stops whatever is left.
 """
 
 from __future__ import annotations
@@ -21,19 +22,38 @@ from orchestra.runners.core.host import FIRST_STAGE, HostSlots
 from orchestra.runners.core.run import RunContext
 from orchestra.serving.pool import ServerPool
 from orchestra.serving.presets import KEY_FILE_ENV, SERVERS_DIR_ENV
-from orchestra.serving.spec import ServerSpec, parse_server
+from orchestra.serving.spec import ServerSpec, parse_server, served_judge
 from orchestra.tasks.spec import TaskSpec
 
 
-def server_spec(task: TaskSpec) -> ServerSpec | None:
-    """The managed server an infer task's model needs (None: it needs none)."""
-    cfg = task.model.get("server") if task.stage == FIRST_STAGE else None
-    if not cfg:
-        return None
+def _parsed(cfg: Any) -> ServerSpec | None:
     try:
         return parse_server(cfg)
     except ConfigError:
         return None  # the config was checked before the run; a spec edited since fails in its task
+
+
+def served_models(task: TaskSpec) -> list[tuple[str, ServerSpec, str]]:
+    """The managed servers a task needs, as (model abbr, spec, name served): an infer task's
+    model, an eval task's judges (``eval_cfg.evaluator.judge`` with ``server=``)."""
+    if task.stage == FIRST_STAGE:
+        spec = _parsed(task.model["server"]) if task.model.get("server") else None
+        return [(task.model_abbr, spec, str(task.model.get("path", "")))] if spec else []
+    found: dict[str, tuple[str, ServerSpec, str]] = {}
+    for unit in task.units:
+        judge = served_judge(unit.dataset)
+        if judge is not None:
+            spec = _parsed(judge["server"])
+            abbr = str(judge.get("abbr") or "judge")
+            if spec is not None:
+                found.setdefault(abbr, (abbr, spec, str(judge.get("path", ""))))
+    return list(found.values())
+
+
+def server_spec(task: TaskSpec) -> ServerSpec | None:
+    """The (first) managed server a task needs (None: it needs none)."""
+    needs = served_models(task)
+    return needs[0][1] if needs else None
 
 
 def server_env(pool: ServerPool, paths: RunPaths) -> dict[str, str]:
@@ -48,8 +68,8 @@ class ServedResources:
         self.inner, self.pool = inner, pool
         self.left: dict[str, set[str]] = {}  # model -> its tasks of this launch not done yet
         for task in tasks:
-            if server_spec(task) is not None:
-                self.left.setdefault(task.model_abbr, set()).add(task.task_id)
+            for abbr, _spec, _name in served_models(task):
+                self.left.setdefault(abbr, set()).add(task.task_id)
 
     def unfit(self, task: TaskSpec) -> str | None:
         if self.pool is None and server_spec(task) is not None:
@@ -57,12 +77,14 @@ class ServedResources:
         return self.inner.unfit(task)
 
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
-        spec = server_spec(task)
-        if spec is not None and self.pool is not None:
-            ready, failed = self.pool.want(task.model_abbr, spec, str(task.model.get("path", "")))
-            if failed:
-                raise CannotStart(f"no server for {task.model_abbr}: {failed}")
-            if not ready:
+        if self.pool is not None:
+            waiting = False
+            for abbr, spec, name in served_models(task):
+                ready, failed = self.pool.want(abbr, spec, name)
+                if failed:
+                    raise CannotStart(f"no server for {abbr}: {failed}")
+                waiting = waiting or not ready
+            if waiting:
                 return None
         return self.inner.acquire(task)
 
