@@ -45,7 +45,7 @@ class ReplicaSet:
                 return
             with open(self.path, encoding="utf-8") as fh:
                 data = json.load(fh)
-            urls = [str(r["url"]) for r in data["replicas"] if str(r.get("url", "")).startswith("http://127.")]
+            urls = [str(r["url"]) for r in data["replicas"] if str(r.get("url", "")).startswith("http://")]
         except (OSError, ValueError, KeyError, TypeError):
             return
         self._mtime = mtime
