@@ -169,7 +169,7 @@ class SlurmReplica(Replica):
         status = self._read_status()
         if status.get("state") in ("exited", "failed"):
             code = status.get("code")
-            self.gone = code if isinstance(code, int) and code != 0 else 1
+            self.gone = code if isinstance(code, int) else 1
             return self.gone
         now = time.monotonic()
         if now - self.looked >= LOOK_S:

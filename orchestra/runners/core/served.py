@@ -115,12 +115,19 @@ def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, run
 
 
 def close_launch(session: Session, pool: ServerPool | None) -> None:
-    """End a launch: the session first (its tasks stop), then its replicas."""
+    """End a launch: the session first (its tasks stop), then its replicas; replicas placed through
+    the session's connection (Ray actors) first, while it is still open (the tasks were stopped
+    before this is called)."""
+    first = pool is not None and getattr(pool.placement, "before_session", False)
     try:
-        session.close()
-    finally:
-        if pool is not None:
+        if first and pool is not None:
             pool.close()
+    finally:
+        try:
+            session.close()
+        finally:
+            if pool is not None and not first:
+                pool.close()
 
 
 def with_server_env(command: Command, task: TaskSpec, pool: ServerPool | None, paths: RunPaths) -> Command:
