@@ -2,7 +2,7 @@
 its own (``orc-serve-...``) running the node agent.  Two replicas serve one run; a replica's job
 cancelled mid-run is restarted without spending ``retry``; Ctrl-C leaves no replica job; after a
 SIGKILL of the orchestrator ``-r`` cancels the jobs it left and finishes; a replica refuses
-requests without the key; DLC stays unfit with one line."""
+requests without the key."""
 
 from __future__ import annotations
 
@@ -147,12 +147,3 @@ def test_after_sigkill_of_the_orchestrator_r_cancels_the_replica_jobs_and_finish
     assert not alive_jobs(replica_jobs(run))
     assert len(run_dirs(tmp_path / "out")) == 1
 
-
-def test_dlc_stays_unfit_with_one_line() -> None:
-    from orchestra.runners.core.served import ServedResources
-    from orchestra.runners.dlc.runner import DLCRunner
-
-    why = DLCRunner.serves_nowhere
-    assert "\n" not in why and "DLC" in why
-    assert not callable(getattr(DLCRunner, "serve_placement", None)) and not getattr(DLCRunner, "serves_locally", 0)
-    assert ServedResources.__init__  # the reason reaches the task through attach_servers (why_none)
