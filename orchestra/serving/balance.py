@@ -1,6 +1,7 @@
 """The client side of managed replicas: which replica the next request goes to.
 
-A task reads its model's live replicas from ``replicas.json`` (the pool rewrites it whenever the
+A task reads its model's live replicas from ``replicas.json`` (plain ``http://`` addresses: 127.0.0.1, or a
+cluster node's own address where replicas are placed on Slurm or Ray; the pool rewrites it whenever the
 set changes) and sends each request to the replica with the fewest requests of this process in
 flight.  A replica that refuses a connection is set aside until the file changes or a few seconds
 pass; the request is retried on another one (a dead replica's requests go to the others).

@@ -208,8 +208,8 @@ class RayReplica(Replica):
 
     def stop(self, grace_s: float = 5.0) -> None:
         if self.actor is not None and ray.is_initialized():
-            try:
-                code = ray.get(self.actor.stop.remote(), timeout=STOP_S)
+            try:  # an actor never placed (or never answered) is only killed: asking it would wait STOP_S
+                code = ray.get(self.actor.stop.remote(), timeout=STOP_S) if self.last else None
                 if self.gone is None:
                     self.gone = code
             except ray.exceptions.RayError:

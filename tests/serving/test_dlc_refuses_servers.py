@@ -21,7 +21,8 @@ pytestmark = pytest.mark.slow
 def test_a_served_model_on_dlc_fails_in_one_line_and_submits_nothing(tmp_path: Path) -> None:
     (tmp_path / "aliyun.json").write_text(json.dumps(aliyun_cfg(tmp_path)))
     cfg = config(tmp_path, llama(replicas=1), rows=4)
-    runner = "dict(" + dlc_runner(tmp_path).replace("type=DLCRunner", "type='DLCRunner'") + ", task=dict(type='InferTask'))"
+    runner = dlc_runner(tmp_path).replace("type=DLCRunner", "type='DLCRunner'")
+    runner = f"dict({runner}, task=dict(type='InferTask'))"
     cfg.write_text(cfg.read_text().replace("dict(type='LocalRunner', task=dict(type='InferTask'), gpus=[])", runner))
     assert "DLCRunner" in cfg.read_text()
     cloud = Double(tmp_path / "cloud")

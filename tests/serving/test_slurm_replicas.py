@@ -147,3 +147,22 @@ def test_after_sigkill_of_the_orchestrator_r_cancels_the_replica_jobs_and_finish
     assert not alive_jobs(replica_jobs(run))
     assert len(run_dirs(tmp_path / "out")) == 1
 
+
+
+def test_a_replica_job_that_serves_without_the_key_fails_in_one_line(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    """The agent's checks run on the node: a server there that answers without the key is refused
+    (never listed), its job ends, and the task fails with the pool's one line."""
+    import sys
+
+    command = [sys.executable, "-m", "http.server", "{port}", "--bind", "{host}"]
+    server = dict(engine="command", model="m", command=command, ready_path="/", max_restarts=0)
+    res = run_cli(slurm_config(tmp_path, server, rows=4), timeout=180)
+    assert res.returncode == 1, res.stderr[-2000:]
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED: infer task")]
+    assert "command replica 0 of smol answers without the key (refused" in line, line
+    (run,) = run_dirs(tmp_path / "out")
+    assert json.loads((run / "servers/smol/replica-0.status.json").read_text())["why"] == "open"
+    assert not alive_jobs(replica_jobs(run))
+    listed = run / "servers/smol/replicas.json"
+    assert not listed.exists() or json.loads(listed.read_text())["replicas"] == []  # never offered to a task
