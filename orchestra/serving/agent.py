@@ -101,6 +101,8 @@ def main() -> None:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     replica.gpus = [g for g in visible.split(",") if g] if spec.gpus_per_replica else []
 
+    print(f"agent: replica {args.index} of {args.name} on {replica.host}, GPUs [{','.join(replica.gpus)}]", flush=True)
+
     def owner_gone() -> bool:
         return stop.is_set() or os.getppid() != parent or not _fresh(args.heartbeat, args.owner_stale_s)
 

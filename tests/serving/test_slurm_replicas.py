@@ -166,3 +166,26 @@ def test_a_replica_job_that_serves_without_the_key_fails_in_one_line(
     assert not alive_jobs(replica_jobs(run))
     listed = run / "servers/smol/replicas.json"
     assert not listed.exists() or json.loads(listed.read_text())["replicas"] == []  # never offered to a task
+
+
+def test_each_replica_job_holds_its_own_gpus(tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    """``gpus=1`` per replica: each job asks ``--gres=gpu:1`` of the cluster's (fake) GPUs and its
+    server sees only the one Slurm gave it (the ``command`` engine runs the xllamacpp launcher)."""
+    from tests.serving.test_managed_runs import PY, gguf
+
+    command = [PY, "-m", "orchestra.serving.xllama", "--model", "{model}", "--host", "{host}", "--port", "{port}",
+               "--alias", "{name}", "--parallel", "2"]
+    server = dict(engine="command", model=gguf(), command=command, replicas=2, gpus=1)
+    cfg = slurm_config(tmp_path, server, rows=6)
+    gpu_runner = f"type='SlurmRunner', partition={slurm_cluster.gpu_partition!r}"
+    cfg.write_text(cfg.read_text().replace("type='SlurmRunner'", gpu_runner))
+    res = run_cli(cfg, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = run_dirs(tmp_path / "out")
+    assert len(predictions(run)) == 6
+    seen = []
+    for i in (0, 1):
+        (line,) = [ln for ln in (run / f"servers/smol/replica-{i}.log").read_text().splitlines()
+                   if ln.startswith("agent: ")]
+        seen.append(line.split("GPUs ")[1])
+    assert all(len(g.strip("[]").split(",")) == 1 and g != "[]" for g in seen) and seen[0] != seen[1], seen
