@@ -6,6 +6,12 @@ every replica process, probes readiness, restarts dead replicas and stops them. 
 until :meth:`ServerPool.close`, which matters: a replica's parent-death signal fires when the
 *thread* that started it ends, so the replicas die with the pool, and with the orchestrator.
 
+Where a replica runs is the pool's ``placement``: a process of this machine (the default), a
+Slurm job (:mod:`orchestra.serving.slurm_place`) or a Ray actor (:mod:`orchestra.serving.ray_place`),
+each a :class:`~orchestra.serving.replica.Replica` with the same methods; restarts, balancing,
+``replicas.json`` and the ledger are the same for all.  The thread touches ``<run>/servers/heartbeat``
+every second: replicas on cluster nodes stop once it goes stale.
+
 The live addresses of a model's replicas are in ``<run>/servers/<model>/replicas.json`` (rewritten
 atomically whenever the set changes: tasks re-read it); each replica's output in
 ``<run>/servers/<model>/replica-<i>.log``; every start and stop in ``<run>/servers/ledger.jsonl``,

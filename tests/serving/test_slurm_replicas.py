@@ -189,3 +189,21 @@ def test_each_replica_job_holds_its_own_gpus(tmp_path: Path, slurm_cluster: Slur
                    if ln.startswith("agent: ")]
         seen.append(line.split("GPUs ")[1])
     assert all(len(g.strip("[]").split(",")) == 1 and g != "[]" for g in seen) and seen[0] != seen[1], seen
+
+
+def test_replica_jobs_end_by_themselves_once_the_orchestrators_heartbeat_is_stale(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    """Without ``-r``: after a SIGKILL of the orchestrator the agents see its heartbeat go stale
+    (30 s) and end their jobs themselves (COMPLETED: nobody cancelled them)."""
+    proc = start_cli(slurm_config(tmp_path, llama(replicas=2), rows=60, out_len=16), new_session=True)
+    run = the_run(tmp_path)
+    wait_for(lambda: sum(e["event"] == "server_ready" for e in events(run)) == 2, 120, "two ready replicas")
+    jobs = replica_jobs(run)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    t0 = time.monotonic()
+    wait_for(lambda: not alive_jobs(jobs), 60, "the replica jobs to end")
+    assert 25 < time.monotonic() - t0 < 45
+    assert set(job_states(jobs).values()) == {"COMPLETED"}
+    assert {json.loads((run / f"servers/smol/replica-{i}.status.json").read_text())["state"] for i in (0, 1)} == {
+        "exited"}
