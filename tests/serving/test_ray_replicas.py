@@ -110,16 +110,27 @@ def test_two_replica_actors_serve_one_run_and_refuse_requests_without_the_key(
     assert not [p for p in engine_pids(run) if alive(p)]
 
 
-def test_a_replica_engine_sigkilled_mid_run_is_restarted_without_spending_retry(
-        tmp_path: Path, ray_cluster: ClusterProcess) -> None:
+def parent(pid: int) -> int:
+    with open(f"/proc/{pid}/stat") as fh:
+        return int(fh.read().rsplit(")", 1)[1].split()[1])
+
+
+@pytest.mark.parametrize("victim", ["engine", "actor"])
+def test_a_replica_killed_mid_run_is_restarted_without_spending_retry(
+        tmp_path: Path, ray_cluster: ClusterProcess, victim: str) -> None:
+    """SIGKILL of the engine (the agent reports its exit) or of the actor's process (Ray reports
+    the actor dead; the agent stops its engine on its parent's death)."""
     proc = start_cli(ray_config(tmp_path, ray_cluster, llama(replicas=2), rows=100), env=env(), new_session=True)
     try:
         run = the_run(tmp_path)
         log = run / "servers/smol/replica-0.log"
         wait_for(lambda: served_requests(log) >= 3, 200, "replica 0 serving")
-        (victim,) = [int(line.split()[-1]) for line in log.read_text().splitlines()
+        (engine,) = [int(line.split()[-1]) for line in log.read_text().splitlines()
                      if line.startswith("watchdog: server pid ")]
-        os.kill(victim, signal.SIGKILL)
+        agent = json.loads((run / "servers/smol/replica-0.status.json").read_text())["agent"]
+        os.kill(engine if victim == "engine" else parent(agent), signal.SIGKILL)
+        if victim == "actor":
+            wait_for(lambda: not alive(engine) and not alive(agent), 15, "the agent and engine to follow the actor")
         out, err = proc.communicate(timeout=400)
         assert proc.returncode == 0, err[-3000:]
     finally:
