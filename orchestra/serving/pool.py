@@ -221,8 +221,11 @@ class ServerPool:
         now = time.monotonic()
         if now - self._beat >= HEARTBEAT_S:
             self._beat = now
-            with open(self.heartbeat, "w", encoding="ascii") as fh:
-                fh.write(f"{time.time():.3f}\n")
+            try:
+                with open(self.heartbeat, "w", encoding="ascii") as fh:
+                    fh.write(f"{time.time():.3f}\n")
+            except OSError:
+                pass  # a full disk for a moment: the agents wait 30 s before they give up on us
 
     def _tend(self, served: Served) -> None:
         if served.stopping:
