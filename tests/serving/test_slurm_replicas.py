@@ -24,10 +24,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 SLURM = "dict(type='SlurmRunner', task=dict(type='InferTask'))"
 
 
-def slurm_config(tmp_path: Path, server: dict[str, Any], rows: int, out_len: int = 8) -> Path:
+def slurm_config(tmp_path: Path, server: dict[str, Any], rows: int, out_len: int = 8, launcher: str = "srun") -> Path:
     cfg = config(tmp_path, server, rows=rows, out_len=out_len)
-    cfg.write_text(cfg.read_text().replace("dict(type='LocalRunner', task=dict(type='InferTask'), gpus=[])", SLURM))
-    assert SLURM in cfg.read_text()
+    runner = SLURM.replace("type='SlurmRunner'", f"type='SlurmRunner', launcher={launcher!r}")
+    cfg.write_text(cfg.read_text().replace("dict(type='LocalRunner', task=dict(type='InferTask'), gpus=[])", runner))
+    assert runner in cfg.read_text()
     return cfg
 
 
@@ -48,9 +49,11 @@ def alive_jobs(jobs: dict[str, str]) -> list[str]:
     return [j for j, s in job_states(jobs).items() if s in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING")]
 
 
+@pytest.mark.parametrize("launcher", ["srun", "sbatch"])
 def test_two_replica_jobs_serve_one_run_and_refuse_requests_without_the_key(
-        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
-    proc = start_cli(slurm_config(tmp_path, llama(replicas=2), rows=24), new_session=True)
+        tmp_path: Path, slurm_cluster: SlurmCluster, launcher: str) -> None:  # noqa: F811
+    """The task reaches the replicas by address with the key, as an srun step or a batch job."""
+    proc = start_cli(slurm_config(tmp_path, llama(replicas=2), rows=24, launcher=launcher), new_session=True)
     try:
         run = the_run(tmp_path)
         listed = wait_for(lambda: (run / "servers/smol/replicas.json").exists()
@@ -179,6 +182,7 @@ def test_each_replica_job_holds_its_own_gpus(tmp_path: Path, slurm_cluster: Slur
     cfg = slurm_config(tmp_path, server, rows=6)
     gpu_runner = f"type='SlurmRunner', partition={slurm_cluster.gpu_partition!r}"
     cfg.write_text(cfg.read_text().replace("type='SlurmRunner'", gpu_runner))
+    assert gpu_runner in cfg.read_text()
     res = run_cli(cfg, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
     (run,) = run_dirs(tmp_path / "out")
