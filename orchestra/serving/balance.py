@@ -1,6 +1,7 @@
 """The client side of managed replicas: which replica the next request goes to.
 
-A task reads its model's live replicas from ``replicas.json`` (the pool rewrites it whenever the
+A task reads its model's live replicas from ``replicas.json`` (plain ``http://`` addresses: 127.0.0.1, or a
+cluster node's own address where replicas are placed on Slurm or Ray; the pool rewrites it whenever the
 set changes) and sends each request to the replica with the fewest requests of this process in
 flight.  A replica on a Unix socket (vLLM's) is listed with its ``socket`` path; requests to it
 go over that socket.  A replica that refuses a connection is set aside until the file changes or
@@ -51,9 +52,10 @@ class ReplicaSet:
             found = [(str(r["url"]), str(r.get("socket") or "")) for r in data["replicas"]]
         except (OSError, ValueError, KeyError, TypeError):
             return
-        # only loopback addresses, or sockets given by absolute path, are ever sent the key
+        # only plain http:// addresses (127.0.0.1, or a cluster node's own address), or sockets
+        # given by absolute path, are ever sent the key
         found = [(u, s) for u, s in found
-                 if (os.path.isabs(s) and u.startswith("http://localhost/")) or (not s and u.startswith("http://127."))]
+                 if (os.path.isabs(s) and u.startswith("http://localhost/")) or (not s and u.startswith("http://"))]
         self._mtime = mtime
         self.targets = {s or u: self.targets.get(s or u) or Target(u, s) for u, s in found}
         for target in self.targets.values():

@@ -6,6 +6,12 @@ every replica process, probes readiness, restarts dead replicas and stops them. 
 until :meth:`ServerPool.close`, which matters: a replica's parent-death signal fires when the
 *thread* that started it ends, so the replicas die with the pool, and with the orchestrator.
 
+Where a replica runs is the pool's ``placement``: a process of this machine (the default), a
+Slurm job (:mod:`orchestra.serving.slurm_place`) or a Ray actor (:mod:`orchestra.serving.ray_place`),
+each a :class:`~orchestra.serving.replica.Replica` with the same methods; restarts, balancing,
+``replicas.json`` and the ledger are the same for all.  The thread touches ``<run>/servers/heartbeat``
+every second: replicas on cluster nodes stop once it goes stale.
+
 The live addresses of a model's replicas are in ``<run>/servers/<model>/replicas.json`` (rewritten
 atomically whenever the set changes: tasks re-read it); each replica's output in
 ``<run>/servers/<model>/replica-<i>.log``; every start and stop in ``<run>/servers/ledger.jsonl``,
@@ -34,9 +40,18 @@ from orchestra.serving.spec import ServerSpec
 from orchestra.serving.watchdog import group_members
 
 TICK_S = 0.1  #: how often the pool's thread looks at its replicas
+HEARTBEAT_S = 1.0  #: how often ``<run>/servers/heartbeat`` is touched (replicas on a cluster watch it)
 #: GPU hand-out: ``take(n)`` -> GPU ids or None (wait), ``give(ids)``
 TakeGpus = Callable[[int], "list[str] | None"]
 GiveGpus = Callable[[list[str]], None]
+#: where a replica runs: (spec, served name, index, log path, servers dir) -> a Replica (a local
+#: process; :mod:`orchestra.serving.slurm_place` / :mod:`orchestra.serving.ray_place` for clusters)
+Placement = Callable[[ServerSpec, str, int, str, str], Replica]
+
+
+def local_placement(spec: ServerSpec, served_name: str, index: int, log_path: str, servers_dir: str) -> Replica:
+    """A replica as a process of this machine, beside the orchestrator."""
+    return Replica(spec, served_name, index, log_path)
 
 
 def new_key_file() -> tuple[str, str]:
@@ -82,7 +97,11 @@ def reap(servers_dir: str) -> list[int]:
     stopped = []
     for name, rec in live.items():
         pid, born = rec.get("pid"), rec.get("start_time")
-        if isinstance(pid, int) and born is not None and start_time(pid) == born:
+        if isinstance(rec.get("slurm_job"), str):  # a replica's Slurm job: cancelled if still ours and alive
+            from orchestra.serving.slurm_place import cancel_stale
+
+            cancel_stale(rec["slurm_job"], str(rec.get("job_name", "")))
+        elif isinstance(pid, int) and born is not None and start_time(pid) == born:
             for member in [*group_members(pid), pid]:
                 try:
                     os.kill(member, signal.SIGKILL)
@@ -127,13 +146,18 @@ class ServerPool:
     Args:
         servers_dir: ``<run>/servers``.
         emit: the run's event log (``server_*`` events).
-        take_gpus / give_gpus: the runner's GPU hand-out, which replicas share with tasks.
+        take_gpus / give_gpus: the runner's GPU hand-out, which replicas share with tasks (a
+            cluster placement asks its scheduler for GPUs instead: its hand-out gives none).
+        placement: where replicas run (default: processes of this machine).
     """
 
     def __init__(self, servers_dir: str, emit: Callable[..., None], take_gpus: TakeGpus,
-                 give_gpus: GiveGpus) -> None:
+                 give_gpus: GiveGpus, placement: Placement = local_placement) -> None:
         self.dir = servers_dir
+        self.placement = placement
         os.makedirs(servers_dir, exist_ok=True)
+        self.heartbeat = os.path.join(servers_dir, "heartbeat")
+        self._beat = 0.0
         self.ledger = os.path.join(servers_dir, "ledger.jsonl")
         self.emit, self.take_gpus, self.give_gpus = emit, take_gpus, give_gpus
         self.key_file, self._key = new_key_file()
@@ -155,8 +179,8 @@ class ServerPool:
             if served is None:
                 folder = os.path.join(self.dir, safe_name(abbr))
                 served = Served(abbr, spec, served_name, folder)
-                served.replicas = [Replica(spec, served_name, i, os.path.join(folder, f"replica-{i}.log"))
-                                   for i in range(spec.replicas)]
+                served.replicas = [self.placement(spec, served_name, i, os.path.join(folder, f"replica-{i}.log"),
+                                                  self.dir) for i in range(spec.replicas)]
                 self._models[abbr] = served
             return bool(served.ready()), served.failed
 
@@ -181,6 +205,7 @@ class ServerPool:
     def _run(self) -> None:
         try:
             while not self._closing.is_set():
+                self._touch()
                 with self._lock:
                     models = list(self._models.values())
                 for served in models:
@@ -199,6 +224,17 @@ class ServerPool:
             for served in models:
                 for replica in served.replicas:
                     self._stop(served, replica)
+
+    def _touch(self) -> None:
+        """Tell replicas on cluster nodes that their owner lives (they stop once this goes stale)."""
+        now = time.monotonic()
+        if now - self._beat >= HEARTBEAT_S:
+            self._beat = now
+            try:
+                with open(self.heartbeat, "w", encoding="ascii") as fh:
+                    fh.write(f"{time.time():.3f}\n")
+            except OSError:
+                pass  # a full disk for a moment: the agents wait 30 s before they give up on us
 
     def _tend(self, served: Served) -> None:
         if served.stopping:
@@ -233,14 +269,12 @@ class ServerPool:
             served.failed = f"{served.spec.engine} replica {replica.index} of {served.abbr} could not start: {exc}"
             replica.state = "exited"
             return
-        assert replica.proc is not None
-        _record(self.ledger, "started", name=name, model=served.abbr, replica=replica.index, pid=replica.proc.pid,
-                start_time=start_time(replica.proc.pid), port=replica.port, socket=replica.socket_path,
-                gpus=replica.gpus, key_file=self.key_file)
+        where = replica.ledger_fields()
+        _record(self.ledger, "started", name=name, model=served.abbr, replica=replica.index, **where,
+                port=replica.port, socket=replica.socket_path, gpus=replica.gpus, key_file=self.key_file)
         replica.ledger_name = name
         self.emit("server_started", model=served.abbr, engine=served.spec.engine, replica=replica.index,
-                  port=replica.port, socket=replica.socket_path, pid=replica.proc.pid, gpus=replica.gpus,
-                  log=replica.log_path)
+                  port=replica.port, socket=replica.socket_path, gpus=replica.gpus, log=replica.log_path, **where)
 
     def _look(self, served: Served, replica: Replica) -> None:
         state = replica.check(self._key)
@@ -280,12 +314,12 @@ class ServerPool:
             served.failed = line
 
     def _stop(self, served: Served, replica: Replica) -> None:
-        if replica.proc is not None and replica.state not in ("stopped",):
+        if replica.launched() and replica.state not in ("stopped",):
             replica.stop()
+            code = replica.forget()
             _record(self.ledger, "stopped", name=replica.ledger_name, model=served.abbr,
-                    replica=replica.index, exit_code=replica.proc.returncode)
+                    replica=replica.index, exit_code=code)
             self.emit("server_stopped", model=served.abbr, replica=replica.index)
-            replica.proc = None
         replica.state = "stopped" if replica.state != "exited" else "exited"
         self._give_gpus(replica)
 

@@ -41,27 +41,28 @@ class Launch:
 
 
 def launch(spec: ServerSpec, served_name: str, port: int, key_file: str, gpus: list[str],
-           socket_path: str = "") -> Launch:
-    """The command of one replica of ``spec`` on ``port`` (or, if ``spec.on_socket``, on the Unix
-    socket ``socket_path``) with the GPUs ``gpus``."""
+           socket_path: str = "", host: str = HOST) -> Launch:
+    """The command of one replica of ``spec`` on ``host:port`` (or, given ``socket_path``, on
+    that Unix socket: vLLM's ``--uds``) with the GPUs ``gpus``."""
     env = {**dict(spec.env), KEY_FILE_ENV: key_file, "CUDA_VISIBLE_DEVICES": ",".join(gpus)}
     python = spec.python or sys.executable
     if spec.engine == "vllm":
-        argv = [spec.executable, "serve", spec.model, "--uds", socket_path,
+        where = ["--uds", socket_path] if socket_path else ["--host", host, "--port", str(port)]
+        argv = [spec.executable, "serve", spec.model, *where,
                 "--served-model-name", served_name, "--tensor-parallel-size", str(spec.tensor_parallel_size),
                 *spec.args]
         return Launch(tuple(argv), env, ("VLLM_API_KEY",))
     if spec.engine == "sglang":
         argv = [python, "-m", "orchestra.serving.keyed", "--api-key", "sglang.launch_server",
-                "--model-path", spec.model, "--host", HOST, "--port", str(port), "--served-model-name", served_name,
+                "--model-path", spec.model, "--host", host, "--port", str(port), "--served-model-name", served_name,
                 "--tp-size", str(spec.tensor_parallel_size), *spec.args]
         return Launch(tuple(argv), env)
     if spec.engine == "llama.cpp":
-        argv = [python, "-m", "orchestra.serving.xllama", "--model", spec.model, "--port", str(port),
+        argv = [python, "-m", "orchestra.serving.xllama", "--model", spec.model, "--host", host, "--port", str(port),
                 "--alias", served_name, "--threads", str(spec.threads), "--parallel", str(spec.parallel),
                 "--ctx", str(spec.ctx_size), *(a for arg in spec.args for a in ("--set", arg))]
         return Launch(tuple(argv), env)
-    fields = {"port": str(port), "socket": socket_path, "host": HOST, "model": spec.model, "name": served_name,
+    fields = {"port": str(port), "socket": socket_path, "host": host, "model": spec.model, "name": served_name,
               "key_file": key_file, "gpus": ",".join(gpus), "threads": str(spec.threads)}
     argv = [arg.format(**fields) for arg in spec.command] + list(spec.args)
     return Launch(tuple(argv), env, ("ORCHESTRA_SERVER_KEY",))

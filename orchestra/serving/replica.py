@@ -40,18 +40,19 @@ from orchestra.serving.watchdog import group_members
 _PR_SET_PDEATHSIG = 1
 
 
-def free_port() -> int:
+def free_port(host: str = HOST) -> int:
     """A port the kernel says is free now (the ownership check in :meth:`Replica.check` closes
     the window between this choice and the server's bind)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((HOST, 0))
+        sock.bind((host, 0))
         return int(sock.getsockname()[1])
 
 
-def listener(port: int) -> tuple[int, bool] | None:
-    """The socket listening on ``port`` from /proc/net/tcp: (its inode, whether it listens on
-    every address rather than 127.0.0.1 only); None: nothing listens there yet."""
-    loopback, anywhere = f"0100007F:{port:04X}", f"00000000:{port:04X}"
+def listener(port: int, host: str = HOST) -> tuple[int, bool] | None:
+    """The socket listening on ``host:port`` from /proc/net/tcp: (its inode, whether it listens
+    on every address rather than ``host`` only); None: nothing listens there yet."""
+    loopback = socket.inet_aton(host)[::-1].hex().upper() + f":{port:04X}"  # /proc's byte order
+    anywhere = f"00000000:{port:04X}"
     try:
         with open("/proc/net/tcp", encoding="ascii") as fh:
             next(fh)
@@ -177,24 +178,44 @@ class Replica:
     started: float = 0.0
     code: int | None = None
     ledger_name: str = ""  # this start's name in the servers' ledger
+    host: str = HOST  # the address it listens on (a cluster node's own address, placed remotely)
 
     @property
     def base_url(self) -> str:
-        return "http://localhost/v1" if self.socket_path else f"http://{HOST}:{self.port}/v1"
+        return "http://localhost/v1" if self.socket_path else f"http://{self.host}:{self.port}/v1"
 
     @property
     def where(self) -> str:
-        """Where it listens, for the log and events: ``port N`` or ``socket PATH``."""
-        return f"socket {self.socket_path}" if self.socket_path else f"port {self.port}"
+        """Where it listens, for the log and events: ``port N``, ``HOST:N`` or ``socket PATH``."""
+        if self.socket_path:
+            return f"socket {self.socket_path}"
+        return f"port {self.port}" if self.host == HOST else f"{self.host}:{self.port}"
+
+    def launched(self) -> bool:
+        """Whether something of this start may still run (a process, a job, an actor)."""
+        return self.proc is not None
+
+    def ledger_fields(self) -> dict[str, object]:
+        """What the servers' ledger records of this start, for :func:`~orchestra.serving.pool.reap`."""
+        assert self.proc is not None
+        return {"pid": self.proc.pid, "start_time": start_time(self.proc.pid)}
+
+    def forget(self) -> int | None:
+        """After :meth:`stop`: drop the handle of this start; its exit code."""
+        code = self.proc.returncode if self.proc is not None else None
+        self.proc = None
+        return code
 
     def start(self, key_file: str, socket_dir: str = "") -> None:
-        """Start the watchdog and the server under it on a fresh port, or on a fresh socket in the
-        private folder ``socket_dir`` (output appended to the log)."""
-        if self.spec.on_socket:
+        """Start the watchdog and the server under it on a fresh port of ``host``, or, for an
+        engine on a Unix socket given a private folder ``socket_dir``, on a fresh socket there
+        (output appended to the log).  Without ``socket_dir`` (a cluster node's agent) every
+        engine listens on a port."""
+        if self.spec.on_socket and socket_dir:
             self.port, self.socket_path = 0, os.path.join(socket_dir, f"{secrets.token_hex(6)}.sock")
         else:
-            self.port, self.socket_path = free_port(), ""
-        how = launch(self.spec, self.served_name, self.port, key_file, self.gpus, self.socket_path)
+            self.port, self.socket_path = free_port(self.host), ""
+        how = launch(self.spec, self.served_name, self.port, key_file, self.gpus, self.socket_path, self.host)
         argv = [sys.executable, "-m", "orchestra.serving.watchdog", "--owner", str(os.getpid()),
                 *(a for name in how.key_env for a in ("--key-env", name)), "--", *how.argv]
         os.makedirs(os.path.dirname(self.log_path), exist_ok=True)
@@ -235,7 +256,7 @@ class Replica:
             if not owns_socket(group_members(self.proc.pid), inode):
                 return "foreign"
         else:
-            found = listener(self.port)
+            found = listener(self.port, self.host)
             if found is None:
                 return "starting"
             if not owns_socket(group_members(self.proc.pid), found[0]):

@@ -1,9 +1,9 @@
 """One llama.cpp replica: llama.cpp's OpenAI-compatible server from the ``xllamacpp`` wheel.
 
-    python -m orchestra.serving.xllama --model FILE.gguf --port P --alias NAME
+    python -m orchestra.serving.xllama --model FILE.gguf [--host ADDR] --port P --alias NAME
         [--threads 1] [--parallel 4] [--ctx 8192] [--set name=value ...]
 
-Listens on 127.0.0.1 only and demands the key read from the file named by
+Listens on ``--host`` only (127.0.0.1 unless placed on a cluster node) and demands the key read from the file named by
 ``ORCHESTRA_SERVER_KEY_FILE`` (``/health`` stays public, as in llama.cpp; every other route
 answers 401 without the key).  xllamacpp runs the server on threads of this process, so this
 process *is* the replica: it serves until SIGTERM or SIGINT and exits 0, or exits 3 when the
@@ -39,6 +39,7 @@ def _apply(params: Any, setting: str) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m orchestra.serving.xllama")
     ap.add_argument("--model", required=True)
+    ap.add_argument("--host", default="127.0.0.1", help="the address to listen on (a cluster node's own)")
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--alias", required=True)
     ap.add_argument("--threads", type=int, default=1)
@@ -61,7 +62,7 @@ def main() -> None:
     params = xllamacpp.CommonParams()
     params.model.path = args.model
     params.model_alias = {args.alias}
-    params.hostnames = ["127.0.0.1"]
+    params.hostnames = [args.host]
     params.port = args.port
     params.api_keys = [key]
     params.n_parallel = args.parallel
@@ -78,7 +79,7 @@ def main() -> None:
     except Exception as exc:  # noqa: BLE001 - the engine's own error, reported in the replica's log
         print(f"xllama: llama.cpp could not start: {exc}", file=sys.stderr, flush=True)
         sys.exit(3)
-    print(f"xllama: serving {args.alias} on 127.0.0.1:{args.port}", flush=True)
+    print(f"xllama: serving {args.alias} on {args.host}:{args.port}", flush=True)
     stop.wait()
     del server
     sys.exit(0)

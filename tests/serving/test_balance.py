@@ -32,8 +32,11 @@ def test_least_outstanding_first_and_a_refused_replica_set_aside(tmp_path: Path)
     assert replicas.pick().url == b
 
 
-def test_nothing_listed_or_a_foreign_address_gives_no_replica(tmp_path: Path) -> None:
+def test_nothing_listed_or_a_foreign_scheme_gives_no_replica(tmp_path: Path) -> None:
     path = tmp_path / "replicas.json"
     assert ReplicaSet(str(path)).pick() is None
-    write(path, ["http://10.0.0.5:8000/v1", "https://127.0.0.1:1/v1"], 1000.0)
-    assert ReplicaSet(str(path)).pick() is None  # only loopback http addresses are trusted
+    write(path, ["https://127.0.0.1:1/v1", "file:///etc/passwd", "ftp://10.0.0.5/v1"], 1000.0)
+    assert ReplicaSet(str(path)).pick() is None  # only the plain http addresses the pool writes
+    write(path, ["http://10.0.0.5:8000/v1"], 2000.0)  # a replica on a cluster node: its own address
+    picked = ReplicaSet(str(path)).pick()
+    assert picked is not None and picked.url == "http://10.0.0.5:8000/v1"

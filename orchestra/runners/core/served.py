@@ -66,6 +66,7 @@ class ServedResources:
 
     def __init__(self, inner: Resources, pool: ServerPool | None, tasks: list[TaskSpec]) -> None:
         self.inner, self.pool = inner, pool
+        self.why_none = "managed servers (server=dict(...)) run with LocalRunner, SlurmRunner and RayRunner only"
         self.left: dict[str, set[str]] = {}  # model -> its tasks of this launch not done yet
         for task in tasks:
             for abbr, _spec, _name in served_models(task):
@@ -73,7 +74,7 @@ class ServedResources:
 
     def unfit(self, task: TaskSpec) -> str | None:
         if self.pool is None and server_spec(task) is not None:
-            return "managed servers (server=dict(...)) run with LocalRunner only, so far"
+            return self.why_none
         return self.inner.unfit(task)
 
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
@@ -104,13 +105,23 @@ class ServedResources:
 
 def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, runner: Any) -> ServerPool | None:
     """Wrap ``session``'s resources when some task needs managed servers; the launch's pool.
-    Replicas take their GPUs from the run's host hand-out (``runner.gpus``), shared with tasks;
-    a runner without ``serves_locally = True`` cannot run them (its served tasks are unfit)."""
+    Replicas take their GPUs from the run's host hand-out (``runner.gpus``), shared with tasks,
+    when the runner has ``serves_locally = True``; a runner with a ``serve_placement()`` hook
+    puts them on its cluster (a Slurm job, a Ray actor: its scheduler hands out their GPUs); a
+    runner with neither cannot run them (its served tasks are unfit, with ``serves_nowhere``)."""
     if not any(server_spec(t) for t in tasks):
         return None
     gpus = [str(g) for g in getattr(runner, "gpus", [])]
+    hook = getattr(runner, "serve_placement", None)
+    if callable(hook):
+        pool = ServerPool(ctx.paths.servers, ctx.events.emit, lambda n: [], lambda ids: None, hook())
+        session.resources = ServedResources(session.resources, pool, tasks)
+        return pool
     if not getattr(runner, "serves_locally", False):
         session.resources = ServedResources(session.resources, None, tasks)
+        why = getattr(runner, "serves_nowhere", "")
+        if why:
+            session.resources.why_none = why
         return None
     slots = ctx.host or HostSlots()
 
@@ -126,12 +137,19 @@ def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, run
 
 
 def close_launch(session: Session, pool: ServerPool | None) -> None:
-    """End a launch: the session first (its tasks stop), then its replicas."""
+    """End a launch: the session first (its tasks stop), then its replicas; replicas placed through
+    the session's connection (Ray actors) first, while it is still open (the tasks were stopped
+    before this is called)."""
+    first = pool is not None and getattr(pool.placement, "before_session", False)
     try:
-        session.close()
-    finally:
-        if pool is not None:
+        if first and pool is not None:
             pool.close()
+    finally:
+        try:
+            session.close()
+        finally:
+            if pool is not None and not first:
+                pool.close()
 
 
 def with_server_env(command: Command, task: TaskSpec, pool: ServerPool | None, paths: RunPaths) -> Command:

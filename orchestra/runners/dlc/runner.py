@@ -63,6 +63,11 @@ class DLCRunner(BaseRunner):
             (``dlc_secrets.py``); the file is deleted when the launch ends.
     """
 
+    #: managed servers need a place that holds GPUs for the whole stage and an address the tasks reach:
+    #: a DLC job is one task in a container whose network address nothing here can learn or reach
+    serves_nowhere = ("managed servers (server=dict(...)) cannot run on DLC: a DLC job cannot host a replica "
+                      "that other jobs reach (use LocalRunner, SlurmRunner or RayRunner for served models)")
+
     def __init__(
         self,
         aliyun_cfg: dict | str,

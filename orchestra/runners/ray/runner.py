@@ -153,6 +153,12 @@ class RayRunner(BaseRunner):
             raise
         return session
 
+    def serve_placement(self) -> Any:
+        """Managed servers (``server=dict(...)``): each replica in a Ray actor of its own."""
+        from orchestra.serving.ray_place import RayPlacement
+
+        return RayPlacement("orc-serve")
+
     def _unreachable(self) -> str | None:
         """Why the head of an address given as ``[ray://]host:port`` does not answer as a Ray head,
         if it does not: nothing listens (Ray itself retries a dead address for minutes), or what

@@ -183,6 +183,12 @@ class SlurmRunner(BaseRunner):
                 argv = [*self.srun_args(task, name), "bash", "-c", _SRUN_WRAPPER, "orchestra-task", *argv]
         return Command(tuple(argv), env)
 
+    def serve_placement(self) -> Any:
+        """Managed servers (``server=dict(...)``): each replica in a Slurm job of its own."""
+        from orchestra.serving.slurm_place import SlurmPlacement
+
+        return SlurmPlacement(self._tag, self.options.partition, self.options.qos, self.options.gres)
+
     # -- the backend ---------------------------------------------------------------------------------
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         self._tag = run_tag(ctx.paths.root)

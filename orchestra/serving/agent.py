@@ -1,0 +1,135 @@
+"""The node side of a replica placed on a cluster (a Slurm job, a Ray actor).
+
+    python -m orchestra.serving.agent --spec FILE --name SERVED --index I --log FILE --status FILE
+        --heartbeat FILE [--host ADDR] [--owner-stale-s 30]
+
+Runs on the node that holds the replica's GPUs.  It starts the replica exactly as the
+orchestrator does on its own machine (:class:`~orchestra.serving.replica.Replica`: the watchdog,
+the engine in its own process group, a free port), bound to the node's address, and makes the same
+checks before anyone uses it: the socket on the port is the replica's own, it answers its
+readiness path, and it refuses requests without the key.  Then it publishes the replica's address
+in ``--status`` (JSON, written atomically; never the key, which it reads from the file named by
+``ORCHESTRA_SERVER_KEY_FILE``):
+
+* ``{"state": "ready", "url": ..., "host": ..., "port": ..., "agent": ...}``,
+* ``{"state": "failed", "why": "late" | "exited" | "exposed" | "open", "code": ...}`` and exit 3,
+* ``{"state": "exited", "code": ...}`` once a ready replica's server exited (the agent exits too).
+
+It stops the replica whole and exits on SIGTERM / SIGINT (``scancel``, a killed actor), when its
+parent process is gone (a Ray actor), and when ``--heartbeat`` (touched every second by the
+orchestrator's pool) is older than ``--owner-stale-s``: a replica never outlives its orchestrator
+for long, even on a node that cannot see the orchestrator's processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from orchestra.fileio import atomic_write_json
+from orchestra.serving.presets import HOST, KEY_FILE_ENV
+from orchestra.serving.replica import Replica
+from orchestra.serving.spec import ServerSpec
+
+LOOK_S = 0.2  #: how often the replica and the heartbeat are looked at
+
+
+def spec_json(spec: ServerSpec) -> dict[str, Any]:
+    """``spec`` as JSON (for :func:`spec_from_json` on the node): it holds no secret."""
+    return {name: getattr(spec, name) for name in spec.__dataclass_fields__}
+
+
+def spec_from_json(data: dict[str, Any]) -> ServerSpec:
+    """The spec :func:`spec_json` wrote (lists back to tuples)."""
+    fields = dict(data)
+    for name in ("args", "command"):
+        fields[name] = tuple(fields.get(name, ()))
+    fields["env"] = tuple((str(k), str(v)) for k, v in fields.get("env", ()))
+    return ServerSpec(**fields)
+
+
+def node_address(owner_host: str) -> str:
+    """The address replicas of this node listen on: 127.0.0.1 when the orchestrator
+    (``owner_host``, a host name) runs on this very machine, else the address this node uses to
+    reach the orchestrator's host (its interface on the network they share)."""
+    if not owner_host or owner_host in (socket.gethostname(), socket.getfqdn(), "localhost"):
+        return HOST
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((socket.gethostbyname(owner_host), 9))  # no packet is sent: only a route is chosen
+        return str(probe.getsockname()[0])
+
+
+def _fresh(heartbeat: str, stale_s: float) -> bool:
+    try:
+        return time.time() - os.stat(heartbeat).st_mtime < stale_s
+    except OSError:
+        return False
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(prog="python -m orchestra.serving.agent")
+    ap.add_argument("--spec", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--index", type=int, required=True)
+    ap.add_argument("--log", required=True)
+    ap.add_argument("--status", required=True)
+    ap.add_argument("--heartbeat", required=True)
+    ap.add_argument("--owner-host", default="", help="the orchestrator's host name")
+    ap.add_argument("--owner-stale-s", type=float, default=30.0)
+    ap.add_argument("--job", default=os.environ.get("SLURM_JOB_ID", ""), help="names this start in --status")
+    args = ap.parse_args()
+    with open(args.spec, encoding="utf-8") as fh:
+        spec = spec_from_json(json.load(fh))
+    key_file = os.environ.get(KEY_FILE_ENV, "")
+    try:
+        with open(key_file, encoding="utf-8") as fh:
+            key = fh.read().strip()
+    except OSError as exc:
+        raise SystemExit(f"agent: cannot read the key file ({exc}); a replica never serves without a key") from None
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    parent = os.getppid()
+    replica = Replica(spec, args.name, args.index, args.log, host=node_address(args.owner_host))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+    replica.gpus = [g for g in visible.split(",") if g] if spec.gpus_per_replica else []
+
+    print(f"agent: replica {args.index} of {args.name} on {replica.host}, GPUs [{','.join(replica.gpus)}]", flush=True)
+
+    def owner_gone() -> bool:
+        return stop.is_set() or os.getppid() != parent or not _fresh(args.heartbeat, args.owner_stale_s)
+
+    state = "foreign"
+    while state == "foreign" and not owner_gone():  # a port another process took: again on another one
+        replica.start(key_file)
+        state = "starting"
+        while state == "starting" and not owner_gone():
+            stop.wait(LOOK_S)
+            state = replica.check(key)
+        if state != "ready":
+            replica.stop()
+    if state != "ready":
+        if state != "starting":
+            atomic_write_json(args.status, {"state": "failed", "why": state, "code": replica.code,
+                                            "agent": os.getpid(), "job": args.job})
+        sys.exit(3)
+    atomic_write_json(args.status, {"state": "ready", "url": replica.base_url, "host": replica.host,
+                                    "port": replica.port, "agent": os.getpid(), "job": args.job})
+    while replica.exited() is None and not owner_gone():
+        stop.wait(LOOK_S)
+    code = replica.exited()
+    replica.stop()
+    atomic_write_json(args.status, {"state": "exited", "code": code if code is not None else replica.forget(),
+                                    "agent": os.getpid(), "job": args.job})
+    sys.exit(0 if code is None else (code if code >= 0 else 128 - code) or 1)
+
+
+if __name__ == "__main__":
+    main()
