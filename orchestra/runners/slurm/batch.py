@@ -38,8 +38,8 @@ from orchestra.events import EventLog
 from orchestra.fileio import atomic_write_text
 from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.core.ledger import JobRecord, Ledger, spec_digest
-from orchestra.runners.core.run import note
-from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions, log_offset
+from orchestra.runners.core.run import log_size, note
+from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions
 from orchestra.runners.slurm.recover import cancel_records
 from orchestra.runners.slurm.script import (
     SbatchError,
@@ -52,7 +52,7 @@ from orchestra.runners.slurm.script import (
     sbatch_long_options,
     submit_batch,
 )
-from orchestra.runners.slurm.state import JobInfo, SlurmCommandError, cancel_and_wait, exit_of, sacct, squeue
+from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, cancel_and_wait, exit_of, sacct, squeue
 from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
@@ -110,7 +110,7 @@ class SbatchLauncher(SlurmLauncher):
         self.array = array
         self.extra = sbatch_long_options(options.extra_args)
         self.live: dict[str, Job] = {}
-        self.states: dict[str, JobInfo] = {}
+        self.states: dict[str, SlurmJobState] = {}
         self.waiting: list[Waiting] = []  # oldest first; submitted again, in order, at ``retry_at``
         self.retry_at = 0.0
         self.refusals = 0  # transient refusals in a row
@@ -122,7 +122,7 @@ class SbatchLauncher(SlurmLauncher):
         refused: dict[Job, Exit] = {}
         groups: dict[str | None, list[Job]] = {}
         for job in jobs:
-            job.handle = BatchHandle(self.name_of(job), log_offset(job.log_path))
+            job.handle = BatchHandle(self.name_of(job), log_size(job.log_path))
             record = self.adopt.pop(job.task.task_id, None) if job.attempt == 1 else None
             if record is not None:
                 self._adopt(job, record)
@@ -263,21 +263,16 @@ class SbatchLauncher(SlurmLauncher):
             job = self.live[job_id]
             footer = footer_code(job.log_path, job.handle.log_offset, job_id)
             if footer is not None:
-                states[job_id] = JobInfo(job_id, "COMPLETED" if footer == 0 else "FAILED", footer << 8)
+                states[job_id] = SlurmJobState(job_id, "COMPLETED" if footer == 0 else "FAILED", footer << 8)
             else:
                 job.handle.misses += 1
         self.states.update(states)
 
     def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        ended: dict[Job, Exit] = self.stops.ended(jobs)
-        ended.update(self._resubmit(jobs))
+        resubmitted = self._resubmit(jobs)
         self._refresh()
-        for job in jobs:
-            if job not in ended and not self.stops.stopping(job):
-                exit_ = self._poll_one(job)
-                if exit_ is not None:
-                    ended[job] = exit_
-        return ended
+        waiting = set(resubmitted)
+        return {**self.stops.poll_each([j for j in jobs if j not in waiting], self._poll_one), **resubmitted}
 
     def _poll_one(self, job: Job) -> Exit | None:
         handle: BatchHandle = job.handle

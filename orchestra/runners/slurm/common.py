@@ -7,7 +7,6 @@ runner.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import dataclass
@@ -62,11 +61,6 @@ def time_limit_minutes(spec: int | str) -> int:
 def mem_arg(mem_gb: float) -> str:
     """``--mem``'s value for ``mem_gb`` GB: ``'4G'``, or whole MiB (``1.5`` -> ``'1536M'``)."""
     return f"{int(mem_gb)}G" if float(mem_gb).is_integer() else f"{int(mem_gb * 1024)}M"
-
-
-def log_offset(path: str) -> int:
-    """The size of a task log now: where this attempt's output starts."""
-    return os.path.getsize(path) if os.path.exists(path) else 0
 
 
 @dataclass(frozen=True)

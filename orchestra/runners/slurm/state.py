@@ -35,7 +35,7 @@ _PENDING_RANGE = re.compile(r"(\d+)_\[([0-9,\-]+)(?:%\d+)?\]")
 
 
 @dataclass(frozen=True)
-class JobInfo:
+class SlurmJobState:
     """One job's state as Slurm reports it.
 
     Attributes:
@@ -85,9 +85,9 @@ def _expand_pending(line_id: str) -> list[str]:
     return out
 
 
-def parse_squeue(text: str) -> dict[str, JobInfo]:
+def parse_squeue(text: str) -> dict[str, SlurmJobState]:
     """Parse ``squeue -h -O JobArrayID:|,State:|,exit_code:|,Reason:|`` output."""
-    infos: dict[str, JobInfo] = {}
+    infos: dict[str, SlurmJobState] = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) < 2 or not parts[0].strip():
@@ -96,11 +96,11 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
         status = parts[2].strip() if len(parts) > 2 else ""
         reason = parts[3].strip() if len(parts) > 3 else ""
         for job_id in _expand_pending(parts[0].strip()):
-            infos[job_id] = JobInfo(job_id, state, int(status) if status.isdigit() else None, reason)
+            infos[job_id] = SlurmJobState(job_id, state, int(status) if status.isdigit() else None, reason)
     return infos
 
 
-def squeue(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+def squeue(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
     """The state of these jobs (array tasks included) in one call; jobs squeue forgot are absent.
 
     Raises ``SlurmCommandError`` when squeue itself fails (e.g. the controller does not answer).
@@ -133,7 +133,7 @@ def squeue_by_name(names: Iterable[str]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def sacct(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+def sacct(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
     """What accounting knows about jobs squeue forgot; ``{}`` where there is no accounting."""
     ids = sorted(set(job_ids))
     if not ids:
@@ -151,7 +151,7 @@ def sacct(job_ids: Iterable[str]) -> dict[str, JobInfo]:
             continue
         code, _, sig = parts[2].partition(":")
         status = (int(code) << 8 | int(sig or 0)) if code.isdigit() and (sig or "0").isdigit() else None
-        infos[parts[0]] = JobInfo(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", status)
+        infos[parts[0]] = SlurmJobState(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", status)
     return infos
 
 
@@ -224,7 +224,7 @@ def _signal_name(sig: int) -> str:
         return str(sig)
 
 
-def exit_of(info: JobInfo, time_limit: str | None, mem_gb: float | None) -> Exit:
+def exit_of(info: SlurmJobState, time_limit: str | None, mem_gb: float | None) -> Exit:
     """How a job in a terminal state ended, with a reason the run summary can show."""
     code, status = describe_status(info.wait_status)
     job = f"Slurm job {info.job_id}"
