@@ -5,17 +5,17 @@ from __future__ import annotations
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestra.runners.core import checks
 from orchestra.runners.core.contract import Exit, Job, Session, cannot_start
 from orchestra.runners.core.host import HostCapacity, usable_cores
 from orchestra.runners.core.loop import BaseRunner
-from orchestra.runners.core.proc import start_group, stop_groups
+from orchestra.runners.core.proc import signal_name, start_group, stop_groups
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.local import gpumon
@@ -89,16 +89,14 @@ class LocalRunner(BaseRunner):
         template: str | list[str] | None = None,
         gpu_sample_s: float = 1.0,
     ) -> None:
-        if not isinstance(max_workers_per_gpu, int) or max_workers_per_gpu < 1:
-            raise ValueError(f"max_workers_per_gpu must be an integer >= 1, got {max_workers_per_gpu!r}")
+        checks.count("max_workers_per_gpu", max_workers_per_gpu, 1)
         if isinstance(gpus, str):  # '0,1' as CUDA_VISIBLE_DEVICES writes it
             gpus = [g.strip() for g in gpus.split(",") if g.strip()]
         self.gpus = [str(g) for g in gpus] if gpus is not None else detect_gpus()
         if max_num_workers is None:
             max_num_workers = max(DEFAULT_WORKERS, len(self.gpus) * max_workers_per_gpu)
         super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
-        if kill_grace_s < 0:
-            raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s}")
+        checks.amount("kill_grace_s", kill_grace_s, zero=True)
         self.max_workers_per_gpu = max_workers_per_gpu
         self.kill_grace_s = kill_grace_s
         self._host: HostCapacity | None = None  # the run's (shared by its stages), set by launch
@@ -194,7 +192,7 @@ class LocalSession(Session):
         if code is None:
             return None
         if code < 0:
-            return Exit(code, f"killed by signal {signal.Signals(-code).name}")
+            return Exit(code, f"killed by signal {signal_name(-code)}")
         return Exit(code)
 
     def cancel(self, jobs: Sequence[Job]) -> None:

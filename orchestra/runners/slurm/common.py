@@ -12,6 +12,7 @@ import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from orchestra.runners.core import checks
 from orchestra.runners.core.contract import Job, NoResources, Session
 from orchestra.runners.core.naming import job_name
 from orchestra.runners.core.shell import header
@@ -84,15 +85,12 @@ class SlurmOptions:
                cpus_per_task: int | None = None, mem_gb: float | None = None, time_limit: int | str | None = None,
                extra_args: list[str] | str | None = None, cancel_timeout_s: float = 60.0) -> SlurmOptions:
         """Validated options; ``ValueError`` names the first bad one."""
-        for name, value in (("partition", partition), ("qos", qos)):
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        if cpus_per_task is not None and (not isinstance(cpus_per_task, int) or cpus_per_task < 1):
-            raise ValueError(f"cpus_per_task must be an integer >= 1, got {cpus_per_task!r}")
-        if mem_gb is not None and mem_gb <= 0:
-            raise ValueError(f"mem_gb must be > 0, got {mem_gb!r}")
-        if cancel_timeout_s <= 0:
-            raise ValueError(f"cancel_timeout_s must be > 0, got {cancel_timeout_s}")
+        checks.text("partition", partition)
+        checks.text("qos", qos)
+        if cpus_per_task is not None:
+            checks.count("cpus_per_task", cpus_per_task, 1)
+        checks.optional_amount("mem_gb", mem_gb)
+        checks.amount("cancel_timeout_s", cancel_timeout_s)
         if time_limit is not None:
             time_limit_minutes(time_limit)
         gres = gres if gres is not None else cls.gres
