@@ -174,6 +174,7 @@ class DLCSession(Session):
         return "orchestrator shutdown"
 
     def close(self) -> None:
+        wait(list(self.looking.values()))  # looks still in flight end first (bounded by cli_timeout_s)
         self.stops.wait(self.runner.cli_timeout_s + self.runner.timings.cancel_timeout_s + 10)
         # The loop stopped or finished every job it knows; this is the net under an unexpected exit.
         try:

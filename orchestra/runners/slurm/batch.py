@@ -47,7 +47,7 @@ from orchestra.runners.slurm.script import (
     sbatch_long_options,
     submit_batch,
 )
-from orchestra.runners.slurm.state import SlurmJobState, cancel_and_wait, exit_of, look
+from orchestra.runners.slurm.state import SlurmJobState, exit_of, look
 from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
@@ -253,20 +253,16 @@ class SbatchLauncher(SlurmLauncher):
         self.waiting.drop(set(jobs))  # jobs still waiting to be submitted are simply never submitted
         for rec in records:
             self._forget(rec.job_id)
-        self.stops.start(jobs, lambda _: self._cancel(records, "cancelled"))
-
-    def _cancel(self, records: list[JobRecord], why: str) -> None:
-        if self.ledger is not None:
-            cancel_records(records, self.ledger, self.options.cancel_timeout_s, why)
-        else:
-            cancel_and_wait([r.job_id for r in records], self.options.cancel_timeout_s)
+        self.stops.start(jobs, lambda _: cancel_records(records, self.ledger, self.options.cancel_timeout_s,
+                                                        "cancelled"))
 
     def close(self) -> None:
         # Every job ended or was cancelled by the loop; this is the net under an unexpected exit,
         # and for jobs kept for adoption by a task that never started.
         self.stops.wait(self.options.cancel_timeout_s + 10)
         leftover = [JobRecord(job.handle.name, job_id=job_id) for job_id, job in self.live.items()]
-        self._cancel(leftover + list(self.adopt.values()), "the launch ended")
+        cancel_records(leftover + list(self.adopt.values()), self.ledger, self.options.cancel_timeout_s,
+                       "the launch ended")
         self.live.clear()
         self.states.clear()
         self.adopt.clear()

@@ -105,11 +105,6 @@ class SlurmOptions:
         return cls(partition, qos, gres, cpus_per_task, mem_gb, str(time_limit) if time_limit is not None else None,
                    tuple(extra_args or ()), cancel_timeout_s)
 
-    @property
-    def time_minutes(self) -> int | None:
-        """``time_limit`` in whole minutes (None: the partition's default)."""
-        return time_limit_minutes(self.time_limit) if self.time_limit is not None else None
-
     def gres_for(self, task: TaskSpec) -> str | None:
         """The ``--gres`` value of ``task``, or None when it needs no GPU."""
         return self.gres.format(num_gpus=task.num_gpus) if task.num_gpus > 0 else None
