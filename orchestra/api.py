@@ -312,7 +312,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     from orchestra.events import EventLog
     from orchestra.planner import make_plan
     from orchestra.runners.base import RunContext
-    from orchestra.runners.core.host import HostSlots
+    from orchestra.runners.core.host import HostCapacity
     from orchestra.stages import StopOnSignals, run_stages
     from orchestra.summary.epilogue import epilogue
 
@@ -323,7 +323,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     reap(paths.servers)  # replicas an orchestrator of this run folder left behind (SIGKILLed)
     dump_config(cfg.resolved, paths.config)
     events = EventLog(paths.events)
-    ctx = RunContext(paths, events, host=HostSlots())
+    ctx = RunContext(paths, events, host=HostCapacity())
     with StopOnSignals(ctx.stop) as signals:
         made = make_plan(cfg, prep.infos, paths)
         events.emit("run_started", mode=mode, pid=os.getpid(),

@@ -1,6 +1,6 @@
 """Isolation methods: how a sandboxed program is wrapped before it is started.
 
-Each method turns a :class:`Job` (the program, its files, its limits, its user) into the
+Each method turns a :class:`SandboxProgram` (the program, its files, its limits, its user) into the
 argv that :func:`orchestra.sandbox.process.run_process` starts.  Common to all of them: the
 program gets exactly the environment it is given, its own session, resource limits
 (``RLIMIT_AS``, ``CPU``, ``FSIZE``, ``NOFILE``, ``NPROC``, no core files) and, when orchestra
@@ -52,7 +52,7 @@ SYSTEM_PATHS = ("/usr", "/etc", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/l
 
 
 @dataclass(frozen=True)
-class Job:
+class SandboxProgram:
     """One program to run in a prepared slot folder.
 
     ``slot_dir`` holds ``src/`` (the program's files, written by the caller) and ``work/``
@@ -81,7 +81,7 @@ class Job:
 
 
 @dataclass(frozen=True)
-class Command:
+class SandboxLaunch:
     """What to start: argv, its whole environment, its working folder."""
 
     argv: list[str]
@@ -127,17 +127,17 @@ class Isolation(abc.ABC):
         return os.path.join(slot_dir, "work")
 
     @abc.abstractmethod
-    def command(self, job: Job) -> Command:
+    def command(self, job: SandboxProgram) -> SandboxLaunch:
         """The command that runs ``job`` under this isolation."""
 
     @abc.abstractmethod
     def describe(self, limits: SandboxLimits) -> str:
         """One line for the run log: what is isolated and what is not."""
 
-    def after_exit(self, job: Job) -> None:
+    def after_exit(self, job: SandboxProgram) -> None:
         """Called when the program has ended, before its output is drained."""
 
-    def setup_error(self, job: Job, started: bool, returncode: int, stderr: bytes) -> str | None:
+    def setup_error(self, job: SandboxProgram, started: bool, returncode: int, stderr: bytes) -> str | None:
         """The wrapper's own error when the program was never started (``started``: the
         start byte arrived), else None: what a started program prints is never taken for
         the wrapper's."""
@@ -174,7 +174,7 @@ class BwrapIsolation(Isolation):
     def work_dir(self, slot_dir: str) -> str:
         return BWRAP_WORK
 
-    def command(self, job: Job) -> Command:
+    def command(self, job: SandboxProgram) -> SandboxLaunch:
         bwrap = _tool("bwrap") or "bwrap"
         args = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid",
                 "--unshare-net", "--unshare-uts", "--unshare-cgroup-try"]
@@ -202,7 +202,7 @@ class BwrapIsolation(Isolation):
             # program drops to the slot's own uid inside, so RLIMIT_NPROC holds.
             argv = [_setpriv(), "--pdeathsig", "KILL", "--", *args, "--", _setpriv(), *drop_user_args(job.uid),
                     "--", *limits, *start_then(job.argv)]
-        return Command(argv, {"PATH": "/usr/bin:/bin"})
+        return SandboxLaunch(argv, {"PATH": "/usr/bin:/bin"})
 
     def describe(self, limits: SandboxLimits) -> str:
         return (f"bwrap (bubblewrap): own PID/network/IPC/UTS/cgroup/mount namespaces, loopback only and down; "
@@ -227,7 +227,7 @@ class UnshareIsolation(Isolation):
     def work_dir(self, slot_dir: str) -> str:
         return UNSHARE_WORK
 
-    def command(self, job: Job) -> Command:
+    def command(self, job: SandboxProgram) -> SandboxLaunch:
         assert job.uid is not None  # needs_root
         rlimits = {**job.limits.rlimits(), "NPROC": (job.nproc, job.nproc)}
         spec: dict[str, Any] = {"uid": job.uid, "gid": job.uid, "work": UNSHARE_WORK, "src": job.src,
@@ -240,7 +240,7 @@ class UnshareIsolation(Isolation):
         argv = [_setpriv(), "--pdeathsig", "KILL", "--", _tool("unshare") or "unshare", "--net", "--pid", "--mount",
                 "--ipc", "--uts", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--propagation", "private", "--",
                 _launcher_python(), "-I", "-S", LAUNCHER, spec_path]
-        return Command(argv, {"PATH": "/usr/bin:/bin"})
+        return SandboxLaunch(argv, {"PATH": "/usr/bin:/bin"})
 
     def describe(self, limits: SandboxLimits) -> str:
         return (f"unshare: own PID/network/IPC/UTS/mount namespaces, loopback only and down; every host mount "
@@ -254,13 +254,13 @@ class NoIsolation(Isolation):
     name = "none"
     isolates_network = False
 
-    def command(self, job: Job) -> Command:
+    def command(self, job: SandboxProgram) -> SandboxLaunch:
         drop = drop_user_args(job.uid) if job.uid is not None else ["--no-new-privs"]
         argv = [_setpriv(), "--pdeathsig", "KILL", *drop, "--", _tool("prlimit") or "prlimit",
                 *prlimit_args(job.limits, job.nproc), "--", *start_then(job.argv)]
-        return Command(argv, dict(job.env), cwd=job.work)
+        return SandboxLaunch(argv, dict(job.env), cwd=job.work)
 
-    def after_exit(self, job: Job) -> None:
+    def after_exit(self, job: SandboxProgram) -> None:
         if job.uid is not None:
             kill_user(job.uid)
 

@@ -25,7 +25,7 @@ from typing import Any
 from orchestra.errors import OrchestraError, UserError
 from orchestra.limits.concurrency import HostSlots, ProcessSlots
 from orchestra.privdir import private_dir, temp_folder
-from orchestra.sandbox.isolation import ISOLATIONS, Isolation, Job
+from orchestra.sandbox.isolation import ISOLATIONS, Isolation, SandboxProgram
 from orchestra.sandbox.limits import SandboxLimits
 from orchestra.sandbox.process import MAX_SLOTS, run_process, subprocess_slots
 
@@ -287,7 +287,7 @@ class Sandbox:
             uid = self._uid(scope, slot)
             self._prepare(slot_dir, files, uid, method)
             work = method.work_dir(slot_dir)
-            job = Job(
+            job = SandboxProgram(
                 slot_dir=slot_dir,
                 uid=uid,
                 argv=tuple(argv),

@@ -24,7 +24,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-class HostSlots:
+class HostCapacity:
     """Who holds which GPU and how many cores, across the stages of a run (thread-safe).
 
     Args:
@@ -73,3 +73,9 @@ class HostSlots:
         with self._lock:
             return {"cores": dict(self._cores), "tasks": dict(self._tasks),
                     "gpus": {g: n for g, n in self._gpu_use.items() if n}}
+
+
+#: The former name, kept only for ``runners/core/served.py`` (owned by another change in flight);
+#: remove once it imports ``HostCapacity``.  ``limits.concurrency.HostSlots`` is the host-wide
+#: flock slots of a concurrency scope, a different thing.
+HostSlots = HostCapacity

@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestra.backoff import exponential_backoff
 from orchestra.fileio import append_line
+from orchestra.runners.core import checks
 from orchestra.runners.core.command import Command, fill_template
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
 from orchestra.runners.core.run import InFlight, PendingTask, Results, RunContext, TaskResult, TaskState
@@ -62,18 +63,12 @@ class BaseRunner(abc.ABC):
         template: str | list[str] | None = None,
         infra_retry: int = 0,
     ) -> None:
-        if not isinstance(max_num_workers, int) or max_num_workers < 1:
-            raise ValueError(f"max_num_workers must be an integer >= 1, got {max_num_workers!r}")
-        if not isinstance(retry, int) or retry < 0:
-            raise ValueError(f"retry must be an integer >= 0, got {retry!r}")
-        if not isinstance(infra_retry, int) or isinstance(infra_retry, bool) or infra_retry < 0:
-            raise ValueError(f"infra_retry must be an integer >= 0, got {infra_retry!r}")
-        if retry_backoff_s < 0:
-            raise ValueError(f"retry_backoff_s must be >= 0, got {retry_backoff_s}")
-        if timeout_s is not None and timeout_s <= 0:
-            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
-        if poll_interval_s <= 0:
-            raise ValueError(f"poll_interval_s must be > 0, got {poll_interval_s}")
+        checks.count("max_num_workers", max_num_workers, 1)
+        checks.count("retry", retry, 0)
+        checks.count("infra_retry", infra_retry, 0)
+        checks.amount("retry_backoff_s", retry_backoff_s, zero=True)
+        checks.optional_amount("timeout_s", timeout_s)
+        checks.amount("poll_interval_s", poll_interval_s)
         self.max_num_workers = max_num_workers
         self.retry = retry
         self.retry_backoff_s = retry_backoff_s

@@ -75,3 +75,21 @@ def stop_groups(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> Non
             proc.wait(timeout=5)
         except subprocess.TimeoutExpired:
             pass
+
+
+def signal_name(sig: int) -> str:
+    """``9`` -> ``"SIGKILL"`` (the number itself for a signal Python does not name)."""
+    try:
+        return signal.Signals(sig).name
+    except ValueError:
+        return str(sig)
+
+
+def describe_status(wait_status: int | None) -> tuple[int, str]:
+    """A raw wait status as ``(exit code, words)``: ``(3, "exit code 3")``, ``(-9, "signal SIGKILL")``."""
+    if wait_status is None:
+        return -1, "exit status unknown"
+    code, sig = wait_status >> 8, wait_status & 0x7F
+    if sig:
+        return -sig, f"signal {signal_name(sig)}"
+    return code, f"exit code {code}"

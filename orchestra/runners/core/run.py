@@ -12,7 +12,7 @@ from orchestra.events import EventLog
 from orchestra.fileio import append_line
 from orchestra.paths import RunPaths
 from orchestra.runners.core.contract import Job
-from orchestra.runners.core.host import HostSlots
+from orchestra.runners.core.host import HostCapacity
 from orchestra.tasks.spec import TaskSpec, output_done
 
 
@@ -71,7 +71,7 @@ class RunContext:
     upstream: threading.Event | None = None
     #: this machine's GPUs and cores as the run's local runners hand them out (the stages
     #: share one when they run side by side); None: each local runner keeps its own
-    host: HostSlots | None = None
+    host: HostCapacity | None = None
 
     def inputs_may_come(self) -> bool:
         return self.upstream is not None and self.upstream.is_set()
@@ -108,6 +108,22 @@ class InFlight:
 
     running: dict[Job, PendingTask]
     stopping: dict[Job, PendingTask]  # cancelled (timeout or stop), not yet reported gone
+
+
+def log_size(path: str) -> int:
+    """The size of a task log now: where the output of the attempt about to start begins."""
+    return os.path.getsize(path) if os.path.exists(path) else 0
+
+
+def read_log(path: str, offset: int, limit: int | None = None) -> str:
+    """A task log from ``offset`` on (its last ``limit`` bytes at most); ``""`` if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            end = f.seek(0, os.SEEK_END)
+            f.seek(offset if limit is None else max(offset, end - limit))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 def note(log_path: str, text: str) -> None:

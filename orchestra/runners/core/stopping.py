@@ -114,6 +114,15 @@ class BackgroundStops:
                     del self._stopping[job]
         return out
 
+    def poll_each(self, jobs: Sequence[Job], poll_one: Callable[[Job], Exit | None]) -> dict[Job, Exit]:
+        """A ``poll`` answer for sessions that look at each job on its own (a local process, an
+        srun): the stops that are over, then ``poll_one`` of every job not being stopped."""
+        ended = self.ended(jobs)
+        for job in jobs:
+            if job not in ended and not self.stopping(job) and (exit_ := poll_one(job)) is not None:
+                ended[job] = exit_
+        return ended
+
     def wait(self, timeout_s: float) -> None:
         """Wait for the stops in progress (``close``: nothing may outlive the launch)."""
         for thread in self._threads:

@@ -57,7 +57,7 @@ class DLCError(RuntimeError):
 
 
 @dataclass(frozen=True)
-class JobInfo:
+class DLCJobStatus:
     """What ``dlc get job`` says about one job."""
 
     job_id: str
@@ -99,7 +99,7 @@ def parse_job_id(output: str) -> str | None:
     return ids.pop() if len(ids) == 1 else None
 
 
-def parse_job_info(output: str, job_id: str) -> JobInfo:
+def parse_job_info(output: str, job_id: str) -> DLCJobStatus:
     """``get job``'s JSON (after any status lines); ``ValueError`` when there is none."""
     decoder = json.JSONDecoder()
     data: dict[str, Any] | None = None
@@ -118,7 +118,7 @@ def parse_job_info(output: str, job_id: str) -> JobInfo:
     pods = data["Pods"] if isinstance(data.get("Pods"), list) else []
     pod_ids = [str(p.get("PodId")) for p in pods if isinstance(p, dict) and p.get("PodId")]
     master = next((p for p in pod_ids if "master" in p), pod_ids[0] if pod_ids else "")
-    return JobInfo(str(data.get("JobId") or job_id), data["Status"], str(data.get("ReasonCode") or ""),
+    return DLCJobStatus(str(data.get("JobId") or job_id), data["Status"], str(data.get("ReasonCode") or ""),
                    str(data.get("ReasonMessage") or ""), parse_time(data.get("GmtCreateTime")),
                    parse_time(data.get("GmtFinishTime")), master or f"{job_id}-master-0")
 
@@ -185,7 +185,7 @@ class DLCClient:
             raise DLCError(f"no job id in dlc submit's answer: {short(out)}")
         return job_id
 
-    def get(self, job_id: str, urgent: bool = False) -> JobInfo:
+    def get(self, job_id: str, urgent: bool = False) -> DLCJobStatus:
         code, out = self.run("get", [self.dlc_bin, "get", "job", job_id, *self.config], urgent, f"get job {job_id}")
         if code != 0:
             raise DLCError(f"dlc get job {job_id} exited {code}: {short(out)}")

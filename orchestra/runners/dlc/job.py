@@ -10,7 +10,7 @@ from orchestra.fileio import stable_hash
 from orchestra.runners.base import Exit
 from orchestra.runners.core.ledger import JobRecord
 from orchestra.runners.core.naming import job_name, run_tag
-from orchestra.runners.dlc.cli import SUCCEEDED, JobInfo
+from orchestra.runners.dlc.cli import SUCCEEDED, DLCJobStatus
 from orchestra.runners.dlc.logs import LogCursor
 from orchestra.tasks.spec import TaskSpec
 
@@ -45,7 +45,7 @@ class DLCJob:
     job_id: str | None = None
     adopted: bool = False
     submitted_wall: float = 0.0  # local clock when submit returned
-    info: JobInfo | None = None
+    info: DLCJobStatus | None = None
     waiting_since: float | None = None  # monotonic: first seen waiting for resources
     next_check: float = 0.0  # monotonic: when a poll round next looks at it
     interval: float = 0.0
@@ -84,7 +84,7 @@ def read_exit_code(path: str) -> int | None:
     return int(text) if text.lstrip("-").isdigit() else None
 
 
-def attempt_exit(job_id: str, info: JobInfo, code: int | None, tail: str) -> Exit:
+def attempt_exit(job_id: str, info: DLCJobStatus, code: int | None, tail: str) -> Exit:
     """How an attempt ended, from the job's final state and the exit code its command recorded.
 
     A recorded code is the task's own verdict (0: its outputs decide).  Without one the command

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestra.paths import RunPaths
+from orchestra.runners.core import checks
 from orchestra.runners.core.command import Command, fill_template, forward_env_names
 from orchestra.runners.core.contract import Session
 from orchestra.runners.core.ledger import spec_digest
@@ -95,15 +96,10 @@ class DLCRunner(BaseRunner):
         for name, value in (("poll_interval_s", interval), ("max_poll_interval_s", max_poll_interval_s),
                             ("max_calls_per_s", max_calls_per_s), ("cli_timeout_s", cli_timeout_s),
                             ("cancel_timeout_s", cancel_timeout_s), ("lost_after_s", lost_after_s)):
-            if value <= 0:
-                raise ValueError(f"{name} must be > 0, got {value}")
-        if queue_timeout_s is not None and queue_timeout_s <= 0:
-            raise ValueError(f"queue_timeout_s must be > 0 (or None: no limit), got {queue_timeout_s}")
-        for name, count, low in (("cli_concurrency", cli_concurrency, 1), ("infra_retry", infra_retry, 0)):
-            if not isinstance(count, int) or count < low:
-                raise ValueError(f"{name} must be an integer >= {low}, got {count!r}")
-        if log_settle_s < 0:
-            raise ValueError(f"log_settle_s must be >= 0, got {log_settle_s}")
+            checks.amount(name, value)
+        checks.optional_amount("queue_timeout_s", queue_timeout_s)  # None: no limit
+        checks.count("cli_concurrency", cli_concurrency, 1)
+        checks.amount("log_settle_s", log_settle_s, zero=True)
         # The loop itself only reads what the threads found: it may go round often and cheaply.
         super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, min(0.05, interval), template,
                          infra_retry)

@@ -2,8 +2,9 @@
 
 ``submit`` records and submits this round's attempts together (``dlc submit``, ``cli_concurrency``
 calls at once, at the shared rate), or hands an attempt the job an earlier orchestrator left for it.
-``poll`` makes one round: every job that is due is looked at together (``Tracker.look``: ``dlc get
-job``, its log windows, its end).  ``cancel`` starts the stops (``dlc stop``, confirmed) off the
+``poll`` makes one round without waiting on the CLI: it collects the looks that answered since the
+last round and starts one, in the pool, at every job that is due (``Tracker.look``: ``dlc get job``,
+its log windows, its end).  ``cancel`` starts the stops (``dlc stop``, confirmed) off the
 loop and ``poll`` reports them once over; ``close`` is the net under anything left, and stops what
 earlier orchestrators left of a stage no launch here took.
 """
@@ -15,7 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
 from orchestra.paths import RunPaths
@@ -23,7 +24,7 @@ from orchestra.runners.core.contract import Exit, Job, NoResources, Session
 from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, spec_digest, triage
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
-from orchestra.runners.dlc.cli import DLCClient, DLCError, JobInfo
+from orchestra.runners.dlc.cli import DLCClient, DLCError, DLCJobStatus
 from orchestra.runners.dlc.job import DLCJob, dlc_job_name, orphan
 from orchestra.runners.dlc.secrets import remove_env_file
 from orchestra.runners.dlc.track import Tracker
@@ -48,14 +49,17 @@ class DLCSession(Session):
         self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(runner.cli_concurrency, thread_name_prefix="dlc")
         self.stops = BackgroundStops("dlc")
         self.live: dict[Job, DLCJob] = {}  # submitted, neither ended nor being stopped
-        self.adopt: dict[str, tuple[JobRecord, JobInfo]] = {}
+        self.adopt: dict[str, tuple[JobRecord, DLCJobStatus]] = {}
         self.env_files: set[str] = set()
         self._last_exit_scan = 0.0
+        self.looking: dict[Job, Future[Exit | None]] = {}  # looks in flight, started by poll
 
     # -- the verbs ---------------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         new = [job for job in jobs if self._add(job)]
-        refused = {job: ended for job, ended in zip(new, self._each(self.track.submit, new)) if ended is not None}
+        assert self.pool is not None
+        answers = self.pool.map(lambda job: self._safely(self.track.submit, job), new)  # cli_concurrency at once
+        refused = {job: ended for job, ended in zip(new, answers) if ended is not None}
         self.live.update({job: job.handle for job in jobs if job not in refused})
         return refused
 
@@ -91,8 +95,20 @@ class DLCSession(Session):
         return where
 
     def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        """One round: the stops that are over, then one look at every job that is due, together."""
+        """One round, without waiting on the CLI: the stops that are over, the looks that answered
+        since the last round, and a look started (off the loop) at every job that is due."""
         ended = {job: job.handle.verdict or stopped for job, stopped in self.stops.ended(jobs).items()}
+        for job in [job for job, look in self.looking.items() if look.done()]:
+            result = self.looking.pop(job).result()
+            h = self.live.get(job)
+            if h is None:  # cancelled while its look ran: the stop reports it
+                continue
+            if h.verdict is not None:  # this runner ends it (queued too long, lost): stop it first
+                del self.live[job]
+                self.stops.start([job], self._stop_own)
+            elif result is not None:
+                del self.live[job]
+                ended[job] = result
         now = time.monotonic()
         if now - self._last_exit_scan >= max(EXIT_SCAN_S, 0.001 * len(self.live)):  # ~1,000 files/s at most
             # A task that ended wrote its exit code to the shared file system: its job is looked at in
@@ -102,46 +118,33 @@ class DLCSession(Session):
                 if not h.exit_seen and h.drain_at is None and os.path.exists(h.exit_file):
                     h.exit_seen = True
                     h.next_check = min(h.next_check, now)
-        due = [job for job, h in self.live.items() if h.job_id and h.next_check <= now]
-        for job, result in zip(due, self._each(self.track.look, due)):
-            h = self.live[job]
-            if h.verdict is not None:  # this runner ends it (queued too long, lost): stop it first
-                del self.live[job]
-                self.stops.start([job], self._stop_own)
-            elif result is not None:
-                del self.live[job]
-                ended[job] = result
+        for job, h in self.live.items():
+            if h.job_id and h.next_check <= now and job not in self.looking and self.pool is not None:
+                self.looking[job] = self.pool.submit(self._safely, self.track.look, job)
         return ended
 
     def _stop_own(self, jobs: list[Job]) -> None:
         for job in jobs:
             self.track.stop([job.handle], job.handle.stop_reason)
 
-    def _each(self, step: Callable[[DLCJob], Exit | None], jobs: list[Job]) -> list[Exit | None]:
-        """``step`` for the handle of each job, ``cli_concurrency`` at once; an error it raises (a bug,
-        a full disk) ends that attempt, and stops its job, rather than the launch.  Once the run is
-        stopped the rest are left alone (nothing more is submitted; the loop cancels every job)."""
-
-        def safely(job: Job) -> Exit | None:
-            h: DLCJob = job.handle
-            if self.ctx.stop.is_set():
-                return None
-            try:
-                return step(h)
-            except Exception as exc:
-                self.track.log(h, ["===== dlc: internal error", *traceback.format_exc().splitlines()])
-                if h.job_id and not h.over:
-                    try:  # the attempt ends here: so does its job
-                        self.track.stop([h], f"internal error: {type(exc).__name__}")
-                    except Exception:
-                        pass
-                h.verdict = None
-                return Exit(-1, f"DLCRunner internal error: {type(exc).__name__}: {exc}")
-
-        if not jobs:
-            return []
-        assert self.pool is not None
-        return list(self.pool.map(safely, jobs))
+    def _safely(self, step: Callable[[DLCJob], Exit | None], job: Job) -> Exit | None:
+        """``step`` for the handle of ``job``; an error it raises (a bug, a full disk) ends that
+        attempt, and stops its job, rather than the launch.  Once the run is stopped it does nothing
+        (nothing more is submitted; the loop cancels every job)."""
+        h: DLCJob = job.handle
+        if self.ctx.stop.is_set():
+            return None
+        try:
+            return step(h)
+        except Exception as exc:
+            self.track.log(h, ["===== dlc: internal error", *traceback.format_exc().splitlines()])
+            if h.job_id and not h.over:
+                try:  # the attempt ends here: so does its job
+                    self.track.stop([h], f"internal error: {type(exc).__name__}")
+                except Exception:
+                    pass
+            h.verdict = None
+            return Exit(-1, f"DLCRunner internal error: {type(exc).__name__}: {exc}")
 
     def cancel(self, jobs: Sequence[Job]) -> None:
         """Stop the jobs (``dlc stop``, confirmed) in the background; ``poll`` reports them once over."""
@@ -149,7 +152,10 @@ class DLCSession(Session):
         for job in jobs:
             self.live.pop(job, None)
 
+        looks = [look for job in jobs if (look := self.looking.pop(job, None)) is not None]
+
         def stop(group: list[Job]) -> None:
+            wait(looks)  # a look still in flight ends first (bounded by cli_timeout_s): one hand on a job
             reasons: dict[str, list[DLCJob]] = {}
             for job in group:
                 h = job.handle
@@ -168,6 +174,7 @@ class DLCSession(Session):
         return "orchestrator shutdown"
 
     def close(self) -> None:
+        wait(list(self.looking.values()))  # looks still in flight end first (bounded by cli_timeout_s)
         self.stops.wait(self.runner.cli_timeout_s + self.runner.timings.cancel_timeout_s + 10)
         # The loop stopped or finished every job it knows; this is the net under an unexpected exit.
         try:
@@ -183,6 +190,7 @@ class DLCSession(Session):
                 remove_env_file(path)
             self.env_files.clear()
             self.live.clear()
+            self.looking.clear()
             self.adopt.clear()
             if self.pool is not None:
                 self.pool.shutdown(wait=True, cancel_futures=True)
@@ -203,7 +211,7 @@ class DLCSession(Session):
         if not alive:
             return
 
-        def look(rec: JobRecord) -> JobInfo | None:
+        def look(rec: JobRecord) -> DLCJobStatus | None:
             try:
                 return client.get(rec.job_id)
             except DLCError:

@@ -1,7 +1,7 @@
 """What ``DLCSession`` does for one job, called from its verbs: submit it, look at it, copy its log,
 decide how the attempt ended, stop it.
 
-``look(job)`` runs in a poll round (every job that is due, together): a ``dlc get job``, the log
+``look(job)`` runs in the session's pool, started by a poll round for every job that is due: a ``dlc get job``, the log
 windows that settled since, and the next look scheduled: every ``poll_interval_s`` after a change,
 1.5x longer per unchanged answer up to ``max_poll_interval_s``, 1 s once the command's exit code
 file exists.  Everything it learns goes to the task log, the run folder's ledger and the event log.
@@ -22,7 +22,7 @@ from orchestra.runners.core.contract import Exit
 from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.run import note
 from orchestra.runners.core.stopping import stop_and_confirm
-from orchestra.runners.dlc.cli import LOGGING, TERMINAL, WAITING, DLCClient, DLCError, JobInfo
+from orchestra.runners.dlc.cli import LOGGING, TERMINAL, WAITING, DLCClient, DLCError, DLCJobStatus
 from orchestra.runners.dlc.job import DLCJob, Timings, attempt_exit, read_exit_code
 from orchestra.runners.dlc.logs import LogCursor, copy_final, copy_settled
 
@@ -109,7 +109,7 @@ class Tracker:
         self._schedule(h, changed)
         return None
 
-    def _conclude(self, h: DLCJob, info: JobInfo) -> Exit | None:
+    def _conclude(self, h: DLCJob, info: DLCJobStatus) -> Exit | None:
         """The job is over: copy its log to the end, then decide how the attempt ended."""
         assert h.job_id is not None
         cursor = self._cursor(h, info)
@@ -155,7 +155,7 @@ class Tracker:
     def _service_now(self) -> float:
         return time.time() + (self._offset or 0.0)
 
-    def _cursor(self, h: DLCJob, info: JobInfo) -> LogCursor:
+    def _cursor(self, h: DLCJob, info: DLCJobStatus) -> LogCursor:
         if h.cursor is None:
             start = info.create_time if info.create_time is not None else h.submitted_wall + (self._offset or 0.0)
             h.cursor = LogCursor(int(start) - 1)

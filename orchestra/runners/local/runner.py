@@ -5,17 +5,17 @@ from __future__ import annotations
 import os
 import select
 import shutil
-import signal
 import socket
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestra.runners.core import checks
 from orchestra.runners.core.contract import Exit, Job, Session, cannot_start
-from orchestra.runners.core.host import HostSlots, usable_cores
+from orchestra.runners.core.host import HostCapacity, usable_cores
 from orchestra.runners.core.loop import BaseRunner
-from orchestra.runners.core.proc import start_group, stop_groups
+from orchestra.runners.core.proc import signal_name, start_group, stop_groups
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.local import gpumon
@@ -89,19 +89,17 @@ class LocalRunner(BaseRunner):
         template: str | list[str] | None = None,
         gpu_sample_s: float = 1.0,
     ) -> None:
-        if not isinstance(max_workers_per_gpu, int) or max_workers_per_gpu < 1:
-            raise ValueError(f"max_workers_per_gpu must be an integer >= 1, got {max_workers_per_gpu!r}")
+        checks.count("max_workers_per_gpu", max_workers_per_gpu, 1)
         if isinstance(gpus, str):  # '0,1' as CUDA_VISIBLE_DEVICES writes it
             gpus = [g.strip() for g in gpus.split(",") if g.strip()]
         self.gpus = [str(g) for g in gpus] if gpus is not None else detect_gpus()
         if max_num_workers is None:
             max_num_workers = max(DEFAULT_WORKERS, len(self.gpus) * max_workers_per_gpu)
         super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
-        if kill_grace_s < 0:
-            raise ValueError(f"kill_grace_s must be >= 0, got {kill_grace_s}")
+        checks.amount("kill_grace_s", kill_grace_s, zero=True)
         self.max_workers_per_gpu = max_workers_per_gpu
         self.kill_grace_s = kill_grace_s
-        self._host: HostSlots | None = None  # the run's (shared by its stages), set by launch
+        self._host: HostCapacity | None = None  # the run's (shared by its stages), set by launch
         if reuse_workers and template is not None:
             raise ValueError("reuse_workers=True cannot be combined with a template")
         self.reuse_workers = reuse_workers
@@ -109,7 +107,7 @@ class LocalRunner(BaseRunner):
         self.gpu_sample_s = gpumon.check_period(gpu_sample_s)
 
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
-        self._host = ctx.host or HostSlots()
+        self._host = ctx.host or HostCapacity()
         pool = WarmPool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs) if self.reuse_workers else None
         hands_out_gpus = any(t.num_gpus > 0 and self.unfit(t) is None for t in tasks)
         sampler = gpumon.acquire(ctx.paths, self.gpus, self.gpu_sample_s) if hands_out_gpus else None
@@ -125,7 +123,7 @@ class LocalRunner(BaseRunner):
         return None
 
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
-        host = self._host or HostSlots()
+        host = self._host or HostCapacity()
         self._host = host
         gpu_ids = host.take(task.stage, task.num_procs, self.gpus, task.num_gpus, self.max_workers_per_gpu)
         if gpu_ids is None:
@@ -183,14 +181,7 @@ class LocalSession(Session):
         return {"host": _HOST, "pid": pid} if pid is not None else {"host": _HOST}
 
     def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        ended: dict[Job, Exit] = self.stops.ended(jobs)
-        for job in jobs:
-            if job in ended or self.stops.stopping(job):
-                continue
-            exit_ = self._poll_one(job)
-            if exit_ is not None:
-                ended[job] = exit_
-        return ended
+        return self.stops.poll_each(jobs, self._poll_one)
 
     def _poll_one(self, job: Job) -> Exit | None:
         if isinstance(job.handle, Worker):
@@ -201,7 +192,7 @@ class LocalSession(Session):
         if code is None:
             return None
         if code < 0:
-            return Exit(code, f"killed by signal {signal.Signals(-code).name}")
+            return Exit(code, f"killed by signal {signal_name(-code)}")
         return Exit(code)
 
     def cancel(self, jobs: Sequence[Job]) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestra.errors import UserError
+from orchestra.runners.core import checks
 from orchestra.runners.core.contract import Session
 from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.loop import BaseRunner
@@ -103,14 +104,11 @@ class RayRunner(BaseRunner):
             raise ValueError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
         if runtime_env is not None and not isinstance(runtime_env, dict):
             raise ValueError(f"runtime_env must be a dict, got {runtime_env!r}")
-        if cpus_per_task is not None and cpus_per_task <= 0:
-            raise ValueError(f"cpus_per_task must be > 0, got {cpus_per_task}")
-        if mem_gb is not None and mem_gb <= 0:
-            raise ValueError(f"mem_gb must be > 0, got {mem_gb}")
+        checks.optional_amount("cpus_per_task", cpus_per_task)
+        checks.optional_amount("mem_gb", mem_gb)
         if isinstance(forward_env, str) or not all(isinstance(n, str) and n for n in forward_env):
             raise ValueError(f"forward_env must be a list of variable names, got {forward_env!r}")
-        if idle_timeout_s < 0:
-            raise ValueError(f"idle_timeout_s must be >= 0, got {idle_timeout_s}")
+        checks.amount("idle_timeout_s", idle_timeout_s, zero=True)
         self.address = address.strip() if address else None
         self.reuse_workers = reuse_workers
         self.runtime_env = runtime_env

@@ -15,32 +15,28 @@ counted lost after a few rounds.  A failed job's Slurm-side output (``--output``
 ``<run>/slurm/<job id>.out``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is
 appended to the log.  Cancelling is ``slurm_state.cancel_and_wait``.
 
-A submission the cluster refuses for now (its job limits: ``MaxJobCount``, a QOS's
-``MaxSubmitJobs``; a busy, drained or unreachable controller; see ``script.SBATCH_TRANSIENT``)
-is an infrastructure outcome, not a task failure: its jobs wait in this launcher, with every job
-submitted after it, and go again after 5, 10, 20, 40, then every 60 s (a refused array is
-split in two each time, so a nearly full cluster takes part of it), without spending the
-tasks' ``retry``.  Only after ``submit_wait_s`` (one hour) of refusals do they end, ``Exit(infra=True)``.
-A permanent refusal (a bad partition, an invalid option) fails the tasks at once with sbatch's
-reason in one line.  The script and the sbatch
-call are ``script.py``; this module is the session's verbs.
+A submission the cluster refuses for now (its job limits, e.g. ``MaxJobCount``; a busy or drained
+controller) waits, with every job submitted after it, in ``refused.py``'s queue, the tasks'
+``retry`` unspent; a permanent refusal (a bad partition, an invalid option) fails the tasks at once
+with sbatch's reason in one line.  The script and the sbatch call are ``script.py``; this module
+is the session's verbs.
 """
 
 from __future__ import annotations
 
 import os
-import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from orchestra.events import EventLog
 from orchestra.fileio import atomic_write_text
 from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.core.ledger import JobRecord, Ledger, spec_digest
-from orchestra.runners.core.run import note
-from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions, log_offset
+from orchestra.runners.core.run import log_size, note
+from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions
 from orchestra.runners.slurm.recover import cancel_records
+from orchestra.runners.slurm.refused import SUBMIT_BACKOFF_S, SUBMIT_WAIT_S, RefusedQueue, Waiting
 from orchestra.runners.slurm.script import (
     SbatchError,
     SbatchRefused,
@@ -48,26 +44,14 @@ from orchestra.runners.slurm.script import (
     job_output,
     job_script,
     output_pattern,
-    parse_parsable,
     sbatch_long_options,
     submit_batch,
 )
-from orchestra.runners.slurm.state import JobInfo, SlurmCommandError, cancel_and_wait, exit_of, sacct, squeue
+from orchestra.runners.slurm.state import SlurmJobState, exit_of, look
 from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
 LOST_AFTER_MISSES = 3  # poll rounds in which neither squeue nor sacct knows a job
-SUBMIT_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 60.0)  # waits after 1, 2, ... refusals in a row (then the last)
-SUBMIT_WAIT_S = 3600.0  # how long jobs the cluster keeps refusing wait before they end (infra)
-
-
-@dataclass
-class Waiting:
-    """Jobs not submitted yet because the cluster refused a submission for now."""
-
-    jobs: list[Job]
-    since: float = field(default_factory=time.monotonic)  # when they began to wait
-    reason: str = "queued behind a submission the cluster refused"
 
 
 @dataclass
@@ -110,19 +94,15 @@ class SbatchLauncher(SlurmLauncher):
         self.array = array
         self.extra = sbatch_long_options(options.extra_args)
         self.live: dict[str, Job] = {}
-        self.states: dict[str, JobInfo] = {}
-        self.waiting: list[Waiting] = []  # oldest first; submitted again, in order, at ``retry_at``
-        self.retry_at = 0.0
-        self.refusals = 0  # transient refusals in a row
-        self.submit_wait_s = submit_wait_s
-        self.submit_backoff_s = tuple(submit_backoff_s)
+        self.states: dict[str, SlurmJobState] = {}
+        self.waiting = RefusedQueue(submit_wait_s, submit_backoff_s)  # submitted again, in order
 
     # -- submitting -----------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         refused: dict[Job, Exit] = {}
         groups: dict[str | None, list[Job]] = {}
         for job in jobs:
-            job.handle = BatchHandle(self.name_of(job), log_offset(job.log_path))
+            job.handle = BatchHandle(self.name_of(job), log_size(job.log_path))
             record = self.adopt.pop(job.task.task_id, None) if job.attempt == 1 else None
             if record is not None:
                 self._adopt(job, record)
@@ -133,7 +113,7 @@ class SbatchLauncher(SlurmLauncher):
             for start in range(0, len(group), size):
                 chunk = group[start : start + size]
                 if self.waiting:  # the cluster refused a submission lately: these wait behind it
-                    self.waiting.append(Waiting(chunk))
+                    self.waiting.behind(chunk)
                 else:
                     refused.update(self._send(chunk))
         return refused
@@ -192,7 +172,7 @@ class SbatchLauncher(SlurmLauncher):
                 return {job: Exit(-1, f"sbatch refused the job: {message}" + (f" (asked: {asked})" if asked else ""))
                         for job in jobs}
             return {job: Exit(-1, f"sbatch failed: {message}") for job in jobs}
-        self.refusals = 0
+        self.waiting.taken()
         script = os.path.join(self.folder, f"{job_id}.sh")
         try:
             os.replace(pending, script)  # sbatch has sent the script to slurmctld: renaming is safe
@@ -210,38 +190,19 @@ class SbatchLauncher(SlurmLauncher):
         return {}
 
     def _wait(self, jobs: list[Job], reason: str, waited: Waiting | None) -> None:
-        """Put ``jobs``, refused for now, first in ``waiting`` (an array in two halves)."""
-        self.refusals += 1
-        delay = self.submit_backoff_s[min(self.refusals, len(self.submit_backoff_s)) - 1]
-        self.retry_at = time.monotonic() + delay
-        since = waited.since if waited is not None else time.monotonic()
-        half = (len(jobs) + 1) // 2
-        parts = [jobs[:half], jobs[half:]] if len(jobs) > 1 else [jobs]
-        self.waiting[0:0] = [Waiting(part, since, reason) for part in parts]
-        so_far = time.monotonic() - since
+        """Put ``jobs``, refused for now, first in ``waiting``; say so in their logs and the events."""
+        delay, so_far = self.waiting.refused(jobs, reason, waited)
         for job in jobs:
             note(job.log_path, f"===== slurm: the cluster refused the submission for now ({reason}); submitting "
                                f"again in {delay:g} s (waited {so_far:.0f} s so far; the task's retry is not spent)\n")
         if self.events is not None:
             self.events.emit("slurm_submit_refused", stage=jobs[0].task.stage, tasks=len(jobs), reason=reason,
-                             retry_in_s=delay, waited_s=round(so_far, 1), waiting_tasks=self.waiting_count())
-
-    def waiting_count(self) -> int:
-        """How many jobs wait for the cluster to take them."""
-        return sum(len(w.jobs) for w in self.waiting)
+                             retry_in_s=delay, waited_s=round(so_far, 1), waiting_tasks=self.waiting.count())
 
     def _resubmit(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
         """Submit what waits, oldest first, once its time has come; end what waited too long."""
-        ended: dict[Job, Exit] = {}
-        now = time.monotonic()
-        polled = set(jobs)
-        for w in [w for w in self.waiting if now - w.since >= self.submit_wait_s and polled.issuperset(w.jobs)]:
-            self.waiting.remove(w)
-            for job in w.jobs:
-                ended[job] = Exit(-1, f"the Slurm cluster refused the submission for {now - w.since:.0f} s: "
-                                      f"{w.reason}", infra=True)
-        while self.waiting and time.monotonic() >= self.retry_at:
-            w = self.waiting.pop(0)
+        ended = self.waiting.expired(set(jobs))
+        while (w := self.waiting.due()) is not None:
             ended.update(self._send(w.jobs, w))
         return ended
 
@@ -250,34 +211,18 @@ class SbatchLauncher(SlurmLauncher):
         """One squeue call for every live job; sacct and log footers for those it forgot."""
         if not self.live:
             return
-        try:
-            states = squeue(self.live)
-        except SlurmCommandError:
+        states = look(self.live, lambda j: footer_code(self.live[j].log_path, self.live[j].handle.log_offset, j))
+        if states is None:
             return  # the controller may be restarting: keep the last answer, try next round
-        missing = [job_id for job_id in self.live if job_id not in states]
-        if missing:
-            states.update(sacct(missing))
-        for job_id in missing:
-            if job_id in states:
-                continue
-            job = self.live[job_id]
-            footer = footer_code(job.log_path, job.handle.log_offset, job_id)
-            if footer is not None:
-                states[job_id] = JobInfo(job_id, "COMPLETED" if footer == 0 else "FAILED", footer << 8)
-            else:
-                job.handle.misses += 1
+        for job_id in self.live.keys() - states.keys():
+            self.live[job_id].handle.misses += 1
         self.states.update(states)
 
     def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        ended: dict[Job, Exit] = self.stops.ended(jobs)
-        ended.update(self._resubmit(jobs))
+        resubmitted = self._resubmit(jobs)
         self._refresh()
-        for job in jobs:
-            if job not in ended and not self.stops.stopping(job):
-                exit_ = self._poll_one(job)
-                if exit_ is not None:
-                    ended[job] = exit_
-        return ended
+        waiting = set(resubmitted)
+        return {**self.stops.poll_each([j for j in jobs if j not in waiting], self._poll_one), **resubmitted}
 
     def _poll_one(self, job: Job) -> Exit | None:
         handle: BatchHandle = job.handle
@@ -305,30 +250,21 @@ class SbatchLauncher(SlurmLauncher):
     def cancel(self, jobs: Sequence[Job]) -> None:
         records = [JobRecord(job.handle.name, job_id=job.handle.job_id) for job in jobs
                    if isinstance(job.handle, BatchHandle) and job.handle.job_id]
-        gone = set(jobs)  # jobs still waiting to be submitted are simply never submitted
-        for w in self.waiting:
-            w.jobs = [job for job in w.jobs if job not in gone]
-        self.waiting = [w for w in self.waiting if w.jobs]
+        self.waiting.drop(set(jobs))  # jobs still waiting to be submitted are simply never submitted
         for rec in records:
             self._forget(rec.job_id)
-        self.stops.start(jobs, lambda _: self._cancel(records, "cancelled"))
-
-    def _cancel(self, records: list[JobRecord], why: str) -> None:
-        if self.ledger is not None:
-            cancel_records(records, self.ledger, self.options.cancel_timeout_s, why)
-        else:
-            cancel_and_wait([r.job_id for r in records], self.options.cancel_timeout_s)
+        self.stops.start(jobs, lambda _: cancel_records(records, self.ledger, self.options.cancel_timeout_s,
+                                                        "cancelled"))
 
     def close(self) -> None:
         # Every job ended or was cancelled by the loop; this is the net under an unexpected exit,
         # and for jobs kept for adoption by a task that never started.
         self.stops.wait(self.options.cancel_timeout_s + 10)
         leftover = [JobRecord(job.handle.name, job_id=job_id) for job_id, job in self.live.items()]
-        self._cancel(leftover + list(self.adopt.values()), "the launch ended")
+        cancel_records(leftover + list(self.adopt.values()), self.ledger, self.options.cancel_timeout_s,
+                       "the launch ended")
         self.live.clear()
         self.states.clear()
         self.adopt.clear()
-        self.waiting.clear()
+        self.waiting.groups.clear()
 
-
-__all__ = ["SbatchError", "SbatchLauncher", "job_script", "output_pattern", "parse_parsable", "sbatch_long_options"]

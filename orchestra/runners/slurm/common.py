@@ -7,12 +7,12 @@ runner.
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 from dataclasses import dataclass
 from typing import Any
 
+from orchestra.runners.core import checks
 from orchestra.runners.core.contract import Job, NoResources, Session
 from orchestra.runners.core.naming import job_name
 from orchestra.runners.core.shell import header
@@ -64,11 +64,6 @@ def mem_arg(mem_gb: float) -> str:
     return f"{int(mem_gb)}G" if float(mem_gb).is_integer() else f"{int(mem_gb * 1024)}M"
 
 
-def log_offset(path: str) -> int:
-    """The size of a task log now: where this attempt's output starts."""
-    return os.path.getsize(path) if os.path.exists(path) else 0
-
-
 @dataclass(frozen=True)
 class SlurmOptions:
     """What every job of one ``SlurmRunner`` asks Slurm for (see ``SlurmRunner`` for each field).
@@ -90,15 +85,12 @@ class SlurmOptions:
                cpus_per_task: int | None = None, mem_gb: float | None = None, time_limit: int | str | None = None,
                extra_args: list[str] | str | None = None, cancel_timeout_s: float = 60.0) -> SlurmOptions:
         """Validated options; ``ValueError`` names the first bad one."""
-        for name, value in (("partition", partition), ("qos", qos)):
-            if value is not None and (not isinstance(value, str) or not value.strip()):
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
-        if cpus_per_task is not None and (not isinstance(cpus_per_task, int) or cpus_per_task < 1):
-            raise ValueError(f"cpus_per_task must be an integer >= 1, got {cpus_per_task!r}")
-        if mem_gb is not None and mem_gb <= 0:
-            raise ValueError(f"mem_gb must be > 0, got {mem_gb!r}")
-        if cancel_timeout_s <= 0:
-            raise ValueError(f"cancel_timeout_s must be > 0, got {cancel_timeout_s}")
+        checks.text("partition", partition)
+        checks.text("qos", qos)
+        if cpus_per_task is not None:
+            checks.count("cpus_per_task", cpus_per_task, 1)
+        checks.optional_amount("mem_gb", mem_gb)
+        checks.amount("cancel_timeout_s", cancel_timeout_s)
         if time_limit is not None:
             time_limit_minutes(time_limit)
         gres = gres if gres is not None else cls.gres
@@ -112,11 +104,6 @@ class SlurmOptions:
             raise ValueError(f"extra_args must be a list of strings, got {extra_args!r}")
         return cls(partition, qos, gres, cpus_per_task, mem_gb, str(time_limit) if time_limit is not None else None,
                    tuple(extra_args or ()), cancel_timeout_s)
-
-    @property
-    def time_minutes(self) -> int | None:
-        """``time_limit`` in whole minutes (None: the partition's default)."""
-        return time_limit_minutes(self.time_limit) if self.time_limit is not None else None
 
     def gres_for(self, task: TaskSpec) -> str | None:
         """The ``--gres`` value of ``task``, or None when it needs no GPU."""

@@ -39,15 +39,18 @@ def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float) 
     return {rec.task_id: rec for rec in adopt}
 
 
-def cancel_records(records: Sequence[JobRecord], ledger: Ledger, timeout_s: float, why: str) -> None:
-    """scancel these jobs, recorded before (``stop_sent``) and after (``stopped`` once squeue agrees)."""
+def cancel_records(records: Sequence[JobRecord], ledger: Ledger | None, timeout_s: float, why: str) -> None:
+    """scancel these jobs, recorded (when there is a ledger) before (``stop_sent``) and after
+    (``stopped`` once squeue agrees, else ``stop_unconfirmed``)."""
     if not records:
         return
-    for rec in records:
-        ledger.record("stop_sent", rec.name, job_id=rec.job_id, reason=why)
+    if ledger is not None:
+        for rec in records:
+            ledger.record("stop_sent", rec.name, job_id=rec.job_id, reason=why)
     gone = cancel_and_wait([r.job_id for r in records], timeout_s)
-    for rec in records:
-        ledger.record("stopped" if gone else "stop_unconfirmed", rec.name, job_id=rec.job_id)
+    if ledger is not None:
+        for rec in records:
+            ledger.record("stopped" if gone else "stop_unconfirmed", rec.name, job_id=rec.job_id)
 
 
 def _cancel_unknown(records: list[JobRecord], ledger: Ledger, timeout_s: float) -> None:

@@ -148,7 +148,7 @@ class SlurmRunner(BaseRunner):
                     "template wraps the task inside the batch job (e.g. 'apptainer exec img.sif {task_cmd}')"
                 )
         if launcher == "sbatch":
-            from orchestra.runners.slurm.batch import sbatch_long_options
+            from orchestra.runners.slurm.script import sbatch_long_options
 
             sbatch_long_options(self.options.extra_args)  # validates now, not at the first submission
         self._tag = ""

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 
 from orchestra.runners.core.cli import kill_group
 from orchestra.runners.core.contract import Job
+from orchestra.runners.core.run import read_log
 from orchestra.runners.core.shell import NOW, RC, exports, printf, task_lines
 from orchestra.runners.slurm.common import job_header
 from orchestra.runners.slurm.state import SLURM_CALL_TIMEOUT_S
@@ -180,13 +181,7 @@ def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:
 
 def footer_code(log_path: str, offset: int, job_id: str) -> int | None:
     """The exit code the job script wrote at the end of this attempt's log, if it did."""
-    try:
-        with open(log_path, "rb") as f:
-            f.seek(offset)
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return None
-    for m in _FOOTER.finditer(text):
+    for m in _FOOTER.finditer(read_log(log_path, offset)):
         if m.group(1) == job_id:
             return int(m.group(2))
     return None

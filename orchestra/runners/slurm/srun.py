@@ -9,7 +9,6 @@ hands them to ``slurm_state.cancel_and_wait``, the one cancel path of the Slurm 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -17,7 +16,8 @@ from dataclasses import dataclass
 
 from orchestra.runners.core.contract import Exit, Job, cannot_start
 from orchestra.runners.core.proc import signal_group, start_group
-from orchestra.runners.slurm.common import SlurmLauncher, log_offset
+from orchestra.runners.core.run import log_size, read_log
+from orchestra.runners.slurm.common import SlurmLauncher
 from orchestra.runners.slurm.state import (
     HEADER_JOB,
     TERMINAL_STATES,
@@ -28,16 +28,6 @@ from orchestra.runners.slurm.state import (
     squeue_by_name,
     srun_exit,
 )
-
-
-def _read_from(path: str, offset: int, limit: int = 65536) -> str:
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, os.SEEK_END)
-            f.seek(max(offset, size - limit))
-            return f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -55,7 +45,7 @@ class SrunLauncher(SlurmLauncher):
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         refused: dict[Job, Exit] = {}
         for job in jobs:
-            offset = log_offset(job.log_path)
+            offset = log_size(job.log_path)
             # Its own process group (Ctrl-C is the orchestrator's to handle, not srun's); SIGTERM,
             # not SIGKILL, if the orchestrator dies, so that srun cancels its job.
             try:
@@ -68,13 +58,7 @@ class SrunLauncher(SlurmLauncher):
         return refused
 
     def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        ended: dict[Job, Exit] = self.stops.ended(jobs)
-        for job in jobs:
-            if job not in ended and not self.stops.stopping(job):
-                exit_ = self._poll_one(job)
-                if exit_ is not None:
-                    ended[job] = exit_
-        return ended
+        return self.stops.poll_each(jobs, self._poll_one)
 
     def _poll_one(self, job: Job) -> Exit | None:
         handle: SrunHandle = job.handle
@@ -83,7 +67,7 @@ class SrunLauncher(SlurmLauncher):
             return None
         if code == 0:
             return Exit(0)
-        tail = _read_from(job.log_path, handle.log_offset)
+        tail = read_log(job.log_path, handle.log_offset, limit=65536)
         ended = srun_exit(code, tail, self.options.time_limit)
         header = HEADER_JOB.search(tail)
         if header and ended.reason.startswith("exit code"):

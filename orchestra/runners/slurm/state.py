@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
 from orchestra.runners.core.cli import CallError, CallTimeout, call
 from orchestra.runners.core.contract import Exit
+from orchestra.runners.core.proc import describe_status, signal_name
 from orchestra.runners.core.stopping import stop_and_confirm
 
 #: states after which a job never runs again (anything else is still alive: PENDING, RUNNING,
@@ -35,7 +36,7 @@ _PENDING_RANGE = re.compile(r"(\d+)_\[([0-9,\-]+)(?:%\d+)?\]")
 
 
 @dataclass(frozen=True)
-class JobInfo:
+class SlurmJobState:
     """One job's state as Slurm reports it.
 
     Attributes:
@@ -85,9 +86,9 @@ def _expand_pending(line_id: str) -> list[str]:
     return out
 
 
-def parse_squeue(text: str) -> dict[str, JobInfo]:
+def parse_squeue(text: str) -> dict[str, SlurmJobState]:
     """Parse ``squeue -h -O JobArrayID:|,State:|,exit_code:|,Reason:|`` output."""
-    infos: dict[str, JobInfo] = {}
+    infos: dict[str, SlurmJobState] = {}
     for line in text.splitlines():
         parts = line.split("|")
         if len(parts) < 2 or not parts[0].strip():
@@ -96,11 +97,11 @@ def parse_squeue(text: str) -> dict[str, JobInfo]:
         status = parts[2].strip() if len(parts) > 2 else ""
         reason = parts[3].strip() if len(parts) > 3 else ""
         for job_id in _expand_pending(parts[0].strip()):
-            infos[job_id] = JobInfo(job_id, state, int(status) if status.isdigit() else None, reason)
+            infos[job_id] = SlurmJobState(job_id, state, int(status) if status.isdigit() else None, reason)
     return infos
 
 
-def squeue(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+def squeue(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
     """The state of these jobs (array tasks included) in one call; jobs squeue forgot are absent.
 
     Raises ``SlurmCommandError`` when squeue itself fails (e.g. the controller does not answer).
@@ -133,7 +134,7 @@ def squeue_by_name(names: Iterable[str]) -> dict[str, tuple[str, str]]:
     return out
 
 
-def sacct(job_ids: Iterable[str]) -> dict[str, JobInfo]:
+def sacct(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
     """What accounting knows about jobs squeue forgot; ``{}`` where there is no accounting."""
     ids = sorted(set(job_ids))
     if not ids:
@@ -151,8 +152,25 @@ def sacct(job_ids: Iterable[str]) -> dict[str, JobInfo]:
             continue
         code, _, sig = parts[2].partition(":")
         status = (int(code) << 8 | int(sig or 0)) if code.isdigit() and (sig or "0").isdigit() else None
-        infos[parts[0]] = JobInfo(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", status)
+        infos[parts[0]] = SlurmJobState(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", status)
     return infos
+
+
+def look(job_ids: Collection[str], footer: Callable[[str], int | None]) -> dict[str, SlurmJobState] | None:
+    """The state of these jobs in one round: one squeue call, sacct for those it forgot, then
+    ``footer(job id)`` (the exit code the job script left in its log, or None) for the rest; jobs
+    none of them knows are absent.  None when squeue gave no answer (a restarting controller)."""
+    try:
+        states = squeue(job_ids)
+    except SlurmCommandError:
+        return None
+    missing = [job_id for job_id in job_ids if job_id not in states]
+    if missing:
+        states.update(sacct(missing))
+    for job_id in missing:
+        if job_id not in states and (code := footer(job_id)) is not None:
+            states[job_id] = SlurmJobState(job_id, "COMPLETED" if code == 0 else "FAILED", code << 8)
+    return states
 
 
 def scancel(job_ids: Iterable[str]) -> None:
@@ -205,26 +223,7 @@ def cancel_and_wait(job_ids: Iterable[str], timeout_s: float, *, names: Iterable
                             poll_s=_CANCEL_POLL_S, ending={"COMPLETING"}, busy=busy) == {}
 
 
-def describe_status(wait_status: int | None) -> tuple[int, str]:
-    """A raw wait status as ``(exit code, words)``: ``(3, "exit code 3")``, ``(-9, "signal SIGKILL")``."""
-    if wait_status is None:
-        return -1, "exit status unknown"
-    code, sig = wait_status >> 8, wait_status & 0x7F
-    if sig:
-        return -sig, f"signal {_signal_name(sig)}"
-    return code, f"exit code {code}"
-
-
-def _signal_name(sig: int) -> str:
-    import signal
-
-    try:
-        return signal.Signals(sig).name
-    except ValueError:
-        return str(sig)
-
-
-def exit_of(info: JobInfo, time_limit: str | None, mem_gb: float | None) -> Exit:
+def exit_of(info: SlurmJobState, time_limit: str | None, mem_gb: float | None) -> Exit:
     """How a job in a terminal state ended, with a reason the run summary can show."""
     code, status = describe_status(info.wait_status)
     job = f"Slurm job {info.job_id}"
@@ -247,6 +246,8 @@ def exit_of(info: JobInfo, time_limit: str | None, mem_gb: float | None) -> Exit
 _STEP_LINE = re.compile(r"\*\*\* (?:STEP|JOB) (\d+)(?:\.\w+)? ON \S+ CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
 _ALLOC_ERROR = re.compile(r"srun: error: (?:Unable to allocate resources|.*allocation failure): (.+)")
 HEADER_JOB = re.compile(r"===== slurm: job (\d+)")
+#: slurmstepd's ``CANCELLED AT ... DUE TO <cause>`` as the state squeue reports for that end
+_STEP_CAUSES = {"TIME LIMIT": "TIMEOUT", "PREEMPTION": "PREEMPTED", "NODE FAILURE": "NODE_FAIL"}
 
 
 def srun_exit(code: int, log_tail: str, time_limit: str | None) -> Exit:
@@ -255,20 +256,13 @@ def srun_exit(code: int, log_tail: str, time_limit: str | None) -> Exit:
     if m:
         return Exit(code or 1, f"srun could not allocate the job: {m.group(1).strip()}")
     header = HEADER_JOB.search(log_tail)
-    for m in _STEP_LINE.finditer(log_tail):
-        job = f"Slurm job {m.group(1)}"
-        why = (m.group(2) or "").strip()
-        if why == "TIME LIMIT":
-            return Exit(code or -1, f"Slurm time limit (time_limit={time_limit or 'partition default'}) "
-                                    f"reached by {job}")
-        if why == "PREEMPTION":
-            return Exit(code or -1, f"{job} was preempted", infra=True)
-        if why == "NODE FAILURE":
-            return Exit(code or -1, f"{job} failed: its node failed", infra=True)
-        return Exit(code or -1, f"{job} was cancelled (scancel) after it was submitted")
+    for m in _STEP_LINE.finditer(log_tail):  # slurmstepd's words, read as the job's end state
+        state = _STEP_CAUSES.get((m.group(2) or "").strip(), "CANCELLED")
+        ended = exit_of(SlurmJobState(m.group(1), state), time_limit, None)
+        return Exit(code or -1, ended.reason, ended.infra)
     if "oom-kill" in log_tail or "Exceeded job memory limit" in log_tail:
         return Exit(code, "out of memory (Slurm's memory limit)")
     if code < 0:
-        return Exit(code, f"srun killed by signal {_signal_name(-code)}")
+        return Exit(code, f"srun killed by signal {signal_name(-code)}")
     where = f" (Slurm job {header.group(1)})" if header else ""
     return Exit(code, f"exit code {code}{where}")

@@ -11,7 +11,7 @@ from fake_backend import HANG, FakeBackend, exits, infer_task, make_context
 from orchestra.events import read_events
 from orchestra.runners.base import Exit, Job, TaskState
 from orchestra.runners.slurm.runner import SlurmRunner
-from orchestra.runners.slurm.state import JobInfo, exit_of
+from orchestra.runners.slurm.state import SlurmJobState, exit_of
 
 INFRA = exits(1, reason="infra: node lost")
 
@@ -103,7 +103,7 @@ class SlurmStateBackend(FakeBackend):
         ended = super().poll(job)
         if ended is not None and ended.reason.startswith("slurm:"):
             state = ended.reason.removeprefix("slurm:")
-            return exit_of(JobInfo(f"7{job.attempt}", state, 15 if state != "COMPLETED" else 0), None, None)
+            return exit_of(SlurmJobState(f"7{job.attempt}", state, 15 if state != "COMPLETED" else 0), None, None)
         return ended
 
 

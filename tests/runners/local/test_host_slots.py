@@ -1,6 +1,6 @@
 """Eval tasks declare what their evaluator occupies, and the stages share one machine's slots.
 
-The unit tests pin :class:`HostSlots`' rules; the last test runs a real two-stage run (local
+The unit tests pin :class:`HostCapacity`' rules; the last test runs a real two-stage run (local
 processes, stages side by side) where the judge of the eval stage is a model on the same single
 (fake) GPU as inference: the eval task waits for the GPU instead of sharing it.
 """
@@ -16,7 +16,7 @@ from orchestra.events import read_events
 from orchestra.models.fake import DeterministicModel
 from orchestra.planner import _eval_needs
 from orchestra.runners import LocalRunner
-from orchestra.runners.core.host import HostSlots
+from orchestra.runners.core.host import HostCapacity
 from orchestra.tasks import EvalTask, InferTask
 from orchestra.tasks.spec import Unit
 
@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[3]
 
 
 def test_inference_never_waits_for_cores_eval_takes_what_is_left() -> None:
-    host = HostSlots(cores=4)
+    host = HostCapacity(cores=4)
     assert host.take("infer", 3, [], 0, 1) == []
     assert host.take("eval", 2, [], 0, 1) == []  # the first eval task always runs
     assert host.take("eval", 1, [], 0, 1) is None  # 3 + 2 + 1 > 4 cores
@@ -40,7 +40,7 @@ def test_inference_never_waits_for_cores_eval_takes_what_is_left() -> None:
 
 
 def test_a_gpu_is_held_across_stages() -> None:
-    host = HostSlots(cores=8)
+    host = HostCapacity(cores=8)
     assert host.take("infer", 1, ["0", "1"], 1, 1) == ["0"]
     assert host.take("eval", 1, ["0", "1"], 1, 1) == ["1"]
     assert host.take("eval", 1, ["0", "1"], 1, 1) is None  # both GPUs taken, by either stage

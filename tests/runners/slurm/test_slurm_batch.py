@@ -9,8 +9,9 @@ import pytest
 
 from orchestra.runners.base import Job
 from orchestra.runners.core.command import Command
-from orchestra.runners.slurm.batch import SbatchError, SbatchLauncher, job_script, output_pattern, parse_parsable
+from orchestra.runners.slurm.batch import SbatchLauncher
 from orchestra.runners.slurm.common import SlurmOptions
+from orchestra.runners.slurm.script import SbatchError, job_script, output_pattern, parse_parsable
 from orchestra.tasks.spec import TaskSpec
 
 

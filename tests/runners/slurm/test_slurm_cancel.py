@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from orchestra.runners.slurm import state as slurm_state
-from orchestra.runners.slurm.state import JobInfo, SlurmCommandError, cancel_and_wait
+from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, cancel_and_wait
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
@@ -33,8 +33,8 @@ class FakeSlurm:
             raise SlurmCommandError("squeue: slurm_load_jobs error: Unable to contact slurm controller")
         return answer
 
-    def squeue(self, job_ids: Iterable[str]) -> dict[str, JobInfo]:
-        return {jid: JobInfo(jid, state) for jid, state in self._next().items()}
+    def squeue(self, job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
+        return {jid: SlurmJobState(jid, state) for jid, state in self._next().items()}
 
     def squeue_by_name(self, names: Iterable[str]) -> dict[str, tuple[str, str]]:
         return {jid: (f"name-{jid}", state) for jid, state in self._next().items()}

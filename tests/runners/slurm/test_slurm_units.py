@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from orchestra.errors import ConfigError
-from orchestra.runners.slurm.batch import sbatch_long_options
+from orchestra.runners.core.proc import describe_status
 from orchestra.runners.slurm.runner import SlurmRunner, job_name, run_tag, time_limit_minutes
-from orchestra.runners.slurm.state import JobInfo, describe_status, exit_of, parse_squeue, srun_exit
+from orchestra.runners.slurm.script import sbatch_long_options
+from orchestra.runners.slurm.state import SlurmJobState, exit_of, parse_squeue, srun_exit
 from orchestra.tasks.spec import TaskSpec
 
 REPO = Path(__file__).resolve().parents[3]
@@ -129,18 +130,18 @@ def test_parse_squeue_expands_pending_array_ranges() -> None:
     infos = parse_squeue(text)
     assert sorted(infos) == ["232_1", "232_2", "232_3", "232_4", "232_7", "233", "234"]
     assert infos["232_3"].state == "PENDING" and not infos["232_3"].terminal
-    assert infos["233"] == JobInfo("233", "FAILED", 137 << 8, "NonZeroExitCode")
+    assert infos["233"] == SlurmJobState("233", "FAILED", 137 << 8, "NonZeroExitCode")
     assert infos["234"].state == "CANCELLED" and infos["234"].terminal
 
 
 def test_exit_reasons_name_what_slurm_did() -> None:
-    assert exit_of(JobInfo("5", "COMPLETED", 0), None, None).code == 0
-    assert exit_of(JobInfo("5", "FAILED", 3 << 8), None, None).reason == "Slurm job 5 failed with exit code 3"
-    assert exit_of(JobInfo("5", "TIMEOUT", 15), "10", None).reason == \
+    assert exit_of(SlurmJobState("5", "COMPLETED", 0), None, None).code == 0
+    assert exit_of(SlurmJobState("5", "FAILED", 3 << 8), None, None).reason == "Slurm job 5 failed with exit code 3"
+    assert exit_of(SlurmJobState("5", "TIMEOUT", 15), "10", None).reason == \
         "Slurm time limit (time_limit=10) reached by Slurm job 5"
-    assert "cancelled (scancel)" in exit_of(JobInfo("5_1", "CANCELLED", 15), None, None).reason
-    assert "preempted" in exit_of(JobInfo("5", "PREEMPTED", 15), None, None).reason
-    assert "mem_gb=4" in exit_of(JobInfo("5", "OUT_OF_MEMORY", 9), None, 4).reason
+    assert "cancelled (scancel)" in exit_of(SlurmJobState("5_1", "CANCELLED", 15), None, None).reason
+    assert "preempted" in exit_of(SlurmJobState("5", "PREEMPTED", 15), None, None).reason
+    assert "mem_gb=4" in exit_of(SlurmJobState("5", "OUT_OF_MEMORY", 9), None, 4).reason
     assert describe_status(9) == (-9, "signal SIGKILL")
 
 
@@ -150,7 +151,7 @@ def test_exit_reasons_name_what_slurm_did() -> None:
     ("DEADLINE", False),
 ])
 def test_only_what_the_cluster_did_is_an_infrastructure_exit(state: str, infra: bool) -> None:
-    ended = exit_of(JobInfo("5", state, 15 if state != "COMPLETED" else 0), None, None)
+    ended = exit_of(SlurmJobState("5", state, 15 if state != "COMPLETED" else 0), None, None)
     assert ended.infra is infra
     assert (ended.code != 0) is (state != "COMPLETED")
 
