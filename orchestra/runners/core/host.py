@@ -74,8 +74,3 @@ class HostCapacity:
             return {"cores": dict(self._cores), "tasks": dict(self._tasks),
                     "gpus": {g: n for g, n in self._gpu_use.items() if n}}
 
-
-#: The former name, kept only for ``runners/core/served.py`` (owned by another change in flight);
-#: remove once it imports ``HostCapacity``.  ``limits.concurrency.HostSlots`` is the host-wide
-#: flock slots of a concurrency scope, a different thing.
-HostSlots = HostCapacity

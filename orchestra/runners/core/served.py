@@ -18,7 +18,7 @@ from orchestra.errors import ConfigError
 from orchestra.paths import RunPaths
 from orchestra.runners.core.command import Command
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Resources, Session
-from orchestra.runners.core.host import FIRST_STAGE, HostSlots
+from orchestra.runners.core.host import FIRST_STAGE, HostCapacity
 from orchestra.runners.core.run import RunContext
 from orchestra.serving.pool import ServerPool
 from orchestra.serving.presets import KEY_FILE_ENV, SERVERS_DIR_ENV
@@ -123,7 +123,7 @@ def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, run
         if why:
             session.resources.why_none = why
         return None
-    slots = ctx.host or HostSlots()
+    slots = ctx.host or HostCapacity()
 
     def take(n: int) -> list[str] | None:
         return slots.take(FIRST_STAGE, 0, gpus, n, 1)
