@@ -265,7 +265,8 @@ class OpenAIAPI(BaseModel):
     def _replica_set(self) -> ReplicaSet:
         if self._replicas is None:
             folder = os.environ.get(SERVERS_DIR_ENV, "")
-            self._replicas = ReplicaSet(os.path.join(folder, safe_name(self.abbr), "replicas.json"))
+            self._replicas = ReplicaSet(os.path.join(folder, safe_name(self.abbr), "replicas.json"),
+                                        socket_root=os.path.dirname(os.environ.get(KEY_FILE_ENV, "")))
         return self._replicas
 
     async def _send(self, url: str, payload: bytes, budget_s: float, socket_path: str = "") -> Outcome:
