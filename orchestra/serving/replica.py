@@ -38,6 +38,8 @@ from orchestra.serving.spec import ServerSpec
 from orchestra.serving.watchdog import group_members
 
 _PR_SET_PDEATHSIG = 1
+#: the longest path a Unix socket can be bound to on Linux (``sun_path`` holds 108 bytes with its NUL)
+MAX_SOCKET_PATH = 107
 
 
 def free_port() -> int:
@@ -192,6 +194,9 @@ class Replica:
         private folder ``socket_dir`` (output appended to the log)."""
         if self.spec.on_socket:
             self.port, self.socket_path = 0, os.path.join(socket_dir, f"{secrets.token_hex(6)}.sock")
+            if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:  # the server's bind would fail, late
+                raise OSError(f"its socket path {self.socket_path} is {len(os.fsencode(self.socket_path))} bytes, "
+                              f"over the {MAX_SOCKET_PATH} a Unix socket takes; set TMPDIR to a shorter folder")
         else:
             self.port, self.socket_path = free_port(), ""
         how = launch(self.spec, self.served_name, self.port, key_file, self.gpus, self.socket_path)
