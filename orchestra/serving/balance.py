@@ -6,9 +6,9 @@ flight.  A replica on a Unix socket (vLLM's) is listed with its ``socket`` path;
 go over that socket.  The file is in the run folder, so what it lists is checked before the key
 is sent there: a loopback port (``http://127.0.0.1:PORT/v1``, nothing else in the address) on
 which only this user listens, or a socket of this user in a ``sockets-*`` folder of the run's
-private serving folder (where the key file is).  A replica that refuses a connection is set aside until the file changes or
-a few seconds pass; the request is retried on another one (a dead replica's requests go to the
-others).
+private serving folder (where the key file is).  A replica that refuses a connection is set
+aside until the file changes or a few seconds pass; the request is retried on another one (a dead
+replica's requests go to the others).
 """
 
 from __future__ import annotations
