@@ -66,8 +66,11 @@ def listener(port: int) -> tuple[int, bool] | None:
     return None
 
 
-def unix_listener(path: str) -> int | None:
-    """The inode of the Unix socket listening at ``path`` (from /proc/net/unix); None: none yet."""
+def unix_listeners(path: str) -> list[int]:
+    """The inodes of the Unix sockets listening at ``path`` (from /proc/net/unix; []: none yet).
+    There may be several: the table shows the path a socket was bound to, and a socket bound to
+    the same name in another mount namespace, or to a name since unlinked, is listed too."""
+    found: list[int] = []
     try:
         with open("/proc/net/unix", encoding="utf-8", errors="replace") as fh:
             next(fh)
@@ -75,10 +78,10 @@ def unix_listener(path: str) -> int | None:
                 parts = line.split(None, 7)
                 # Flags 00010000 (__SO_ACCEPTCON): a listening socket; the path is the last column.
                 if len(parts) == 8 and parts[7].rstrip("\n") == path and int(parts[3], 16) & 0x10000:
-                    return int(parts[6])
-    except (OSError, ValueError):
-        return None
-    return None
+                    found.append(int(parts[6]))
+    except (OSError, ValueError, StopIteration):
+        return found
+    return found
 
 
 def owns_socket(pids: list[int], inode: int) -> bool:
@@ -234,10 +237,13 @@ class Replica:
         # process of another user that took the port must never see the key.
         assert self.proc is not None
         if self.socket_path:
-            inode = unix_listener(self.socket_path)
-            if inode is None:
+            # Only this user can bind in the socket's 0700 folder: one listener of the group's at
+            # the path is enough (another one listed with that name is not what a connect reaches).
+            inodes = unix_listeners(self.socket_path)
+            if not inodes:
                 return "starting"
-            if not owns_socket(group_members(self.proc.pid), inode):
+            members = group_members(self.proc.pid)
+            if not any(owns_socket(members, inode) for inode in inodes):
                 return "foreign"
         else:
             found = listener(self.port)

@@ -135,3 +135,22 @@ def test_a_task_trusts_only_loopback_ports_this_user_listens_on(tmp_path: Path) 
         mine.close()
         other.send_signal(signal.SIGKILL)
         other.wait()
+
+
+def test_every_listener_shown_at_a_socket_path_is_found(tmp_path: Path) -> None:
+    """/proc/net/unix lists the path a socket was bound to: one bound to the same name (here: to
+    a name since unlinked) is listed too, so the replica's own socket must be looked for among
+    all of them, not only the first one listed."""
+    from orchestra.serving.replica import owns_socket, unix_listeners
+
+    path = str(tmp_path / "r.sock")
+    first = _listen_unix(path)
+    os.unlink(path)
+    second = _listen_unix(path)
+    try:
+        inodes = unix_listeners(path)
+        assert sorted(inodes) == sorted(os.fstat(s.fileno()).st_ino for s in (first, second))
+        assert all(owns_socket([os.getpid()], inode) for inode in inodes)
+    finally:
+        first.close()
+        second.close()
