@@ -6,7 +6,7 @@ any server starts (no ``servers/`` folder, no replica process).
 * a judge whose server needs more GPUs than the eval runner has, or whose abbr names another
   served model.
 
-And a judge with ``server=`` served by the eval stage's own replicas.
+And a judge with ``server=`` served by the eval stage's own replicas, and stopped with them on Ctrl-C.
 
 The lm-eval tasks are two tiny YAMLs written here, over a local JSON file (no network).
 """
@@ -135,3 +135,37 @@ def test_a_judge_server_that_cannot_fit_or_clashes_is_refused_at_config_time(tmp
     assert "datasets[0].eval_cfg.evaluator.judge: server needs 1 replica(s) x 2 GPU(s)" in line, line
     line = refused(tmp_path, judged_config(tmp_path, llama(), judge_abbr="smol"))
     assert "datasets[0].eval_cfg.evaluator.judge: abbr 'smol' names another served model" in line, line
+
+
+def test_ctrl_c_while_a_judge_replica_grades_stops_it_and_frees_its_folder(tmp_path: Path) -> None:
+    """A judge on a Unix socket whose every answer takes 60 s: Ctrl-C in the eval stage ends the
+    run (130) within seconds, and the judge's replica, key file and socket folder are gone."""
+    import signal
+    import time
+
+    from tests.helpers import start_cli, wait_for
+    from tests.serving.test_managed_runs import alive, replica_pids
+
+    judge = dict(engine="command", model="m", max_restarts=0,
+                 command=[sys.executable, STUB, "{socket}", "--slow", "60"])
+    proc = start_cli(judged_config(tmp_path, judge), new_session=True)
+    try:
+        run = wait_for(lambda: run_dirs(tmp_path / "out")[-1:] and run_dirs(tmp_path / "out")[-1], 60, "a run")
+        wait_for(lambda: any(e["event"] == "server_ready" and e["model"] == "judge" for e in events(run)), 120,
+                 "the judge's replica")
+        (started,) = [r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"
+                      and r["model"] == "judge"]
+        pids = wait_for(lambda: [p for p in replica_pids(run) if alive(p)], 30, "the judge's processes")
+        time.sleep(1.0)  # its requests are in flight now
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        assert time.monotonic() - t0 < 20
+        wait_for(lambda: not [p for p in pids if alive(p)], 10, "the judge's processes to be gone")
+        assert not os.path.exists(started["key_file"])
+        assert not os.path.exists(os.path.dirname(started["socket"]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
