@@ -154,3 +154,31 @@ def test_every_listener_shown_at_a_socket_path_is_found(tmp_path: Path) -> None:
     finally:
         first.close()
         second.close()
+
+
+def test_a_serving_folder_planted_by_another_user_is_refused_before_any_server(tmp_path: Path) -> None:
+    """``<tmp>/orchestra-serve-<uid>`` made first by another user (or a link to a folder of theirs)
+    would let them reach the key and the sockets: one line, exit 2, nothing started."""
+    from tests.helpers import run_cli, run_dirs
+    from tests.serving.test_managed_runs import config
+
+    stub = str(Path(__file__).with_name("keyed_stub.py"))
+    server = dict(engine="command", model="m", command=[sys.executable, stub, "{socket}"])
+    nobody = pwd.getpwnam("nobody")
+    for planted in ("folder", "link"):
+        tmp = tmp_path / planted / "tmp"
+        tmp.mkdir(parents=True)
+        theirs = tmp / f"orchestra-serve-{os.getuid()}"
+        if planted == "folder":
+            theirs.mkdir(mode=0o777)
+            os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+        else:
+            (tmp_path / planted / "elsewhere").mkdir(mode=0o700)
+            theirs.symlink_to(tmp_path / planted / "elsewhere")
+        work = tmp_path / planted
+        res = run_cli(config(work, server, rows=2), env={**os.environ, "TMPDIR": str(tmp)}, timeout=120)
+        assert res.returncode == 2, res.stderr[-3000:]
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and str(theirs) in lines[0], lines
+        assert not [p for d in run_dirs(work / "out") for p in (d / "servers").glob("*/replica-*.log")]
+        assert os.listdir(theirs) == []
