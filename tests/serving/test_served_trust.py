@@ -100,11 +100,14 @@ def test_a_task_trusts_only_sockets_in_the_runs_private_socket_folder(tmp_path: 
         shutil.rmtree(folder)
 
 
-def _listen_tcp_as(uid: int) -> tuple[int, subprocess.Popen[bytes]]:
-    """A process of ``uid`` listening on a loopback port: (port, process)."""
+def _listen_tcp_as(uid: int, dual_stack: bool = False) -> tuple[int, subprocess.Popen[bytes]]:
+    """A process of ``uid`` listening on a loopback port (``dual_stack``: on ``[::]``, which takes
+    connections to 127.0.0.1 too): (port, process)."""
+    bind = ("s = socket.socket(socket.AF_INET6); s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0); "
+            "s.bind(('::', 0))" if dual_stack else "s = socket.socket(); s.bind(('127.0.0.1', 0))")
     code = ("import os, socket, sys, time\n"
             f"os.setgid({pwd.getpwuid(uid).pw_gid}); os.setuid({uid})\n"
-            "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen(4)\n"
+            f"{bind}; s.listen(4)\n"
             "print(s.getsockname()[1], flush=True); time.sleep(60)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE)
     assert proc.stdout is not None
@@ -113,6 +116,7 @@ def _listen_tcp_as(uid: int) -> tuple[int, subprocess.Popen[bytes]]:
 
 def test_a_task_trusts_only_loopback_ports_this_user_listens_on(tmp_path: Path) -> None:
     port, other = _listen_tcp_as(pwd.getpwnam("nobody").pw_uid)
+    port6, other6 = _listen_tcp_as(pwd.getpwnam("nobody").pw_uid, dual_stack=True)
     mine = socket.socket()
     mine.bind(("127.0.0.1", 0))
     mine.listen(4)
@@ -122,6 +126,7 @@ def test_a_task_trusts_only_loopback_ports_this_user_listens_on(tmp_path: Path) 
     listed = tmp_path / "replicas.json"
     try:
         for bad in (f"http://127.0.0.1:{port}/v1",  # another user's listener
+                    f"http://127.0.0.1:{port6}/v1",  # another user's, on every address (IPv6 and IPv4)
                     f"http://127.0.0.1:{mine.getsockname()[1]}@10.0.0.5:80/v1",  # userinfo: the host is 10.0.0.5
                     f"http://127.0.0.1.example.com:{mine.getsockname()[1]}/v1",  # a name, not loopback
                     f"http://127.0.0.1:{free}/v1"):  # nothing listens
@@ -133,8 +138,9 @@ def test_a_task_trusts_only_loopback_ports_this_user_listens_on(tmp_path: Path) 
         assert target is not None and target.url == good
     finally:
         mine.close()
-        other.send_signal(signal.SIGKILL)
-        other.wait()
+        for proc in (other, other6):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
 
 
 def test_every_listener_shown_at_a_socket_path_is_found(tmp_path: Path) -> None:
