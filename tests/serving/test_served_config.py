@@ -134,7 +134,7 @@ def test_a_judge_server_that_cannot_fit_or_clashes_is_refused_at_config_time(tmp
     line = refused(tmp_path, judged_config(tmp_path, dict(engine="vllm", model="org/m", tensor_parallel_size=2)))
     assert "datasets[0].eval_cfg.evaluator.judge: server needs 1 replica(s) x 2 GPU(s)" in line, line
     line = refused(tmp_path, judged_config(tmp_path, llama(), judge_abbr="smol"))
-    assert "datasets[0].eval_cfg.evaluator.judge: abbr 'smol' names another served model" in line, line
+    assert "datasets[0].eval_cfg.evaluator.judge: abbr 'smol' is a served model of the infer stage" in line, line
 
 
 def test_ctrl_c_while_a_judge_replica_grades_stops_it_and_frees_its_folder(tmp_path: Path) -> None:
@@ -169,3 +169,25 @@ def test_ctrl_c_while_a_judge_replica_grades_stops_it_and_frees_its_folder(tmp_p
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_judge_named_like_a_served_infer_model_is_refused_even_with_the_same_server(tmp_path: Path) -> None:
+    """The eval stage serves its judges with replicas of its own (its own key), and eval tasks start
+    while other infer tasks still run: a judge with a served infer model's abbr would share
+    ``servers/<abbr>/replicas.json`` with it, and the infer tasks' requests went to the judge's
+    replica with the infer key (HTTP 401, the infer task failed).  Refused at config time."""
+    same = dict(engine="command", model="m", command=[sys.executable, STUB, "{port}"])  # the infer model's server
+    line = refused(tmp_path, judged_config(tmp_path, same, judge_abbr="smol"))
+    assert "datasets[0].eval_cfg.evaluator.judge: abbr 'smol' is a served model of the infer stage" in line, line
+
+
+def test_two_judges_of_one_abbr_with_other_servers_are_refused(tmp_path: Path) -> None:
+    cfg = judged_config(tmp_path, llama())
+    text = cfg.read_text()
+    i = text.index("datasets = [") + len("datasets = [")
+    first = text[i:text.index("\n", i)].rstrip("]")
+    second = first.replace("abbr='arith'", "abbr='arith2'").replace("'threads': 1", "'threads': 2")
+    assert second != first.replace("abbr='arith'", "abbr='arith2'")  # the second judge's server differs
+    cfg.write_text(text[:i] + first + ", " + second + "]" + text[text.index("\n", i):])
+    line = refused(tmp_path, cfg)
+    assert "datasets[1].eval_cfg.evaluator.judge: abbr 'judge' names another served judge" in line, line
