@@ -145,22 +145,26 @@ def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], 
 
 
 def _check_served_names(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
-    """Served models (infer models and judges with ``server=``) share one replica set per abbr:
-    two of one abbr must be the same server serving the same name."""
+    """Served models share one replica set per abbr and stage (``servers/<abbr>/``): judges of
+    one abbr must be the same server serving the same name, and no judge may take the abbr of a
+    served infer model (the eval stage runs its own replicas, with its own key, while infer tasks
+    of that model may still run)."""
     from orchestra.serving.spec import served_judge
 
+    infer = {str(m["abbr"]) for m in models if m.get("server")}
     seen: dict[str, tuple[str, Any]] = {}
-    for m in models:
-        if m.get("server"):
-            seen[str(m["abbr"])] = (str(m.get("path")), m["server"])
     for j, d in enumerate(datasets):
         judge = served_judge(d)
         if judge is None:
             continue
         abbr, mine = str(judge.get("abbr") or "judge"), (str(judge.get("path")), judge["server"])
+        where = f"{source}: datasets[{j}].eval_cfg.evaluator.judge: abbr {abbr!r}"
+        if abbr in infer:
+            raise ConfigError(f"{where} is a served model of the infer stage: the eval stage would start its own "
+                              f"replicas of it in the same folder servers/{abbr}/; give this judge its own abbr")
         if seen.setdefault(abbr, mine) != mine:
-            raise ConfigError(f"{source}: datasets[{j}].eval_cfg.evaluator.judge: abbr {abbr!r} names another served "
-                              "model (another server or path) of this config; give this judge its own abbr")
+            raise ConfigError(f"{where} names another served judge (another server or path) of this config; "
+                              "give this judge its own abbr")
 
 
 def _check_keys(sub: dict[str, Any], valid: tuple[str, ...], where: str) -> None:

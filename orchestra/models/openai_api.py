@@ -41,7 +41,7 @@ from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.paths import RunPaths, safe_name
 from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, prompt_text
 from orchestra.serving.balance import ReplicaSet
-from orchestra.serving.presets import KEY_FILE_ENV, SERVERS_DIR_ENV
+from orchestra.serving.presets import KEY_FILE_ENV, REMOTE_ENV, SERVERS_DIR_ENV
 from orchestra.serving.spec import parse_server
 
 ENDPOINTS = ("chat", "completions")
@@ -265,7 +265,9 @@ class OpenAIAPI(BaseModel):
     def _replica_set(self) -> ReplicaSet:
         if self._replicas is None:
             folder = os.environ.get(SERVERS_DIR_ENV, "")
-            self._replicas = ReplicaSet(os.path.join(folder, safe_name(self.abbr), "replicas.json"))
+            self._replicas = ReplicaSet(os.path.join(folder, safe_name(self.abbr), "replicas.json"),
+                                        socket_root=os.path.dirname(os.environ.get(KEY_FILE_ENV, "")),
+                                        remote_ok=os.environ.get(REMOTE_ENV) == "1")
         return self._replicas
 
     async def _send(self, url: str, payload: bytes, budget_s: float, socket_path: str = "") -> Outcome:

@@ -34,7 +34,7 @@ from typing import Any
 
 from orchestra.fileio import append_line, atomic_write_json, read_jsonl
 from orchestra.paths import safe_name
-from orchestra.privdir import open_private_file, private_dir, temp_folder
+from orchestra.privdir import folder_problem, open_private_file, private_dir, temp_folder
 from orchestra.serving.replica import Replica, start_time
 from orchestra.serving.spec import ServerSpec
 from orchestra.serving.watchdog import group_members
@@ -101,7 +101,9 @@ def reap(servers_dir: str) -> list[int]:
             from orchestra.serving.slurm_place import cancel_stale
 
             cancel_stale(rec["slurm_job"], str(rec.get("job_name", "")))
-        elif isinstance(pid, int) and born is not None and start_time(pid) == born:
+        # The ledger is in the run folder: a line names a process to kill only if it still is
+        # the same process (start time) and is a replica's watchdog of this user.
+        elif isinstance(pid, int) and born is not None and start_time(pid) == born and _is_watchdog(pid):
             for member in [*group_members(pid), pid]:
                 try:
                     os.kill(member, signal.SIGKILL)
@@ -109,17 +111,40 @@ def reap(servers_dir: str) -> list[int]:
                     pass
             stopped.append(pid)
         _record(ledger, "reaped", name=name, pid=pid)
-        key_file = rec.get("key_file")
-        if isinstance(key_file, str) and os.path.basename(os.path.dirname(key_file)).startswith("orchestra-serve-"):
-            try:
-                os.unlink(key_file)
-            except OSError:
-                pass
-        sock = rec.get("socket")
-        if isinstance(sock, str) and sock and isinstance(key_file, str) and \
-                os.path.dirname(os.path.dirname(sock)) == os.path.dirname(key_file):
-            shutil.rmtree(os.path.dirname(sock), ignore_errors=True)  # the crashed launch's socket folder
+        _remove_leftovers(rec.get("key_file"), rec.get("socket"))
     return stopped
+
+
+def _is_watchdog(pid: int) -> bool:
+    """Whether ``pid`` is a replica's watchdog (``-m orchestra.serving.watchdog``) of this user."""
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.geteuid():
+            return False
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            argv = fh.read().split(b"\0")
+    except OSError:
+        return False
+    return any(a == b"-m" and b == b"orchestra.serving.watchdog" for a, b in zip(argv, argv[1:]))
+
+
+def _remove_leftovers(key_file: Any, sock: Any) -> None:
+    """Remove a crashed launch's key file and socket folder, as the ledger names them, but only
+    where a launch puts them: directly in this user's private serving folder (a forged line
+    names nothing else that gets removed)."""
+    root = temp_folder("serve")
+    if not os.path.isdir(root) or folder_problem(root) is not None:
+        return
+    if isinstance(key_file, str) and os.path.normpath(key_file) == key_file and \
+            os.path.dirname(key_file) == root and key_file.endswith(".key"):
+        try:
+            os.unlink(key_file)
+        except OSError:
+            pass
+    folder = os.path.dirname(sock) if isinstance(sock, str) else ""
+    if folder and os.path.normpath(sock) == sock and os.path.dirname(folder) == root and \
+            os.path.basename(folder).startswith("sockets-") and os.path.isdir(folder) and \
+            folder_problem(folder) is None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @dataclass

@@ -29,6 +29,8 @@ HOST = "127.0.0.1"
 KEY_FILE_ENV = "ORCHESTRA_SERVER_KEY_FILE"
 #: the variable that tells a task where ``<dir>/<model>/replicas.json`` is
 SERVERS_DIR_ENV = "ORCHESTRA_SERVERS_DIR"
+#: set to ``1`` for tasks whose replicas are placed on a cluster (a node's address is then taken)
+REMOTE_ENV = "ORCHESTRA_SERVERS_REMOTE"
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,8 @@ from orchestra.serving.spec import ServerSpec
 from orchestra.serving.watchdog import group_members
 
 _PR_SET_PDEATHSIG = 1
+#: the longest path a Unix socket can be bound to on Linux (``sun_path`` holds 108 bytes with its NUL)
+MAX_SOCKET_PATH = 107
 
 
 def free_port(host: str = HOST) -> int:
@@ -65,8 +67,11 @@ def listener(port: int, host: str = HOST) -> tuple[int, bool] | None:
     return None
 
 
-def unix_listener(path: str) -> int | None:
-    """The inode of the Unix socket listening at ``path`` (from /proc/net/unix); None: none yet."""
+def unix_listeners(path: str) -> list[int]:
+    """The inodes of the Unix sockets listening at ``path`` (from /proc/net/unix; []: none yet).
+    There may be several: the table shows the path a socket was bound to, and a socket bound to
+    the same name in another mount namespace, or to a name since unlinked, is listed too."""
+    found: list[int] = []
     try:
         with open("/proc/net/unix", encoding="utf-8", errors="replace") as fh:
             next(fh)
@@ -74,10 +79,10 @@ def unix_listener(path: str) -> int | None:
                 parts = line.split(None, 7)
                 # Flags 00010000 (__SO_ACCEPTCON): a listening socket; the path is the last column.
                 if len(parts) == 8 and parts[7].rstrip("\n") == path and int(parts[3], 16) & 0x10000:
-                    return int(parts[6])
-    except (OSError, ValueError):
-        return None
-    return None
+                    found.append(int(parts[6]))
+    except (OSError, ValueError, StopIteration):
+        return found
+    return found
 
 
 def owns_socket(pids: list[int], inode: int) -> bool:
@@ -213,6 +218,9 @@ class Replica:
         engine listens on a port."""
         if self.spec.on_socket and socket_dir:
             self.port, self.socket_path = 0, os.path.join(socket_dir, f"{secrets.token_hex(6)}.sock")
+            if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:  # the server's bind would fail, late
+                raise OSError(f"its socket path {self.socket_path} is {len(os.fsencode(self.socket_path))} bytes, "
+                              f"over the {MAX_SOCKET_PATH} a Unix socket takes; set TMPDIR to a shorter folder")
         else:
             self.port, self.socket_path = free_port(self.host), ""
         how = launch(self.spec, self.served_name, self.port, key_file, self.gpus, self.socket_path, self.host)
@@ -250,10 +258,13 @@ class Replica:
         # process of another user that took the port must never see the key.
         assert self.proc is not None
         if self.socket_path:
-            inode = unix_listener(self.socket_path)
-            if inode is None:
+            # Only this user can bind in the socket's 0700 folder: one listener of the group's at
+            # the path is enough (another one listed with that name is not what a connect reaches).
+            inodes = unix_listeners(self.socket_path)
+            if not inodes:
                 return "starting"
-            if not owns_socket(group_members(self.proc.pid), inode):
+            members = group_members(self.proc.pid)
+            if not any(owns_socket(members, inode) for inode in inodes):
                 return "foreign"
         else:
             found = listener(self.port, self.host)

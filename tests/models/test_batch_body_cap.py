@@ -108,3 +108,73 @@ def test_a_batch_file_is_read_whole_under_its_own_cap_and_refused_over_it(big: B
     with pytest.raises(ModelError, match=r"over 32 MiB \(refused\)"):
         asyncio.run(_call(big, "file", file_limit=32 << 20))
     assert big.requests == 2
+
+
+class Trickle:
+    """A provider that lies or stalls: ``drip`` declares 1 MiB and sends a byte every 0.2 s;
+    ``short`` declares 1 MiB, sends a few bytes and closes; ``long`` declares 20 bytes and
+    sends a whole JSON object after them on the same connection."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.requests = mode, 0
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10)
+
+    async def _conn(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.requests += 1
+        await reader.readuntil(b"\r\n\r\n")
+        body = b'{"id": "b1", "status": "completed"}'
+        declared = 20 if self.mode == "long" else 1 << 20
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % declared)
+        try:
+            if self.mode == "drip":
+                for _ in range(300):
+                    writer.write(b" ")
+                    await writer.drain()
+                    await asyncio.sleep(0.2)
+            else:
+                writer.write(body)
+                await writer.drain()
+        except (ConnectionError, RuntimeError):
+            pass
+        writer.close()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        server = self.loop.run_until_complete(asyncio.start_server(self._conn, "127.0.0.1", 0))
+        self.port = server.sockets[0].getsockname()[1]
+        self.ready.set()
+        self.loop.run_forever()
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.mark.parametrize("mode", ["drip", "short", "long"])
+def test_a_stalling_or_lying_provider_ends_in_its_time_budget_with_one_line(mode: str) -> None:
+    import time
+
+    import aiohttp
+
+    server = Trickle(mode)
+
+    async def call() -> Any:
+        async with aiohttp.ClientSession() as session:
+            http = BatchHTTP(f"http://127.0.0.1:{server.port}/v1", lambda: session, lambda: (None, None),
+                             RetryPolicy(max_retries=1, timeout_s=4, attempt_timeout_s=1.5),
+                             lambda status, why: why, "test-batch-trickle")
+            return await http.get("b1")
+
+    began = time.monotonic()
+    try:
+        with pytest.raises(ModelError) as err:
+            asyncio.run(call())
+    finally:
+        server.close()
+    assert time.monotonic() - began < 8  # the drip does not reset the attempt's clock
+    assert "\n" not in str(err.value)
+    assert server.requests in (1, 2)

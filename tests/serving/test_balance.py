@@ -1,10 +1,17 @@
-"""The task side of managed replicas: the least busy replica first, a refused one set aside."""
+"""The task side of managed replicas: the least busy replica first, a refused one set aside.
+
+Only a loopback port this user listens on is used, so the replicas here are real listening
+sockets (nothing answers on them: only the choice is under test)."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
+from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 from orchestra.serving.balance import ReplicaSet
 
@@ -14,9 +21,21 @@ def write(path: Path, urls: list[str], mtime: float) -> None:
     os.utime(path, (mtime, mtime))
 
 
-def test_least_outstanding_first_and_a_refused_replica_set_aside(tmp_path: Path) -> None:
+@pytest.fixture
+def ports() -> Iterator[list[int]]:
+    """Two loopback ports this process listens on."""
+    socks = [socket.socket() for _ in range(2)]
+    for sock in socks:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1)
+    yield [sock.getsockname()[1] for sock in socks]
+    for sock in socks:
+        sock.close()
+
+
+def test_least_outstanding_first_and_a_refused_replica_set_aside(tmp_path: Path, ports: list[int]) -> None:
     path = tmp_path / "replicas.json"
-    a, b = "http://127.0.0.1:1001/v1", "http://127.0.0.1:1002/v1"
+    a, b = (f"http://127.0.0.1:{port}/v1" for port in ports)
     write(path, [a, b], 1000.0)
     replicas = ReplicaSet(str(path))
     first, second, third = replicas.pick(), replicas.pick(), replicas.pick()
@@ -32,11 +51,20 @@ def test_least_outstanding_first_and_a_refused_replica_set_aside(tmp_path: Path)
     assert replicas.pick().url == b
 
 
-def test_nothing_listed_or_a_foreign_scheme_gives_no_replica(tmp_path: Path) -> None:
+def test_nothing_listed_or_a_foreign_address_gives_no_replica(tmp_path: Path, ports: list[int]) -> None:
     path = tmp_path / "replicas.json"
     assert ReplicaSet(str(path)).pick() is None
-    write(path, ["https://127.0.0.1:1/v1", "file:///etc/passwd", "ftp://10.0.0.5/v1"], 1000.0)
-    assert ReplicaSet(str(path)).pick() is None  # only the plain http addresses the pool writes
-    write(path, ["http://10.0.0.5:8000/v1"], 2000.0)  # a replica on a cluster node: its own address
-    picked = ReplicaSet(str(path)).pick()
+    write(path, ["http://10.0.0.5:8000/v1", f"https://127.0.0.1:{ports[0]}/v1", "file:///etc/passwd"], 1000.0)
+    assert ReplicaSet(str(path)).pick() is None  # only loopback http addresses are trusted
+
+
+def test_a_cluster_node_address_is_taken_only_where_replicas_are_placed_on_a_cluster(tmp_path: Path) -> None:
+    path = tmp_path / "replicas.json"
+    forged = ["http://127.0.0.1:80@10.0.0.6:8000/v1", "http://node1.example.com:8000/v1", "http://0.0.0.0:8000/v1",
+              "http://10.0.0.7:8000/v1/../x", "https://10.0.0.8:8000/v1"]
+    write(path, ["http://10.0.0.5:8000/v1", *forged], 1000.0)
+    assert ReplicaSet(str(path)).pick() is None  # a local launch: never a node's address
+    remote = ReplicaSet(str(path), remote_ok=True)
+    picked = remote.pick()
     assert picked is not None and picked.url == "http://10.0.0.5:8000/v1"
+    assert set(remote.targets) == {"http://10.0.0.5:8000/v1"}  # none of the forged forms

@@ -6,7 +6,7 @@ any server starts (no ``servers/`` folder, no replica process).
 * a judge whose server needs more GPUs than the eval runner has, or whose abbr names another
   served model.
 
-And a judge with ``server=`` served by the eval stage's own replicas.
+And a judge with ``server=`` served by the eval stage's own replicas, and stopped with them on Ctrl-C.
 
 The lm-eval tasks are two tiny YAMLs written here, over a local JSON file (no network).
 """
@@ -134,4 +134,60 @@ def test_a_judge_server_that_cannot_fit_or_clashes_is_refused_at_config_time(tmp
     line = refused(tmp_path, judged_config(tmp_path, dict(engine="vllm", model="org/m", tensor_parallel_size=2)))
     assert "datasets[0].eval_cfg.evaluator.judge: server needs 1 replica(s) x 2 GPU(s)" in line, line
     line = refused(tmp_path, judged_config(tmp_path, llama(), judge_abbr="smol"))
-    assert "datasets[0].eval_cfg.evaluator.judge: abbr 'smol' names another served model" in line, line
+    assert "datasets[0].eval_cfg.evaluator.judge: abbr 'smol' is a served model of the infer stage" in line, line
+
+
+def test_ctrl_c_while_a_judge_replica_grades_stops_it_and_frees_its_folder(tmp_path: Path) -> None:
+    """A judge on a Unix socket whose every answer takes 60 s: Ctrl-C in the eval stage ends the
+    run (130) within seconds, and the judge's replica, key file and socket folder are gone."""
+    import signal
+    import time
+
+    from tests.helpers import start_cli, wait_for
+    from tests.serving.test_managed_runs import alive, replica_pids
+
+    judge = dict(engine="command", model="m", max_restarts=0,
+                 command=[sys.executable, STUB, "{socket}", "--slow", "60"])
+    proc = start_cli(judged_config(tmp_path, judge), new_session=True)
+    try:
+        run = wait_for(lambda: run_dirs(tmp_path / "out")[-1:] and run_dirs(tmp_path / "out")[-1], 60, "a run")
+        wait_for(lambda: any(e["event"] == "server_ready" and e["model"] == "judge" for e in events(run)), 120,
+                 "the judge's replica")
+        (started,) = [r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"
+                      and r["model"] == "judge"]
+        pids = wait_for(lambda: [p for p in replica_pids(run) if alive(p)], 30, "the judge's processes")
+        time.sleep(1.0)  # its requests are in flight now
+        proc.send_signal(signal.SIGINT)
+        t0 = time.monotonic()
+        proc.communicate(timeout=60)
+        assert proc.returncode == 130
+        assert time.monotonic() - t0 < 20
+        wait_for(lambda: not [p for p in pids if alive(p)], 10, "the judge's processes to be gone")
+        assert not os.path.exists(started["key_file"])
+        assert not os.path.exists(os.path.dirname(started["socket"]))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_judge_named_like_a_served_infer_model_is_refused_even_with_the_same_server(tmp_path: Path) -> None:
+    """The eval stage serves its judges with replicas of its own (its own key), and eval tasks start
+    while other infer tasks still run: a judge with a served infer model's abbr would share
+    ``servers/<abbr>/replicas.json`` with it, and the infer tasks' requests went to the judge's
+    replica with the infer key (HTTP 401, the infer task failed).  Refused at config time."""
+    same = dict(engine="command", model="m", command=[sys.executable, STUB, "{port}"])  # the infer model's server
+    line = refused(tmp_path, judged_config(tmp_path, same, judge_abbr="smol"))
+    assert "datasets[0].eval_cfg.evaluator.judge: abbr 'smol' is a served model of the infer stage" in line, line
+
+
+def test_two_judges_of_one_abbr_with_other_servers_are_refused(tmp_path: Path) -> None:
+    cfg = judged_config(tmp_path, llama())
+    text = cfg.read_text()
+    i = text.index("datasets = [") + len("datasets = [")
+    first = text[i:text.index("\n", i)].rstrip("]")
+    second = first.replace("abbr='arith'", "abbr='arith2'").replace("'threads': 1", "'threads': 2")
+    assert second != first.replace("abbr='arith'", "abbr='arith2'")  # the second judge's server differs
+    cfg.write_text(text[:i] + first + ", " + second + "]" + text[text.index("\n", i):])
+    line = refused(tmp_path, cfg)
+    assert "datasets[1].eval_cfg.evaluator.judge: abbr 'judge' names another served judge" in line, line

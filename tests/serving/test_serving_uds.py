@@ -156,3 +156,17 @@ def test_sigkill_of_the_orchestrator_leaves_no_socket_replica_and_r_clears_its_f
     assert res.returncode == 0, res.stderr[-3000:]
     assert len(predictions(run)) == 40
     assert not os.path.exists(folder)  # -r reaped it with the ledger's record
+
+
+def test_a_socket_path_too_long_for_a_unix_socket_is_one_line_before_any_server_starts(tmp_path: Path) -> None:
+    """A deep TMPDIR makes the socket path longer than ``sun_path`` holds: the server's own bind
+    would fail only after it loaded its model (minutes for vLLM, each restart again)."""
+    deep = tmp_path / ("d" * 90)
+    deep.mkdir()
+    server: dict[str, Any] = dict(engine="command", model="m", command=[sys.executable, STUB, "{socket}"])
+    res = run_cli(config(tmp_path, server, rows=2), env={**os.environ, "TMPDIR": str(deep)}, timeout=120)
+    assert res.returncode != 0
+    lines = [ln for ln in res.stderr.splitlines() if "a Unix socket takes" in ln]
+    assert lines and "set TMPDIR to a shorter folder" in lines[0], res.stderr[-3000:]
+    run = the_run(tmp_path)
+    assert not [r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"]

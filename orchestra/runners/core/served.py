@@ -20,8 +20,8 @@ from orchestra.runners.core.command import Command
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Resources, Session
 from orchestra.runners.core.host import FIRST_STAGE, HostCapacity
 from orchestra.runners.core.run import RunContext
-from orchestra.serving.pool import ServerPool
-from orchestra.serving.presets import KEY_FILE_ENV, SERVERS_DIR_ENV
+from orchestra.serving.pool import ServerPool, local_placement
+from orchestra.serving.presets import KEY_FILE_ENV, REMOTE_ENV, SERVERS_DIR_ENV
 from orchestra.serving.spec import ServerSpec, parse_server, served_judge
 from orchestra.tasks.spec import TaskSpec
 
@@ -58,7 +58,8 @@ def server_spec(task: TaskSpec) -> ServerSpec | None:
 
 def server_env(pool: ServerPool, paths: RunPaths) -> dict[str, str]:
     """What a task of a served model needs to reach the replicas (no secret: a path to the key)."""
-    return {KEY_FILE_ENV: pool.key_file, SERVERS_DIR_ENV: paths.servers}
+    remote = {REMOTE_ENV: "1"} if pool.placement is not local_placement else {}
+    return {KEY_FILE_ENV: pool.key_file, SERVERS_DIR_ENV: paths.servers, **remote}
 
 
 class ServedResources:
