@@ -364,7 +364,8 @@ class OpenAIAPI(BaseModel):
         """Sum of the log-probabilities of each continuation's tokens, from ``echo`` logprobs.
 
         Needs a completions endpoint that echoes prompt logprobs (vLLM, many others).  Tokens
-        that start at or after the end of the context count as the continuation's.
+        that end after the context, its trailing whitespace left out, count as the continuation's,
+        as HFCausalLM splits them: ``' Paris'`` after ``'... is '`` is the continuation's.
         """
         if self.endpoint != "completions" and self.server is None:
             raise ModelError(f"model {self.abbr}: log-likelihoods need endpoint='completions' (echo + logprobs)")
@@ -373,17 +374,16 @@ class OpenAIAPI(BaseModel):
         return list(results)
 
     async def _score(self, context: str, continuation: str) -> float:
-        body = {**self.generation_kwargs, "model": self.path, "prompt": context + continuation, "max_tokens": 0,
+        prompt = context + continuation
+        body = {**self.generation_kwargs, "model": self.path, "prompt": prompt, "max_tokens": 0,
                 "echo": True, "logprobs": 0, "temperature": 0.0}
         data = await self.post(self.completions_url, body)
         self._count_usage(data)
         try:
             lp = data["choices"][0]["logprobs"]
-            offsets, values = lp["text_offset"], lp["token_logprobs"]
-        except (KeyError, IndexError, TypeError):
+            offsets, values = [int(o) for o in lp["text_offset"]], list(lp["token_logprobs"])
+            ends = [*offsets[1:], len(prompt)]  # a token ends where the next one starts
+            cut = len(context.rstrip())
+            return sum(float(v) for end, v in zip(ends, values) if end > cut and v is not None)
+        except (KeyError, IndexError, TypeError, ValueError):
             raise ModelError(f"answer without echo logprobs: {self._scrub(json.dumps(data)[:300])}") from None
-        total = 0.0
-        for offset, value in zip(offsets, values):
-            if offset >= len(context) and value is not None:
-                total += float(value)
-        return total

@@ -93,6 +93,16 @@ def test_completions_endpoint_and_loglikelihood(server: Any) -> None:
     assert lls[1] > lls[0]
 
 
+def test_loglikelihood_counts_a_token_spanning_the_contexts_trailing_space(server: Any) -> None:
+    """'Answer: ' + 'Paris' scores as 'Answer:' + ' Paris' (as HFCausalLM splits it): the space,
+    one token of the test server, is the continuation's (it was dropped before)."""
+    model = make(server, endpoint="completions")
+    ctx = "The capital is Paris. Answer:"
+    spaced, plain = run(model, model.loglikelihood(LoglikRequest(context=ctx + " ", continuations=("Rome", "Paris"))),
+                        model.loglikelihood(LoglikRequest(context=ctx, continuations=(" Rome", " Paris"))))
+    assert spaced == plain == [-5.0, -1.0]  # -1 per character; 0 for 'Paris', which the context holds
+
+
 def test_loglikelihood_needs_the_completions_endpoint(server: Any) -> None:
     model = make(server)
     (err,) = run(model, model.loglikelihood(LoglikRequest(context="a", continuations=("b",))))
