@@ -17,8 +17,10 @@ in ``--status`` (JSON, written atomically; never the key, which it reads from th
 
 It stops the replica whole and exits on SIGTERM / SIGINT (``scancel``, a killed actor), when its
 parent process is gone (a Ray actor), and when ``--heartbeat`` (touched every second by the
-orchestrator's pool) is older than ``--owner-stale-s``: a replica never outlives its orchestrator
-for long, even on a node that cannot see the orchestrator's processes.
+orchestrator's pool) has not changed for ``--owner-stale-s`` by the agent's own clock (so clock
+skew between hosts does not matter; a heartbeat, spec or status file of another user is never
+believed): a replica never outlives its orchestrator for long, even on a node that cannot see the
+orchestrator's processes.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ import time
 from typing import Any
 
 from orchestra.fileio import atomic_write_json
+from orchestra.privdir import UnsafeFolderError, open_private_file
 from orchestra.serving.presets import HOST, KEY_FILE_ENV
 from orchestra.serving.replica import Replica
 from orchestra.serving.spec import ServerSpec
@@ -66,11 +69,44 @@ def node_address(owner_host: str) -> str:
         return str(probe.getsockname()[0])
 
 
-def _fresh(heartbeat: str, stale_s: float) -> bool:
+def read_own_json(path: str) -> Any:
+    """The JSON in ``path`` if it is a regular file of this user (never through a symbolic link),
+    else raises :class:`OSError` / :class:`UnsafeFolderError` / :class:`ValueError`: a file in the
+    run folder that another user put there is never believed."""
+    fd = open_private_file(path, os.O_RDONLY)
+    with os.fdopen(fd, encoding="utf-8") as fh:
+        return json.load(fh)
+
+
+def own_status(path: str) -> dict[str, Any]:
+    """A replica's status file as its agent wrote it ({}: missing, unreadable, or not ours)."""
     try:
-        return time.time() - os.stat(heartbeat).st_mtime < stale_s
-    except OSError:
-        return False
+        data = read_own_json(path)
+    except (OSError, ValueError, UnsafeFolderError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+class Heartbeat:
+    """Whether the orchestrator's heartbeat file still changes: fresh while its modification time
+    (a file of this user) changed less than ``stale_s`` ago by *this* process's monotonic clock, so
+    a node whose clock disagrees with the orchestrator's (or the file server's) judges it right."""
+
+    def __init__(self, path: str, stale_s: float) -> None:
+        self.path, self.stale_s = path, stale_s
+        self.seen: int | None = None
+        self.changed = time.monotonic()
+
+    def fresh(self) -> bool:
+        try:
+            st = os.stat(self.path, follow_symlinks=False)
+        except OSError:
+            return False
+        if st.st_uid != os.geteuid():
+            return False
+        if st.st_mtime_ns != self.seen:
+            self.seen, self.changed = st.st_mtime_ns, time.monotonic()
+        return time.monotonic() - self.changed < self.stale_s
 
 
 def main() -> None:
@@ -85,8 +121,10 @@ def main() -> None:
     ap.add_argument("--owner-stale-s", type=float, default=30.0)
     ap.add_argument("--job", default=os.environ.get("SLURM_JOB_ID", ""), help="names this start in --status")
     args = ap.parse_args()
-    with open(args.spec, encoding="utf-8") as fh:
-        spec = spec_from_json(json.load(fh))
+    try:
+        spec = spec_from_json(read_own_json(args.spec))
+    except (OSError, ValueError, TypeError, UnsafeFolderError) as exc:
+        raise SystemExit(f"agent: cannot use the spec file {args.spec}: {exc}") from None
     key_file = os.environ.get(KEY_FILE_ENV, "")
     try:
         with open(key_file, encoding="utf-8") as fh:
@@ -97,6 +135,7 @@ def main() -> None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: stop.set())
     parent = os.getppid()
+    heartbeat = Heartbeat(args.heartbeat, args.owner_stale_s)
     replica = Replica(spec, args.name, args.index, args.log, host=node_address(args.owner_host))
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     replica.gpus = [g for g in visible.split(",") if g] if spec.gpus_per_replica else []
@@ -104,7 +143,7 @@ def main() -> None:
     print(f"agent: replica {args.index} of {args.name} on {replica.host}, GPUs [{','.join(replica.gpus)}]", flush=True)
 
     def owner_gone() -> bool:
-        return stop.is_set() or os.getppid() != parent or not _fresh(args.heartbeat, args.owner_stale_s)
+        return stop.is_set() or os.getppid() != parent or not heartbeat.fresh()
 
     state = "foreign"
     while state == "foreign" and not owner_gone():  # a port another process took: again on another one

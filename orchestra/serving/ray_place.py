@@ -29,7 +29,7 @@ from typing import Any
 
 import ray
 
-from orchestra.serving.agent import spec_json
+from orchestra.serving.agent import own_status, spec_json
 from orchestra.serving.presets import KEY_FILE_ENV
 from orchestra.serving.replica import Replica, _status
 from orchestra.serving.spec import ServerSpec
@@ -65,12 +65,7 @@ class ReplicaActor:
 
     def look(self) -> dict[str, Any]:
         """The agent's status file and its exit code (None: running)."""
-        try:
-            with open(self.status_path, encoding="utf-8") as fh:
-                status = json.load(fh)
-        except (OSError, ValueError):
-            status = {}
-        return {"status": status if isinstance(status, dict) else {},
+        return {"status": own_status(self.status_path),  # another user's file is never believed
                 "code": self.proc.poll() if self.proc is not None else None}
 
     def stop(self, grace_s: float = 10.0) -> int | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import shlex
 import socket
 import subprocess
@@ -26,7 +27,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from orchestra.serving.agent import spec_json
+from orchestra.serving.agent import own_status, spec_json
 from orchestra.serving.presets import KEY_FILE_ENV
 from orchestra.serving.replica import Replica, _status
 from orchestra.serving.spec import ServerSpec
@@ -78,9 +79,13 @@ def cancel(job: str, wait_s: float = 20.0) -> bool:
 
 
 def cancel_stale(job: str, name: str) -> None:
-    """Cancel a replica job a crashed orchestrator left, if it still is that job (its name) and ours."""
+    """Cancel a replica job a crashed orchestrator left, if it still is that job: a replica's job
+    name (``orc-serve-...``, as recorded) and this user's.  The ledger is in the run folder and job
+    names are anyone's to choose: as root or a Slurm operator, ``scancel`` would end another user's job."""
     found = job_state(job)
-    if found is None or found[2] in _GONE or (name and found[0] != name):
+    if not name.startswith("orc-serve-") or found is None or found[2] in _GONE or found[0] != name:
+        return
+    if found[1] != pwd.getpwuid(os.geteuid()).pw_name:
         return
     cancel(job)
 
@@ -154,12 +159,8 @@ class SlurmReplica(Replica):
         return {"slurm_job": self.job, "job_name": self.job_name}
 
     def _read_status(self) -> dict[str, object]:
-        try:
-            with open(self.status_path, encoding="utf-8") as fh:
-                data = json.load(fh)
-        except (OSError, ValueError):
-            return {}
-        return data if isinstance(data, dict) and str(data.get("job", "")) == self.job else {}
+        data = own_status(self.status_path)  # another user's file (or a link) is never believed
+        return data if str(data.get("job", "")) == self.job else {}
 
     def exited(self) -> int | None:
         if not self.job:

@@ -1,0 +1,124 @@
+"""Managed replicas on a cluster against a hostile neighbour (another user of this machine and of
+the Slurm cluster) and a skewed clock: a forged ledger line never cancels someone else's job, files
+in the run folder that are not this user's are not believed (status, spec, heartbeat), and the
+heartbeat's freshness does not depend on the node's clock agreeing with the file's time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestra.serving import agent
+from orchestra.serving.agent import spec_json
+from orchestra.serving.pool import reap
+from orchestra.serving.slurm_place import SlurmReplica, job_state
+from orchestra.serving.spec import ServerSpec
+from tests.runners.slurm.conftest import SlurmCluster, slurm_cluster  # noqa: F401 - the fixture
+
+NOBODY = 65534  # a user other than this one (the tests run as root: the Slurm tests need it)
+
+
+def _forged(path: Path, data: dict[str, object]) -> None:
+    """``data`` as a JSON file that another user wrote."""
+    path.write_text(json.dumps(data))
+    os.chown(path, NOBODY, NOBODY)
+
+
+def test_reap_never_cancels_another_users_job_named_like_a_replica(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    name = f"orc-serve-{tmp_path.name[-8:]}-m-0"
+    out = subprocess.run(["sbatch", "--parsable", "--uid=nobody", "--gid=nogroup", f"--job-name={name}",
+                          "--output=/dev/null", "--wrap", "sleep 60"], capture_output=True, text=True, check=True)
+    job = out.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 20
+        while (job_state(job) or ("", "", ""))[2] != "RUNNING" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        servers = tmp_path / "servers"
+        servers.mkdir()
+        forged = {"ts": 1.0, "state": "started", "name": "m/0", "slurm_job": job, "job_name": name}
+        (servers / "ledger.jsonl").write_text(json.dumps(forged) + "\n")
+        reap(str(servers))
+        time.sleep(1.0)
+        found = job_state(job)
+        assert found is not None and found[1] == "nobody" and found[2] == "RUNNING", found
+    finally:
+        subprocess.run(["scancel", job], check=False)
+
+
+def test_a_ledger_line_without_a_replica_job_name_cancels_nothing(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    out = subprocess.run(["sbatch", "--parsable", "--job-name=not-a-replica", "--output=/dev/null",
+                          "--wrap", "sleep 60"], capture_output=True, text=True, check=True)
+    job = out.stdout.strip().split(";")[0]
+    try:
+        servers = tmp_path / "servers"
+        servers.mkdir()
+        forged = {"ts": 1.0, "state": "started", "name": "m/0", "slurm_job": job, "job_name": ""}
+        (servers / "ledger.jsonl").write_text(json.dumps(forged) + "\n")
+        reap(str(servers))
+        time.sleep(1.0)
+        found = job_state(job)
+        assert found is not None and found[2] in ("PENDING", "RUNNING"), found
+    finally:
+        subprocess.run(["scancel", job], check=False)
+
+
+def test_a_status_file_of_another_user_is_not_believed(tmp_path: Path) -> None:
+    replica = SlurmReplica(ServerSpec("command", "m"), "m", 0, str(tmp_path / "replica-0.log"), job="42")
+    ready = {"state": "ready", "host": "127.0.0.1", "port": 9, "url": "http://127.0.0.1:9/v1", "job": "42"}
+    _forged(tmp_path / "replica-0.status.json", ready)
+    assert replica._read_status() == {}
+    os.chown(tmp_path / "replica-0.status.json", os.geteuid(), os.getegid())
+    assert replica._read_status()["port"] == 9  # the same file, ours: believed
+    os.unlink(tmp_path / "replica-0.status.json")
+    os.symlink(tmp_path / "elsewhere.json", tmp_path / "replica-0.status.json")
+    (tmp_path / "elsewhere.json").write_text(json.dumps(ready))
+    assert replica._read_status() == {}  # a link is never followed
+
+
+def test_the_agent_refuses_a_spec_file_of_another_user(tmp_path: Path) -> None:
+    spec = tmp_path / "replica-0.spec.json"
+    _forged(spec, spec_json(ServerSpec("command", "m", command=("sh", "-c", f"touch {tmp_path}/owned"),
+                                            startup_timeout_s=3.0)))
+    key = tmp_path / "k.key"
+    key.write_text("k")
+    (tmp_path / "heartbeat").write_text("1\n")
+    res = subprocess.run([sys.executable, "-m", "orchestra.serving.agent", "--spec", str(spec), "--name", "m",
+                          "--index", "0", "--log", str(tmp_path / "replica-0.log"),
+                          "--status", str(tmp_path / "replica-0.status.json"),
+                          "--heartbeat", str(tmp_path / "heartbeat"), "--job", "1"],
+                         env={**os.environ, "ORCHESTRA_SERVER_KEY_FILE": str(key)},
+                         capture_output=True, text=True, timeout=60, check=False)
+    assert res.returncode != 0
+    assert "spec" in res.stderr and "not a regular file of this user" in res.stderr, res.stderr
+    assert not (tmp_path / "owned").exists()
+
+
+def test_the_heartbeat_is_judged_by_its_changes_not_by_the_nodes_clock(tmp_path: Path) -> None:
+    beat = tmp_path / "heartbeat"
+    beat.write_text("1\n")
+    hour_behind = time.time() - 3600  # the orchestrator's clock an hour behind the node's
+    os.utime(beat, (hour_behind, hour_behind))
+    watch = agent.Heartbeat(str(beat), stale_s=1.0)
+    assert watch.fresh()  # first seen: fresh for stale_s
+    for i in range(3):  # touched (an hour behind) every 0.5 s: fresh all along
+        time.sleep(0.5)
+        os.utime(beat, (hour_behind + i + 1, hour_behind + i + 1))
+        assert watch.fresh()
+    ahead = time.time() + 3600  # then an hour ahead, and never touched again: stale after stale_s
+    os.utime(beat, (ahead, ahead))
+    assert watch.fresh()
+    time.sleep(1.3)
+    assert not watch.fresh()
+
+
+def test_a_heartbeat_of_another_user_is_never_fresh(tmp_path: Path) -> None:
+    beat = tmp_path / "heartbeat"
+    beat.write_text("1\n")
+    os.chown(beat, NOBODY, NOBODY)
+    assert not agent.Heartbeat(str(beat), stale_s=30.0).fresh()
