@@ -30,12 +30,13 @@ import json
 import os
 import signal
 import socket
+import stat
 import sys
 import threading
 import time
 from typing import Any
 
-from orchestra.fileio import atomic_write_json
+from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.privdir import UnsafeFolderError, open_private_file
 from orchestra.serving.presets import HOST, KEY_FILE_ENV
 from orchestra.serving.replica import Replica
@@ -67,6 +68,26 @@ def node_address(owner_host: str) -> str:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
         probe.connect((socket.gethostbyname(owner_host), 9))  # no packet is sent: only a route is chosen
         return str(probe.getsockname()[0])
+
+
+def write_spec(path: str, spec: ServerSpec) -> None:
+    """Write ``spec`` for the node's agent: a new file of ours renamed into place, so a link or a
+    file someone planted at ``path`` in the run folder is replaced, never written through."""
+    atomic_write_json(path, spec_json(spec))
+
+
+def touch_heartbeat(path: str) -> None:
+    """Touch the orchestrator's heartbeat (the pool, every second): its time changes if it is a
+    regular file of ours (a link planted there since is touched itself, not what it points to);
+    otherwise a new file of ours replaces whatever is there."""
+    try:
+        st = os.lstat(path)
+        if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+            os.utime(path, follow_symlinks=False)
+            return
+    except OSError:
+        pass
+    atomic_write_text(path, "orchestra heartbeat\n")
 
 
 def read_own_json(path: str) -> Any:

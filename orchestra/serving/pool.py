@@ -35,6 +35,7 @@ from typing import Any
 from orchestra.fileio import append_line, atomic_write_json, read_jsonl
 from orchestra.paths import safe_name
 from orchestra.privdir import folder_problem, open_private_file, private_dir, temp_folder
+from orchestra.serving.agent import touch_heartbeat
 from orchestra.serving.replica import Replica, start_time
 from orchestra.serving.spec import ServerSpec
 from orchestra.serving.watchdog import group_members
@@ -256,8 +257,7 @@ class ServerPool:
         if now - self._beat >= HEARTBEAT_S:
             self._beat = now
             try:
-                with open(self.heartbeat, "w", encoding="ascii") as fh:
-                    fh.write(f"{time.time():.3f}\n")
+                touch_heartbeat(self.heartbeat)  # never through a link planted in the run folder
             except OSError:
                 pass  # a full disk for a moment: the agents wait 30 s before they give up on us
 

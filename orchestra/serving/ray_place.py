@@ -16,7 +16,6 @@ imports it, after the runner connected.
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import secrets
 import signal
@@ -29,7 +28,7 @@ from typing import Any
 
 import ray
 
-from orchestra.serving.agent import own_status, spec_json
+from orchestra.serving.agent import own_status, write_spec
 from orchestra.serving.presets import KEY_FILE_ENV
 from orchestra.serving.replica import Replica, _status
 from orchestra.serving.spec import ServerSpec
@@ -117,8 +116,7 @@ class RayReplica(Replica):
             raise OSError("not connected to the Ray cluster any more")
         base = self.log_path[: -len(".log")]
         os.makedirs(os.path.dirname(base), exist_ok=True)
-        with open(base + ".spec.json", "w", encoding="utf-8") as fh:
-            json.dump(spec_json(self.spec), fh)
+        write_spec(base + ".spec.json", self.spec)
         self.token = secrets.token_hex(4)
         model = os.path.basename(os.path.dirname(self.log_path))
         cpus = self.spec.threads if self.spec.engine in ("llama.cpp", "command") else 1

@@ -17,7 +17,6 @@ machine, or ``TMPDIR`` on a filesystem the nodes share (docs/serving.md).
 
 from __future__ import annotations
 
-import json
 import os
 import pwd
 import shlex
@@ -27,7 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 
-from orchestra.serving.agent import own_status, spec_json
+from orchestra.serving.agent import own_status, write_spec
 from orchestra.serving.presets import KEY_FILE_ENV
 from orchestra.serving.replica import Replica, _status
 from orchestra.serving.spec import ServerSpec
@@ -137,8 +136,7 @@ class SlurmReplica(Replica):
         except FileNotFoundError:
             pass
         spec_path = self.log_path[: -len(".log")] + ".spec.json"
-        with open(spec_path, "w", encoding="utf-8") as fh:
-            json.dump(spec_json(self.spec), fh)
+        write_spec(spec_path, self.spec)
         agent = [sys.executable, "-m", "orchestra.serving.agent", "--spec", spec_path, "--name", self.served_name,
                  "--index", str(self.index), "--log", self.log_path, "--status", self.status_path,
                  "--heartbeat", os.path.join(self.servers_dir, "heartbeat"), "--owner-host", socket.gethostname()]

@@ -122,3 +122,35 @@ def test_a_heartbeat_of_another_user_is_never_fresh(tmp_path: Path) -> None:
     beat.write_text("1\n")
     os.chown(beat, NOBODY, NOBODY)
     assert not agent.Heartbeat(str(beat), stale_s=30.0).fresh()
+
+
+def _planted(tmp_path: Path, name: str) -> Path:
+    """A symbolic link ``name`` in the run folder to a file of ours that must not change."""
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    os.symlink(victim, tmp_path / name)
+    return victim
+
+
+def test_the_spec_is_written_over_a_planted_link_never_through_it(tmp_path: Path) -> None:
+    victim = _planted(tmp_path, "replica-0.spec.json")
+    agent.write_spec(str(tmp_path / "replica-0.spec.json"), ServerSpec("command", "m"))
+    assert victim.read_text() == "precious\n"
+    assert agent.read_own_json(str(tmp_path / "replica-0.spec.json"))["model"] == "m"
+
+
+def test_the_heartbeat_is_touched_over_a_planted_link_or_file_never_through_it(tmp_path: Path) -> None:
+    victim = _planted(tmp_path, "heartbeat")
+    beat = str(tmp_path / "heartbeat")
+    watch = agent.Heartbeat(beat, stale_s=30.0)
+    agent.touch_heartbeat(beat)
+    assert victim.read_text() == "precious\n"
+    assert watch.fresh()
+    os.unlink(beat)
+    _forged(tmp_path / "heartbeat", {})  # another user's file: replaced by ours
+    agent.touch_heartbeat(beat)
+    assert os.lstat(beat).st_uid == os.geteuid() and watch.fresh()
+    before = os.stat(beat).st_mtime_ns
+    time.sleep(0.05)
+    agent.touch_heartbeat(beat)
+    assert os.stat(beat).st_mtime_ns != before
