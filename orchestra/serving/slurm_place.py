@@ -63,6 +63,20 @@ def _alive(job: str) -> bool | None:
     return bool(states) and states[0] not in _GONE
 
 
+def output_arg(path: str) -> str:
+    """``sbatch --output`` for exactly ``path`` (Slurm's own messages about the job): sbatch reads
+    ``%j``, ``%u``... in it as patterns (a run folder named ``a%jb`` sent the log to a folder that
+    does not exist, and the job failed); ``%%`` is a plain ``%``, except in a name with a backslash,
+    which Slurm expands its own way: then /dev/null (the script's redirection still logs)."""
+    return "--output=/dev/null" if "\\" in path else f"--output={path.replace('%', '%%')}"
+
+
+def batch_script(argv: list[str], log_path: str) -> str:
+    """The job's script: ``exec`` of ``argv`` (quoted for ``sh``: spaces, quotes, newlines, ``$``
+    in a path are plain characters), its output appended to ``log_path`` by the shell itself."""
+    return f"#!/bin/sh\nexec {shlex.join(argv)} >>{shlex.quote(log_path)} 2>&1\n"
+
+
 def cancel(job: str, wait_s: float = 20.0) -> bool:
     """``scancel`` a job and wait (at most ``wait_s``) until squeue shows it gone."""
     deadline = time.monotonic() + wait_s
@@ -140,8 +154,8 @@ class SlurmReplica(Replica):
         agent = [sys.executable, "-m", "orchestra.serving.agent", "--spec", spec_path, "--name", self.served_name,
                  "--index", str(self.index), "--log", self.log_path, "--status", self.status_path,
                  "--heartbeat", os.path.join(self.servers_dir, "heartbeat"), "--owner-host", socket.gethostname()]
-        script = f"#!/bin/sh\nexec {shlex.join(agent)}\n"
-        argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", f"--output={self.log_path}",
+        script = batch_script(agent, self.log_path)
+        argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", output_arg(self.log_path),
                 "--open-mode=append", "--nodes=1", "--ntasks=1", "--export=ALL", *self.job_args]
         code, out, err = _client(argv, script, {**os.environ, KEY_FILE_ENV: key_file})
         job = out.strip().split(";")[0]

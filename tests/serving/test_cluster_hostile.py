@@ -154,3 +154,24 @@ def test_the_heartbeat_is_touched_over_a_planted_link_or_file_never_through_it(t
     time.sleep(0.05)
     agent.touch_heartbeat(beat)
     assert os.stat(beat).st_mtime_ns != before
+
+
+def test_a_run_folder_with_odd_characters_gets_its_replica_log_where_it_says(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    from orchestra.serving.slurm_place import batch_script, output_arg
+
+    # sbatch expands %j, %u... in --output; the shell must take quotes, $(), newlines literally
+    for name in ("a%jb %u q'x", "back\\slash %j", 'n\nl $(touch pwned) "`id`"'):
+        folder = tmp_path / name
+        folder.mkdir()
+        log = folder / "replica-0.log"
+        script = batch_script(["echo", "served"], str(log))
+        out = subprocess.run(["sbatch", "--parsable", output_arg(str(log)), "--open-mode=append"], input=script,
+                             capture_output=True, text=True, check=True, cwd=tmp_path)
+        job, deadline = out.stdout.strip().split(";")[0], time.monotonic() + 30
+        while (job_state(job) or ("", "", "PENDING"))[2] in ("PENDING", "RUNNING", "COMPLETING") and \
+                time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert (job_state(job) or ("", "", ""))[2] == "COMPLETED", job_state(job)
+        assert log.read_text() == "served\n", sorted(p.name for p in tmp_path.rglob("*"))
+    assert not (tmp_path / "pwned").exists()  # the job ran in tmp_path: a $(...) would have made it there
