@@ -22,7 +22,7 @@ import time
 import urllib.parse
 from dataclasses import dataclass
 
-from orchestra.privdir import folder_problem
+from orchestra.privdir import UnsafeFolderError, folder_problem, open_private_file
 from orchestra.serving.presets import HOST
 
 RELOAD_S = 0.5  #: how often the file is looked at (its mtime) while replicas are set aside
@@ -128,10 +128,12 @@ class ReplicaSet:
             mtime = os.stat(self.path).st_mtime
             if mtime == self._mtime:
                 return
-            with open(self.path, encoding="utf-8") as fh:
+            # only the pool's own file (a regular file of this user, never through a link): a node's
+            # address listed in it is trusted as listed
+            with os.fdopen(open_private_file(self.path, os.O_RDONLY), encoding="utf-8") as fh:
                 data = json.load(fh)
             found = [(str(r["url"]), str(r.get("socket") or "")) for r in data["replicas"]]
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, UnsafeFolderError):
             return
         # the rest never get the key
         found = [(u, s) for u, s in found if trusted(u, s, self.socket_root, self.remote_ok)]

@@ -175,3 +175,14 @@ def test_a_run_folder_with_odd_characters_gets_its_replica_log_where_it_says(
         assert (job_state(job) or ("", "", ""))[2] == "COMPLETED", job_state(job)
         assert log.read_text() == "served\n", sorted(p.name for p in tmp_path.rglob("*"))
     assert not (tmp_path / "pwned").exists()  # the job ran in tmp_path: a $(...) would have made it there
+
+
+def test_a_replicas_json_of_another_user_sends_no_key_to_a_node_address(tmp_path: Path) -> None:
+    from orchestra.serving.balance import ReplicaSet
+
+    listed = tmp_path / "replicas.json"
+    _forged(listed, {"replicas": [{"url": "http://10.1.2.3:8000/v1"}]})  # a node address: not checkable
+    assert ReplicaSet(str(listed), remote_ok=True).pick() is None
+    os.chown(listed, os.geteuid(), os.getegid())  # the same file written by our pool: used
+    target = ReplicaSet(str(listed), remote_ok=True).pick()
+    assert target is not None and target.url == "http://10.1.2.3:8000/v1"
