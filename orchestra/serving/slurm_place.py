@@ -27,7 +27,8 @@ import time
 from dataclasses import dataclass
 
 from orchestra.serving.agent import own_status, write_spec
-from orchestra.serving.presets import KEY_FILE_ENV
+from orchestra.serving.balance import own_listeners
+from orchestra.serving.presets import HOST, KEY_FILE_ENV
 from orchestra.serving.replica import Replica, _status
 from orchestra.serving.spec import ServerSpec
 
@@ -204,6 +205,8 @@ class SlurmReplica(Replica):
         if status.get("state") != "ready":
             return "starting"
         self.host, self.port = str(status.get("host", "")), int(str(status.get("port", 0)))
+        if self.host == HOST and not own_listeners(self.port):  # on this machine: checked before the key goes
+            return "foreign"
         if _status(self.base_url + "/models", None) not in (401, 403):
             return "open"
         if _status(self.base_url + "/models", key) != 200:

@@ -186,3 +186,38 @@ def test_a_replicas_json_of_another_user_sends_no_key_to_a_node_address(tmp_path
     os.chown(listed, os.geteuid(), os.getegid())  # the same file written by our pool: used
     target = ReplicaSet(str(listed), remote_ok=True).pick()
     assert target is not None and target.url == "http://10.1.2.3:8000/v1"
+
+
+FAKE = """
+import http.server, sys
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        auth = self.headers.get("Authorization")
+        print("AUTH", auth, flush=True)
+        self.send_response(200 if auth else 401)
+        self.end_headers()
+    def log_message(self, *a): pass
+srv = http.server.HTTPServer(("127.0.0.1", 0), H)
+print("PORT", srv.server_address[1], flush=True)
+srv.serve_forever()
+"""
+
+
+def test_a_loopback_replica_address_held_by_another_user_never_gets_the_key(tmp_path: Path) -> None:
+    """The agent checked the port; if another user holds it when the orchestrator asks (the replica
+    gone, the port taken), the orchestrator's own check must not send it the key."""
+    fake = subprocess.Popen(["/usr/bin/python3", "-c", FAKE], stdout=subprocess.PIPE, text=True,
+                            user=NOBODY, group=NOBODY, cwd="/")
+    try:
+        assert fake.stdout is not None
+        port = int(fake.stdout.readline().split()[1])
+        replica = SlurmReplica(ServerSpec("command", "m"), "m", 0, str(tmp_path / "replica-0.log"), job="42")
+        replica.started = replica.looked = time.monotonic()  # squeue is not asked about job 42 for 1 s
+        (tmp_path / "replica-0.status.json").write_text(json.dumps(
+            {"state": "ready", "host": "127.0.0.1", "port": port, "url": f"http://127.0.0.1:{port}/v1",
+             "job": "42"}))
+        assert replica.check("the-key") == "foreign"
+    finally:
+        fake.kill()
+    out = fake.communicate(timeout=10)[0]
+    assert "the-key" not in out, out
