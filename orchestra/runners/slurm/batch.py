@@ -9,9 +9,10 @@ index's task, appends a header to ``logs/<stage>/<task_id>.log``, runs the task'
 with ``shlex.quote``, never re-parsed) with its output appended to that log, appends a footer
 with its exit code and leaves with that code.  No Python wrapper runs in the job.
 
-State: one ``squeue -t all -j IDS`` per poll round for every live job; a job squeue forgot is
-looked up in ``sacct`` (clusters with accounting), then in the footer of its task log, and is
-counted lost after a few rounds.  A failed job's Slurm-side output (``--output``,
+State: one ``squeue -t all -j IDS`` per poll round for every live job, in a background thread
+(``watch.py``: a slow controller never holds up the loop); a job squeue forgot is looked up in
+``sacct`` (clusters with accounting), then in the footer of its task log, and is counted lost
+after a few looks.  A failed job's Slurm-side output (``--output``,
 ``<run>/slurm/<job id>.out``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is
 appended to the log.  Cancelling is ``slurm_state.cancel_and_wait``.
 
@@ -40,18 +41,17 @@ from orchestra.runners.slurm.refused import SUBMIT_BACKOFF_S, SUBMIT_WAIT_S, Ref
 from orchestra.runners.slurm.script import (
     SbatchError,
     SbatchRefused,
-    footer_code,
     job_output,
     job_script,
     output_pattern,
     sbatch_long_options,
     submit_batch,
 )
-from orchestra.runners.slurm.state import SlurmJobState, exit_of, look
+from orchestra.runners.slurm.state import exit_of
+from orchestra.runners.slurm.watch import LOST, Watch
 from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
-LOST_AFTER_MISSES = 3  # poll rounds in which neither squeue nor sacct knows a job
 
 
 @dataclass
@@ -62,7 +62,6 @@ class BatchHandle:
     log_offset: int
     job_id: str | None = None
     slurm_log: str = ""  # the job's sbatch --output (the batch shell's own messages)
-    misses: int = 0
 
 
 class SbatchLauncher(SlurmLauncher):
@@ -93,8 +92,7 @@ class SbatchLauncher(SlurmLauncher):
         self.folder = folder
         self.array = array
         self.extra = sbatch_long_options(options.extra_args)
-        self.live: dict[str, Job] = {}
-        self.states: dict[str, SlurmJobState] = {}
+        self.watch = Watch()  # the live jobs by Slurm job id, and what the last look said of them
         self.waiting = RefusedQueue(submit_wait_s, submit_backoff_s)  # submitted again, in order
 
     # -- submitting -----------------------------------------------------------------------------
@@ -127,7 +125,7 @@ class SbatchLauncher(SlurmLauncher):
         handle: BatchHandle = job.handle
         handle.name, handle.job_id, handle.log_offset = record.name, record.job_id, 0
         handle.slurm_log = os.path.join(self.folder, f"{record.job_id}.out")
-        self.live[record.job_id] = job
+        self.watch.live[record.job_id] = job
         if self.ledger is not None:
             self.ledger.record("adopted", record.name, job_id=record.job_id, by_attempt=job.attempt)
         if self.events is not None:
@@ -184,7 +182,7 @@ class SbatchLauncher(SlurmLauncher):
             handle.job_id = f"{job_id}_{i}" if len(jobs) > 1 else job_id
             handle.slurm_log = os.path.join(self.folder, f"{handle.job_id}.out")
             self._record("submitted", job, job_id=handle.job_id)
-            self.live[handle.job_id] = job
+            self.watch.live[handle.job_id] = job
             note(job.log_path, f"===== slurm: submitted as job {handle.job_id} ({kind}, name {name}, "
                                   f"script {script})\n")
         return {}
@@ -207,52 +205,32 @@ class SbatchLauncher(SlurmLauncher):
         return ended
 
     # -- watching -------------------------------------------------------------------------------
-    def _refresh(self) -> None:
-        """One squeue call for every live job; sacct and log footers for those it forgot."""
-        if not self.live:
-            return
-        states = look(self.live, lambda j: footer_code(self.live[j].log_path, self.live[j].handle.log_offset, j))
-        if states is None:
-            return  # the controller may be restarting: keep the last answer, try next round
-        for job_id in self.live.keys() - states.keys():
-            self.live[job_id].handle.misses += 1
-        self.states.update(states)
-
     def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         resubmitted = self._resubmit(jobs)
-        self._refresh()
+        self.watch.refresh()  # off the loop: a slow squeue never holds up the round
         waiting = set(resubmitted)
         return {**self.stops.poll_each([j for j in jobs if j not in waiting], self._poll_one), **resubmitted}
 
     def _poll_one(self, job: Job) -> Exit | None:
         handle: BatchHandle = job.handle
-        if handle.job_id is None:
+        info = self.watch.ended(handle.job_id) if handle.job_id else None
+        if info is None:
             return None
-        info = self.states.get(handle.job_id)
-        if info is None or not info.terminal:
-            if info is None and handle.misses >= LOST_AFTER_MISSES:
-                self._forget(handle.job_id)
-                self._record("ended", job, job_id=handle.job_id, slurm_state="LOST")
-                return Exit(-1, f"Slurm job {handle.job_id} was lost: squeue and sacct no longer know it "
-                                "and its log has no end")
-            return None
-        self._forget(handle.job_id)
         self._record("ended", job, job_id=handle.job_id, slurm_state=info.state)
+        if info.state == LOST:
+            return Exit(-1, f"Slurm job {handle.job_id} was lost: squeue and sacct no longer know it "
+                            "and its log has no end")
         ended = exit_of(info, self.options.time_limit, self.options.mem_gb)
         if ended.code != 0:
             note(job.log_path, job_output(job.handle.slurm_log))
         return ended
-
-    def _forget(self, job_id: str) -> None:
-        self.live.pop(job_id, None)
-        self.states.pop(job_id, None)
 
     def cancel(self, jobs: Sequence[Job]) -> None:
         records = [JobRecord(job.handle.name, job_id=job.handle.job_id) for job in jobs
                    if isinstance(job.handle, BatchHandle) and job.handle.job_id]
         self.waiting.drop(set(jobs))  # jobs still waiting to be submitted are simply never submitted
         for rec in records:
-            self._forget(rec.job_id)
+            self.watch.forget(rec.job_id)
         self.stops.start(jobs, lambda _: cancel_records(records, self.ledger, self.options.cancel_timeout_s,
                                                         "cancelled"))
 
@@ -260,11 +238,12 @@ class SbatchLauncher(SlurmLauncher):
         # Every job ended or was cancelled by the loop; this is the net under an unexpected exit,
         # and for jobs kept for adoption by a task that never started.
         self.stops.wait(self.options.cancel_timeout_s + 10)
-        leftover = [JobRecord(job.handle.name, job_id=job_id) for job_id, job in self.live.items()]
-        cancel_records(leftover + list(self.adopt.values()), self.ledger, self.options.cancel_timeout_s,
-                       "the launch ended")
-        self.live.clear()
-        self.states.clear()
+        leftover = [JobRecord(job.handle.name, job_id=job_id) for job_id, job in self.watch.live.items()]
+        try:
+            cancel_records(leftover + list(self.adopt.values()), self.ledger, self.options.cancel_timeout_s,
+                           "the launch ended")
+        finally:
+            self.watch.close()
         self.adopt.clear()
         self.waiting.groups.clear()
 

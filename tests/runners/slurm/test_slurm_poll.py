@@ -1,0 +1,55 @@
+"""The sbatch launcher's poll against a slow controller: squeue runs off the scheduling loop."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+from test_slurm_runner import context, tasks
+
+from orchestra.runners.core.command import Command
+from orchestra.runners.core.contract import Exit, Job
+from orchestra.runners.slurm.runner import SlurmRunner
+
+if TYPE_CHECKING:
+    from conftest import SlurmCluster
+
+pytestmark = pytest.mark.slurm
+
+
+def test_poll_never_waits_on_a_slow_squeue(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each ``squeue`` takes 3 s: every poll still returns at once, the jobs end with their own codes."""
+    real = shutil.which("squeue")
+    assert real is not None
+    ctx, _ = context(tmp_path)
+    specs = tasks(2)
+    runner = SlurmRunner(launcher="sbatch", partition=slurm_cluster.default_partition, poll_interval_s=0.2)
+    session = runner.open(ctx, specs)
+    calls = tmp_path / "squeue.calls"
+    try:
+        jobs = [Job(t, 1, Command(("bash", "-c", f"sleep 1; exit {code}")), ctx.paths.task_log("infer", t.task_id),
+                    {}) for t, code in zip(specs, (3, 5))]
+        assert session.submit(jobs) == {}
+        slow = tmp_path / "bin"
+        slow.mkdir()
+        (slow / "squeue").write_text(f'#!/bin/bash\necho x >> {calls}\nsleep 3\nexec {real} "$@"\n')
+        (slow / "squeue").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{slow}:{Path(real).parent}:/usr/bin:/bin")
+        ended: dict[Job, Exit] = {}
+        slowest = 0.0
+        deadline = time.monotonic() + 90
+        while len(ended) < 2 and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            ended.update(session.poll([j for j in jobs if j not in ended]))
+            slowest = max(slowest, time.monotonic() - t0)
+            time.sleep(0.05)
+        assert slowest < 1.0, slowest  # a poll that runs squeue itself takes 3 s
+        assert calls.read_text().count("x") >= 2  # the looks did happen, slowly
+        assert {ended.get(j, Exit(-99)).code for j in jobs} == {3, 5}, ended
+        assert [ended[j].code for j in jobs] == [3, 5], ended  # each job its own code
+    finally:
+        session.close()
