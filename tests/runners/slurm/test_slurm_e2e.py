@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import wait_for
 from slurm_helpers import (
     events,
     job_headers,
@@ -43,16 +44,6 @@ GPU_MODEL = ", delay_s=0.6"  # the GPU tasks take ~3 s, so that they run at the 
 
 def slurm_runner(launcher: str, extra: str = "") -> str:
     return f"type=SlurmRunner, launcher={launcher!r}, partition='debug', {FAST}{extra}"
-
-
-def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.2):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
 # -- the time-limit runs, started first ---------------------------------------------------------------
@@ -280,9 +271,13 @@ def test_job_over_its_time_limit_is_reported(time_limit_runs: dict, launcher: st
     assert f"det / pick: infer task infer_det_pick failed ({reason}" in out  # the summary
     (failed,) = [e for e in events(run) if e["event"] == "failed"]
     job_id = failed["reason"].split("Slurm job ")[1].split()[0]
-    states = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
-                            text=True, timeout=30, check=True).stdout.split()
-    assert states == ["TIMEOUT"]
+
+    def final_state() -> list[str] | None:  # COMPLETING while slurmd still cleans up after the kill
+        states = subprocess.run(["squeue", "-h", "-t", "all", "-j", job_id, "-o", "%T"], capture_output=True,
+                                text=True, timeout=30, check=True).stdout.split()
+        return None if states == ["COMPLETING"] else states
+
+    assert wait_for(final_state, 30, f"Slurm job {job_id} to leave COMPLETING") == ["TIMEOUT"]
     assert squeue_jobs(job_prefix(run)) == []
     if launcher == "sbatch":  # the batch job's own output (--output, slurmstepd's words) joins the log
         log = (run / "logs/infer/infer_det_pick.log").read_text()
