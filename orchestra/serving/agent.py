@@ -38,8 +38,9 @@ from typing import Any
 
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.privdir import UnsafeFolderError, open_private_file
+from orchestra.serving.balance import own_listeners
 from orchestra.serving.presets import HOST, KEY_FILE_ENV
-from orchestra.serving.replica import Replica
+from orchestra.serving.replica import Replica, _status
 from orchestra.serving.spec import ServerSpec
 
 LOOK_S = 0.2  #: how often the replica and the heartbeat are looked at
@@ -128,6 +129,33 @@ class Heartbeat:
         if st.st_mtime_ns != self.seen:
             self.seen, self.changed = st.st_mtime_ns, time.monotonic()
         return time.monotonic() - self.changed < self.stale_s
+
+#: how long a placed replica may wait for room (a Slurm queue, a Ray node) on top of its startup timeout
+QUEUE_S = 600.0
+
+
+def check_placed(replica: Replica, status: dict[str, Any], code: int | None, key: str) -> str:
+    """One look, from the orchestrator, at a replica placed on a cluster (a Slurm job, a Ray
+    actor): what its agent's ``status`` says, then, once it is ready at an address, the same
+    key checks the local pool makes (a port of this machine must still be ours before the key goes).
+    ``code``: the placement's exit code (None: alive).  Returns a state as :meth:`Replica.check`."""
+    if status.get("state") == "failed" and status.get("why") in ("late", "exposed", "open"):
+        return str(status["why"])
+    if code is not None:
+        replica.code = code
+        return "exited"
+    if time.monotonic() - replica.started > replica.spec.startup_s + QUEUE_S:
+        return "late"
+    if status.get("state") != "ready":
+        return "starting"
+    replica.host, replica.port = str(status.get("host", "")), int(str(status.get("port", 0)))
+    if replica.host == HOST and not own_listeners(replica.port):
+        return "foreign"
+    if _status(replica.base_url + "/models", None) not in (401, 403):
+        return "open"
+    if _status(replica.base_url + "/models", key) != 200:
+        return "starting"
+    return "ready"
 
 
 def main() -> None:

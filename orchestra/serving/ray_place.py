@@ -28,14 +28,12 @@ from typing import Any
 
 import ray
 
-from orchestra.serving.agent import own_status, write_spec
-from orchestra.serving.balance import own_listeners
-from orchestra.serving.presets import HOST, KEY_FILE_ENV
-from orchestra.serving.replica import Replica, _status
+from orchestra.serving.agent import check_placed, own_status, write_spec
+from orchestra.serving.presets import KEY_FILE_ENV
+from orchestra.serving.replica import Replica
 from orchestra.serving.spec import ServerSpec
 
 LOOK_S = 0.5  #: how often an actor is asked how its replica is
-QUEUE_S = 600.0  #: how long an actor may wait for a node with room, on top of the startup timeout
 STOP_S = 15.0  #: how long a stop waits for the agent before the actor is killed
 
 
@@ -178,25 +176,7 @@ class RayReplica(Replica):
         return self.gone
 
     def check(self, key: str) -> str:
-        code = self.exited()
-        status = self._status()
-        if status.get("state") == "failed" and status.get("why") in ("late", "exposed", "open"):
-            return str(status["why"])
-        if code is not None:
-            self.code = code
-            return "exited"
-        if time.monotonic() - self.started > self.spec.startup_s + QUEUE_S:
-            return "late"
-        if status.get("state") != "ready":
-            return "starting"
-        self.host, self.port = str(status.get("host", "")), int(str(status.get("port", 0)))
-        if self.host == HOST and not own_listeners(self.port):  # on this machine: checked before the key goes
-            return "foreign"
-        if _status(self.base_url + "/models", None) not in (401, 403):
-            return "open"
-        if _status(self.base_url + "/models", key) != 200:
-            return "starting"
-        return "ready"
+        return check_placed(self, self._status(), self.exited(), key)
 
     def ask_stop(self) -> None:
         if self.actor is not None and self.gone is None and ray.is_initialized():

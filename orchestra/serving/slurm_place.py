@@ -26,15 +26,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from orchestra.serving.agent import own_status, write_spec
-from orchestra.serving.balance import own_listeners
-from orchestra.serving.presets import HOST, KEY_FILE_ENV
-from orchestra.serving.replica import Replica, _status
+from orchestra.serving.agent import check_placed, own_status, write_spec
+from orchestra.serving.presets import KEY_FILE_ENV
+from orchestra.serving.replica import Replica
 from orchestra.serving.spec import ServerSpec
 
 CALL_S = 30.0  #: the longest one Slurm client call may take
 LOOK_S = 1.0  #: ``squeue`` is asked about a replica's job at most this often
-QUEUE_S = 600.0  #: how long a replica's job may wait in the queue on top of its startup timeout
 _GONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
          "DEADLINE")
 
@@ -193,25 +191,7 @@ class SlurmReplica(Replica):
         return self.gone
 
     def check(self, key: str) -> str:
-        code = self.exited()
-        status = self._read_status()
-        if status.get("state") == "failed" and status.get("why") in ("late", "exposed", "open"):
-            return str(status["why"])
-        if code is not None:
-            self.code = code
-            return "exited"
-        if time.monotonic() - self.started > self.spec.startup_s + QUEUE_S:
-            return "late"
-        if status.get("state") != "ready":
-            return "starting"
-        self.host, self.port = str(status.get("host", "")), int(str(status.get("port", 0)))
-        if self.host == HOST and not own_listeners(self.port):  # on this machine: checked before the key goes
-            return "foreign"
-        if _status(self.base_url + "/models", None) not in (401, 403):
-            return "open"
-        if _status(self.base_url + "/models", key) != 200:
-            return "starting"
-        return "ready"
+        return check_placed(self, self._read_status(), self.exited(), key)
 
     def ask_stop(self) -> None:
         if self.job and self.gone is None:
