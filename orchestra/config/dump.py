@@ -6,13 +6,13 @@ import pprint
 from typing import Any
 
 from orchestra.config.load import to_plain
-from orchestra.config.validate import SECRET_KEY
+from orchestra.secretnames import secret_key
 
 
 def redact(obj: Any) -> Any:
     """A copy with secret-looking values replaced (defence in depth for dumps and logs)."""
     if isinstance(obj, dict):
-        return {k: ("<redacted>" if SECRET_KEY.search(str(k)) else redact(v)) for k, v in obj.items()}
+        return {k: ("<redacted>" if secret_key(k) else redact(v)) for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     return obj

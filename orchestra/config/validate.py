@@ -19,6 +19,7 @@ from orchestra.errors import ConfigError
 from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
+from orchestra.secretnames import secret_key
 
 TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep")
 STAGE_KEYS = ("partitioner", "runner")
@@ -30,7 +31,6 @@ INFER_CFG_KEYS = ("prompt_template", "inferencer", "fewshot", "fewshot_template"
 EVAL_CFG_KEYS = ("evaluator",)
 FEWSHOT_KEYS = ("k", "source", "separator")
 URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.IGNORECASE)
-SECRET_KEY = re.compile(r"(^|_)(api_?key|token|secret|password)$", re.IGNORECASE)
 DEFAULT_STAGES: dict[str, dict[str, Any]] = {
     "infer": {
         "partitioner": {"type": "NaivePartitioner"},
@@ -77,7 +77,7 @@ def _check_secrets(obj: Any, where: str, top: bool = False) -> None:
     if isinstance(obj, dict):
         for k, v in obj.items():
             key_where = f"{where}: {k}" if top else f"{where}.{k}"
-            if SECRET_KEY.search(str(k)) and v not in (None, ""):
+            if secret_key(k) and v not in (None, ""):
                 raise ConfigError(
                     f"{key_where}: secrets do not belong in a config; put it in an environment "
                     "variable and give its name (e.g. key_env='OPENAI_API_KEY')"

@@ -15,6 +15,8 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from orchestra.secretnames import VARIABLE_REFERENCE
+
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: the shell variable that holds the task's exit code after it ran (a footer's argument)
 RC = '"$orc_rc"'
@@ -44,6 +46,20 @@ def exports(env: Mapping[str, str]) -> list[str]:
     return [f"export {k}={shlex.quote(v)}" for k, v in sorted(env.items())]
 
 
+def shell_value(text: str) -> str:
+    """``text`` as one shell word: quoted, except ``$NAME``/``${NAME}``, which still expand (a
+    user's value that refers to a variable of the job's own environment)."""
+    parts, pos = [], 0
+    for m in VARIABLE_REFERENCE.finditer(text):
+        if m.start() > pos:
+            parts.append(shlex.quote(text[pos : m.start()]))
+        parts.append('"${' + m.group(0).strip("${}") + '}"')
+        pos = m.end()
+    if pos < len(text) or not parts:
+        parts.append(shlex.quote(text[pos:]))
+    return "".join(parts)
+
+
 def task_lines(run: str, head: str, footer: str, *, log: str | None = None, exit_file: str | None = None) -> list[str]:
     """Lines that run a task between its header and footer and exit with its code.
 
@@ -63,3 +79,13 @@ def task_lines(run: str, head: str, footer: str, *, log: str | None = None, exit
                      f"&& mv -f {q(tmp)} {q(exit_file)}")
     lines.append(f"exit {RC}")
     return lines
+
+
+def read_exit_file(path: str) -> int | None:
+    """The exit code :func:`task_lines` wrote to ``exit_file``; None when the task never got that far."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.lstrip("-").isdigit() else None

@@ -27,12 +27,11 @@ import json
 import re
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestra.runners.core.cli import CallError, CallTimeout, call, shared_limiter
+from orchestra.runners.core.client import CLIClient
 
 #: every ``Status`` a DLC job reports
 STATUSES = (
@@ -131,7 +130,7 @@ def short(output: str, limit: int = 300) -> str:
     return text[:limit] + ("..." if len(text) > limit else "") if text else "(no output)"
 
 
-class DLCClient:
+class DLCClient(CLIClient):
     """The ``dlc`` calls of one launch, counted by verb (``submit``, ``get``, ``logs``, ``stop``).
 
     Args:
@@ -139,45 +138,20 @@ class DLCClient:
         config_path: ``--config`` for every call (None: the client's default config).
         timeout_s: the longest one call may take.
         max_calls_per_s: the rate of all calls but stops (which are never delayed).
+        abort: the run's stop flag: once set, submits and status checks in flight give up.
     """
 
     def __init__(self, dlc_bin: str, config_path: str | None, timeout_s: float, max_calls_per_s: float,
                  abort: threading.Event | None = None) -> None:
+        super().__init__("dlc", (dlc_bin, config_path), timeout_s, max_calls_per_s, abort, DLCError,
+                         abort_grace_s=ABORT_GRACE_S)
         self.dlc_bin = dlc_bin
         self.config = ["--config", config_path] if config_path else []
-        self.timeout_s = timeout_s
-        self.limiter = shared_limiter((dlc_bin, config_path), max_calls_per_s)
-        self.calls: Counter[str] = Counter()
-        self.abort = abort  # the run's stop flag: set, submits and status checks in flight give up
-        self._lock = threading.Lock()
-
-    def run(self, verb: str, argv: list[str], urgent: bool = False, what: str = "") -> tuple[int, str]:
-        """Run one call; ``(exit code, stdout + stderr)``.  ``DLCError`` if it cannot run in time.
-
-        ``what`` names the call in errors (``submit of job N``); argv is never repeated there.
-        """
-        if not urgent:
-            self.limiter.acquire()
-        with self._lock:
-            self.calls[verb] += 1
-        label = f"dlc {what or verb}"
-        abortable = self.abort is not None and (verb == "submit" or (verb == "get" and not urgent))
-        try:
-            res = call(argv, self.timeout_s, self.abort if abortable else None, ABORT_GRACE_S)
-        except CallError as exc:
-            raise DLCError(str(exc)) from None
-        except CallTimeout as exc:
-            if exc.aborted:
-                raise DLCError(f"{label} was still running when the run was stopped; killed it and its "
-                               "child processes") from None
-            raise DLCError(f"{label} did not answer within cli_timeout_s={self.timeout_s:g} s; "
-                           "killed it and its child processes") from None
-        return res.returncode, res.stdout + res.stderr
 
     def submit(self, argv: list[str], urgent: bool = False) -> str:
         """Run a prepared ``dlc submit`` argv; the new job's id."""
         name = argv[argv.index("--name") + 1] if "--name" in argv[:-1] else "?"
-        code, out = self.run("submit", argv, urgent, what=f"submit (job {name})")
+        code, out = self.run("submit", argv, urgent, f"submit (job {name})", abortable=True)
         job_id = parse_job_id(out)
         if code != 0:
             raise DLCError(f"dlc submit exited {code}: {short(out)}")
@@ -186,7 +160,8 @@ class DLCClient:
         return job_id
 
     def get(self, job_id: str, urgent: bool = False) -> DLCJobStatus:
-        code, out = self.run("get", [self.dlc_bin, "get", "job", job_id, *self.config], urgent, f"get job {job_id}")
+        code, out = self.run("get", [self.dlc_bin, "get", "job", job_id, *self.config], urgent, f"get job {job_id}",
+                             abortable=not urgent)
         if code != 0:
             raise DLCError(f"dlc get job {job_id} exited {code}: {short(out)}")
         try:

@@ -8,15 +8,13 @@ task needs in the one shell string DLC runs: the Python environment (bashrc + co
 ``PYTHONPATH`` and the working directory.  Every value is quoted (``shlex.quote``); in
 ``extra_envs`` values, ``$NAME`` and ``${NAME}`` still refer to the container's variables.
 That string is in the ``dlc submit`` argv, the task logs and the run's config.py, so a secret
-never goes there: ``extra_envs`` refuses secret-looking names (:func:`secret_looking`), and
+never goes there: ``extra_envs`` refuses secret-looking names (``orchestra.secretnames``), and
 ``DLCRunner(forward_env=[...])`` passes variables by name through a private file
-(``dlc_secrets.py``) that the command sources.
+(``core.envfile``) that the command sources.
 """
 
 from __future__ import annotations
 
-import ast
-import json
 import os
 import re
 import shlex
@@ -24,12 +22,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from orchestra.runners.core import shell
+from orchestra.keyvalues import read_key_values
+from orchestra.runners.core import envfile, shell
+from orchestra.secretnames import secret_assignment
 
-_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-#: a variable name that says it holds a secret (HF_TOKEN, OPENAI_API_KEY, DB_PASSWORD, ...)
-_SECRET_NAME = re.compile(r"(?:^|_)(?:[A-Z]*TOKEN|[A-Z]*KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)S?(?:_|$)", re.I)
-_VAR_REF = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 REQUIRED = ("workspace_id", "resource_id", "worker_image")
 HF_OFFLINE_VARS = ("HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_EVALUATE_OFFLINE", "HF_HUB_OFFLINE")
 FOOTER = "===== orchestra: task exited with code "
@@ -109,9 +105,9 @@ class AliyunConfig:
             raise ValueError(f"aliyun_cfg.extra_envs: expected a list of 'NAME=value' strings, got {envs!r}")
         for item in envs:
             name, eq, _ = item.partition("=") if isinstance(item, str) else ("", "", "")
-            if not eq or not _NAME.fullmatch(name):
+            if not eq or not shell.ENV_NAME.fullmatch(name):
                 raise ValueError(f"aliyun_cfg.extra_envs: {item!r} is not 'NAME=value' (NAME a shell variable name)")
-            if secret_looking(name, item.partition("=")[2]):  # the value is never repeated in the message
+            if secret_assignment(name, item.partition("=")[2]):  # the value is never repeated in the message
                 raise ValueError(f"aliyun_cfg.extra_envs: {name} looks like a secret, and extra_envs values end up "
                                  "in the dlc submit argv, config.py and every task log; pass it by name: set "
                                  f"{name} in the orchestrator's environment and give DLCRunner(forward_env="
@@ -133,26 +129,6 @@ class AliyunConfig:
     def python(self) -> str:
         """The interpreter that runs tasks in the container."""
         return os.path.join(self.python_env_path, "bin", "python") if self.python_env_path else "python"
-
-
-def secret_looking(name: str, value: str) -> bool:
-    """Whether ``NAME=value`` looks like a secret given in clear: a name such as ``*TOKEN*``,
-    ``*KEY*``, ``*SECRET*``, ``*PASSWORD*`` with a value that is more than a ``$VAR`` reference
-    (a reference to a variable of the container holds no secret itself)."""
-    return bool(_SECRET_NAME.search(name)) and not (value == "" or _VAR_REF.fullmatch(value))
-
-
-def shell_value(text: str) -> str:
-    """``text`` as one shell word: quoted, except ``$NAME``/``${NAME}``, which still expand."""
-    parts, pos = [], 0
-    for m in _VAR_REF.finditer(text):
-        if m.start() > pos:
-            parts.append(shlex.quote(text[pos : m.start()]))
-        parts.append('"${' + m.group(0).strip("${}") + '}"')
-        pos = m.end()
-    if pos < len(text) or not parts:
-        parts.append(shlex.quote(text[pos:]))
-    return "".join(parts)
 
 
 def code_root() -> str | None:
@@ -197,11 +173,9 @@ def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str
     lines += shell.exports(env)
     for item in cfg.extra_envs:
         key, _, value = item.partition("=")
-        lines.append(f"export {key}={shell_value(value)}")
+        lines.append(f"export {key}={shell.shell_value(value)}")
     if env_file:
-        why = f"orchestra: cannot read {env_file} (forward_env; the orchestrator deletes it when it stops)"
-        lines.append(f"{{ [ -r {q(env_file)} ] || {{ echo {q(why)} >&2; exit 97; }}; }}")
-        lines.append(f". {q(env_file)}")
+        lines += envfile.source_lines(env_file, "forward_env; the orchestrator deletes it when it stops")
     root = code_root()
     path = ":".join(q(p) for p in dict.fromkeys(p for p in (root, cwd) if p))
     lines.append(f'export PYTHONPATH={path}"${{PYTHONPATH:+:$PYTHONPATH}}"')
@@ -242,53 +216,4 @@ def load_aliyun_file(path: str) -> dict[str, Any]:
 
     Raises ``ValueError`` (one line, naming the file and line) on anything else.
     """
-    full = os.path.expanduser(path)
-    try:
-        with open(full, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read the aliyun config: {exc}") from None
-    ext = os.path.splitext(full)[1]
-    if ext == ".json":
-        try:
-            data = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"{path}: not valid JSON: {exc}") from None
-    elif ext in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    else:
-        data = _python_literals(text, path)
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: an aliyun config holds keys and values, got {type(data).__name__}")
-    return {str(k): v for k, v in data.items() if not str(k).startswith("_")}
-
-
-def _python_literals(text: str, path: str) -> dict[str, Any]:
-    try:
-        tree = ast.parse(text, path)
-    except SyntaxError as exc:
-        raise ValueError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
-    out: dict[str, Any] = {}
-    for node in tree.body:
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
-            continue  # a docstring
-        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
-            raise ValueError(f"{path}:{node.lineno}: only 'key = value' lines are allowed in an aliyun config")
-        try:
-            out[node.targets[0].id] = _literal(node.value)
-        except ValueError:
-            raise ValueError(f"{path}:{node.lineno}: the value of {node.targets[0].id!r} is not a plain value "
-                             "(a string, number, bool, None, list or dict)") from None
-    return out
-
-
-def _literal(node: ast.AST) -> Any:
-    """``ast.literal_eval``, plus ``dict(key=literal, ...)``."""
-    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
-        return {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
-    return ast.literal_eval(node)
+    return read_key_values(path, "aliyun config")

@@ -74,16 +74,6 @@ def orphan(record: JobRecord) -> DLCJob:
                   job_id=record.job_id)
 
 
-def read_exit_code(path: str) -> int | None:
-    """The exit code the job's command wrote to the shared file system, if it got that far."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read().strip()
-    except OSError:
-        return None
-    return int(text) if text.lstrip("-").isdigit() else None
-
-
 def attempt_exit(job_id: str, info: DLCJobStatus, code: int | None, tail: str) -> Exit:
     """How an attempt ended, from the job's final state and the exit code its command recorded.
 

@@ -20,13 +20,13 @@ from orchestra.paths import RunPaths
 from orchestra.runners.core import checks
 from orchestra.runners.core.command import Command, fill_template, forward_env_names
 from orchestra.runners.core.contract import Session
+from orchestra.runners.core.envfile import write_env_file
 from orchestra.runners.core.ledger import spec_digest
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.dlc.cli import DLCClient
 from orchestra.runners.dlc.config import AliyunConfig, container_command, load_aliyun_file, submit_argv
 from orchestra.runners.dlc.job import DLCJob, Timings, dlc_job_name
-from orchestra.runners.dlc.secrets import env_file_path, write_env_file
 from orchestra.runners.dlc.session import DLCSession
 from orchestra.tasks.kinds import TASK_MODULES
 from orchestra.tasks.spec import TaskSpec
@@ -61,7 +61,7 @@ class DLCRunner(BaseRunner):
         forward_env: names of environment variables of the orchestrator that every container
             gets (e.g. ``['HF_TOKEN']``): their values go into a 0600 file in the run folder that
             the job's command sources, never into the ``dlc submit`` argv, config.py or the logs
-            (``dlc_secrets.py``); the file is deleted when the launch ends.
+            (``core.envfile``, at :func:`env_file_path`); the file is deleted when the launch ends.
     """
 
     #: managed servers need a place that holds GPUs for the whole stage and an address the tasks reach:
@@ -158,6 +158,11 @@ class DLCRunner(BaseRunner):
         if config and not os.path.isfile(os.path.expanduser(config)):
             return f"aliyun_cfg.dlc_config_path {config!r} does not exist on this machine"
         return None
+
+
+def env_file_path(dlc_dir: str, stage: str) -> str:
+    """Where the forwarded variables of one stage's jobs are (``<run>/dlc/private/<stage>.env``)."""
+    return os.path.join(dlc_dir, "private", f"{stage}.env")
 
 
 __all__ = ["AliyunConfig", "DLCJob", "DLCRunner", "dlc_job_name", "spec_digest"]

@@ -21,12 +21,12 @@ from typing import TYPE_CHECKING, Any
 
 from orchestra.paths import RunPaths
 from orchestra.runners.core.contract import Exit, Job, NoResources, Session
+from orchestra.runners.core.envfile import remove_env_file
 from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, spec_digest, triage
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.dlc.cli import DLCClient, DLCError, DLCJobStatus
 from orchestra.runners.dlc.job import DLCJob, dlc_job_name, orphan
-from orchestra.runners.dlc.secrets import remove_env_file
 from orchestra.runners.dlc.track import Tracker
 from orchestra.tasks.spec import TaskSpec
 

@@ -5,8 +5,8 @@ decide how the attempt ended, stop it.
 windows that settled since, and the next look scheduled: every ``poll_interval_s`` after a change,
 1.5x longer per unchanged answer up to ``max_poll_interval_s``, 1 s once the command's exit code
 file exists.  Everything it learns goes to the task log, the run folder's ledger and the event log.
-``stop`` is ``core.stopping.stop_and_confirm`` with ``dlc stop job --force`` for each job at once
-and ``dlc get job`` to confirm (bounded), the stop sent again to a job still running 5 s later.
+``stop`` is ``core.stop_each`` with ``dlc stop job --force`` for each job at once and ``dlc get
+job`` to confirm (bounded), the stop sent again to a job still running 5 s later.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestra.events import EventLog
 from orchestra.runners.core.contract import Exit
 from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.run import note
-from orchestra.runners.core.stopping import stop_and_confirm
+from orchestra.runners.core.shell import read_exit_file
+from orchestra.runners.core.stop_each import UNKNOWN, outcome, stop_each
 from orchestra.runners.dlc.cli import LOGGING, TERMINAL, WAITING, DLCClient, DLCError, DLCJobStatus
-from orchestra.runners.dlc.job import DLCJob, Timings, attempt_exit, read_exit_code
+from orchestra.runners.dlc.job import DLCJob, Timings, attempt_exit
 from orchestra.runners.dlc.logs import LogCursor, copy_final, copy_settled
 
 RESTOP_AFTER_S = 5.0
@@ -129,7 +129,7 @@ class Tracker:
             h.next_check = time.monotonic() + max(0.0, wait)
             return None
         h.over = True
-        code = read_exit_code(h.exit_file)
+        code = read_exit_file(h.exit_file)
         ended = attempt_exit(h.job_id, info, code, cursor.tail_text())
         self.log(h, [f"===== dlc: job {h.job_id} ended {info.describe()}"
                       + (f", task exit code {code}" if code is not None else ", no task exit code recorded")])
@@ -170,12 +170,6 @@ class Tracker:
         self.ledger.record(state, h.name, task_id=h.task_id, stage=h.stage, attempt=h.attempt, seq=h.seq,
                             digest=h.digest, job_id=h.job_id or "", **fields)
 
-    def _send_stop(self, job_id: str) -> None:
-        try:
-            self.client.stop(job_id)
-        except DLCError:
-            pass  # the confirmation decides
-
     def _record_anyway(self, state: str, h: DLCJob, **fields: Any) -> None:
         """A stop goes out even when the ledger cannot be written (a full disk): say so, go on."""
         try:
@@ -195,32 +189,15 @@ class Tracker:
         for h in handles:
             h.stop_reason = reason
             self._record_anyway("stop_sent", h, reason=reason)
-        ids = [j for j in dict.fromkeys(h.job_id for h in handles) if j]
-        status = dict.fromkeys(ids, "unknown")
-        if ids:
-            with ThreadPoolExecutor(min(STOP_CONCURRENCY, len(ids)), thread_name_prefix="dlc-stop") as pool:
-
-                def send(some: list[str]) -> None:
-                    list(pool.map(self._send_stop, some))  # every stop sent before the first look
-
-                def look(job_id: str) -> str:
-                    try:
-                        return self.client.get(job_id, urgent=True).status
-                    except DLCError:
-                        return "unknown"
-
-                def alive(waiting: list[str]) -> dict[str, str]:
-                    for job_id, state in zip(waiting, pool.map(look, waiting)):
-                        status[job_id] = state if state != "unknown" else status[job_id]
-                    return {j: status[j] for j in waiting if status[j] not in TERMINAL}
-
-                stop_and_confirm(ids, send, alive,
-                                 timeout_s=self.t.cancel_timeout_s, resend_after_s=RESTOP_AFTER_S,
-                                 poll_s=_CONFIRM_POLL_S, ending={"Stopping"})
+        status = stop_each([h.job_id for h in handles if h.job_id], self.client.stop,
+                           lambda job_id: self.client.get(job_id, urgent=True).status, terminal=TERMINAL,
+                           ending={"Stopping"}, errors=(DLCError,), timeout_s=self.t.cancel_timeout_s,
+                           resend_after_s=RESTOP_AFTER_S, poll_s=_CONFIRM_POLL_S, concurrency=STOP_CONCURRENCY,
+                           name="dlc")
         unconfirmed = []
         for h in handles:
-            seen = status.get(h.job_id or "", "unknown")
-            state = "stopped" if seen in TERMINAL else "stop_acknowledged" if seen == "Stopping" else "stop_unconfirmed"
+            seen = status.get(h.job_id or "", UNKNOWN)
+            state = outcome(seen, TERMINAL, {"Stopping"})
             h.over = state == "stopped"
             self._record_anyway(state, h, status=seen, reason=reason)
             self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=seen, confirmed=h.over)

@@ -50,8 +50,9 @@ def test_forward_env_reaches_the_container_and_nothing_else(double: Double, tmp_
 def test_env_file_is_private_and_sourced_by_path(tmp_path: Path) -> None:
     """The file the container sources: 0600 in a 0700 folder, written whole; the command names its
     path, never the value."""
+    from orchestra.runners.core.envfile import remove_env_file, write_env_file
     from orchestra.runners.dlc.config import AliyunConfig, container_command
-    from orchestra.runners.dlc.secrets import env_file_path, remove_env_file, write_env_file
+    from orchestra.runners.dlc.runner import env_file_path
 
     os.umask(0o022)
     path = env_file_path(str(tmp_path / "dlc"), "infer")
@@ -81,7 +82,7 @@ def test_secret_in_extra_envs_is_refused(double: Double, tmp_path: Path) -> None
 
 
 def test_secret_looking_names() -> None:
-    from orchestra.runners.dlc.config import secret_looking
+    from orchestra.secretnames import secret_assignment as secret_looking
 
     for name in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "APIKEY",
                  "HUGGING_FACE_HUB_TOKEN", "GOOGLE_CREDENTIALS", "hf_token"):

@@ -13,12 +13,12 @@ from dlc_helpers import aliyun_cfg
 from orchestra.registry import RUNNERS
 from orchestra.runners import DLCRunner
 from orchestra.runners.core.ledger import Ledger
+from orchestra.runners.core.shell import shell_value
 from orchestra.runners.dlc.cli import format_time, parse_job_id, parse_job_info, parse_time
 from orchestra.runners.dlc.config import (
     AliyunConfig,
     container_command,
     load_aliyun_file,
-    shell_value,
     submit_argv,
 )
 from orchestra.runners.dlc.runner import dlc_job_name

@@ -1,13 +1,12 @@
-"""``DLCRunner(forward_env=[...])``: variables passed to DLC containers by name, never by value.
+"""Environment variables handed to a remote job by name, through a private file, never by value.
 
-A DLC container does not inherit the orchestrator's environment, and everything in the job's
-command is visible (the ``dlc submit`` argv in ``/proc``, the task logs, ``--dry-run``).  So the
-values of ``forward_env`` go into one file per stage in the run folder's private area
-(``<run>/dlc/private/``, mode 0700; the file 0600, written atomically), on the storage the
-containers mount; the job's command sources it by path (``dlc_config.container_command``).
-The runner deletes the file when its launch ends (``DLCRunner.close``); a run killed with SIGKILL
-leaves it, still 0600, until the next launch of that run folder rewrites and deletes it.
-The container must run as root or as the orchestrator's user to read it.
+A job on a cluster or a cloud service may not inherit the orchestrator's environment, and its
+command line is visible (``/proc``, the task logs, ``--dry-run``).  So a backend that forwards
+variables (``DLCRunner(forward_env=[...])``) writes their values to a file on the storage the
+job mounts, in a private folder (0700; the file 0600 from its first byte, replaced atomically),
+and the job's command sources that file by path.  The backend deletes the file once every job
+that needs it is over; a run killed with SIGKILL leaves it, still 0600, until the next launch
+rewrites and deletes it.  The job must run as root or as the orchestrator's user to read it.
 """
 
 from __future__ import annotations
@@ -15,11 +14,6 @@ from __future__ import annotations
 import os
 import shlex
 from collections.abc import Mapping, Sequence
-
-
-def env_file_path(dlc_dir: str, stage: str) -> str:
-    """Where the forwarded variables of one stage's jobs are (``<run>/dlc/private/<stage>.env``)."""
-    return os.path.join(dlc_dir, "private", f"{stage}.env")
 
 
 def write_env_file(path: str, names: Sequence[str], environ: Mapping[str, str] | None = None) -> None:
@@ -50,3 +44,11 @@ def remove_env_file(path: str) -> None:
         os.unlink(path)
     except FileNotFoundError:
         pass
+
+
+def source_lines(path: str, what: str) -> list[str]:
+    """The job's shell lines that source the file, or exit 97 naming it when it cannot be read
+    (``what`` says where it comes from and who deletes it)."""
+    q = shlex.quote
+    why = f"orchestra: cannot read {path} ({what})"
+    return [f"{{ [ -r {q(path)} ] || {{ echo {q(why)} >&2; exit 97; }}; }}", f". {q(path)}"]

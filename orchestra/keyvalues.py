@@ -1,0 +1,73 @@
+"""Read a small settings file of keys and values, never executing it.
+
+Some tools keep their settings in a file a user writes by hand (OpenCompass's ``~/.aliyun.cfg``
+for DLC is the case in point): JSON, YAML, or Python-looking ``NAME = value`` lines.  Such a file
+is data, so a ``.py``-style one is parsed with :mod:`ast` and only plain literals are accepted
+(strings, numbers, bools, None, lists, tuples, dicts, and ``dict(key=literal, ...)``); a call, a
+name, an import or any other statement is refused.  Every problem is one ``ValueError`` line that
+names the file (and the line, where there is one).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+from typing import Any
+
+
+def read_key_values(path: str, what: str) -> dict[str, Any]:
+    """The keys and values of the file at ``path`` (``~`` expanded), chosen by its extension:
+    ``.json``, ``.yaml``/``.yml``, anything else ``NAME = literal`` lines.  Keys starting with ``_``
+    are dropped.  ``what`` names the file's role in errors (``"aliyun config"``)."""
+    full = os.path.expanduser(path)
+    try:
+        with open(full, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the {what}: {exc}") from None
+    ext = os.path.splitext(full)[1]
+    if ext == ".json":
+        try:
+            data = json.loads(text)
+        except ValueError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    elif ext in (".yaml", ".yml"):
+        import yaml
+
+        try:
+            data = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+    else:
+        data = python_literals(text, path, what)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: an {what} holds keys and values, got {type(data).__name__}")
+    return {str(k): v for k, v in data.items() if not str(k).startswith("_")}
+
+
+def python_literals(text: str, path: str, what: str) -> dict[str, Any]:
+    """``NAME = literal`` assignments of a Python-looking text (a docstring allowed), by name."""
+    try:
+        tree = ast.parse(text, path)
+    except SyntaxError as exc:
+        raise ValueError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    out: dict[str, Any] = {}
+    for node in tree.body:
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+            continue  # a docstring
+        if not (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)):
+            raise ValueError(f"{path}:{node.lineno}: only 'key = value' lines are allowed in an {what}")
+        try:
+            out[node.targets[0].id] = _literal(node.value)
+        except ValueError:
+            raise ValueError(f"{path}:{node.lineno}: the value of {node.targets[0].id!r} is not a plain value "
+                             "(a string, number, bool, None, list or dict)") from None
+    return out
+
+
+def _literal(node: ast.AST) -> Any:
+    """``ast.literal_eval``, plus ``dict(key=literal, ...)``."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
+        return {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+    return ast.literal_eval(node)

@@ -1,0 +1,47 @@
+"""``orchestra.secretnames``: the one place that says which names look like they hold a secret."""
+
+from __future__ import annotations
+
+import re
+
+from orchestra.config.dump import redact
+from orchestra.secretnames import SECRET_KEY, SECRET_VARIABLE, secret_assignment, secret_key
+
+#: the rule config keys had before it moved here (config/validate.py), to prove nothing changed
+_OLD_CONFIG_RULE = re.compile(r"(^|_)(api_?key|token|secret|password)$", re.IGNORECASE)
+#: the rule DLC's extra_envs had before it moved here (runners/dlc/config.py)
+_OLD_ENV_RULE = re.compile(r"(?:^|_)(?:[A-Z]*TOKEN|[A-Z]*KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)S?(?:_|$)", re.I)
+
+NAMES = ["api_key", "apikey", "openai_api_key", "hf_token", "token", "secret", "password", "db_password",
+         "key_env", "max_tokens", "max_new_tokens", "sort_key", "key", "tokenizer", "HF_TOKEN", "OPENAI_API_KEY",
+         "AWS_SECRET_ACCESS_KEY", "DB_PASSWD", "GOOGLE_CREDENTIALS", "APIKEY", "KEYBOARD", "HF_HOME",
+         "TOKENIZERS_PARALLELISM", "HUGGING_FACE_HUB_TOKEN", "my_secret_value", "passwords", "x_credential"]
+
+
+def test_the_rules_are_the_ones_that_were_in_force() -> None:
+    for name in NAMES:
+        assert secret_key(name) == bool(_OLD_CONFIG_RULE.search(name)), name
+        assert bool(SECRET_VARIABLE.search(name)) == bool(_OLD_ENV_RULE.search(name)), name
+
+
+def test_every_secret_config_key_is_also_a_secret_variable_name() -> None:
+    """The variable rule is the wider one: a name redacted in a config is never accepted in clear."""
+    for name in NAMES:
+        if SECRET_KEY.search(name):
+            assert SECRET_VARIABLE.search(name), name
+
+
+def test_config_keys_that_name_no_secret_stay_readable() -> None:
+    dumped = redact({"key_env": "OPENAI_API_KEY", "max_tokens": 16, "sort_key": "id", "api_key": "sk-1",
+                     "nested": [{"hf_token": "t"}]})
+    assert dumped == {"key_env": "OPENAI_API_KEY", "max_tokens": 16, "sort_key": "id", "api_key": "<redacted>",
+                      "nested": [{"hf_token": "<redacted>"}]}
+
+
+def test_an_assignment_is_a_secret_unless_it_refers_to_a_variable() -> None:
+    assert secret_assignment("HF_TOKEN", "hf_abc")
+    assert secret_assignment("DB_PASSWORD", "$HOME-and-more")
+    assert not secret_assignment("HF_TOKEN", "$HF_TOKEN_IN_IMAGE")
+    assert not secret_assignment("HF_TOKEN", "${HF_TOKEN_IN_IMAGE}")
+    assert not secret_assignment("HF_TOKEN", "")
+    assert not secret_assignment("HF_HOME", "/data/hf")
