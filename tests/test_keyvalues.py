@@ -13,7 +13,7 @@ def test_python_style_lines_give_their_literals(tmp_path: Path) -> None:
     path = tmp_path / "settings.cfg"
     path.write_text('"""A docstring."""\nname = "x"\ncount = 3\nflags = [True, None]\n'
                     'nested = dict(a=1, b=dict(c="d"))\n_private = 1\n')
-    assert read_key_values(str(path), "test config") == {
+    assert read_key_values(str(path), "example config") == {
         "name": "x", "count": 3, "flags": [True, None], "nested": {"a": 1, "b": {"c": "d"}}}
 
 
@@ -31,11 +31,12 @@ def test_code_is_refused_and_never_run(tmp_path: Path) -> None:
     path = tmp_path / "evil.cfg"
     path.write_text(f"x = 1\ny = __import__('os').system('touch {marker}')\n")
     with pytest.raises(ValueError) as info:
-        read_key_values(str(path), "test config")
-    assert str(info.value) == f"{path}:2: the value of 'y' is not a plain value (a string, number, bool, None, list or dict)"
+        read_key_values(str(path), "example config")
+    assert str(info.value) == (f"{path}:2: the value of 'y' is not a plain value "
+                               "(a string, number, bool, None, list or dict)")
     path.write_text(f"import os\nos.system('touch {marker}')\n")
-    with pytest.raises(ValueError, match=r":1: only 'key = value' lines are allowed in an test config"):
-        read_key_values(str(path), "test config")
+    with pytest.raises(ValueError, match=r":1: only 'key = value' lines are allowed in an example config"):
+        read_key_values(str(path), "example config")
     assert not marker.exists()
 
 
