@@ -10,10 +10,12 @@ import time
 from dataclasses import dataclass
 
 from orchestra.errors import UserError
+from orchestra.privdir import UnsafeFolderError, folder_problem
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 RUN_MARKER = ".orchestra-run"
 _RUN_NAME = re.compile(r"\d{8}_\d{6}(_\d+)?")
+_FOLDER_MODE = 0o755  #: a new work dir and run folder: never writable by group or others (the umask may take more)
 
 
 def safe_name(name: str) -> str:
@@ -142,14 +144,63 @@ def is_run_folder(root: str, work_dir: str) -> bool:
     return named and os.path.isfile(os.path.join(root, "config.py"))
 
 
+def _refuse_unsafe(path: str, what: str) -> None:
+    """Raise :class:`~orchestra.privdir.UnsafeFolderError` if ``path`` exists and another user
+    could write it (``what``: ``'run folder'``, judged itself, or ``'work dir'``, judged where a
+    symbolic link leads)."""
+    follow = what == "work dir"
+    if not (os.path.exists(path) if follow else os.path.lexists(path)):
+        return
+    problem = folder_problem(path, follow_links=follow)
+    if problem is None:
+        return
+    if "writable" in problem:
+        fix = f"chmod go-w {path}"
+    elif "link" in problem:
+        fix = "give the real path"
+    else:
+        fix = "use a work dir of your own (-w)"
+    raise UnsafeFolderError(f"{what} {path} {problem}: another user could forge the files orchestra reads "
+                            f"back from it; {fix}")
+
+
+def _make_folders(path: str) -> None:
+    """``os.makedirs`` with every folder it makes ``_FOLDER_MODE`` (masked by the umask), the
+    missing ones above ``path`` too (``os.makedirs`` makes those 0777 less the umask)."""
+    if os.path.isdir(path):
+        return
+    _make_folders(os.path.dirname(path))
+    try:
+        os.mkdir(path, _FOLDER_MODE)
+    except FileExistsError:
+        pass
+
+
+def check_run_folder(root: str) -> None:
+    """Refuse (:class:`~orchestra.privdir.UnsafeFolderError`, one line, exit 2 at the CLI) a run
+    folder whose files another user could forge: ``root`` must be a real folder (not a symbolic
+    link), owned by this user and not writable by group or others, and so must the folder that
+    holds it (the work dir; a symbolic link to a folder of ours is fine there)."""
+    _refuse_unsafe(os.path.dirname(os.path.abspath(root)), "work dir")
+    _refuse_unsafe(root, "run folder")
+
+
 def choose_run_folder(work_dir: str, reuse: str | None, allow_new: bool = True,
                       create: bool = True) -> tuple[str, bool]:
-    """The run folder to use and whether it already existed.
+    """The run folder to use and whether it already existed; refused by :func:`check_run_folder`
+    if another user could write it or its work dir.
 
     ``reuse=None`` claims a new timestamped folder (created, with its marker, unless
-    ``create`` is false as for ``--dry-run``); ``'latest'`` takes the newest run folder of
-    ``work_dir``; anything else names one, by timestamp or path, and must be a run folder.
+    ``create`` is false as for ``--dry-run``; the work dir and the run folder are made without
+    write permission for group and others, whatever the umask); ``'latest'`` takes the newest
+    run folder of ``work_dir``; anything else names one, by timestamp or path, and must be a run folder.
     """
+    root, existed = _choose(work_dir, reuse, allow_new, create)
+    check_run_folder(root)
+    return root, existed
+
+
+def _choose(work_dir: str, reuse: str | None, allow_new: bool, create: bool) -> tuple[str, bool]:
     work_dir = os.path.abspath(work_dir)
     if os.path.exists(work_dir) and not os.path.isdir(work_dir):
         raise UserError(f"work dir {work_dir} is a file, not a folder; give -w a folder")
@@ -160,8 +211,9 @@ def choose_run_folder(work_dir: str, reuse: str | None, allow_new: bool = True,
         while True:
             try:
                 if create:
-                    os.makedirs(work_dir, exist_ok=True)
-                    os.mkdir(root)  # claims the name: two runs started in one second never share it
+                    _refuse_unsafe(work_dir, "work dir")  # before anything is made in a folder of another user
+                    _make_folders(work_dir)
+                    os.mkdir(root, _FOLDER_MODE)  # claims the name: two runs started in one second never share it
                     with open(os.path.join(root, RUN_MARKER), "w", encoding="utf-8"):
                         pass
                 elif os.path.exists(root):
@@ -177,7 +229,7 @@ def choose_run_folder(work_dir: str, reuse: str | None, allow_new: bool = True,
             raise UserError(f"no run folder in {work_dir} to reuse")
         if not runs:
             print(f"orchestra: no earlier run in {work_dir}; starting a new one", file=sys.stderr)
-            return choose_run_folder(work_dir, None, create=create)
+            return _choose(work_dir, None, True, create)
         return os.path.join(work_dir, runs[-1]), True
     root = os.path.abspath(os.path.join(work_dir, reuse))
     if not os.path.isdir(root):

@@ -45,9 +45,10 @@ def temp_folder(kind: str) -> str:
     return os.path.join(tempfile.gettempdir(), pattern.format(uid=os.getuid(), euid=os.geteuid()))
 
 
-def folder_problem(path: str) -> str | None:
-    """Why ``path`` (which exists) must not be trusted, or None if it is a private folder."""
-    st = os.lstat(path)
+def folder_problem(path: str, follow_links: bool = False) -> str | None:
+    """Why ``path`` (which exists) must not be trusted, or None if it is a private folder
+    (``follow_links``: judge the folder a symbolic link at ``path`` leads to, not the link)."""
+    st = os.stat(path) if follow_links else os.lstat(path)
     if stat.S_ISLNK(st.st_mode):
         return "is a symbolic link"
     if not stat.S_ISDIR(st.st_mode):

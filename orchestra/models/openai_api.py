@@ -34,6 +34,7 @@ from orchestra.limits.retry import (
 )
 from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
+from orchestra.models.echo_logprobs import BadEcho, continuation_logprob
 from orchestra.models.http_body import MAX_BODY_BYTES, read_capped, scrub_key
 from orchestra.models.http_session import Secret, env_proxy, open_session
 from orchestra.models.openai_batch import OpenAIBatcher
@@ -365,7 +366,8 @@ class OpenAIAPI(BaseModel):
 
         Needs a completions endpoint that echoes prompt logprobs (vLLM, many others).  Tokens
         that end after the context, its trailing whitespace left out, count as the continuation's,
-        as HFCausalLM splits them: ``' Paris'`` after ``'... is '`` is the continuation's.
+        as HFCausalLM splits them: ``' Paris'`` after ``'... is '`` is the continuation's.  A reply
+        whose shape does not add up fails the request (:mod:`orchestra.models.echo_logprobs`).
         """
         if self.endpoint != "completions" and self.server is None:
             raise ModelError(f"model {self.abbr}: log-likelihoods need endpoint='completions' (echo + logprobs)")
@@ -380,10 +382,7 @@ class OpenAIAPI(BaseModel):
         data = await self.post(self.completions_url, body)
         self._count_usage(data)
         try:
-            lp = data["choices"][0]["logprobs"]
-            offsets, values = [int(o) for o in lp["text_offset"]], list(lp["token_logprobs"])
-            ends = [*offsets[1:], len(prompt)]  # a token ends where the next one starts
-            cut = len(context.rstrip())
-            return sum(float(v) for end, v in zip(ends, values) if end > cut and v is not None)
-        except (KeyError, IndexError, TypeError, ValueError):
-            raise ModelError(f"answer without echo logprobs: {self._scrub(json.dumps(data)[:300])}") from None
+            return continuation_logprob(data, prompt, len(context.rstrip()))
+        except BadEcho as exc:  # a wrong number that looks right is worse than a failed sample
+            raise ModelError(f"model {self.abbr}: refused the scoring reply of /completions: "
+                             f"{self._scrub(str(exc))}") from None

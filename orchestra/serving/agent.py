@@ -13,7 +13,10 @@ in ``--status`` (JSON, written atomically; never the key, which it reads from th
 
 * ``{"state": "ready", "url": ..., "host": ..., "port": ..., "agent": ...}``,
 * ``{"state": "failed", "why": "late" | "exited" | "exposed" | "open", "code": ...}`` and exit 3,
-* ``{"state": "exited", "code": ...}`` once a ready replica's server exited (the agent exits too).
+* ``{"state": "exited", "code": ...}`` once a ready replica's server exited (the agent exits too),
+* ``{"state": "failed", "why": "no-address", "code": 4}`` and exit 4 (:data:`EXIT_NO_ADDRESS`), with one
+  line in its log, when the orchestrator's host name does not resolve (or no route leads there): the
+  node cannot tell which of its addresses to listen on.
 
 It stops the replica whole and exits on SIGTERM / SIGINT (``scancel``, a killed actor), when its
 parent process is gone (a Ray actor), and when ``--heartbeat`` (touched every second by the
@@ -44,6 +47,7 @@ from orchestra.serving.replica import Replica, _status
 from orchestra.serving.spec import ServerSpec
 
 LOOK_S = 0.2  #: how often the replica and the heartbeat are looked at
+EXIT_NO_ADDRESS = 4  #: the agent's exit when it cannot find its address towards the orchestrator
 
 
 def spec_json(spec: ServerSpec) -> dict[str, Any]:
@@ -63,11 +67,22 @@ def spec_from_json(data: dict[str, Any]) -> ServerSpec:
 def node_address(owner_host: str) -> str:
     """The address replicas of this node listen on: 127.0.0.1 when the orchestrator
     (``owner_host``, a host name) runs on this very machine, else the address this node uses to
-    reach the orchestrator's host (its interface on the network they share)."""
+    reach the orchestrator's host (its interface on the network they share).  Raises
+    :class:`OSError` with a one-line message naming the host when its name does not resolve or no
+    route leads to it."""
     if not owner_host or owner_host in (socket.gethostname(), socket.getfqdn(), "localhost"):
         return HOST
+    try:
+        address = socket.gethostbyname(owner_host)
+    except OSError as exc:  # socket.gaierror, or herror
+        raise OSError(f"cannot resolve the orchestrator's host name {owner_host!r} "
+                      f"({exc.strerror or exc}); check this node's DNS or /etc/hosts") from None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((socket.gethostbyname(owner_host), 9))  # no packet is sent: only a route is chosen
+        try:
+            probe.connect((address, 9))  # no packet is sent: only a route is chosen
+        except OSError as exc:
+            raise OSError(f"no route from this node to the orchestrator's host {owner_host!r} ({address}): "
+                          f"{exc.strerror or exc}") from None
         return str(probe.getsockname()[0])
 
 
@@ -185,7 +200,14 @@ def main() -> None:
         signal.signal(sig, lambda *_: stop.set())
     parent = os.getppid()
     heartbeat = Heartbeat(args.heartbeat, args.owner_stale_s)
-    replica = Replica(spec, args.name, args.index, args.log, host=node_address(args.owner_host))
+    try:
+        host = node_address(args.owner_host)
+    except OSError as exc:  # one line in the log; the status and the exit code say why for the pool
+        print(f"agent: {exc}", file=sys.stderr, flush=True)
+        atomic_write_json(args.status, {"state": "failed", "why": "no-address", "code": EXIT_NO_ADDRESS,
+                                        "agent": os.getpid(), "job": args.job})
+        sys.exit(EXIT_NO_ADDRESS)
+    replica = Replica(spec, args.name, args.index, args.log, host=host)
     visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
     replica.gpus = [g for g in visible.split(",") if g] if spec.gpus_per_replica else []
 

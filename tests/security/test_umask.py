@@ -1,5 +1,6 @@
 """The files of a run follow the process umask, as its folders do: ``umask 002`` shares them
-with the group (a report on a shared drive), ``umask 077`` keeps them private."""
+with the group (a report on a shared drive), ``umask 077`` keeps them private.  The run folder
+itself and its work dir are never group- or other-writable (test_run_folder_trust.py)."""
 
 from __future__ import annotations
 
@@ -38,6 +39,7 @@ def test_run_outputs_follow_the_umask(tmp_path: Path, server: Any, umask: int, f
                  "summary/summary.json", "summary/report.html", "events.jsonl", "config.py"):
         assert modes[name] == file_mode, f"{name}: {modes[name]:o}, expected {file_mode:o}"
     for name, mode in modes.items():
-        is_dir = (run / name).is_dir() if name != "." else True
-        assert mode == (dir_mode if is_dir else file_mode), f"{name}: {mode:o}"
-    assert os.stat(run).st_mode & 0o777 == dir_mode
+        if name == ".":  # the run folder: never group- or other-writable, whatever the umask
+            assert mode == dir_mode & ~0o022 == stat.S_IMODE(os.stat(run.parent).st_mode), f"{mode:o}"
+            continue
+        assert mode == (dir_mode if (run / name).is_dir() else file_mode), f"{name}: {mode:o}"

@@ -3,16 +3,23 @@
 
 from __future__ import annotations
 
+import json
+import os
 import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from orchestra.serving.agent import node_address, spec_from_json, spec_json
-from orchestra.serving.replica import listener
+import pytest
+
+from orchestra.serving.agent import EXIT_NO_ADDRESS, check_placed, node_address, spec_from_json, spec_json
+from orchestra.serving.presets import KEY_FILE_ENV
+from orchestra.serving.replica import Replica, listener
 from orchestra.serving.spec import ServerSpec
 
 
 def test_a_spec_survives_its_trip_through_json() -> None:
-    import json
-
     spec = ServerSpec("command", "m", replicas=2, gpus=1, args=("--x", "1"), command=("srv", "{port}"),
                       env=(("A", "b"),), startup_timeout_s=5.0)
     assert spec_from_json(json.loads(json.dumps(spec_json(spec)))) == spec
@@ -31,3 +38,38 @@ def test_listener_finds_a_socket_on_the_address_it_is_asked_about() -> None:
         found = listener(port, "127.0.0.1")
         assert found is not None and found[1] is False
         assert listener(port, "127.0.0.2") is None  # another address: not this socket
+
+
+def test_an_unresolvable_orchestrator_host_is_one_line_and_exit_4(tmp_path: Path) -> None:
+    """The agent started for real (as a Slurm job or a Ray actor starts it), told that the
+    orchestrator is on a host name nothing resolves: one line in its log, no traceback, a failed
+    status that names why, and exit 4, which the orchestrator's look at it reports with that line."""
+    spec_path, key_path = tmp_path / "spec.json", tmp_path / "key"
+    spec = ServerSpec("command", "m", command=("true", "{port}"))
+    spec_path.write_text(json.dumps(spec_json(spec)))
+    key_path.write_text("k" * 32)
+    key_path.chmod(0o600)
+    log, status = tmp_path / "agent.log", tmp_path / "status.json"
+    with open(log, "wb") as out:
+        res = subprocess.run([sys.executable, "-m", "orchestra.serving.agent", "--spec", str(spec_path), "--name", "m",
+                              "--index", "0", "--log", str(tmp_path / "replica.log"), "--status", str(status),
+                              "--heartbeat", str(tmp_path / "heartbeat"), "--owner-host", "no-such-host.invalid",
+                              "--job", "77"], stdout=out, stderr=subprocess.STDOUT, timeout=60,
+                             env={**os.environ, KEY_FILE_ENV: str(key_path)})
+    lines = log.read_text().strip().splitlines()
+    assert res.returncode == EXIT_NO_ADDRESS == 4, lines
+    assert len(lines) == 1 and "Traceback" not in lines[0], lines
+    assert lines[0].startswith("agent: cannot resolve the orchestrator's host name 'no-such-host.invalid'"), lines
+    got = json.loads(status.read_text())
+    assert {k: got[k] for k in ("state", "why", "code", "job")} == \
+        {"state": "failed", "why": "no-address", "code": 4, "job": "77"}
+    # what the pool sees of it: an exit with code 4, and the agent's line as the log's tail
+    replica = Replica(spec, "m", 0, str(log))
+    replica.started = time.monotonic()
+    assert check_placed(replica, got, got["code"], "k" * 32) == "exited" and replica.code == 4
+    assert replica.tail("k" * 32) == lines[0]
+
+
+def test_node_address_names_the_host_it_cannot_resolve() -> None:
+    with pytest.raises(OSError, match="cannot resolve the orchestrator's host name 'no-such-host.invalid'"):
+        node_address("no-such-host.invalid")

@@ -1,0 +1,88 @@
+"""A continuation's log-likelihood from a completions reply that echoes the prompt with ``logprobs``.
+
+The reply comes from an endpoint we do not control, so its shape is checked before anything is
+summed: a reply that lines up only partly would otherwise become a wrong number that looks
+right.  :func:`continuation_logprob` refuses, with :class:`BadEcho` (one line naming the field),
+a reply whose ``choices[0].text`` does not start with the prompt sent; whose
+``logprobs.text_offset``, ``token_logprobs`` and ``tokens`` differ in length; whose offsets are not
+integers, go backwards, or fall outside the echoed text; or whose log-probabilities are not finite
+numbers <= 0 (the first token's may be null: nothing predicts it).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class BadEcho(ValueError):
+    """A scoring reply that cannot be trusted; the message names the field and what is wrong."""
+
+
+def _list(lp: dict[str, Any], key: str) -> list[Any]:
+    value = lp.get(key)
+    if not isinstance(value, list):
+        raise BadEcho(f"logprobs.{key} is {type(value).__name__}, not a list")
+    return value
+
+
+def _offsets(values: list[Any], text_len: int) -> list[int]:
+    """The token start offsets, checked: integers, never going back, within the echoed text."""
+    last = 0
+    for i, offset in enumerate(values):
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise BadEcho(f"logprobs.text_offset[{i}] is {offset!r:.40}, not an integer")
+        if offset < 0:
+            raise BadEcho(f"logprobs.text_offset[{i}] is {offset!r:.40}, before the start of the echoed text")
+        if offset < last:
+            raise BadEcho(f"logprobs.text_offset[{i}] is {offset!r:.40}, before the offset of the token before it "
+                          f"({last}): offsets must not go backwards")
+        if offset > text_len:
+            raise BadEcho(f"logprobs.text_offset[{i}] is {offset!r:.40}, past the echoed text ({text_len} characters)")
+        last = offset
+    return values
+
+
+def _logprob(i: int, value: Any) -> float | None:
+    """A token's log-probability, checked: a finite number <= 0; null only for the first token."""
+    if value is None and i == 0:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value > 0:
+        raise BadEcho(f"logprobs.token_logprobs[{i}] is {value!r:.40}, not a finite number <= 0")
+    return float(value)
+
+
+def continuation_logprob(data: Any, prompt: str, cut: int) -> float:
+    """Sum of the log-probabilities of the tokens of ``prompt`` that end after character ``cut``
+    (a token ends where the next one starts, the last one with the echoed text; one that starts
+    at or after the prompt's end was generated, not echoed, and never counts), read from the
+    decoded JSON ``data`` of a completions reply with ``echo`` and ``logprobs``.  Raises
+    :class:`BadEcho`."""
+    try:
+        choice = data["choices"][0]
+    except (KeyError, IndexError, TypeError):
+        raise BadEcho("choices[0] is missing") from None
+    if not isinstance(choice, dict):
+        raise BadEcho("choices[0] is not an object")
+    text = choice.get("text")
+    if not isinstance(text, str):
+        raise BadEcho(f"choices[0].text is {type(text).__name__}, not the echoed prompt")
+    if not text.startswith(prompt):
+        raise BadEcho("choices[0].text does not start with the prompt sent (echo is not the prompt)")
+    lp = choice.get("logprobs")
+    if not isinstance(lp, dict):
+        raise BadEcho(f"choices[0].logprobs is {type(lp).__name__}, not an object")
+    values, offsets = _list(lp, "token_logprobs"), _list(lp, "text_offset")
+    if not values and prompt:
+        raise BadEcho("logprobs.token_logprobs is empty for a prompt that is not")
+    if len(offsets) != len(values):
+        raise BadEcho(f"logprobs.text_offset has {len(offsets)} entries, logprobs.token_logprobs {len(values)}")
+    tokens = lp.get("tokens")
+    if tokens is not None and (not isinstance(tokens, list) or len(tokens) != len(values)):
+        size = f"{len(tokens)} entries" if isinstance(tokens, list) else type(tokens).__name__
+        raise BadEcho(f"logprobs.tokens has {size}, logprobs.token_logprobs {len(values)} entries")
+    starts = _offsets(offsets, len(text))
+    logprobs = [_logprob(i, v) for i, v in enumerate(values)]
+    ends = [*starts[1:], len(text)]
+    return sum(v for start, end, v in zip(starts, ends, logprobs)
+               if start < len(prompt) and end > cut and v is not None)

@@ -1,0 +1,130 @@
+"""OpenAIAPI's log-likelihoods from a scoring server that lies about the shape of its reply.
+
+The server is ``tests/servers/hostile_loglik_server.py``: the real SmolLM2-135M scoring the
+prompt in vLLM's echo format, its reply bent as the request's model name asks (lengths that
+disagree, offsets that go back or past the echoed text, log-probabilities that are not finite
+numbers <= 0, an echo that is not the prompt).  Each bent reply must fail the request with a
+:class:`ModelError` naming the field, never become a number; an honest reply scores as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestra.errors import ModelError
+from orchestra.models.openai_api import OpenAIAPI
+from orchestra.requests import LoglikRequest
+
+pytestmark = pytest.mark.slow
+
+SERVER = Path(__file__).resolve().parents[1] / "servers" / "hostile_loglik_server.py"
+KEY = "hostile-test-key-0123456789"
+CONTEXT = "Question: What is the capital of France?\nAnswer:"
+
+
+@pytest.fixture(scope="module")
+def base_url() -> Iterator[str]:
+    """The hostile server on 127.0.0.1, one process for the module (the model loads once)."""
+    env = {**os.environ, "ORCHESTRA_SERVER_KEY": KEY}
+    proc = subprocess.Popen([sys.executable, str(SERVER), "--port", "0"], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, env=env, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # the model loads first (~10 s); a dead server ends the read
+        assert line.startswith("PORT "), f"server said {line!r}, exit {proc.poll()}"
+        yield f"http://127.0.0.1:{int(line.split()[1])}/v1"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def scores(base_url: str, bend: str, context: str, continuations: tuple[str, ...],
+           monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The model's log-likelihoods (or the error) for one request to the server bent by ``bend``."""
+    monkeypatch.setenv("HOSTILE_KEY", KEY)
+    model = OpenAIAPI(abbr="m", path=bend, base_url=base_url, endpoint="completions", key_env="HOSTILE_KEY",
+                      max_retries=0)
+
+    async def main() -> list[Any]:
+        try:
+            return list(await asyncio.gather(model.loglikelihood(LoglikRequest(context=context,
+                                                                               continuations=continuations)),
+                                             return_exceptions=True))
+        finally:
+            await model.aclose()
+
+    (out,) = asyncio.run(main())
+    return out if isinstance(out, BaseException) else list(out)
+
+
+def raw_reply(base_url: str, prompt: str) -> dict[str, Any]:
+    """The honest reply to ``prompt``, fetched without orchestra."""
+    body = json.dumps({"model": "honest", "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}).encode()
+    req = urllib.request.Request(base_url + "/completions", data=body, headers={
+        "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        return dict(json.load(resp))
+
+
+def reference(reply: dict[str, Any], prompt: str, context: str) -> float:
+    """The rule as written before the checks: the log-probabilities of the tokens that end after
+    the context (its trailing whitespace left out); a token ends where the next one starts."""
+    lp = reply["choices"][0]["logprobs"]
+    ends = [*lp["text_offset"][1:], len(prompt)]
+    return sum(v for end, v in zip(ends, lp["token_logprobs"]) if end > len(context.rstrip()) and v is not None)
+
+
+#: bend -> what the error must name
+BENT = {
+    "offsets-short": "logprobs.text_offset",
+    "logprobs-short": "logprobs.token_logprobs",
+    "tokens-long": "logprobs.tokens",
+    "offsets-missing": "logprobs.text_offset",
+    "offset-backwards": "logprobs.text_offset[2]",
+    "offset-past-text": "logprobs.text_offset[",
+    "offset-negative": "logprobs.text_offset[0]",
+    "offset-not-integer": "logprobs.text_offset[2]",
+    "offset-a-string": "logprobs.text_offset[2]",
+    "logprob-positive": "logprobs.token_logprobs[",
+    "logprob-nan": "logprobs.token_logprobs[",
+    "logprob-minus-infinity": "logprobs.token_logprobs[",
+    "logprob-a-string": "logprobs.token_logprobs[",
+    "logprob-true": "logprobs.token_logprobs[",
+    "logprob-none-inside": "logprobs.token_logprobs[",
+    "echo-of-another-prompt": "choices[0].text",
+    "echo-cut-short": "choices[0].text",
+    "echo-missing": "choices[0].text",
+}
+
+
+@pytest.mark.parametrize("bend", sorted(BENT))
+def test_a_bent_reply_fails_the_request_naming_the_field(base_url: str, bend: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    out = scores(base_url, bend, CONTEXT, (" Paris",), monkeypatch)
+    assert isinstance(out, ModelError), f"{bend}: scored {out!r} instead of failing"
+    text = str(out)
+    assert BENT[bend] in text and "\n" not in text and KEY not in text, text
+    assert text.startswith("model m: refused the scoring reply of /completions: "), text
+
+
+def test_an_honest_reply_scores_as_before(base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    continuations = (" Paris", " Rome", " the moon")
+    got = scores(base_url, "honest", CONTEXT, continuations, monkeypatch)
+    assert not isinstance(got, BaseException), got
+    want = [reference(raw_reply(base_url, CONTEXT + c), CONTEXT + c, CONTEXT) for c in continuations]
+    assert got == pytest.approx(want, abs=1e-9) and all(v < 0 for v in got), (got, want)
+    assert got[0] > got[1] and got[0] > got[2]  # the real model knows its capitals
+    spaced = scores(base_url, "honest", CONTEXT + " ", tuple(c[1:] for c in continuations), monkeypatch)
+    assert spaced == pytest.approx(got, abs=1e-9)  # 'Answer: ' + 'Paris' is 'Answer:' + ' Paris'
+    # a token the server generated after the echo (it ignored max_tokens 0) is not the prompt's
+    assert scores(base_url, "one-token-more", CONTEXT, continuations, monkeypatch) == pytest.approx(got, abs=1e-9)
