@@ -1,4 +1,5 @@
-"""What the sbatch launcher knows about its live jobs, learnt off the scheduling loop.
+"""What a Slurm launcher knows about its jobs, learnt off the scheduling loop (sbatch: every live
+job; srun: a job whose srun exited with a plain non-zero code, until Slurm says how it ended).
 
 A round's look (``state.look``: one ``squeue``, ``sacct`` and log footers for the jobs it forgot)
 runs in one background thread, one look at a time, so that a slow or hung ``slurmctld`` (each call
@@ -29,7 +30,7 @@ def _look(asked: dict[str, tuple[str, int]]) -> Answer:
 
 
 class Watch:
-    """The live sbatch jobs by Slurm job id, their last known states, and the look in flight."""
+    """The watched jobs by Slurm job id, their last known states, and the look in flight."""
 
     def __init__(self) -> None:
         self.live: dict[str, Job] = {}
