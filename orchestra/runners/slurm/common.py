@@ -1,22 +1,22 @@
-"""What the Slurm runner and its two launchers share: job options, job names, the launcher contract.
-
-The imports run one way: ``slurm.py`` (the runner) -> ``slurm_srun.py`` / ``slurm_batch.py``
-(the launchers) -> this module and ``slurm_state.py``.  Nothing here imports a launcher or the
-runner.
-"""
+"""What the Slurm runner and its two launchers share: job options, the job header, the session
+both launchers are (names, stops, the watcher and the poll round).  Nothing here imports a
+launcher or the runner."""
 
 from __future__ import annotations
 
+import abc
 import re
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from orchestra.runners.core import checks
-from orchestra.runners.core.contract import Job, NoResources, Session
+from orchestra.runners.core.contract import Exit, Job, NoResources, Session
 from orchestra.runners.core.naming import job_name
 from orchestra.runners.core.shell import header
 from orchestra.runners.core.stopping import BackgroundStops
+from orchestra.runners.slurm.watch import Footer, Watch
 from orchestra.tasks.spec import TaskSpec
 
 LAUNCHERS = ("srun", "sbatch")
@@ -142,18 +142,42 @@ class SlurmOptions:
 class SlurmLauncher(Session):
     """How jobs reach Slurm (srun processes or sbatch arrays): one launch's session.
 
+    A poll round lets the launcher see to its jobs (``_prepare``), refreshes the watcher (off the
+    loop) and asks ``_poll_one`` about each job that is not being stopped.
+
     Args:
         options: what every job asks for.
         tag: the run tag of the run folder (``run_tag``), the middle of every job name.
         unfit: why no task can run (Slurm's commands missing), or None.
+        footer: how the watcher reads a job's exit code from its log (None: jobs leave none there).
     """
 
-    def __init__(self, options: SlurmOptions, tag: str, unfit: str | None = None) -> None:
+    def __init__(self, options: SlurmOptions, tag: str, unfit: str | None = None, footer: Footer | None = None) -> None:
         self.options = options
         self.tag = tag
         self.resources = NoResources(unfit)
         self.stops = BackgroundStops("slurm")  # scancel and wait for squeue to agree, off the loop
+        self.watch = Watch(footer)  # the jobs whose state squeue tells, and what the last look said
 
     def name_of(self, job: Job) -> str:
         """The Slurm job name of ``job`` (see ``job_name``)."""
         return job_name(self.tag, job.task.task_id, job.attempt)
+
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        ended = self._prepare(jobs)
+        self.watch.refresh()  # off the loop: a slow squeue never holds up the round
+        return {**self.stops.poll_each([j for j in jobs if j not in ended], self._poll_one), **ended}
+
+    def _prepare(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
+        """What a round does before the watcher looks; the jobs it ended."""
+        return {}
+
+    @abc.abstractmethod
+    def _poll_one(self, job: Job) -> Exit | None:
+        """How ``job`` ended, or None while it runs (or its end is not known yet)."""
+
+    def close(self) -> None:
+        try:
+            self.stops.wait(self.options.cancel_timeout_s + 10)
+        finally:
+            self.watch.close()

@@ -5,8 +5,7 @@ task's, plus srun's and slurmstepd's messages) is appended to the task log, and 
 is the task's.  A non-zero exit is explained from what Slurm wrote to the log (time limit,
 scancel, preemption, allocation errors); where the log says only "exit code N", squeue is asked
 off the loop (``watch.py``, as for sbatch jobs), and the job ends once it answers.  Cancelling
-finds the jobs by their unique names and hands them to ``state.cancel_and_wait``, the one cancel
-path of the Slurm backend.
+finds the jobs by their unique names and hands them to ``state.cancel_and_wait``.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from dataclasses import dataclass
 from orchestra.runners.core.contract import Exit, Job, cannot_start
 from orchestra.runners.core.proc import signal_group, start_group
 from orchestra.runners.core.run import log_size, read_log
-from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions
+from orchestra.runners.slurm.common import SlurmLauncher
 from orchestra.runners.slurm.state import (
     HEADER_JOB,
     TERMINAL_STATES,
@@ -30,7 +29,10 @@ from orchestra.runners.slurm.state import (
     squeue_by_name,
     srun_exit,
 )
-from orchestra.runners.slurm.watch import Watch
+
+#: the ends of a job that only Slurm can tell when srun exited with a plain non-zero code
+SLURM_ENDS = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})
+SLURM_WORD_WAIT_S = 10.0  # the longest an exited srun's job waits for that word; then its log's reading stands
 
 
 @dataclass
@@ -45,23 +47,8 @@ class SrunHandle:
     asked_at: float = 0.0
 
 
-#: the ends of a job that only Slurm can tell when srun exited with a plain non-zero code
-SLURM_ENDS = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})
-SLURM_WORD_WAIT_S = 10.0  # the longest an exited srun's job waits for that word; then its log's reading stands
-
-
 class SrunLauncher(SlurmLauncher):
-    """Each attempt is ``srun ... <task argv>``, a local process in its own process group.
-
-    Args:
-        options: what every job asks for.
-        tag: the run tag of the run folder, the middle of every job name.
-        unfit: why no task can run (Slurm's commands missing), or None.
-    """
-
-    def __init__(self, options: SlurmOptions, tag: str, unfit: str | None = None) -> None:
-        super().__init__(options, tag, unfit)
-        self.watch = Watch()  # jobs whose srun exited non-zero, until squeue says how they ended
+    """Each attempt is ``srun ... <task argv>``, a local process in its own process group."""
 
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         refused: dict[Job, Exit] = {}
@@ -78,28 +65,20 @@ class SrunLauncher(SlurmLauncher):
             job.handle = SrunHandle(proc, self.name_of(job), offset)
         return refused
 
-    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+    def _prepare(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
+        """Read how each job whose srun exited ended; hand its job id to the watcher when only Slurm
+        can tell (srun can exit before slurmstepd's "CANCELLED AT ..." line reaches the log)."""
         for job in jobs:
-            if not self.stops.stopping(job):
-                self._exited(job)
-        self.watch.refresh()  # off the loop: a slow squeue never holds up the round
-        return self.stops.poll_each(jobs, self._poll_one)
-
-    def _exited(self, job: Job) -> None:
-        """Read how ``job`` ended once its srun exited; hand its job id to the watcher when only
-        Slurm can tell (srun can exit before slurmstepd's "CANCELLED AT ..." line reaches the log)."""
-        handle: SrunHandle = job.handle
-        if handle.ended is not None or (code := handle.proc.poll()) is None:
-            return
-        if code == 0:
-            handle.ended = Exit(0)
-            return
-        tail = read_log(job.log_path, handle.log_offset, limit=65536)
-        handle.ended = srun_exit(code, tail, self.options.time_limit)
-        header = HEADER_JOB.search(tail)
-        if header and handle.ended.reason.startswith("exit code"):
-            handle.job_id, handle.asked_at = header.group(1), time.monotonic()
-            self.watch.live[handle.job_id] = job
+            handle: SrunHandle = job.handle
+            if self.stops.stopping(job) or handle.ended is not None or (code := handle.proc.poll()) is None:
+                continue
+            tail = read_log(job.log_path, handle.log_offset, limit=65536) if code else ""
+            handle.ended = srun_exit(code, tail, self.options.time_limit) if code else Exit(0)
+            header = HEADER_JOB.search(tail)
+            if header and handle.ended.reason.startswith("exit code"):
+                handle.job_id, handle.asked_at = header.group(1), time.monotonic()
+                self.watch.live[handle.job_id] = job
+        return {}
 
     def _poll_one(self, job: Job) -> Exit | None:
         handle: SrunHandle = job.handle
@@ -146,9 +125,3 @@ class SrunLauncher(SlurmLauncher):
                 h.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-
-    def close(self) -> None:
-        try:
-            self.stops.wait(self.options.cancel_timeout_s + 10)
-        finally:
-            self.watch.close()
