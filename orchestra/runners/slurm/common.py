@@ -111,32 +111,16 @@ class SlurmOptions:
 
     def resource_args(self, task: TaskSpec) -> list[str]:
         """The srun/sbatch options that say where ``task`` runs and what it gets (no ``extra_args``)."""
-        args = []
-        if self.partition:
-            args.append(f"--partition={self.partition}")
-        if self.qos:
-            args.append(f"--qos={self.qos}")
-        gres = self.gres_for(task)
-        if gres:
-            args.append(f"--gres={gres}")
-        if self.cpus_per_task:
-            args.append(f"--cpus-per-task={self.cpus_per_task}")
-        if self.mem_gb:
-            args.append(f"--mem={mem_arg(self.mem_gb)}")
-        if self.time_limit:
-            args.append(f"--time={self.time_limit}")
-        return args
+        mem = mem_arg(self.mem_gb) if self.mem_gb else None
+        asked = {"partition": self.partition, "qos": self.qos, "gres": self.gres_for(task),
+                 "cpus-per-task": self.cpus_per_task, "mem": mem, "time": self.time_limit}
+        return [f"--{option}={value}" for option, value in asked.items() if value]
 
     def template_fields(self, task: TaskSpec) -> dict[str, Any]:
         """The Slurm fields a ``template`` may use (empty where the cluster's default applies)."""
-        return {
-            "partition": self.partition or "",
-            "qos": self.qos or "",
-            "gres": self.gres_for(task) or "",
-            "cpus_per_task": self.cpus_per_task or "",
-            "mem_gb": self.mem_gb or "",
-            "time_limit": self.time_limit or "",
-        }
+        fields = {"partition": self.partition, "qos": self.qos, "gres": self.gres_for(task),
+                  "cpus_per_task": self.cpus_per_task, "mem_gb": self.mem_gb, "time_limit": self.time_limit}
+        return {name: value or "" for name, value in fields.items()}
 
 
 class SlurmLauncher(Session):

@@ -208,7 +208,7 @@ work_dir = {str(tmp_path / 'out')!r}
 
 
 def test_slurm_modules_import_one_way() -> None:
-    # runner -> launchers -> recover, script -> common -> watch -> state, lazy imports inside functions included (no cycle)
+    # runner -> launchers -> recover, script -> common -> watch -> state (lazy imports too: no cycle)
     layers = [{"runner"}, {"batch", "srun"}, {"recover", "script"}, {"common"}, {"watch"}, {"state"}]
     level = {name: i for i, names in enumerate(layers) for name in names}
     for name, i in level.items():
