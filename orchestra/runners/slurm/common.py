@@ -43,17 +43,11 @@ def time_limit_minutes(spec: int | str) -> int:
             f"time_limit {spec!r}: expected minutes (int) or a Slurm time such as '30', '1:30:00', "
             "'2-00:00:00'"
         )
-    days, a, b, c = m.groups()
-    parts = [int(x) for x in (a, b, c) if x is not None]
-    if days is not None:  # D-H[:M[:S]]
-        h, mi, s = (parts + [0, 0])[:3]
-        seconds = ((int(days) * 24 + h) * 60 + mi) * 60 + s
-    elif len(parts) == 1:
-        seconds = parts[0] * 60
-    elif len(parts) == 2:  # M:S
-        seconds = parts[0] * 60 + parts[1]
-    else:
-        seconds = (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    days, *fields = m.groups()
+    parts = [int(x) for x in fields if x is not None]
+    # M and M:S have no hours; D-H, D-H:M, D-H:M:S and H:M:S start with them
+    h, mi, s = [0, *parts, 0][:3] if days is None and len(parts) < 3 else (parts + [0, 0])[:3]
+    seconds = ((int(days or 0) * 24 + h) * 60 + mi) * 60 + s
     if seconds < 1:
         raise ValueError(f"time_limit {spec!r} must be at least one second")
     return -(-seconds // 60)

@@ -163,9 +163,5 @@ def footer_code(log_path: str, offset: int, job_id: str) -> int | None:
 def job_output(slurm_log: str) -> str:
     """The lines a failed job's task log gets from the batch job's own output (``--output``: e.g.
     slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``), or ``""`` when there are none."""
-    try:
-        with open(slurm_log, encoding="utf-8", errors="replace") as f:
-            text = f.read()[-20000:]
-    except OSError:
-        return ""
+    text = read_log(slurm_log, 0, limit=20000)
     return f"===== slurm: the batch job's own output ({slurm_log}):\n{text.rstrip()}\n" if text.strip() else ""
