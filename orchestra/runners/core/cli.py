@@ -8,12 +8,14 @@ service across threads; ``shared_limiter`` hands every client of one account the
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Hashable, Sequence
+from typing import IO
 
 
 class CallError(RuntimeError):
@@ -29,13 +31,19 @@ class CallTimeout(RuntimeError):
 
 
 def call(argv: Sequence[str], timeout_s: float, abort: threading.Event | None = None,
-         abort_grace_s: float = 2.0) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` to its end (stdin closed, output captured); ``CallError`` / ``CallTimeout``."""
+         abort_grace_s: float = 2.0, stop_on: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` to its end (stdin closed, output captured); ``CallError`` / ``CallTimeout``.
+
+    ``stop_on``: once a line of the client's stderr holds one of these (e.g. a client about to sleep
+    and ask again by itself), its group is killed at once and the call returns what it printed
+    (``returncode`` then is -9, unless it had ended); ``abort`` is not watched then."""
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 text=True, errors="replace", start_new_session=True)
     except OSError as exc:
         raise CallError(f"cannot run {argv[0]}: {exc}") from None
+    if stop_on:
+        return _call_watching(proc, list(argv), timeout_s, stop_on)
     deadline = time.monotonic() + timeout_s
     aborted_at: float | None = None
     while True:
@@ -51,6 +59,37 @@ def call(argv: Sequence[str], timeout_s: float, abort: threading.Event | None = 
         if now >= deadline or (aborted_at is not None and now - aborted_at >= abort_grace_s):
             kill_group(proc)
             raise CallTimeout(aborted=now < deadline) from None
+
+
+def _call_watching(proc: subprocess.Popen[str], argv: list[str], timeout_s: float,
+                   stop_on: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """``call``'s wait when a line of stderr may stop the client: both pipes read line by line."""
+    out: list[str] = []
+    err: list[str] = []
+
+    def read(stream: IO[str], lines: list[str], watch: bool) -> None:
+        for line in stream:
+            lines.append(line)
+            if watch and any(marker in line for marker in stop_on):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+    assert proc.stdout is not None and proc.stderr is not None
+    readers = [threading.Thread(target=read, args=(proc.stdout, out, False), daemon=True),
+               threading.Thread(target=read, args=(proc.stderr, err, True), daemon=True)]
+    for reader in readers:
+        reader.start()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise CallTimeout(aborted=False) from None
+    finally:
+        for reader in readers:
+            reader.join(timeout=5)  # a grandchild that left the group may hold a pipe: bounded
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(out), "".join(err))
 
 
 def kill_group(proc: subprocess.Popen[str]) -> None:

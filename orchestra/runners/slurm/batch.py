@@ -1,26 +1,12 @@
 """``SlurmRunner(launcher='sbatch')``: batch jobs and job arrays, submitted with plain ``sbatch``.
 
-A round's jobs that need the same resources go as one job array: one
-``sbatch --parsable --array=0-N <options> <script>`` call (an argv list, never a shell string;
-no value is quoted because none passes through a shell), whose output is the array's job id
-(``jobid`` or ``jobid;cluster``).  The script (``job_script``) is written atomically to
-``<run>/slurm/`` first and renamed ``<job id>.sh`` once sbatch answered; it picks this array
-index's task, appends a header to ``logs/<stage>/<task_id>.log``, runs the task's argv (quoted
-with ``shlex.quote``, never re-parsed) with its output appended to that log, appends a footer
-with its exit code and leaves with that code.  No Python wrapper runs in the job.
-
-State: one ``squeue -t all -j IDS`` per poll round for every live job, in a background thread
-(``watch.py``: a slow controller never holds up the loop); a job squeue forgot is looked up in
-``sacct`` (clusters with accounting), then in the footer of its task log, and is counted lost
-after a few looks.  A failed job's Slurm-side output (``--output``,
-``<run>/slurm/<job id>.out``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is
-appended to the log.  Cancelling is ``slurm_state.cancel_and_wait``.
-
-A submission the cluster refuses for now (its job limits, e.g. ``MaxJobCount``; a busy or drained
-controller) waits, with every job submitted after it, in ``refused.py``'s queue, the tasks'
-``retry`` unspent; a permanent refusal (a bad partition, an invalid option) fails the tasks at once
-with sbatch's reason in one line.  The script and the sbatch call are ``script.py``; this module
-is the session's verbs.
+A round's jobs that need the same resources go as one job array (``script.py`` writes the script
+and makes the sbatch call); every job is in the run folder's ledger before its id is relied on.
+The watcher (``watch.py``) tells their states off the loop; a failed job's Slurm-side output
+(``<run>/slurm/<job id>.out``, e.g. slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``) is appended
+to its log.  A submission the cluster refuses for now waits, with every job submitted after it,
+in ``core.refused``'s queue, the tasks' ``retry`` unspent; a permanent refusal (a bad partition,
+an invalid option) fails the tasks at once with sbatch's reason in one line.
 """
 
 from __future__ import annotations
@@ -34,13 +20,14 @@ from orchestra.events import EventLog
 from orchestra.fileio import atomic_write_text
 from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.core.ledger import JobRecord, Ledger, spec_digest
+from orchestra.runners.core.refused import SUBMIT_BACKOFF_S, SUBMIT_WAIT_S, RefusedQueue, Waiting
 from orchestra.runners.core.run import log_size, note
 from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions
 from orchestra.runners.slurm.recover import cancel_records
-from orchestra.runners.slurm.refused import SUBMIT_BACKOFF_S, SUBMIT_WAIT_S, RefusedQueue, Waiting
 from orchestra.runners.slurm.script import (
     SbatchError,
     SbatchRefused,
+    footer_code,
     job_output,
     job_script,
     output_pattern,
@@ -48,7 +35,7 @@ from orchestra.runners.slurm.script import (
     submit_batch,
 )
 from orchestra.runners.slurm.state import exit_of
-from orchestra.runners.slurm.watch import LOST, Watch
+from orchestra.runners.slurm.watch import LOST
 from orchestra.tasks.spec import TaskSpec
 
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
@@ -84,7 +71,7 @@ class SbatchLauncher(SlurmLauncher):
                  adopt: dict[str, JobRecord] | None = None, events: EventLog | None = None,
                  submit_wait_s: float = SUBMIT_WAIT_S,
                  submit_backoff_s: Sequence[float] = SUBMIT_BACKOFF_S) -> None:
-        super().__init__(options, tag, unfit)
+        super().__init__(options, tag, unfit, footer_code)
         self.ledger = ledger
         self.adopt = dict(adopt or {})
         self.events = events
@@ -92,8 +79,7 @@ class SbatchLauncher(SlurmLauncher):
         self.folder = folder
         self.array = array
         self.extra = sbatch_long_options(options.extra_args)
-        self.watch = Watch()  # the live jobs by Slurm job id, and what the last look said of them
-        self.waiting = RefusedQueue(submit_wait_s, submit_backoff_s)  # submitted again, in order
+        self.waiting = RefusedQueue("slurm", "the Slurm cluster", submit_wait_s, submit_backoff_s, events)
 
     # -- submitting -----------------------------------------------------------------------------
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
@@ -109,11 +95,7 @@ class SbatchLauncher(SlurmLauncher):
         for group in groups.values():
             size = MAX_ARRAY_SIZE if self.array else 1
             for start in range(0, len(group), size):
-                chunk = group[start : start + size]
-                if self.waiting:  # the cluster refused a submission lately: these wait behind it
-                    self.waiting.behind(chunk)
-                else:
-                    refused.update(self._send(chunk))
+                refused.update(self.waiting.submit(group[start : start + size], self._send))
         return refused
 
     def _record(self, state: str, job: Job, **fields: object) -> None:
@@ -161,7 +143,7 @@ class SbatchLauncher(SlurmLauncher):
             for job in jobs:
                 self._record("submit_failed", job, error=message)
             if isinstance(exc, SbatchRefused) and exc.transient:
-                self._wait(jobs, message, waited)
+                self.waiting.refused(jobs, message, waited)
                 return {}
             for job in jobs:
                 note(job.log_path, f"===== slurm: sbatch did not take {pending}: {message}\n")
@@ -187,29 +169,9 @@ class SbatchLauncher(SlurmLauncher):
                                   f"script {script})\n")
         return {}
 
-    def _wait(self, jobs: list[Job], reason: str, waited: Waiting | None) -> None:
-        """Put ``jobs``, refused for now, first in ``waiting``; say so in their logs and the events."""
-        delay, so_far = self.waiting.refused(jobs, reason, waited)
-        for job in jobs:
-            note(job.log_path, f"===== slurm: the cluster refused the submission for now ({reason}); submitting "
-                               f"again in {delay:g} s (waited {so_far:.0f} s so far; the task's retry is not spent)\n")
-        if self.events is not None:
-            self.events.emit("slurm_submit_refused", stage=jobs[0].task.stage, tasks=len(jobs), reason=reason,
-                             retry_in_s=delay, waited_s=round(so_far, 1), waiting_tasks=self.waiting.count())
-
-    def _resubmit(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
-        """Submit what waits, oldest first, once its time has come; end what waited too long."""
-        ended = self.waiting.expired(set(jobs))
-        while (w := self.waiting.due()) is not None:
-            ended.update(self._send(w.jobs, w))
-        return ended
-
     # -- watching -------------------------------------------------------------------------------
-    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        resubmitted = self._resubmit(jobs)
-        self.watch.refresh()  # off the loop: a slow squeue never holds up the round
-        waiting = set(resubmitted)
-        return {**self.stops.poll_each([j for j in jobs if j not in waiting], self._poll_one), **resubmitted}
+    def _prepare(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
+        return self.waiting.resubmit(set(jobs), self._send)  # what waits is due, or waited too long
 
     def _poll_one(self, job: Job) -> Exit | None:
         handle: BatchHandle = job.handle
@@ -243,7 +205,7 @@ class SbatchLauncher(SlurmLauncher):
             cancel_records(leftover + list(self.adopt.values()), self.ledger, self.options.cancel_timeout_s,
                            "the launch ended")
         finally:
-            self.watch.close()
+            super().close()
         self.adopt.clear()
         self.waiting.groups.clear()
 

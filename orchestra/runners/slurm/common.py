@@ -1,22 +1,22 @@
-"""What the Slurm runner and its two launchers share: job options, job names, the launcher contract.
-
-The imports run one way: ``slurm.py`` (the runner) -> ``slurm_srun.py`` / ``slurm_batch.py``
-(the launchers) -> this module and ``slurm_state.py``.  Nothing here imports a launcher or the
-runner.
-"""
+"""What the Slurm runner and its two launchers share: job options, the job header, the session
+both launchers are (names, stops, the watcher and the poll round).  Nothing here imports a
+launcher or the runner."""
 
 from __future__ import annotations
 
+import abc
 import re
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from orchestra.runners.core import checks
-from orchestra.runners.core.contract import Job, NoResources, Session
+from orchestra.runners.core.contract import Exit, Job, NoResources, Session
 from orchestra.runners.core.naming import job_name
 from orchestra.runners.core.shell import header
 from orchestra.runners.core.stopping import BackgroundStops
+from orchestra.runners.slurm.watch import Footer, Watch
 from orchestra.tasks.spec import TaskSpec
 
 LAUNCHERS = ("srun", "sbatch")
@@ -43,17 +43,11 @@ def time_limit_minutes(spec: int | str) -> int:
             f"time_limit {spec!r}: expected minutes (int) or a Slurm time such as '30', '1:30:00', "
             "'2-00:00:00'"
         )
-    days, a, b, c = m.groups()
-    parts = [int(x) for x in (a, b, c) if x is not None]
-    if days is not None:  # D-H[:M[:S]]
-        h, mi, s = (parts + [0, 0])[:3]
-        seconds = ((int(days) * 24 + h) * 60 + mi) * 60 + s
-    elif len(parts) == 1:
-        seconds = parts[0] * 60
-    elif len(parts) == 2:  # M:S
-        seconds = parts[0] * 60 + parts[1]
-    else:
-        seconds = (parts[0] * 60 + parts[1]) * 60 + parts[2]
+    days, *fields = m.groups()
+    parts = [int(x) for x in fields if x is not None]
+    # M and M:S have no hours; D-H, D-H:M, D-H:M:S and H:M:S start with them
+    h, mi, s = [0, *parts, 0][:3] if days is None and len(parts) < 3 else (parts + [0, 0])[:3]
+    seconds = ((int(days or 0) * 24 + h) * 60 + mi) * 60 + s
     if seconds < 1:
         raise ValueError(f"time_limit {spec!r} must be at least one second")
     return -(-seconds // 60)
@@ -111,49 +105,57 @@ class SlurmOptions:
 
     def resource_args(self, task: TaskSpec) -> list[str]:
         """The srun/sbatch options that say where ``task`` runs and what it gets (no ``extra_args``)."""
-        args = []
-        if self.partition:
-            args.append(f"--partition={self.partition}")
-        if self.qos:
-            args.append(f"--qos={self.qos}")
-        gres = self.gres_for(task)
-        if gres:
-            args.append(f"--gres={gres}")
-        if self.cpus_per_task:
-            args.append(f"--cpus-per-task={self.cpus_per_task}")
-        if self.mem_gb:
-            args.append(f"--mem={mem_arg(self.mem_gb)}")
-        if self.time_limit:
-            args.append(f"--time={self.time_limit}")
-        return args
+        mem = mem_arg(self.mem_gb) if self.mem_gb else None
+        asked = {"partition": self.partition, "qos": self.qos, "gres": self.gres_for(task),
+                 "cpus-per-task": self.cpus_per_task, "mem": mem, "time": self.time_limit}
+        return [f"--{option}={value}" for option, value in asked.items() if value]
 
     def template_fields(self, task: TaskSpec) -> dict[str, Any]:
         """The Slurm fields a ``template`` may use (empty where the cluster's default applies)."""
-        return {
-            "partition": self.partition or "",
-            "qos": self.qos or "",
-            "gres": self.gres_for(task) or "",
-            "cpus_per_task": self.cpus_per_task or "",
-            "mem_gb": self.mem_gb or "",
-            "time_limit": self.time_limit or "",
-        }
+        fields = {"partition": self.partition, "qos": self.qos, "gres": self.gres_for(task),
+                  "cpus_per_task": self.cpus_per_task, "mem_gb": self.mem_gb, "time_limit": self.time_limit}
+        return {name: value or "" for name, value in fields.items()}
 
 
 class SlurmLauncher(Session):
     """How jobs reach Slurm (srun processes or sbatch arrays): one launch's session.
 
+    A poll round lets the launcher see to its jobs (``_prepare``), refreshes the watcher (off the
+    loop) and asks ``_poll_one`` about each job that is not being stopped.
+
     Args:
         options: what every job asks for.
         tag: the run tag of the run folder (``run_tag``), the middle of every job name.
         unfit: why no task can run (Slurm's commands missing), or None.
+        footer: how the watcher reads a job's exit code from its log (None: jobs leave none there).
     """
 
-    def __init__(self, options: SlurmOptions, tag: str, unfit: str | None = None) -> None:
+    def __init__(self, options: SlurmOptions, tag: str, unfit: str | None = None, footer: Footer | None = None) -> None:
         self.options = options
         self.tag = tag
         self.resources = NoResources(unfit)
         self.stops = BackgroundStops("slurm")  # scancel and wait for squeue to agree, off the loop
+        self.watch = Watch(footer)  # the jobs whose state squeue tells, and what the last look said
 
     def name_of(self, job: Job) -> str:
         """The Slurm job name of ``job`` (see ``job_name``)."""
         return job_name(self.tag, job.task.task_id, job.attempt)
+
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        ended = self._prepare(jobs)
+        self.watch.refresh()  # off the loop: a slow squeue never holds up the round
+        return {**self.stops.poll_each([j for j in jobs if j not in ended], self._poll_one), **ended}
+
+    def _prepare(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
+        """What a round does before the watcher looks; the jobs it ended."""
+        return {}
+
+    @abc.abstractmethod
+    def _poll_one(self, job: Job) -> Exit | None:
+        """How ``job`` ended, or None while it runs (or its end is not known yet)."""
+
+    def close(self) -> None:
+        try:
+            self.stops.wait(self.options.cancel_timeout_s + 10)
+        finally:
+            self.watch.close()

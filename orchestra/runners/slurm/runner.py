@@ -1,21 +1,9 @@
-"""Run tasks on a Slurm cluster: one ``srun`` per task, or sbatch job arrays.
+"""Run tasks on a Slurm cluster: one ``srun`` per task (``srun.py``), or sbatch job arrays (``batch.py``).
 
-The scheduling loop (queue, ``max_num_workers``, retries, timeouts, cancellation, events) is the
-runner base's; this module only turns a task into a Slurm job and hands it to a launcher:
-
-* ``launcher='srun'`` (default): each attempt is a local ``srun ... <task argv>`` process in its
-  own process group (``slurm_srun.py``); its output streams into the task log and its exit code
-  is the task's.
-* ``launcher='sbatch'``: the attempts of one scheduling round that need the same resources are
-  submitted as one job array with plain ``sbatch --parsable`` (``slurm_batch.py``); one ``squeue``
-  call per poll round tells every job's state, so a job that dies without a result (hard exit,
-  ``scancel``, time limit) is seen without an accounting database.
-
-Either way every job is named ``orc-<run tag>-<task_id>-a<attempt>`` (arrays:
-``orc-<run tag>-<stage>``), ``CUDA_VISIBLE_DEVICES`` is left to Slurm (``--gres``), and
-cancelling returns only once ``squeue`` shows none of the jobs alive
-(``slurm_state.cancel_and_wait``).  Imports run one way: this module -> the launchers ->
-``slurm_common`` / ``slurm_state``; the launchers are imported only when a launch needs them.
+The scheduling loop is the runner base's; this module turns a task into a Slurm job named
+``orc-<run tag>-<task_id>-a<attempt>`` (arrays: ``orc-<run tag>-<stage>``), leaves
+``CUDA_VISIBLE_DEVICES`` to Slurm (``--gres``) and opens the launcher, which is imported only when
+a launch needs it.
 """
 
 from __future__ import annotations

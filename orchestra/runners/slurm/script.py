@@ -8,16 +8,12 @@ appended to that log, appends a footer with its exit code and leaves with that c
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shlex
-import signal
-import subprocess
-import threading
 from collections.abc import Sequence
 
-from orchestra.runners.core.cli import kill_group
+from orchestra.runners.core.cli import CallError, CallTimeout, call
 from orchestra.runners.core.contract import Job
 from orchestra.runners.core.run import read_log
 from orchestra.runners.core.shell import NOW, RC, exports, printf, task_lines
@@ -121,38 +117,15 @@ def submit_batch(argv: list[str], timeout_s: float = SLURM_CALL_TIMEOUT_S) -> tu
     whether a job was created is unknown), or answers something that is not a job id.
     """
     try:
-        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", start_new_session=True)
-    except OSError as exc:
-        raise SbatchError(f"cannot run {argv[0]}: {exc}") from None
-    stderr: list[str] = []
-    retrying = threading.Event()
-
-    def read_stderr() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            stderr.append(line)
-            if not retrying.is_set() and any(marker in line for marker in SBATCH_RETRYING):
-                retrying.set()
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-
-    reader = threading.Thread(target=read_stderr, name="sbatch-stderr", daemon=True)
-    reader.start()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
+        res = call(argv, timeout_s, stop_on=SBATCH_RETRYING)
+    except CallError as exc:
+        raise SbatchError(str(exc)) from None
+    except CallTimeout:
         raise SbatchError(f"{argv[0]}: no answer within {timeout_s:g} s (whether it created a job is unknown)") \
             from None
-    finally:
-        reader.join(timeout=5)
-    assert proc.stdout is not None
-    stdout = proc.stdout.read()
-    proc.stdout.close()
-    if proc.returncode == 0:  # (also when sbatch's retry got the job in before the kill landed)
-        return parse_parsable(stdout)
-    raise refusal("".join(stderr) or stdout or f"exit code {proc.returncode}")
+    if res.returncode == 0:  # (also when sbatch's retry got the job in before the kill landed)
+        return parse_parsable(res.stdout)
+    raise refusal(res.stderr or res.stdout or f"exit code {res.returncode}")
 
 
 def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:
@@ -190,9 +163,5 @@ def footer_code(log_path: str, offset: int, job_id: str) -> int | None:
 def job_output(slurm_log: str) -> str:
     """The lines a failed job's task log gets from the batch job's own output (``--output``: e.g.
     slurmstepd's ``CANCELLED ... DUE TO TIME LIMIT``), or ``""`` when there are none."""
-    try:
-        with open(slurm_log, encoding="utf-8", errors="replace") as f:
-            text = f.read()[-20000:]
-    except OSError:
-        return ""
+    text = read_log(slurm_log, 0, limit=20000)
     return f"===== slurm: the batch job's own output ({slurm_log}):\n{text.rstrip()}\n" if text.strip() else ""

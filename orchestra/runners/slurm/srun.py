@@ -3,14 +3,16 @@
 srun runs in its own process group (Ctrl-C is the orchestrator's to handle), its output (the
 task's, plus srun's and slurmstepd's messages) is appended to the task log, and its exit code
 is the task's.  A non-zero exit is explained from what Slurm wrote to the log (time limit,
-scancel, preemption, allocation errors).  Cancelling finds the jobs by their unique names and
-hands them to ``slurm_state.cancel_and_wait``, the one cancel path of the Slurm backend.
+scancel, preemption, allocation errors); where the log says only "exit code N", squeue is asked
+off the loop (``watch.py``, as for sbatch jobs), and the job ends once it answers.  Cancelling
+finds the jobs by their unique names and hands them to ``state.cancel_and_wait``.
 """
 
 from __future__ import annotations
 
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -24,10 +26,13 @@ from orchestra.runners.slurm.state import (
     SlurmCommandError,
     cancel_and_wait,
     exit_of,
-    squeue,
     squeue_by_name,
     srun_exit,
 )
+
+#: the ends of a job that only Slurm can tell when srun exited with a plain non-zero code
+SLURM_ENDS = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})
+SLURM_WORD_WAIT_S = 10.0  # the longest an exited srun's job waits for that word; then its log's reading stands
 
 
 @dataclass
@@ -37,6 +42,9 @@ class SrunHandle:
     proc: subprocess.Popen[bytes]
     name: str
     log_offset: int
+    ended: Exit | None = None  # how srun's exit reads, once it exited
+    job_id: str = ""  # set while Slurm's word on how the job ended is awaited (the watcher's)
+    asked_at: float = 0.0
 
 
 class SrunLauncher(SlurmLauncher):
@@ -57,32 +65,37 @@ class SrunLauncher(SlurmLauncher):
             job.handle = SrunHandle(proc, self.name_of(job), offset)
         return refused
 
-    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
-        return self.stops.poll_each(jobs, self._poll_one)
+    def _prepare(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
+        """Read how each job whose srun exited ended; hand its job id to the watcher when only Slurm
+        can tell (srun can exit before slurmstepd's "CANCELLED AT ..." line reaches the log)."""
+        for job in jobs:
+            handle: SrunHandle = job.handle
+            if self.stops.stopping(job) or handle.ended is not None or (code := handle.proc.poll()) is None:
+                continue
+            tail = read_log(job.log_path, handle.log_offset, limit=65536) if code else ""
+            handle.ended = srun_exit(code, tail, self.options.time_limit) if code else Exit(0)
+            header = HEADER_JOB.search(tail)
+            if header and handle.ended.reason.startswith("exit code"):
+                handle.job_id, handle.asked_at = header.group(1), time.monotonic()
+                self.watch.live[handle.job_id] = job
+        return {}
 
     def _poll_one(self, job: Job) -> Exit | None:
         handle: SrunHandle = job.handle
-        code = handle.proc.poll()
-        if code is None:
+        if handle.ended is None or not handle.job_id:
+            return handle.ended
+        info = self.watch.ended(handle.job_id)  # finished jobs stay in squeue for MinJobAge
+        if info is None and time.monotonic() - handle.asked_at < SLURM_WORD_WAIT_S:
             return None
-        if code == 0:
-            return Exit(0)
-        tail = read_log(job.log_path, handle.log_offset, limit=65536)
-        ended = srun_exit(code, tail, self.options.time_limit)
-        header = HEADER_JOB.search(tail)
-        if header and ended.reason.startswith("exit code"):
-            # srun can exit before slurmstepd's "CANCELLED AT ..." line reaches the log: ask
-            # Slurm how the job ended (finished jobs stay in squeue for MinJobAge).
-            try:
-                info = squeue([header.group(1)]).get(header.group(1))
-            except SlurmCommandError:
-                info = None
-            if info is not None and info.state in ("CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL",
-                                                   "OUT_OF_MEMORY"):
-                return exit_of(info, self.options.time_limit, self.options.mem_gb)
-        return ended
+        self.watch.forget(handle.job_id)
+        if info is not None and info.state in SLURM_ENDS:
+            return exit_of(info, self.options.time_limit, self.options.mem_gb)
+        return handle.ended
 
     def cancel(self, jobs: Sequence[Job]) -> None:
+        for job in jobs:
+            if isinstance(job.handle, SrunHandle) and job.handle.job_id:
+                self.watch.forget(job.handle.job_id)
         self.stops.start(jobs, self._stop)
 
     def _stop(self, jobs: list[Job]) -> None:
@@ -112,6 +125,3 @@ class SrunLauncher(SlurmLauncher):
                 h.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-
-    def close(self) -> None:
-        self.stops.wait(self.options.cancel_timeout_s + 10)

@@ -1,17 +1,17 @@
-"""What Slurm says about jobs, without an accounting database, and the one way to cancel them.
+"""What Slurm says about jobs, without an accounting database, how they ended, and the one way to
+cancel them.
 
-One ``squeue -h -t all -j IDS`` call answers for every job of a poll round (finished jobs stay
-visible for ``MinJobAge`` seconds).  ``sacct`` is asked only about jobs that squeue no longer
-knows, and its failure ("accounting storage is disabled") is an answer, not an error.
-``cancel_and_wait`` is how both launchers stop jobs: ``core.stopping.stop_and_confirm`` with
-``scancel`` to stop and ``squeue`` to confirm.
+One ``squeue -h -t all -j IDS`` call answers for many jobs (finished jobs stay visible for
+``MinJobAge`` seconds); ``sacct``'s failure ("accounting storage is disabled") is an answer, not
+an error.  ``cancel_and_wait`` is how both launchers stop jobs: ``core.stopping.stop_and_confirm``
+with ``scancel`` to stop and ``squeue`` to confirm.
 """
 
 from __future__ import annotations
 
 import re
 import subprocess
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from orchestra.runners.core.cli import CallError, CallTimeout, call
@@ -101,36 +101,31 @@ def parse_squeue(text: str) -> dict[str, SlurmJobState]:
     return infos
 
 
+def _squeue(args: list[str]) -> str:
+    """squeue's output for these selection and format options, every state ("Invalid job id": none)."""
+    res = run_client(["squeue", "-h", "-t", "all", *args])
+    if res.returncode != 0 and "Invalid job id" not in res.stderr:  # every id asked about is unknown
+        raise SlurmCommandError(f"squeue failed (exit {res.returncode}): {res.stderr.strip()}")
+    return res.stdout if res.returncode == 0 else ""
+
+
 def squeue(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
     """The state of these jobs (array tasks included) in one call; jobs squeue forgot are absent.
 
     Raises ``SlurmCommandError`` when squeue itself fails (e.g. the controller does not answer).
     """
     bases = sorted({j.split("_", 1)[0] for j in job_ids})
-    if not bases:
-        return {}
-    res = run_client(["squeue", "-h", "-t", "all", "-j", ",".join(bases), "-O", _SQUEUE_FORMAT])
-    if res.returncode != 0:
-        if "Invalid job id" in res.stderr:  # every id asked about is unknown: none to report
-            return {}
-        raise SlurmCommandError(f"squeue failed (exit {res.returncode}): {res.stderr.strip()}")
-    return parse_squeue(res.stdout)
+    return parse_squeue(_squeue(["-j", ",".join(bases), "-O", _SQUEUE_FORMAT])) if bases else {}
 
 
 def squeue_by_name(names: Iterable[str]) -> dict[str, tuple[str, str]]:
     """Jobs with one of these names: ``{job_id: (name, state)}`` (every state, one call)."""
     wanted = sorted(set(names))
-    if not wanted:
-        return {}
-    res = run_client(["squeue", "-h", "-t", "all", "--name", ",".join(wanted), "-o", "%i|%j|%T"])
-    if res.returncode != 0:
-        raise SlurmCommandError(f"squeue failed (exit {res.returncode}): {res.stderr.strip()}")
     out = {}
-    for line in res.stdout.splitlines():
+    for line in _squeue(["--name", ",".join(wanted), "-o", "%i|%j|%T"]).splitlines() if wanted else []:
         parts = line.strip().split("|")
         if len(parts) == 3:
-            for job_id in _expand_pending(parts[0]):
-                out[job_id] = (parts[1], parts[2])
+            out.update(dict.fromkeys(_expand_pending(parts[0]), (parts[1], parts[2])))
     return out
 
 
@@ -154,23 +149,6 @@ def sacct(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
         status = (int(code) << 8 | int(sig or 0)) if code.isdigit() and (sig or "0").isdigit() else None
         infos[parts[0]] = SlurmJobState(parts[0], parts[1].split()[0] if parts[1] else "UNKNOWN", status)
     return infos
-
-
-def look(job_ids: Collection[str], footer: Callable[[str], int | None]) -> dict[str, SlurmJobState] | None:
-    """The state of these jobs in one round: one squeue call, sacct for those it forgot, then
-    ``footer(job id)`` (the exit code the job script left in its log, or None) for the rest; jobs
-    none of them knows are absent.  None when squeue gave no answer (a restarting controller)."""
-    try:
-        states = squeue(job_ids)
-    except SlurmCommandError:
-        return None
-    missing = [job_id for job_id in job_ids if job_id not in states]
-    if missing:
-        states.update(sacct(missing))
-    for job_id in missing:
-        if job_id not in states and (code := footer(job_id)) is not None:
-            states[job_id] = SlurmJobState(job_id, "COMPLETED" if code == 0 else "FAILED", code << 8)
-    return states
 
 
 def scancel(job_ids: Iterable[str]) -> None:

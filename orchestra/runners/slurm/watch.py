@@ -1,37 +1,58 @@
-"""What the sbatch launcher knows about its live jobs, learnt off the scheduling loop.
+"""What a Slurm launcher knows about its jobs, learnt off the scheduling loop (sbatch: every live
+job; srun: a job whose srun exited with a plain non-zero code, until Slurm says how it ended).
 
-A round's look (``state.look``: one ``squeue``, ``sacct`` and log footers for the jobs it forgot)
-runs in one background thread, one look at a time, so that a slow or hung ``slurmctld`` (each call
-is bounded by ``SLURM_CALL_TIMEOUT_S``) never holds up the loop.  ``refresh`` takes in the look
-that finished, starts the next and waits for it only ``FRESH_WAIT_S``: with a controller that
-answers at once every round sees what Slurm says now, with a slow one it sees the last answer.
+A look is one ``squeue`` for every watched job, ``sacct`` for those it forgot, then the footer the
+job left in its log; it runs in one background thread, one look at a time, so that a slow or hung
+``slurmctld`` (each call is bounded by ``SLURM_CALL_TIMEOUT_S``) never holds up the loop.
+``refresh`` takes in the look that finished, starts the next and waits for it only
+``FRESH_WAIT_S``: with a controller that answers at once every round sees what Slurm says now,
+with a slow one it sees the last answer.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from orchestra.runners.core.contract import Job
-from orchestra.runners.slurm.script import footer_code
-from orchestra.runners.slurm.state import SlurmJobState, look
+from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, sacct, squeue
 
 FRESH_WAIT_S = 0.2  # how long a round waits for the look it just started
 LOST_AFTER_MISSES = 3  # looks in which neither squeue, sacct nor its log knows a job
 LOST = "LOST"  # the state ``ended`` gives a job counted lost
 
+#: the exit code a job left at the end of its log (log path, offset of this attempt, job id), or None
+Footer = Callable[[str, int, str], "int | None"]
 #: what one look was asked (job id -> its log and the offset of this attempt) and what it answered
 Answer = tuple[dict[str, tuple[str, int]], dict[str, SlurmJobState] | None]
 
 
-def _look(asked: dict[str, tuple[str, int]]) -> Answer:
-    """One look at the ``asked`` jobs (run in the watcher's thread; reads no shared state)."""
-    return asked, look(asked, lambda j: footer_code(asked[j][0], asked[j][1], j))
+def look(asked: dict[str, tuple[str, int]], footer: Footer | None) -> Answer:
+    """One look at the ``asked`` jobs (in the watcher's thread: it reads no shared state); jobs
+    nothing knows are absent from the answer, which is None when squeue gave none (a restarting
+    controller)."""
+    try:
+        states = squeue(asked)
+    except SlurmCommandError:
+        return asked, None
+    missing = [job_id for job_id in asked if job_id not in states]
+    if missing:
+        states.update(sacct(missing))
+    for job_id in missing:
+        if job_id not in states and footer is not None and (code := footer(*asked[job_id], job_id)) is not None:
+            states[job_id] = SlurmJobState(job_id, "COMPLETED" if code == 0 else "FAILED", code << 8)
+    return asked, states
 
 
 class Watch:
-    """The live sbatch jobs by Slurm job id, their last known states, and the look in flight."""
+    """The watched jobs by Slurm job id, their last known states, and the look in flight.
 
-    def __init__(self) -> None:
+    Args:
+        footer: reads the exit code a job script leaves in its log (None: jobs leave none).
+    """
+
+    def __init__(self, footer: Footer | None = None) -> None:
+        self.footer = footer
         self.live: dict[str, Job] = {}
         self.states: dict[str, SlurmJobState] = {}
         self.misses: dict[str, int] = {}
@@ -43,7 +64,7 @@ class Watch:
         self._take()
         if self._looking is None and self.live:
             asked = {job_id: (job.log_path, job.handle.log_offset) for job_id, job in self.live.items()}
-            self._looking = self._pool.submit(_look, asked)
+            self._looking = self._pool.submit(look, asked, self.footer)
             wait([self._looking], FRESH_WAIT_S)
             self._take()
 

@@ -49,3 +49,23 @@ def test_a_stop_kills_the_call_after_its_grace() -> None:
     with pytest.raises(CallTimeout) as info:
         call(["sleep", "300"], 60, abort=stop, abort_grace_s=0.3)
     assert info.value.aborted and time.monotonic() - t0 < 5
+
+
+def test_a_stop_on_line_kills_the_group_at_once_and_returns_what_it_printed(tmp_path: Path) -> None:
+    pidfile = tmp_path / "grandchild"
+    script = (f"sleep 300 & echo $! > {pidfile}; echo 'job 1'; echo 'note' >&2; "
+              "echo 'busy, sleeping and retrying' >&2; sleep 30; echo 'job 2'")
+    t0 = time.monotonic()
+    res = call(["sh", "-c", script], 20, stop_on=("sleeping and retrying",))
+    assert time.monotonic() - t0 < 5  # not the client's own 30 s sleep
+    assert (res.returncode, res.stdout, res.stderr) == (-9, "job 1\n", "note\nbusy, sleeping and retrying\n")
+    wait_for(lambda: not alive(int(pidfile.read_text())), 5, "the grandchild killed with its group")
+
+
+def test_stop_on_that_never_shows_changes_nothing_and_the_deadline_holds() -> None:
+    res = call(["sh", "-c", "echo out; echo err >&2; exit 3"], 10, stop_on=("retrying",))
+    assert (res.returncode, res.stdout, res.stderr) == (3, "out\n", "err\n")
+    t0 = time.monotonic()
+    with pytest.raises(CallTimeout):
+        call(["sh", "-c", "sleep 300"], 0.5, stop_on=("retrying",))
+    assert time.monotonic() - t0 < 5

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from pathlib import Path
@@ -51,5 +52,46 @@ def test_poll_never_waits_on_a_slow_squeue(slurm_cluster: SlurmCluster, tmp_path
         assert calls.read_text().count("x") >= 2  # the looks did happen, slowly
         assert {ended.get(j, Exit(-99)).code for j in jobs} == {3, 5}, ended
         assert [ended[j].code for j in jobs] == [3, 5], ended  # each job its own code
+    finally:
+        session.close()
+
+
+def test_srun_poll_never_waits_on_a_slow_squeue(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """srun exits 3 and 5 (a plain non-zero code, so squeue is asked how the job ended), each ``squeue``
+    takes 3 s: every poll returns at once, each job ends with its own code and its log's reason."""
+    real = shutil.which("squeue")
+    assert real is not None
+    ctx, _ = context(tmp_path)
+    specs = tasks(2)
+    runner = SlurmRunner(launcher="srun", partition=slurm_cluster.default_partition, poll_interval_s=0.1)
+    session = runner.open(ctx, specs)
+    calls = tmp_path / "squeue.calls"
+    try:
+        jobs = []
+        for task, code in zip(specs, (3, 5)):
+            log = ctx.paths.task_log("infer", task.task_id)
+            Path(log).parent.mkdir(parents=True, exist_ok=True)
+            runner.template = ["bash", "-c", f"sleep 1; exit {code}", "_", "{task_cmd}"]
+            jobs.append(Job(task, 1, runner.get_command(task, str(tmp_path / "spec.json"), {}, 1, log), log, {}))
+        slow = tmp_path / "bin"
+        slow.mkdir()
+        (slow / "squeue").write_text(f'#!/bin/bash\necho x >> {calls}\nsleep 3\nexec {real} "$@"\n')
+        (slow / "squeue").chmod(0o755)
+        monkeypatch.setenv("PATH", f"{slow}:{Path(real).parent}:/usr/bin:/bin")
+        assert session.submit(jobs) == {}
+        ended: dict[Job, Exit] = {}
+        slowest = 0.0
+        deadline = time.monotonic() + 90
+        while len(ended) < 2 and time.monotonic() < deadline:
+            t0 = time.monotonic()
+            ended.update(session.poll([j for j in jobs if j not in ended]))
+            slowest = max(slowest, time.monotonic() - t0)
+            time.sleep(0.05)
+        assert slowest < 1.0, slowest  # a poll that runs squeue itself takes 3 s
+        assert calls.exists() and calls.read_text().count("x") >= 1  # Slurm was asked, slowly
+        assert [ended[j].code for j in jobs if j in ended] == [3, 5], ended
+        for job, code in zip(jobs, (3, 5)):
+            assert re.fullmatch(rf"exit code {code} \(Slurm job \d+\)", ended[job].reason), ended[job]
     finally:
         session.close()

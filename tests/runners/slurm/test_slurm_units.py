@@ -208,8 +208,8 @@ work_dir = {str(tmp_path / 'out')!r}
 
 
 def test_slurm_modules_import_one_way() -> None:
-    # runner -> launchers -> recover -> shared modules, lazy imports inside functions included (no cycle)
-    layers = [{"runner"}, {"batch", "srun"}, {"recover", "watch"}, {"common", "state"}]
+    # runner -> launchers -> recover, script -> common -> watch -> state (lazy imports too: no cycle)
+    layers = [{"runner"}, {"batch", "srun"}, {"recover", "script"}, {"common"}, {"watch"}, {"state"}]
     level = {name: i for i, names in enumerate(layers) for name in names}
     for name, i in level.items():
         tree = ast.parse((REPO / "orchestra" / "runners" / "slurm" / f"{name}.py").read_text())
