@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
+from orchestra.runners.ray.actors import place
 from orchestra.tasks.spec import TaskSpec
 
 CANCEL_WAIT_S = 10.0  # a cancelled call is reported gone after this even if Ray has not said so
@@ -63,11 +64,11 @@ class RaySession(Session):
         actor = self.pool.take(kind)
         if actor is None:
             return None
-        return {"actor_id": actor.actor_id, **self.pool.place(actor), "num_cpus": kind.num_cpus,
-                "num_gpus": kind.num_gpus}
+        return {"actor_id": actor.ident, **place(actor.where),
+                "num_cpus": kind.num_cpus, "num_gpus": kind.num_gpus}
 
     def release(self, job: Job, ended: Exit | None) -> None:
-        actor = self.pool.actors.get(job.resources.get("actor_id")) if self.pool is not None else None
+        actor = self.pool.workers.get(job.resources.get("actor_id")) if self.pool is not None else None
         if actor is None:
             return  # killed by a timeout or a cancel: already gone from the pool
         call = job.handle
@@ -85,7 +86,7 @@ class RaySession(Session):
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
         for job in jobs:
-            actor = self.pool.actors[job.resources["actor_id"]]
+            actor = self.pool.workers[job.resources["actor_id"]]
             request = {"spec": job.command.argv[-1], "log": job.log_path, "env": {**job.command.env, **forwarded}}
             job.handle = RayCall(actor.handle.run.remote(request))
         return {}
@@ -122,7 +123,7 @@ class RaySession(Session):
 
     def cancel(self, jobs: Sequence[Job]) -> None:
         """Kill the jobs' actors now; ``poll`` reports each job once its call ended (or after a while)."""
-        actors = [self.pool.actors[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self.pool.actors]
+        actors = [self.pool.workers[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self.pool.workers]
         self.pool.stop(actors, "cancelled")
         for job in jobs:
             if isinstance(job.handle, RayCall):
