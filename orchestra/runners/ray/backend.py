@@ -41,7 +41,6 @@ class RaySession(Session):
         self.forward_env = forward_env
         self.resources = self
         self.pool: Any = None  # a RayPool
-        self.unroute: Any = None  # undoes route_cluster_messages
         self.losses: dict[str, int] = {}  # task id -> attempts that lost their worker
 
     # -- resources: a warm actor per job ---------------------------------------------------------
@@ -135,9 +134,6 @@ class RaySession(Session):
                 self.pool.close()
         finally:
             self.pool = None
-            if self.unroute is not None:
-                self.unroute()
-                self.unroute = None
             from orchestra.runners.ray.session import disconnect
 
             disconnect()

@@ -31,7 +31,6 @@ from orchestra.runners.core.run import RunContext
 from orchestra.tasks.spec import TaskSpec
 
 INSTALL_HINT = "pip install 'orchestra[ray]'"
-#: how long cancelling waits for killed actors' calls to end
 #: how long the head of a cluster given by address may take to accept a connection
 CONNECT_TIMEOUT_S = 10.0
 #: how long a Ray head (a gRPC server: the GCS, or the Ray Client server of ``ray://``) may take to
@@ -125,18 +124,17 @@ class RayRunner(BaseRunner):
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
         try:  # the modules that import ray
             from orchestra.runners.ray.pool import RayPool, recover
-            from orchestra.runners.ray.session import connect, route_cluster_messages
+            from orchestra.runners.ray.session import connect
         except ModuleNotFoundError as exc:
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
                 raise  # not Ray missing: a real error, with its traceback
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
         from orchestra.runners.ray.backend import RaySession
 
-        connect(self.address, self.runtime_env)
+        connect(self.address, self.runtime_env, os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
         self._kinds.clear()  # a task's kind is worked out afresh in each launch
         session = RaySession(self.worker_kind, self.forward_env)  # its close() pairs the connect with a disconnect
         try:
-            session.unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
             stage = tasks[0].stage if tasks else "run"
             prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
             ledger = Ledger(ctx.paths.ray_dir)
