@@ -45,15 +45,7 @@ class RaySession(Session):
 
     # -- resources: a warm actor per job ---------------------------------------------------------
     def unfit(self, task: TaskSpec) -> str | None:
-        kind = self.worker_kind(task)
-        if self.pool.could_ever_hold(kind):
-            return None
-        needs = {k: v for k, v in kind.needs().items() if v}
-        known = self.pool.node_resources + self.pool.node_type_resources
-        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
-        want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
-        return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
-                f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
+        return self.pool.unfit(self.worker_kind(task))
 
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
         kind = self.worker_kind(task)

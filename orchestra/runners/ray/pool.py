@@ -206,11 +206,17 @@ class RayPool(WarmPool[WorkerKind]):
             return exc
 
     # -- the cluster -----------------------------------------------------------------------------
-    def could_ever_hold(self, kind: WorkerKind) -> bool:
-        """Whether a node of the cluster, or one an autoscaler may add, can hold an actor of ``kind``."""
+    def unfit(self, kind: WorkerKind) -> str | None:
+        """Why no node of the cluster, nor one an autoscaler may add, can hold an actor of ``kind``; None
+        if one can."""
         needs = {k: v for k, v in kind.needs().items() if v}
-        return any(all(res.get(k, 0.0) >= v for k, v in needs.items())
-                   for res in self.node_resources + self.node_type_resources)
+        known = self.node_resources + self.node_type_resources
+        if any(all(res.get(k, 0.0) >= v for k, v in needs.items()) for res in known):
+            return None
+        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
+        want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
+        return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
+                f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
 
     @staticmethod
     def nodes() -> list[dict[str, Any]]:

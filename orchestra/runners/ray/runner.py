@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestra.errors import UserError
 from orchestra.runners.core import checks
+from orchestra.runners.core.command import forward_env_names
 from orchestra.runners.core.contract import Session
 from orchestra.runners.core.grpc_probe import why_not_grpc
 from orchestra.runners.core.ledger import Ledger
@@ -101,15 +102,13 @@ class RayRunner(BaseRunner):
             raise ValueError(f"runtime_env must be a dict, got {runtime_env!r}")
         checks.optional_amount("cpus_per_task", cpus_per_task)
         checks.optional_amount("mem_gb", mem_gb)
-        if isinstance(forward_env, str) or not all(isinstance(n, str) and n for n in forward_env):
-            raise ValueError(f"forward_env must be a list of variable names, got {forward_env!r}")
         checks.amount("idle_timeout_s", idle_timeout_s, zero=True)
         self.address = address.strip() if address else None
         self.reuse_workers = reuse_workers
         self.runtime_env = runtime_env
         self.cpus_per_task = cpus_per_task
         self.mem_gb = mem_gb
-        self.forward_env = tuple(forward_env)
+        self.forward_env = forward_env_names(forward_env, must_be_set=False)  # read when each task starts
         self.idle_timeout_s = idle_timeout_s
         self._kinds: dict[str, Any] = {}  # task id -> WorkerKind
 
