@@ -128,14 +128,13 @@ class WarmPool(Generic[K]):
             if spare is None:
                 return None
             self.stop([spare], "room for another model")
+        if request is not None:  # met now, even if the start fails: the task is not waiting any more
+            self._wanted[key] = max(0, self._wanted[key] - 1)
         self._started += 1
-        worker = Worker(key, f"{self.name_prefix}-w{self._started}", time.monotonic())
+        worker = Worker(key, f"{self.name_prefix}-w{self._started}", time.monotonic(), busy=request is not None)
         self.transport.start(worker, request)
         worker.ident = worker.ident or worker.name
         self.workers[worker.ident] = worker
-        if request is not None:
-            worker.busy = True
-            self._wanted[key] = max(0, self._wanted[key] - 1)
         return worker
 
     def broken(self, key: K) -> str | None:

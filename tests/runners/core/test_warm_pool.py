@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from orchestra.runners.core import warm
 from orchestra.runners.core.warm import StartFailed, WarmPool, Worker
 
@@ -170,3 +172,27 @@ def test_stop_hands_the_transport_only_workers_of_the_pool() -> None:
     pool.stop([worker], "cancelled")  # already gone: not stopped twice
     pool.close()
     assert script.stopped == [("p-w1", "cancelled")]
+
+
+def test_a_failed_start_for_a_task_leaves_no_want_behind() -> None:
+    class Refusing(Script):
+        refuse = False
+
+        def start(self, worker: Worker[str], request: Any) -> None:
+            if self.refuse:
+                raise OSError("too many open files")
+            super().start(worker, request)
+
+    script = Refusing(up_at_once=True)
+    pool = WarmPool(script, max_workers=2, name_prefix="p")
+    first = pool.start("a", request="env")
+    assert first is not None and pool.take("a") is None
+    script.refuse = True
+    with pytest.raises(OSError):
+        pool.start("a", request="env")  # the task's attempt fails; it does not wait for an "a" worker
+    script.refuse = False
+    assert pool.start("b", request="env") is not None  # the pool is full now
+    pool.finished(first)
+    assert pool.take("c") is None
+    assert pool.start("c", request="env") is not None  # the idle "a" worker makes room: nobody wants "a"
+    assert script.stopped == [("p-w1", "room for another model")]
