@@ -32,7 +32,7 @@ class RaySession(Session):
     """One launch of a RayRunner: its connection, its warm pool of actors, the calls in flight.
 
     Args:
-        worker_kind: the kind of worker (``pool.WorkerKind``) a task needs.
+        worker_kind: the kind of worker (``actors.WorkerKind``) a task needs.
         forward_env: names of variables copied from here into every task.
     """
 

@@ -41,7 +41,7 @@ NODES_EVERY_S = 1.0
 #: a node that stopped answering is kept out of placement for at most this long
 SUSPECT_FOR_S = 60.0
 
-Actor = Worker[WorkerKind]
+Actor = Worker[WorkerKind]  #: one warm worker of the pool: a Ray actor
 
 
 class TaskWorker:

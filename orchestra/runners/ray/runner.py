@@ -166,7 +166,7 @@ class RayRunner(BaseRunner):
 
     # -- resources ----------------------------------------------------------------------------------
     def worker_kind(self, task: TaskSpec) -> Any:
-        """The :class:`~orchestra.runners.ray.pool.WorkerKind` of the actors that can run ``task``."""
+        """The :class:`~orchestra.runners.ray.actors.WorkerKind` of the actors that can run ``task``."""
         kind = self._kinds.get(task.task_id)
         if kind is None:
             from orchestra.runners.ray.actors import WorkerKind
