@@ -117,14 +117,14 @@ def fill_template(template: str | list[str], task_cmd: list[str], fields: dict[s
     return out
 
 
-def forward_env_names(names: object, what: str = "forward_env") -> tuple[str, ...]:
+def forward_env_names(names: object, what: str = "forward_env", must_be_set: bool = True) -> tuple[str, ...]:
     """A runner's ``forward_env`` (variables that reach its tasks by name, never by value) as a
     tuple; ``ValueError`` (one line, no value shown) if it is not a list of variable names, or
-    names one that is not set in this process's environment."""
+    (``must_be_set``) names one that is not set in this process's environment."""
     if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
             isinstance(n, str) and _ENV_NAME.fullmatch(n) for n in names):
         raise ValueError(f"{what} must be a list of environment variable names, got {names!r}")
-    unset = [n for n in names if n not in os.environ]
+    unset = [n for n in names if n not in os.environ] if must_be_set else []
     if unset:
         raise ValueError(f"{what}: {', '.join(unset)} not set in the orchestrator's environment (export "
                          f"{'it' if len(unset) == 1 else 'them'} before the run, or leave {what} without "

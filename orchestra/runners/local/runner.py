@@ -18,8 +18,9 @@ from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.proc import signal_name, start_group, stop_groups
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
+from orchestra.runners.core.warm import Worker
 from orchestra.runners.local import gpumon
-from orchestra.runners.local.warm import WarmPool, Worker
+from orchestra.runners.local.warm import PipePool
 from orchestra.tasks.spec import TaskSpec
 
 _HOST = socket.gethostname()
@@ -103,12 +104,11 @@ class LocalRunner(BaseRunner):
         if reuse_workers and template is not None:
             raise ValueError("reuse_workers=True cannot be combined with a template")
         self.reuse_workers = reuse_workers
-        self._pool: WarmPool | None = None  # started by launch, closed by close
         self.gpu_sample_s = gpumon.check_period(gpu_sample_s)
 
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         self._host = ctx.host or HostCapacity()
-        pool = WarmPool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs) if self.reuse_workers else None
+        pool = PipePool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs) if self.reuse_workers else None
         hands_out_gpus = any(t.num_gpus > 0 and self.unfit(t) is None for t in tasks)
         sampler = gpumon.acquire(ctx.paths, self.gpus, self.gpu_sample_s) if hands_out_gpus else None
         return LocalSession(self, pool, sampler)
@@ -154,7 +154,7 @@ class LocalRunner(BaseRunner):
 class LocalSession(Session):
     """One launch of a LocalRunner: its processes (or warm workers), and those being stopped."""
 
-    def __init__(self, runner: LocalRunner, pool: WarmPool | None, sampler: str | None = None) -> None:
+    def __init__(self, runner: LocalRunner, pool: PipePool | None, sampler: str | None = None) -> None:
         self.runner = runner
         self.resources = runner
         self.pool = pool
@@ -176,7 +176,7 @@ class LocalSession(Session):
 
     def placement(self, job: Job) -> dict[str, Any]:
         if isinstance(job.handle, Worker):
-            return {"host": _HOST, "pid": job.handle.proc.pid, "warm_worker": True}
+            return {"host": _HOST, "pid": job.handle.handle.proc.pid, "warm_worker": True}
         pid = getattr(job.handle, "pid", None)
         return {"host": _HOST, "pid": pid} if pid is not None else {"host": _HOST}
 
@@ -204,8 +204,8 @@ class LocalSession(Session):
         self.stops.start(jobs, lambda _: stop_groups(procs, grace))
 
     def wait(self, jobs: Sequence[Job], timeout_s: float, stop: threading.Event) -> None:
-        fds = [job.handle.reply_fd for job in jobs if isinstance(job.handle, Worker)]
-        if not fds or len(fds) < len(jobs) or any(job.handle.buffer for job in jobs):
+        fds = [job.handle.handle.reply_fd for job in jobs if isinstance(job.handle, Worker)]
+        if not fds or len(fds) < len(jobs) or any(job.handle.handle.buffer for job in jobs):
             super().wait(jobs, timeout_s, stop)
             return
         # Warm workers answer on a pipe: wake when one does, so a task of a few milliseconds

@@ -1,11 +1,11 @@
-"""What the Ray pool's workers are: the kind that makes two actors interchangeable, and one actor.
+"""What makes two of the Ray pool's actors interchangeable (:class:`WorkerKind`), and where one runs.
 
 Plain data, without ``ray``: RayRunner works out a task's kind before anything connects.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -19,6 +19,7 @@ class WorkerKind:
     memory_bytes: int = 0
 
     def options(self) -> dict[str, Any]:
+        """Ray's actor options for these resources."""
         opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
         if self.memory_bytes:
             opts["memory"] = self.memory_bytes
@@ -29,25 +30,6 @@ class WorkerKind:
         return {"CPU": self.num_cpus, "GPU": self.num_gpus, "memory": float(self.memory_bytes)}
 
 
-@dataclass
-class Actor:
-    """One actor of the pool and what the pool knows of it."""
-
-    kind: WorkerKind
-    handle: Any
-    actor_id: str
-    name: str
-    requested: float  # time.monotonic() of its creation
-    hello: Any = None  # the ObjectRef of ``hello`` while it starts
-    where: dict[str, Any] = field(default_factory=dict)  # node_id, node_ip, pid, up_since once up
-    busy: bool = False
-    idle_since: float = 0.0
-    tasks_run: int = 0
-
-    @property
-    def ready(self) -> bool:
-        return bool(self.where)
-
-    @property
-    def key(self) -> WorkerKind:
-        return self.kind
+def place(where: dict[str, Any] | None) -> dict[str, Any]:
+    """Where an actor runs: ``node_id``, ``node_ip``, ``pid`` (nothing before it is up)."""
+    return {k: where[k] for k in ("node_id", "node_ip", "pid") if k in where} if where else {}

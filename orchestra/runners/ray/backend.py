@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
+from orchestra.runners.ray.actors import place
 from orchestra.tasks.spec import TaskSpec
 
 CANCEL_WAIT_S = 10.0  # a cancelled call is reported gone after this even if Ray has not said so
@@ -31,7 +32,7 @@ class RaySession(Session):
     """One launch of a RayRunner: its connection, its warm pool of actors, the calls in flight.
 
     Args:
-        worker_kind: the kind of worker (``pool.WorkerKind``) a task needs.
+        worker_kind: the kind of worker (``actors.WorkerKind``) a task needs.
         forward_env: names of variables copied from here into every task.
     """
 
@@ -40,20 +41,11 @@ class RaySession(Session):
         self.forward_env = forward_env
         self.resources = self
         self.pool: Any = None  # a RayPool
-        self.unroute: Any = None  # undoes route_cluster_messages
         self.losses: dict[str, int] = {}  # task id -> attempts that lost their worker
 
     # -- resources: a warm actor per job ---------------------------------------------------------
     def unfit(self, task: TaskSpec) -> str | None:
-        kind = self.worker_kind(task)
-        if self.pool.could_ever_hold(kind):
-            return None
-        needs = {k: v for k, v in kind.needs().items() if v}
-        known = self.pool.node_resources + self.pool.node_type_resources
-        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
-        want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
-        return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
-                f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
+        return self.pool.unfit(self.worker_kind(task))
 
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
         kind = self.worker_kind(task)
@@ -63,11 +55,11 @@ class RaySession(Session):
         actor = self.pool.take(kind)
         if actor is None:
             return None
-        return {"actor_id": actor.actor_id, **self.pool.place(actor), "num_cpus": kind.num_cpus,
-                "num_gpus": kind.num_gpus}
+        return {"actor_id": actor.ident, **place(actor.where),
+                "num_cpus": kind.num_cpus, "num_gpus": kind.num_gpus}
 
     def release(self, job: Job, ended: Exit | None) -> None:
-        actor = self.pool.actors.get(job.resources.get("actor_id")) if self.pool is not None else None
+        actor = self.pool.workers.get(job.resources.get("actor_id")) if self.pool is not None else None
         if actor is None:
             return  # killed by a timeout or a cancel: already gone from the pool
         call = job.handle
@@ -85,7 +77,7 @@ class RaySession(Session):
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
         for job in jobs:
-            actor = self.pool.actors[job.resources["actor_id"]]
+            actor = self.pool.workers[job.resources["actor_id"]]
             request = {"spec": job.command.argv[-1], "log": job.log_path, "env": {**job.command.env, **forwarded}}
             job.handle = RayCall(actor.handle.run.remote(request))
         return {}
@@ -122,7 +114,7 @@ class RaySession(Session):
 
     def cancel(self, jobs: Sequence[Job]) -> None:
         """Kill the jobs' actors now; ``poll`` reports each job once its call ended (or after a while)."""
-        actors = [self.pool.actors[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self.pool.actors]
+        actors = [self.pool.workers[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self.pool.workers]
         self.pool.stop(actors, "cancelled")
         for job in jobs:
             if isinstance(job.handle, RayCall):
@@ -134,9 +126,6 @@ class RaySession(Session):
                 self.pool.close()
         finally:
             self.pool = None
-            if self.unroute is not None:
-                self.unroute()
-                self.unroute = None
             from orchestra.runners.ray.session import disconnect
 
             disconnect()

@@ -1,26 +1,22 @@
-"""RayRunner's pool of warm workers: Ray actors that run task after task, grown and shrunk
-with the work and the cluster.
+"""RayRunner's warm workers: Ray actors that run task after task, under the warm pool of
+``core/warm.py`` (take, grow for waiting tasks up to ``max_workers``, make room, shrink, give up on
+a kind that cannot start), which also keeps LocalRunner's worker processes.
 
 Each actor is a warm worker (:class:`TaskWorker`): it runs requests of the protocol of
 ``orchestra/tasks/worker.py`` one after another in one process, so a model loaded by one task
-stays loaded for the next task with the same :class:`WorkerKind` (the task's ``worker_key`` and
-the resources the actor holds).  Once per scheduling round :meth:`RayPool.tick`
+stays loaded for the next task of its :class:`WorkerKind`.  What is Ray's own lives here:
 
-* notices actors that came up (their ``hello`` answered) and ones that could not start;
-* starts actors for the tasks that waited this round (:meth:`RayPool.take` counts them), at most
-  ``max_workers`` in all, making room by stopping idle actors no waiting task can use.  An actor
-  that does not fit the cluster now waits in Ray's queue, which is what an autoscaler sees and
-  what places it the moment a node with room joins: the work in flight follows the cluster;
-* stops idle actors that no waiting task has wanted for ``idle_timeout_s``, and queued ones that
-  no task wants any more: the pool never outgrows the remaining work;
-* follows the cluster's nodes (``node_joined`` / ``node_lost`` events).
+* :class:`Actors`, the pool's transport: an actor is recorded in the run's ledger before it is
+  created, is up once its ``hello`` answers, and is killed without restart.  One that does not fit
+  the cluster now waits in Ray's queue, which is what an autoscaler sees and what places it the
+  moment a node with room joins: the work in flight follows the cluster;
+* :class:`RayPool` follows the cluster's nodes (``node_joined`` / ``node_lost``).  A node that
+  stops answering (``ActorUnavailableError``) is counted alive by Ray for ~15 s more; until it is
+  declared dead new actors are kept off it (a label selector on ``ray.io/node-id``) and actors
+  still queued are started again, since Ray may have assigned them to it.
 
-A node that stops answering (``ActorUnavailableError``) is counted alive by Ray for ~15 s more;
-until it is declared dead new actors are kept off it (a label selector on ``ray.io/node-id``) and
-actors still queued are started again, since Ray may have assigned them to it.
-
-With ``ray_session.py`` (the process's connection) this is where the orchestrator imports
-``ray``; RayRunner imports both only when it launches (see ``.importlinter``).
+With ``session.py`` (the process's connection) this is where the orchestrator imports ``ray``;
+RayRunner imports both only when it launches (see ``.importlinter``).
 """
 
 from __future__ import annotations
@@ -28,26 +24,24 @@ from __future__ import annotations
 import os
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import ray
 from ray import exceptions as rex
 
 from orchestra.events import EventLog
-from orchestra.runners.core import warm
 from orchestra.runners.core.ledger import Ledger
-from orchestra.runners.ray.actors import Actor, WorkerKind
+from orchestra.runners.core.warm import StartFailed, WarmPool, Worker
+from orchestra.runners.ray.actors import WorkerKind, place
 from orchestra.tasks.worker import run_request
 
 #: how often the node list is read from the cluster
 NODES_EVERY_S = 1.0
 #: a node that stopped answering is kept out of placement for at most this long
 SUSPECT_FOR_S = 60.0
-#: starts of one kind in a row that fail in the actor itself (its ``__init__``, its runtime_env),
-#: or otherwise (its node lost while it started), before tasks of that kind fail instead of
-#: waiting for a worker that cannot start
-MAX_START_FAILURES = 3
-MAX_LOST_STARTS = 10
+
+Actor = Worker[WorkerKind]  #: one warm worker of the pool: a Ray actor
 
 
 class TaskWorker:
@@ -81,8 +75,85 @@ def describe(exc: BaseException) -> str:
     return text if len(text) <= 300 else text[:297] + "..."
 
 
-class RayPool:
-    """At most ``max_workers`` actors, started for waiting tasks and stopped when nothing needs them.
+class Actors:
+    """The warm pool's transport on Ray: one actor per worker (see the module).
+
+    Args:
+        events: the run's event log (``worker_requested``, ``worker_ready``, ``worker_stopped``).
+        ledger: the run folder's record of actors (``<run>/ray/jobs.jsonl``): each is written there
+            before it is created, so that ``recover`` finds it after a SIGKILL of this process.
+        avoid: the ids of the nodes a new actor must keep off.
+    """
+
+    what = "Ray worker"
+
+    def __init__(self, events: EventLog, ledger: Ledger | None, avoid: Callable[[], list[str]]) -> None:
+        self.events = events
+        self.ledger = ledger
+        self.avoid = avoid
+        self._namespace = ray.get_runtime_context().namespace if ledger is not None else ""
+        self._remote: Any = ray.remote(TaskWorker)
+        self._hellos: dict[Actor, Any] = {}  # the ObjectRef of each starting actor's ``hello``
+
+    def start(self, worker: Actor, request: Any) -> None:
+        kind = worker.key
+        options = {**kind.options(), "name": worker.name, "max_restarts": 0, "max_concurrency": 1}
+        if self.ledger is not None:  # recorded before it exists: a SIGKILL from here on leaves its name
+            self.ledger.claim([worker.name])
+            self.ledger.record("submitting", worker.name, namespace=self._namespace)
+        avoid = self.avoid()
+        if avoid:  # keep off nodes that stopped answering until Ray declares them dead
+            options["label_selector"] = {"ray.io/node-id": f"!in({','.join(sorted(avoid))})"}
+        try:
+            handle: Any = self._remote.options(**options).remote()
+        except (TypeError, ValueError):  # a Ray without label selectors: placement as Ray sees fit
+            options.pop("label_selector", None)
+            handle = self._remote.options(**options).remote()
+        worker.handle, worker.ident = handle, handle._actor_id.hex()  # the id Ray reports it by
+        if self.ledger is not None:
+            self.ledger.record("submitted", worker.name, job_id=worker.ident, namespace=self._namespace)
+        # recorded before it is relied on: the run folder names every actor this run started
+        self.events.emit("worker_requested", actor_id=worker.ident, name=worker.name, worker_key=kind.worker_key,
+                         **{k: v for k, v in kind.options().items() if v})
+        self._hellos[worker] = handle.hello.remote()
+
+    def came_up(self, starting: list[Actor]) -> dict[Actor, dict[str, Any] | StartFailed]:
+        hellos = {self._hellos[w]: w for w in starting if w in self._hellos}
+        out: dict[Actor, dict[str, Any] | StartFailed] = {}
+        for ref in ray.wait(list(hellos), num_returns=len(hellos), timeout=0)[0] if hellos else []:
+            actor = hellos[ref]
+            del self._hellos[actor]
+            try:
+                where = out[actor] = ray.get(ref)
+            except rex.RayError as exc:
+                # The actor's own start failed (its __init__, its runtime_env): that repeats on every
+                # node.  Anything else (a node lost while it started) is the cluster's doing.
+                own = isinstance(exc, rex.RuntimeEnvSetupError) or getattr(exc, "actor_init_failed", False)
+                out[actor] = StartFailed(describe(exc), own)
+                continue
+            # start_s: from the request to its answer (queueing for a node, process start, imports);
+            # up_since: the actor process's own start, from which the worker holds its resources
+            self.events.emit("worker_ready", actor_id=actor.ident, name=actor.name, **place(where),
+                             start_s=round(time.monotonic() - actor.requested, 3),
+                             up_since=round(where.get("up_since", 0.0), 3))
+        return out
+
+    def stop(self, workers: list[Actor], reason: str) -> None:
+        """Kill these actors (no restart)."""
+        for actor in workers:
+            self._hellos.pop(actor, None)
+            try:
+                ray.kill(actor.handle, no_restart=True)
+            except (rex.RayError, ValueError, ConnectionError):
+                pass  # already gone
+            if self.ledger is not None:
+                self.ledger.record("stopped", actor.name, job_id=actor.ident, reason=reason)
+            self.events.emit("worker_stopped", actor_id=actor.ident, name=actor.name, reason=reason,
+                             tasks_run=actor.tasks_run, **place(actor.where))
+
+
+class RayPool(WarmPool[WorkerKind]):
+    """The warm pool of actors, following the cluster's nodes.
 
     Args:
         max_workers: actors at once (busy, idle or starting).
@@ -90,157 +161,33 @@ class RayPool:
         idle_timeout_s: how long an idle actor that no waiting task can use is kept.
         events: the run's event log (``worker_*`` and ``node_*`` events).
         name_prefix: actors are named ``<prefix>-w<n>`` (visible in ``ray list actors``).
-        ledger: the run folder's record of actors (``<run>/ray/jobs.jsonl``): each is written there
-            before it is created, so that ``recover`` finds it after a SIGKILL of this process.
+        ledger: the run folder's record of actors (see :class:`Actors`).
     """
 
     def __init__(self, max_workers: int, reuse: bool, idle_timeout_s: float, events: EventLog,
                  name_prefix: str, ledger: Ledger | None = None) -> None:
-        self.max_workers = max_workers
-        self.reuse = reuse
-        self.idle_timeout_s = idle_timeout_s
         self.events = events
-        self.name_prefix = name_prefix
-        self.actors: dict[str, Actor] = {}
-        self.ledger = ledger
-        self._namespace = ray.get_runtime_context().namespace if ledger is not None else ""
-        self._remote: Any = ray.remote(TaskWorker)
-        self._started = 0
-        self._wanted: Counter[WorkerKind] = Counter()  # tasks that waited for a kind this round
-        self._last_wanted: dict[WorkerKind, float] = {}
-        self._start_failures: Counter[WorkerKind] = Counter()  # in a row, by the actor itself
-        self._lost_starts: Counter[WorkerKind] = Counter()  # in a row, by anything else
-        self._broken: dict[WorkerKind, str] = {}
         self._nodes: dict[str, str] = {}  # alive node id -> ip
         self._nodes_read = 0.0  # 0: never read
         self._suspects: dict[str, float] = {}  # node id -> when it stopped answering
         #: total resources of each alive node, and of each node type an autoscaler may add
         self.node_resources: list[dict[str, float]] = []
         self.node_type_resources: list[dict[str, float]] = []
+        super().__init__(Actors(events, ledger, self._live_suspects), max_workers, name_prefix, reuse,
+                         idle_timeout_s)
 
-    # -- handing out -----------------------------------------------------------------------------
-    def take(self, kind: WorkerKind) -> Actor | None:
-        """An idle actor of ``kind``, now busy; None (and the kind counted as wanted) if there is none."""
-        actor = warm.pick(self.actors.values(), kind)  # the most recently used: its caches are warmest
-        if actor is None:
-            self._wanted[kind] += 1
-            return None
-        actor.busy = True
-        return actor
-
-    def broken(self, kind: WorkerKind) -> str | None:
-        """Why actors of ``kind`` cannot start (after repeated failures), or None."""
-        return self._broken.get(kind)
-
-    def finished(self, actor: Actor) -> None:
-        """``actor`` ended its task: idle again, or stopped when workers are not reused."""
-        actor.busy = False
-        actor.tasks_run += 1
-        actor.idle_since = time.monotonic()
-        if not self.reuse:
-            self.stop([actor], "used once (reuse_workers=False)")
+    def tick(self) -> None:
+        """Once per scheduling round: follow the nodes, then the pool's round (see ``WarmPool.tick``)."""
+        now = time.monotonic()
+        if now - self._nodes_read >= NODES_EVERY_S:
+            self._read_nodes(now)
+        super().tick()
 
     def lost(self, actor: Actor, exc: BaseException) -> None:
         """``actor`` died under its task: forget it (a replacement starts when a task waits)."""
-        if isinstance(exc, rex.ActorUnavailableError) and actor.where.get("node_id"):
+        if isinstance(exc, rex.ActorUnavailableError) and actor.where and actor.where.get("node_id"):
             self._suspect(actor.where["node_id"])
         self.stop([actor], f"lost: {describe(exc)}")
-
-    # -- one round -------------------------------------------------------------------------------
-    def tick(self) -> None:
-        """Once per scheduling round: see who came up, follow the nodes, grow and shrink."""
-        now = time.monotonic()
-        self._check_starting()
-        if now - self._nodes_read >= NODES_EVERY_S:
-            self._read_nodes(now)
-        for kind in self._wanted:
-            self._last_wanted[kind] = now
-        self._grow()
-        self._shrink(now)
-        self._wanted.clear()
-
-    def _check_starting(self) -> None:
-        starting = {a.hello: a for a in self.actors.values() if a.hello is not None}
-        if not starting:
-            return
-        done, _ = ray.wait(list(starting), num_returns=len(starting), timeout=0)
-        for ref in done:
-            actor = starting[ref]
-            actor.hello = None
-            try:
-                actor.where = ray.get(ref)
-            except rex.RayError as exc:
-                self._start_failed(actor, exc)
-                continue
-            actor.idle_since = time.monotonic()
-            self._start_failures.pop(actor.kind, None)
-            self._lost_starts.pop(actor.kind, None)
-            # start_s: from the request to its answer (queueing for a node, process start, imports);
-            # up_since: the actor process's own start, from which the worker holds its resources
-            self.events.emit("worker_ready", actor_id=actor.actor_id, name=actor.name, **self.place(actor),
-                             start_s=round(time.monotonic() - actor.requested, 3),
-                             up_since=round(actor.where.get("up_since", 0.0), 3))
-
-    def _start_failed(self, actor: Actor, exc: BaseException) -> None:
-        # The actor's own start failed (its __init__, its runtime_env): that repeats on every node,
-        # so a few in a row end the wait of its kind's tasks.  Anything else (a node lost while it
-        # started) is the cluster's doing: another is started, unless it keeps happening.
-        own = isinstance(exc, rex.RuntimeEnvSetupError) or getattr(exc, "actor_init_failed", False)
-        self.stop([actor], f"could not start: {describe(exc)}")
-        self._start_failures[actor.kind] += 1 if own else 0
-        self._lost_starts[actor.kind] += 0 if own else 1
-        tries = self._start_failures[actor.kind] if own else self._lost_starts[actor.kind]
-        if tries >= (MAX_START_FAILURES if own else MAX_LOST_STARTS):
-            self._broken[actor.kind] = f"a Ray worker could not start ({tries} tries): {describe(exc)}"
-
-    def _grow(self) -> None:
-        for kind, waiting in self._wanted.items():
-            if kind in self._broken:
-                continue
-            # those starting, and those that came up during this tick, serve the next round
-            need = waiting - sum(1 for a in self.actors.values() if a.kind == kind and not a.busy)
-            while need > 0 and (len(self.actors) < self.max_workers or self._evict_one()):
-                self._start(kind)
-                need -= 1
-
-    def _evict_one(self) -> bool:
-        """Stop one actor no waiting task can use (queued ones first: they would take the room)."""
-        spare = warm.victim(self.actors.values(), self._is_wanted)
-        if spare is not None:
-            self.stop([spare], "room for another model")
-        return spare is not None
-
-    def _shrink(self, now: float) -> None:
-        unwanted = warm.expired(self.actors.values(), now, self.idle_timeout_s, self._is_wanted, self._last_wanted)
-        if unwanted:
-            self.stop(unwanted, "idle: no remaining task needs it")
-
-    def _is_wanted(self, kind: WorkerKind) -> bool:
-        return bool(self._wanted[kind])
-
-    def _start(self, kind: WorkerKind) -> None:
-        self._started += 1
-        name = f"{self.name_prefix}-w{self._started}"
-        options = {**kind.options(), "name": name, "max_restarts": 0, "max_concurrency": 1}
-        if self.ledger is not None:  # recorded before it exists: a SIGKILL from here on leaves its name
-            self.ledger.claim([name])
-            self.ledger.record("submitting", name, namespace=self._namespace)
-        suspects = self._live_suspects()
-        if suspects:  # keep off nodes that stopped answering until Ray declares them dead
-            options["label_selector"] = {"ray.io/node-id": f"!in({','.join(sorted(suspects))})"}
-        try:
-            handle: Any = self._remote.options(**options).remote()
-        except (TypeError, ValueError):  # a Ray without label selectors: placement as Ray sees fit
-            options.pop("label_selector", None)
-            handle = self._remote.options(**options).remote()
-        actor = Actor(kind, handle, handle._actor_id.hex(), name, time.monotonic())  # the id Ray reports it by
-        self.actors[actor.actor_id] = actor
-        if self.ledger is not None:
-            self.ledger.record("submitted", name, job_id=actor.actor_id, namespace=self._namespace)
-        # recorded before it is relied on: the run folder names every actor this run started
-        self.events.emit("worker_requested", actor_id=actor.actor_id, name=name, worker_key=kind.worker_key,
-                         **{k: v for k, v in kind.options().items() if v})
-        actor.hello = handle.hello.remote()
 
     # -- calls -----------------------------------------------------------------------------------
     @staticmethod
@@ -259,11 +206,17 @@ class RayPool:
             return exc
 
     # -- the cluster -----------------------------------------------------------------------------
-    def could_ever_hold(self, kind: WorkerKind) -> bool:
-        """Whether a node of the cluster, or one an autoscaler may add, can hold an actor of ``kind``."""
+    def unfit(self, kind: WorkerKind) -> str | None:
+        """Why no node of the cluster, nor one an autoscaler may add, can hold an actor of ``kind``; None
+        if one can."""
         needs = {k: v for k, v in kind.needs().items() if v}
-        return any(all(res.get(k, 0.0) >= v for k, v in needs.items())
-                   for res in self.node_resources + self.node_type_resources)
+        known = self.node_resources + self.node_type_resources
+        if any(all(res.get(k, 0.0) >= v for k, v in needs.items()) for res in known):
+            return None
+        largest = ", ".join(f"{max((r.get(k, 0.0) for r in known), default=0):g} {k}" for k in needs)
+        want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
+        return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
+                f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
 
     @staticmethod
     def nodes() -> list[dict[str, Any]]:
@@ -313,7 +266,7 @@ class RayPool:
             self.events.emit("node_lost", node_id=node_id, node_ip=self._nodes.pop(node_id))
             self._suspects.pop(node_id, None)  # declared dead: Ray places nothing there any more
             # idle actors there are gone too (busy ones: their calls fail and say so)
-            gone = [a for a in self.actors.values() if not a.busy and a.where.get("node_id") == node_id]
+            gone = [a for a in self.workers.values() if not a.busy and place(a.where).get("node_id") == node_id]
             self.stop(gone, "lost: its node left the cluster")
 
     def _suspect(self, node_id: str) -> None:
@@ -321,40 +274,15 @@ class RayPool:
             return
         self._suspects[node_id] = time.monotonic()
         # actors still queued may have been assigned to that node: start them again elsewhere
-        queued = [a for a in self.actors.values() if not a.ready]
-        for actor in queued:
+        for actor in [a for a in self.workers.values() if not a.ready]:
             self.stop([actor], "restarted: queued while a node stopped answering")
-            self._start(actor.kind)
+            self.start(actor.key)
 
     def _live_suspects(self) -> list[str]:
         now = time.monotonic()
         for node_id in [n for n, t in self._suspects.items() if now - t > SUSPECT_FOR_S]:
             del self._suspects[node_id]
         return list(self._suspects)
-
-    # -- stopping --------------------------------------------------------------------------------
-    def stop(self, actors: list[Actor], reason: str) -> None:
-        """Kill these actors (no restart) and forget them."""
-        for actor in actors:
-            if self.actors.pop(actor.actor_id, None) is None:
-                continue
-            try:
-                ray.kill(actor.handle, no_restart=True)
-            except (rex.RayError, ValueError, ConnectionError):
-                pass  # already gone
-            if self.ledger is not None:
-                self.ledger.record("stopped", actor.name, job_id=actor.actor_id, reason=reason)
-            self.events.emit("worker_stopped", actor_id=actor.actor_id, name=actor.name, reason=reason,
-                             tasks_run=actor.tasks_run, **self.place(actor))
-
-    def close(self) -> None:
-        """Kill every actor of the pool."""
-        self.stop(list(self.actors.values()), "the launch ended")
-
-    @staticmethod
-    def place(actor: Actor) -> dict[str, Any]:
-        """Where ``actor`` runs: ``node_id``, ``node_ip``, ``pid`` (nothing before it is up)."""
-        return {k: actor.where[k] for k in ("node_id", "node_ip", "pid") if k in actor.where}
 
 
 def recover(ledger: Ledger) -> list[str]:

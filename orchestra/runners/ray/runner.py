@@ -17,13 +17,14 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
-import socket
 from collections.abc import Sequence
 from typing import Any
 
 from orchestra.errors import UserError
 from orchestra.runners.core import checks
+from orchestra.runners.core.command import forward_env_names
 from orchestra.runners.core.contract import Session
+from orchestra.runners.core.grpc_probe import why_not_grpc
 from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.naming import run_tag
@@ -31,13 +32,8 @@ from orchestra.runners.core.run import RunContext
 from orchestra.tasks.spec import TaskSpec
 
 INSTALL_HINT = "pip install 'orchestra[ray]'"
-#: how long cancelling waits for killed actors' calls to end
-#: how long the head of a cluster given by address may take to accept a connection
-CONNECT_TIMEOUT_S = 10.0
-#: how long a Ray head (a gRPC server: the GCS, or the Ray Client server of ``ray://``) may take to
-#: answer the HTTP/2 connection preface with its SETTINGS frame
-PROBE_TIMEOUT_S = 3.0
-_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+#: what must listen at a cluster's address: a Ray head (a gRPC server)
+RAY_HEAD = "a Ray head's gRPC port (the GCS port, 6379 by default; with ray:// the Ray Client port, 10001 by default)"
 
 
 def ray_missing() -> str | None:
@@ -106,15 +102,13 @@ class RayRunner(BaseRunner):
             raise ValueError(f"runtime_env must be a dict, got {runtime_env!r}")
         checks.optional_amount("cpus_per_task", cpus_per_task)
         checks.optional_amount("mem_gb", mem_gb)
-        if isinstance(forward_env, str) or not all(isinstance(n, str) and n for n in forward_env):
-            raise ValueError(f"forward_env must be a list of variable names, got {forward_env!r}")
         checks.amount("idle_timeout_s", idle_timeout_s, zero=True)
         self.address = address.strip() if address else None
         self.reuse_workers = reuse_workers
         self.runtime_env = runtime_env
         self.cpus_per_task = cpus_per_task
         self.mem_gb = mem_gb
-        self.forward_env = tuple(forward_env)
+        self.forward_env = forward_env_names(forward_env, must_be_set=False)  # read when each task starts
         self.idle_timeout_s = idle_timeout_s
         self._kinds: dict[str, Any] = {}  # task id -> WorkerKind
 
@@ -125,18 +119,17 @@ class RayRunner(BaseRunner):
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
         try:  # the modules that import ray
             from orchestra.runners.ray.pool import RayPool, recover
-            from orchestra.runners.ray.session import connect, route_cluster_messages
+            from orchestra.runners.ray.session import connect
         except ModuleNotFoundError as exc:
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
                 raise  # not Ray missing: a real error, with its traceback
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
         from orchestra.runners.ray.backend import RaySession
 
-        connect(self.address, self.runtime_env)
+        connect(self.address, self.runtime_env, os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
         self._kinds.clear()  # a task's kind is worked out afresh in each launch
         session = RaySession(self.worker_kind, self.forward_env)  # its close() pairs the connect with a disconnect
         try:
-            session.unroute = route_cluster_messages(os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
             stage = tasks[0].stage if tasks else "run"
             prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
             ledger = Ledger(ctx.paths.ray_dir)
@@ -167,18 +160,13 @@ class RayRunner(BaseRunner):
         host, sep, port = self.address.removeprefix("ray://").rpartition(":")
         if not sep or not port.isdigit():
             return None  # another form Ray understands (or explains)
-        try:
-            conn = socket.create_connection((host.strip("[]"), int(port)), timeout=CONNECT_TIMEOUT_S)
-        except OSError as exc:
-            return exc.strerror or str(exc) or type(exc).__name__
-        with conn:
-            if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
-                return None  # a TLS head: its handshake is Ray's to make
-            return _not_grpc(conn, self.address)
+        return why_not_grpc(host.strip("[]"), int(port), RAY_HEAD,
+                            tls=os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"),
+                            http1="an HTTP/1 server (a web server, or Ray's dashboard port?)")
 
     # -- resources ----------------------------------------------------------------------------------
     def worker_kind(self, task: TaskSpec) -> Any:
-        """The :class:`~orchestra.runners.ray.pool.WorkerKind` of the actors that can run ``task``."""
+        """The :class:`~orchestra.runners.ray.actors.WorkerKind` of the actors that can run ``task``."""
         kind = self._kinds.get(task.task_id)
         if kind is None:
             from orchestra.runners.ray.actors import WorkerKind
@@ -194,36 +182,3 @@ class RayRunner(BaseRunner):
         if task.num_gpus == 0:  # Ray sets CUDA_VISIBLE_DEVICES for GPU workers only: hide them from the rest
             env["CUDA_VISIBLE_DEVICES"] = ""
         return env
-
-
-
-__all__ = ["RayRunner", "ray_missing"]
-
-
-def _not_grpc(conn: socket.socket, address: str) -> str | None:
-    """Why what listens on ``conn`` is not a Ray head, or None if it speaks gRPC: a Ray head (the
-    GCS, or the Ray Client server of ``ray://``) answers the HTTP/2 preface with a SETTINGS frame."""
-    expected = ("a Ray head's gRPC port (the GCS port, 6379 by default; with ray:// the Ray Client port, "
-                "10001 by default)")
-    conn.settimeout(PROBE_TIMEOUT_S)
-    try:
-        conn.sendall(_H2_PREFACE)
-        head = b""
-        while len(head) < 9:
-            chunk = conn.recv(9 - len(head))
-            if not chunk:
-                break
-            head += chunk
-    except TimeoutError:
-        return f"what listens there said nothing within {PROBE_TIMEOUT_S:g} s; expected {expected}"
-    except OSError as exc:
-        return f"the connection failed ({exc.strerror or exc}); expected {expected}"
-    if len(head) == 9 and head[3] == 4 and head[5:9] == bytes(4):  # frame type SETTINGS, stream 0
-        return None
-    if head.startswith((b"HTTP/", b"<")):  # a status line, or an HTTP/0.9-style error page
-        seen = "an HTTP/1 server (a web server, or Ray's dashboard port?)"
-    elif not head:
-        seen = "a server that closed the connection without a word"
-    else:
-        seen = "a server that does not speak HTTP/2"
-    return f"{seen} listens there, not {expected}"

@@ -1,7 +1,7 @@
 """RayRunner's connection to Ray: joining a cluster or starting a local Ray, once per process,
-and keeping Ray's messages about the cluster off the terminal's results.
+and keeping Ray's messages about the cluster off the terminal's results while launches use it.
 
-With ``ray_pool.py`` this is where the orchestrator imports ``ray``; RayRunner imports both
+With ``pool.py`` this is where the orchestrator imports ``ray``; RayRunner imports both
 only when it launches (see ``.importlinter``).
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import threading
 import time
@@ -21,17 +20,22 @@ from ray import exceptions as rex
 
 from orchestra.errors import UserError
 from orchestra.fileio import append_line
+from orchestra.runners.core.lasting import in_lasting_thread
 
 #: what this process's Ray connection was made for by :func:`connect` (None: not by it)
 _connected_for: tuple[str, str] | None = None
 #: launches using the connection now (the eval stage's runner works beside the infer stage's)
 _users = 0
+#: undoes the routing of Ray's cluster messages that the first of these launches asked for
+_unroute: Callable[[], None] | None = None
 _lock = threading.Lock()
 
 
-def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
+def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: str) -> None:
     """Connect this process to Ray: a new local Ray (``address=None``) or a cluster.  Every call
-    is paired with a :func:`disconnect` when its launch ends.
+    is paired with a :func:`disconnect` when its launch ends.  While launches use it, the messages
+    Ray's driver prints about the cluster go to ``log_path`` (the first launch's; stages that run at
+    once share one run folder), not to this process's stdout, which carries the results table.
 
     A connection the caller made (a notebook's ``ray.init``) is used as it is.  One this function
     made for the same address and runtime_env is shared (by stages that run at once) and kept (a
@@ -39,14 +43,11 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
     exits); another is replaced once no launch uses it.  A process holds one Ray connection, so
     two stages at once must ask for the same cluster.
     """
-    global _connected_for, _users
+    global _connected_for, _users, _unroute
     wanted = ("local" if address is None else address, repr(sorted((runtime_env or {}).items())))
     with _lock:
-        if ray.is_initialized() and (_connected_for is None or _connected_for == wanted):
-            _users += 1
-            return
-        if ray.is_initialized():
-            if _users and _connected_for is not None:
+        if ray.is_initialized() and _connected_for not in (None, wanted):
+            if _users:
                 theirs = "a local Ray" if _connected_for[0] == "local" else _connected_for[0]
                 ours = "a local Ray" if address is None else address
                 raise UserError(f"RayRunner: two stages running at once ask for different Ray clusters or "
@@ -54,18 +55,19 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None) -> None:
                                 "both the same address and runtime_env, or set eval=dict(overlap=False)")
             ray.shutdown()
             _connected_for = None
-        _init(address, wanted[0], runtime_env)
-        _connected_for = wanted
+        if not ray.is_initialized():
+            _init(address, wanted[0], runtime_env)
+            _connected_for = wanted
+        if not _users:
+            _unroute = _to_log(log_path)
         _users += 1
 
 
 def _init(address: str | None, target: str, runtime_env: dict[str, Any] | None) -> None:
     if threading.current_thread() is not threading.main_thread():
         # A local Ray's processes die with the thread that started them (Ray sets PDEATHSIG, which
-        # follows the thread): started from a stage's thread (the eval stage runs in one beside the
-        # infer stage), they would be killed when that stage ends, and Ray's own agents, orphaned,
-        # would outlive the run.  So such a start happens in a thread that lasts as the process does.
-        _in_lasting_thread(lambda: _ray_init(address, target, runtime_env))
+        # follows the thread): started from a stage's thread they would die when that stage ends
+        in_lasting_thread(lambda: _ray_init(address, target, runtime_env))
         return
     # ray.init installs its own SIGTERM handler; the run's (stop every task, then exit) must stay
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -112,35 +114,6 @@ def _init_error(address: str | None, exc: BaseException) -> UserError:
     return UserError(f"RayRunner could not {what}: {said}")
 
 
-_lasting: dict[str, Any] = {}  # the thread of _in_lasting_thread and its queue
-
-
-def _in_lasting_thread(call: Callable[[], None]) -> None:
-    """Run ``call`` in this process's one lasting daemon thread (never joined: it ends with the
-    process, after Ray's own exit handler has stopped a local Ray) and wait for it."""
-    if "queue" not in _lasting:
-        jobs: queue.Queue[tuple[Callable[[], None], list[BaseException], threading.Event]] = queue.Queue()
-
-        def serve() -> None:
-            while True:
-                job, errors, done = jobs.get()
-                try:
-                    job()
-                except BaseException as exc:  # handed to the caller
-                    errors.append(exc)
-                finally:
-                    done.set()
-
-        _lasting["queue"] = jobs
-        threading.Thread(target=serve, name="orchestra-ray-starter", daemon=True).start()
-    errors: list[BaseException] = []
-    done = threading.Event()
-    _lasting["queue"].put((call, errors, done))
-    done.wait()
-    if errors:
-        raise errors[0]
-
-
 class _NoThreadWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "SIGTERM handler is not set" not in record.getMessage()
@@ -150,43 +123,20 @@ def disconnect() -> None:
     """After a launch: once no launch uses it, leave a cluster :func:`connect` joined (a driver
     that stays would keep its job open there); a local Ray it started stays for the next launch
     of this process."""
-    global _connected_for, _users
+    global _connected_for, _users, _unroute
     with _lock:
         _users = max(0, _users - 1)
+        if not _users and _unroute is not None:
+            _unroute()
+            _unroute = None
         if not _users and _connected_for is not None and _connected_for[0] != "local":
             ray.shutdown()
             _connected_for = None
 
 
-#: the one routing of Ray's cluster messages in this process, and the launches relying on it
-_route: dict[str, Any] = {"users": 0, "undo": None}
-
-
-def route_cluster_messages(log_path: str) -> Callable[[], None]:
-    """Send the messages Ray's driver prints about the cluster (a raylet that died, with the tail
-    of its log; a worker killed for memory) to ``log_path`` instead of this process's stdout,
-    which carries the results table.  Returns the function that undoes it (once every launch
-    that asked for it has undone it: stages that run at once share one run folder's log)."""
-    with _lock:
-        if _route["users"] == 0:
-            _route["undo"] = _to_log(log_path)
-        _route["users"] += 1
-    done = threading.Event()
-
-    def undo() -> None:
-        with _lock:
-            if done.is_set():
-                return
-            done.set()
-            _route["users"] -= 1
-            if _route["users"] == 0:
-                _route["undo"]()
-                _route["undo"] = None
-
-    return undo
-
-
 def _to_log(log_path: str) -> Callable[[], None]:
+    """Send the messages Ray's driver prints about the cluster (a raylet that died, with the tail
+    of its log; a worker killed for memory) to ``log_path``; returns the function that undoes it."""
     worker_module: Any = getattr(getattr(ray, "_private", None), "worker", None)
     original = getattr(worker_module, "print_to_stdstream", None)
     if original is None:  # another Ray: its messages stay where it prints them

@@ -12,6 +12,7 @@ import pytest
 from ray import exceptions as rex
 
 from orchestra.events import EventLog, read_events
+from orchestra.runners.core import warm
 from orchestra.runners.ray import pool as ray_pool
 from orchestra.runners.ray.pool import RayPool, WorkerKind
 
@@ -142,7 +143,7 @@ def test_shrinks_to_the_remaining_work(fake: FakeRay, tmp_path: Path) -> None:
     assert [h.killed for h in fake.handles] == [False, True, True]
     pool.finished(worker)
     pool.tick()  # idle, nothing waits: released after idle_timeout_s (0 here)
-    assert fake.alive() == [] and pool.actors == {}
+    assert fake.alive() == [] and pool.workers == {}
     reasons = {e["reason"] for e in read_events(str(tmp_path / "events.jsonl")) if e["event"] == "worker_stopped"}
     assert reasons == {"idle: no remaining task needs it"}
 
@@ -179,22 +180,22 @@ def test_without_reuse_a_worker_runs_one_task(fake: FakeRay, tmp_path: Path) -> 
     wait_for(pool, MODEL_A, 1)
     (worker,) = wait_for(pool, MODEL_A, 1)
     pool.finished(worker)
-    assert fake.handles[0].killed and pool.actors == {}
+    assert fake.handles[0].killed and pool.workers == {}
 
 
 def test_workers_that_cannot_start_end_the_wait_of_their_tasks(fake: FakeRay, tmp_path: Path) -> None:
     pool = make_pool(tmp_path, max_workers=1)
-    for _ in range(ray_pool.MAX_START_FAILURES):
+    for _ in range(warm.MAX_START_FAILURES):
         assert pool.broken(MODEL_A) is None
         wait_for(pool, MODEL_A, 1)
         fake.handles[-1].hello_ref.resolve(error=rex.RuntimeEnvSetupError("pip: no matching distribution"))
-    assert len(fake.handles) == ray_pool.MAX_START_FAILURES
+    assert len(fake.handles) == warm.MAX_START_FAILURES
     wait_for(pool, MODEL_A, 1)  # this round's tick sees the last failure
     message = pool.broken(MODEL_A)
     assert message and message.startswith("a Ray worker could not start (3 tries): ")
     assert message.endswith("pip: no matching distribution")
     wait_for(pool, MODEL_A, 1)
-    assert len(fake.handles) == ray_pool.MAX_START_FAILURES  # no more tries
+    assert len(fake.handles) == warm.MAX_START_FAILURES  # no more tries
     assert pool.broken(MODEL_B) is None
 
 
