@@ -7,6 +7,11 @@ a reply whose ``choices[0].text`` does not start with the prompt sent; whose
 ``logprobs.text_offset``, ``token_logprobs`` and ``tokens`` differ in length; whose offsets are not
 integers, go backwards, or fall outside the echoed text; or whose log-probabilities are not finite
 numbers <= 0 (the first token's may be null: nothing predicts it).
+
+vLLM echoes a model's BOS token (``<s>``, ``<|begin_of_text|>``) as the first token, with a null
+log-probability, and counts its length in the offsets of the tokens after it although the echoed
+text does not hold it; such offsets are read back to the text (:func:`_without_bos`) before they
+are checked, or every such reply would be refused or scored on the wrong tokens.
 """
 
 from __future__ import annotations
@@ -52,6 +57,20 @@ def _logprob(i: int, value: Any) -> float | None:
     return float(value)
 
 
+def _without_bos(offsets: list[Any], values: list[Any], tokens: Any, text: str) -> list[Any]:
+    """``offsets`` as positions in ``text``: when the first token is one the text does not start
+    with, has no log-probability, and the second token's offset is its length (vLLM's echo of a
+    BOS token), that length is taken off every later offset and the first token covers nothing."""
+    if not (isinstance(tokens, list) and len(tokens) >= 2 and values[0] is None and isinstance(tokens[0], str)
+            and tokens[0] and not text.startswith(tokens[0])):
+        return offsets
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+        return offsets  # refused by the checks, naming the offset
+    if offsets[0] != 0 or offsets[1] != len(tokens[0]):
+        return offsets
+    return [0, *(o - len(tokens[0]) for o in offsets[1:])]
+
+
 def continuation_logprob(data: Any, prompt: str, cut: int) -> float:
     """Sum of the log-probabilities of the tokens of ``prompt`` that end after character ``cut``
     (a token ends where the next one starts, the last one with the echoed text; one that starts
@@ -81,7 +100,7 @@ def continuation_logprob(data: Any, prompt: str, cut: int) -> float:
     if tokens is not None and (not isinstance(tokens, list) or len(tokens) != len(values)):
         size = f"{len(tokens)} entries" if isinstance(tokens, list) else type(tokens).__name__
         raise BadEcho(f"logprobs.tokens has {size}, logprobs.token_logprobs {len(values)} entries")
-    starts = _offsets(offsets, len(text))
+    starts = _offsets(_without_bos(offsets, values, tokens, text), len(text))
     logprobs = [_logprob(i, v) for i, v in enumerate(values)]
     ends = [*starts[1:], len(text)]
     return sum(v for start, end, v in zip(starts, ends, logprobs)

@@ -79,6 +79,16 @@ def _one_token_more(choice: dict[str, Any]) -> None:
 BENDS["one-token-more"] = _one_token_more
 
 
+def _with_bos(choice: dict[str, Any]) -> None:
+    """Not bent: the reply vLLM gives for a model that starts each prompt with a BOS token."""
+    with HONEST.LOCK:
+        HONEST.LM.apply_threads()
+        choice["logprobs"] = HONEST.echo_logprobs(choice["text"], bos=True)
+
+
+BENDS["vllm-bos"] = _with_bos
+
+
 class Handler(HONEST.Handler):  # type: ignore[name-defined,misc]
     """loglik_server's handler; a 200 scoring reply is bent as its request's ``model`` asks."""
 
