@@ -52,9 +52,13 @@ def _logprob(i: int, value: Any) -> float | None:
     """A token's log-probability, checked: a finite number <= 0; null only for the first token."""
     if value is None and i == 0:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value > 0:
+    try:  # a JSON integer may have hundreds of digits: float() of it overflows
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:
+        number = math.nan
+    if not math.isfinite(number) or number > 0:
         raise BadEcho(f"logprobs.token_logprobs[{i}] is {value!r:.40}, not a finite number <= 0")
-    return float(value)
+    return number
 
 
 def _without_bos(offsets: list[Any], values: list[Any], tokens: Any, text: str) -> list[Any]:

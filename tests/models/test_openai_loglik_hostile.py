@@ -99,6 +99,7 @@ BENT = {
     "logprob-nan": "logprobs.token_logprobs[",
     "logprob-minus-infinity": "logprobs.token_logprobs[",
     "logprob-a-string": "logprobs.token_logprobs[",
+    "logprob-huge-integer": "logprobs.token_logprobs[",  # float() of it overflowed: a traceback, not an error
     "logprob-true": "logprobs.token_logprobs[",
     "logprob-none-inside": "logprobs.token_logprobs[",
     "echo-of-another-prompt": "choices[0].text",

@@ -59,6 +59,7 @@ BENDS: dict[str, Callable[[dict[str, Any]], None]] = {
     "logprob-nan": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, math.nan)),
     "logprob-minus-infinity": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, -math.inf)),
     "logprob-a-string": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, str(v[-1]))),
+    "logprob-huge-integer": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, -10 ** 400)),
     "logprob-true": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, True)),
     "logprob-none-inside": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, None)),
     "echo-of-another-prompt": lambda c: c.update(text="#" + c["text"][1:]),
