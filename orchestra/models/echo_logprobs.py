@@ -62,18 +62,22 @@ def _logprob(i: int, value: Any) -> float | None:
 
 
 def _without_bos(offsets: list[Any], values: list[Any], tokens: Any, text: str) -> list[Any]:
-    """``offsets`` as positions in ``text``: when the first token is one the text does not start
-    with, has no log-probability, the second token's offset is its length and the last token ends
-    that length past the text's end (vLLM's echo of a BOS token), that length is taken off every
-    later offset and the first token covers nothing.  Any other mismatch is left to the checks."""
+    """``offsets`` as positions in ``text``: when the offsets are the running sum of the tokens'
+    lengths (as vLLM computes them), the first token is one the text does not start with and has
+    no log-probability, and the tokens end that token's length past the text's end (vLLM's echo
+    of a BOS token), that length is taken off every later offset and the first token covers
+    nothing.  Any other reply is left as it came to the checks (their messages quote it)."""
     if not (isinstance(tokens, list) and len(tokens) >= 2 and values[0] is None and isinstance(tokens[0], str)
             and tokens[0] and not text.startswith(tokens[0])):
         return offsets
     if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
         return offsets  # refused by the checks, naming the offset
-    last = tokens[-1]
-    if offsets[0] != 0 or offsets[1] != len(tokens[0]) or not isinstance(last, str) \
-            or offsets[-1] + len(last) != len(text) + len(tokens[0]):
+    if not all(isinstance(t, str) for t in tokens):
+        return offsets
+    running = [0]
+    for token in tokens[:-1]:
+        running.append(running[-1] + len(token))
+    if offsets != running or running[-1] + len(tokens[-1]) != len(text) + len(tokens[0]):
         return offsets
     return [0, *(o - len(tokens[0]) for o in offsets[1:])]
 
