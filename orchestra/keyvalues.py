@@ -102,5 +102,7 @@ def python_literals(text: str, path: str, what: str) -> dict[str, Any]:
 def _literal(node: ast.AST) -> Any:
     """``ast.literal_eval``, plus ``dict(key=literal, ...)``."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
-        return {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+        if any(kw.arg is None for kw in node.keywords):  # dict(**name): a name, not a value
+            raise ValueError("dict(**...) is not a plain value")
+        return {kw.arg: _literal(kw.value) for kw in node.keywords}
     return ast.literal_eval(node)

@@ -109,3 +109,12 @@ def test_deep_nesting_is_one_line_not_a_traceback(tmp_path: Path, name: str) -> 
     with pytest.raises(ValueError) as info:
         read_key_values(str(path), "aliyun config")
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["dict(a=1, **other)", "dict(a=1, **{'b': 2})"])
+def test_dict_with_double_star_is_refused_not_dropped(tmp_path: Path, value: str) -> None:
+    """``**other`` names another value (a name is refused everywhere else); it was silently dropped."""
+    path = tmp_path / "s.cfg"
+    path.write_text(f"x = {value}\n")
+    with pytest.raises(ValueError, match=r"s.cfg:1: the value of 'x' is not a plain value"):
+        read_key_values(str(path), "aliyun config")
