@@ -23,12 +23,16 @@ import stat
 from collections.abc import Mapping, Sequence
 
 from orchestra.privdir import UnsafeFolderError, folder_problem
+from orchestra.runners.core.shell import ENV_NAME
 
 
 def write_env_file(path: str, names: Sequence[str], environ: Mapping[str, str] | None = None) -> None:
     """Write ``export NAME=value`` for each name set in ``environ`` (default: ours) to ``path``:
     its folder 0700, the file 0600 from its first byte, replaced atomically."""
     environ = os.environ if environ is None else environ
+    bad = [n for n in names if not ENV_NAME.fullmatch(n)]
+    if bad:  # a name is written unquoted: 'A;cmd' would run cmd wherever the file is sourced
+        raise ValueError(f"forwarded variable names must be identifiers, got {bad}")
     folder = os.path.dirname(os.path.abspath(path))
     _closed_parent(os.path.dirname(folder))
     with contextlib.suppress(FileExistsError):

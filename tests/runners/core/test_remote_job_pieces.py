@@ -55,6 +55,17 @@ def test_env_file_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     assert target.read_text() == "keep"
 
 
+def test_env_file_refuses_a_name_that_is_not_an_identifier(tmp_path: Path) -> None:
+    """Names are written unquoted (``export NAME=...``): 'A;touch X' ran touch where it was sourced."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "private" / "s.env"
+    with pytest.raises(ValueError, match="must be identifiers"):
+        write_env_file(str(path), [f"A;touch {marker};B"], {f"A;touch {marker};B": "1"})
+    if path.exists():
+        subprocess.run(["sh", "-c", f". {shlex.quote(str(path))}"], capture_output=True, check=False)
+    assert not marker.exists()
+
+
 # -- the CLI client ---------------------------------------------------------------------------------------
 def test_client_counts_calls_and_names_the_call_not_its_argv(tmp_path: Path) -> None:
     client = CLIClient("svc", ("svc", str(tmp_path)), timeout_s=0.5, max_calls_per_s=100, abort=None,
