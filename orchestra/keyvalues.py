@@ -4,8 +4,10 @@ Some tools keep their settings in a file a user writes by hand (OpenCompass's ``
 for DLC is the case in point): JSON, YAML, or Python-looking ``NAME = value`` lines.  Such a file
 is data, so a ``.py``-style one is parsed with :mod:`ast` and only plain literals are accepted
 (strings, numbers, bools, None, lists, tuples, dicts, and ``dict(key=literal, ...)``); a call, a
-name, an import or any other statement is refused.  Every problem is one ``ValueError`` line that
-names the file (and the line, where there is one).
+name, an import or any other statement is refused.  The file is read only if it is a regular
+file of at most :data:`MAX_BYTES` (a FIFO or a device would block or never end), and a YAML file
+may not use aliases (``*name``: a few lines of them expand to a billion values).  Every problem is
+one ``ValueError`` line that names the file (and the line, where there is one).
 """
 
 from __future__ import annotations
@@ -13,7 +15,11 @@ from __future__ import annotations
 import ast
 import json
 import os
+import stat
 from typing import Any
+
+#: the largest settings file read (a hand-written file of keys and values is a few hundred bytes)
+MAX_BYTES = 1 << 20
 
 
 def read_key_values(path: str, what: str) -> dict[str, Any]:
@@ -21,29 +27,54 @@ def read_key_values(path: str, what: str) -> dict[str, Any]:
     ``.json``, ``.yaml``/``.yml``, anything else ``NAME = literal`` lines.  Keys starting with ``_``
     are dropped.  ``what`` names the file's role in errors (``"aliyun config"``)."""
     full = os.path.expanduser(path)
-    try:
-        with open(full, encoding="utf-8") as f:
-            text = f.read()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{path}: cannot read the {what}: {exc}") from None
+    text = _read_text(full, path, what)
     ext = os.path.splitext(full)[1]
     if ext == ".json":
         try:
             data = json.loads(text)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:
             raise ValueError(f"{path}: not valid JSON: {exc}") from None
     elif ext in (".yaml", ".yml"):
-        import yaml
-
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
+        data = _yaml(text, path)
     else:
         data = python_literals(text, path, what)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: an {what} holds keys and values, got {type(data).__name__}")
     return {str(k): v for k, v in data.items() if not str(k).startswith("_")}
+
+
+def _read_text(full: str, path: str, what: str) -> str:
+    """The text of the regular file ``full``, at most :data:`MAX_BYTES`; opened without blocking, so
+    a FIFO or a device at the path is refused, never waited on."""
+    try:
+        fd = os.open(full, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise ValueError(f"{path}: the {what} is not a regular file")
+            data = f.read(MAX_BYTES + 1)
+        if len(data) > MAX_BYTES:
+            raise ValueError(f"{path}: the {what} is larger than {MAX_BYTES} bytes")
+        return data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"{path}: cannot read the {what}: {exc}") from None
+
+
+def _yaml(text: str, path: str) -> Any:
+    """``yaml.safe_load`` that refuses aliases (``*name``), which can expand a small file to
+    billions of values."""
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            if self.check_event(yaml.AliasEvent):
+                mark = self.peek_event().start_mark
+                raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed", mark)
+            return super().compose_node(parent, index)
+
+    try:
+        return yaml.load(text, Loader=NoAliasLoader)  # noqa: S506 - a SafeLoader, aliases refused too
+    except (yaml.YAMLError, RecursionError) as exc:
+        raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
 
 
 def python_literals(text: str, path: str, what: str) -> dict[str, Any]:
@@ -52,6 +83,8 @@ def python_literals(text: str, path: str, what: str) -> dict[str, Any]:
         tree = ast.parse(text, path)
     except SyntaxError as exc:
         raise ValueError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except (RecursionError, MemoryError):
+        raise ValueError(f"{path}: nested too deeply to read") from None
     out: dict[str, Any] = {}
     for node in tree.body:
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
@@ -60,7 +93,7 @@ def python_literals(text: str, path: str, what: str) -> dict[str, Any]:
             raise ValueError(f"{path}:{node.lineno}: only 'key = value' lines are allowed in an {what}")
         try:
             out[node.targets[0].id] = _literal(node.value)
-        except ValueError:
+        except (ValueError, TypeError, SyntaxError, RecursionError):
             raise ValueError(f"{path}:{node.lineno}: the value of {node.targets[0].id!r} is not a plain value "
                              "(a string, number, bool, None, list or dict)") from None
     return out
@@ -69,5 +102,7 @@ def python_literals(text: str, path: str, what: str) -> dict[str, Any]:
 def _literal(node: ast.AST) -> Any:
     """``ast.literal_eval``, plus ``dict(key=literal, ...)``."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict" and not node.args:
-        return {kw.arg: _literal(kw.value) for kw in node.keywords if kw.arg}
+        if any(kw.arg is None for kw in node.keywords):  # dict(**name): a name, not a value
+            raise ValueError("dict(**...) is not a plain value")
+        return {kw.arg: _literal(kw.value) for kw in node.keywords}
     return ast.literal_eval(node)

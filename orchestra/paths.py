@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -144,17 +145,46 @@ def is_run_folder(root: str, work_dir: str) -> bool:
     return named and os.path.isfile(os.path.join(root, "config.py"))
 
 
+def _swappable(path: str) -> str | None:
+    """Why another user could put a folder of theirs at ``path`` after it was checked, or None:
+    a symbolic link on the way that another user (not root) owns, and may point elsewhere at any
+    time; or a folder above it that others may write without the sticky bit (as /tmp has), in
+    which anyone may rename ``path``'s folder away and put their own in its place."""
+    at = os.sep
+    for part in os.path.abspath(path).split(os.sep)[1:]:
+        at = os.path.join(at, part)
+        try:
+            st = os.lstat(at)
+        except OSError:
+            break
+        if stat.S_ISLNK(st.st_mode) and st.st_uid not in (0, os.geteuid()):
+            return f"goes through {at}, a symbolic link owned by uid {st.st_uid}"
+    real = os.path.realpath(path)
+    above = os.path.dirname(real)
+    while True:
+        try:
+            mode = os.stat(above).st_mode
+        except FileNotFoundError:  # made later, 0755 (_make_folders)
+            mode = 0
+        if mode & stat.S_IWOTH and not mode & stat.S_ISVTX:
+            return f"is inside {above}, which others can write (mode {stat.S_IMODE(mode):o}, not sticky)"
+        if above == os.path.dirname(above):
+            return None
+        above = os.path.dirname(above)
+
+
 def _refuse_unsafe(path: str, what: str) -> None:
     """Raise :class:`~orchestra.privdir.UnsafeFolderError` if ``path`` exists and another user
     could write it (``what``: ``'run folder'``, judged itself, or ``'work dir'``, judged where a
-    symbolic link leads)."""
+    symbolic link leads, and refused too if another user could swap it, :func:`_swappable`)."""
     follow = what == "work dir"
-    if not (os.path.exists(path) if follow else os.path.lexists(path)):
+    problem = _swappable(path) if follow else None
+    if problem is None and not (os.path.exists(path) if follow else os.path.lexists(path)):
         return
-    problem = folder_problem(path, follow_links=follow)
+    problem = problem or folder_problem(path, follow_links=follow)
     if problem is None:
         return
-    if "writable" in problem:
+    if problem.startswith("is writable"):
         fix = f"chmod go-w {path}"
     elif "link" in problem:
         fix = "give the real path"

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from orchestra.keyvalues import read_key_values
+from orchestra.keyvalues import MAX_BYTES, read_key_values
 
 
 def test_python_style_lines_give_their_literals(tmp_path: Path) -> None:
@@ -57,3 +60,61 @@ def test_each_problem_is_one_line_naming_the_file(tmp_path: Path, name: str, tex
 def test_a_missing_file_names_its_role(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read the aliyun config"):
         read_key_values(str(tmp_path / "nope.cfg"), "aliyun config")
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO planted at the path (nobody writes it) is one line at once; before, ``open`` blocked
+    for ever.  Run in a child process so that a regression fails on its timeout, never hangs."""
+    fifo = tmp_path / "aliyun.cfg"
+    os.mkfifo(fifo)
+    code = "import sys\nfrom orchestra.keyvalues import read_key_values\ntry:\n" \
+           f"    read_key_values({str(fifo)!r}, 'aliyun config')\nexcept ValueError as e:\n    print(e)\n"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert out.stdout.strip() == f"{fifo}: the aliyun config is not a regular file", out.stderr
+
+
+def test_a_huge_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "big.cfg"
+    path.write_text("x = '" + "a" * MAX_BYTES + "'\n")
+    with pytest.raises(ValueError, match=f"big.cfg: the aliyun config is larger than {MAX_BYTES} bytes"):
+        read_key_values(str(path), "aliyun config")
+
+
+def test_yaml_aliases_are_refused(tmp_path: Path) -> None:
+    """Nine lines of aliases would be 10**9 values for whoever walks the result (billion laughs)."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    path = tmp_path / "laughs.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    with pytest.raises(ValueError, match=r"laughs.yaml: not valid YAML: aliases \(\*name\) are not allowed"):
+        read_key_values(str(path), "aliyun config")
+
+
+def test_yaml_python_tags_construct_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    path = tmp_path / "tag.yaml"
+    path.write_text(f"a: !!python/object/apply:os.system ['touch {marker}']\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        read_key_values(str(path), "aliyun config")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("name", ["deep.json", "deep.yaml", "deep.cfg"])
+def test_deep_nesting_is_one_line_not_a_traceback(tmp_path: Path, name: str) -> None:
+    """A JSON array nested 100000 deep raised RecursionError (a traceback at the CLI) before."""
+    path = tmp_path / name
+    inner = "[" * 100_000 + "]" * 100_000
+    path.write_text({"deep.json": '{"x": %s}', "deep.yaml": "x: %s\n", "deep.cfg": "x = %s\n"}[name] % inner)
+    with pytest.raises(ValueError) as info:
+        read_key_values(str(path), "aliyun config")
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("value", ["dict(a=1, **other)", "dict(a=1, **{'b': 2})"])
+def test_dict_with_double_star_is_refused_not_dropped(tmp_path: Path, value: str) -> None:
+    """``**other`` names another value (a name is refused everywhere else); it was silently dropped."""
+    path = tmp_path / "s.cfg"
+    path.write_text(f"x = {value}\n")
+    with pytest.raises(ValueError, match=r"s.cfg:1: the value of 'x' is not a plain value"):
+        read_key_values(str(path), "aliyun config")

@@ -7,6 +7,11 @@ a reply whose ``choices[0].text`` does not start with the prompt sent; whose
 ``logprobs.text_offset``, ``token_logprobs`` and ``tokens`` differ in length; whose offsets are not
 integers, go backwards, or fall outside the echoed text; or whose log-probabilities are not finite
 numbers <= 0 (the first token's may be null: nothing predicts it).
+
+vLLM echoes a model's BOS token (``<s>``, ``<|begin_of_text|>``) as the first token, with a null
+log-probability, and counts its length in the offsets of the tokens after it although the echoed
+text does not hold it; such offsets are read back to the text (:func:`_without_bos`) before they
+are checked, or every such reply would be refused or scored on the wrong tokens.
 """
 
 from __future__ import annotations
@@ -47,9 +52,34 @@ def _logprob(i: int, value: Any) -> float | None:
     """A token's log-probability, checked: a finite number <= 0; null only for the first token."""
     if value is None and i == 0:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value > 0:
+    try:  # a JSON integer may have hundreds of digits: float() of it overflows
+        number = float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+    except OverflowError:
+        number = math.nan
+    if not math.isfinite(number) or number > 0:
         raise BadEcho(f"logprobs.token_logprobs[{i}] is {value!r:.40}, not a finite number <= 0")
-    return float(value)
+    return number
+
+
+def _without_bos(offsets: list[Any], values: list[Any], tokens: Any, text: str) -> list[Any]:
+    """``offsets`` as positions in ``text``: when the offsets are the running sum of the tokens'
+    lengths (as vLLM computes them), the first token is one the text does not start with and has
+    no log-probability, and the tokens end that token's length past the text's end (vLLM's echo
+    of a BOS token), that length is taken off every later offset and the first token covers
+    nothing.  Any other reply is left as it came to the checks (their messages quote it)."""
+    if not (isinstance(tokens, list) and len(tokens) >= 2 and values[0] is None and isinstance(tokens[0], str)
+            and tokens[0] and not text.startswith(tokens[0])):
+        return offsets
+    if not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+        return offsets  # refused by the checks, naming the offset
+    if not all(isinstance(t, str) for t in tokens):
+        return offsets
+    running = [0]
+    for token in tokens[:-1]:
+        running.append(running[-1] + len(token))
+    if offsets != running or running[-1] + len(tokens[-1]) != len(text) + len(tokens[0]):
+        return offsets
+    return [0, *(o - len(tokens[0]) for o in offsets[1:])]
 
 
 def continuation_logprob(data: Any, prompt: str, cut: int) -> float:
@@ -81,7 +111,7 @@ def continuation_logprob(data: Any, prompt: str, cut: int) -> float:
     if tokens is not None and (not isinstance(tokens, list) or len(tokens) != len(values)):
         size = f"{len(tokens)} entries" if isinstance(tokens, list) else type(tokens).__name__
         raise BadEcho(f"logprobs.tokens has {size}, logprobs.token_logprobs {len(values)} entries")
-    starts = _offsets(offsets, len(text))
+    starts = _offsets(_without_bos(offsets, values, tokens, text), len(text))
     logprobs = [_logprob(i, v) for i, v in enumerate(values)]
     ends = [*starts[1:], len(text)]
     return sum(v for start, end, v in zip(starts, ends, logprobs)

@@ -37,6 +37,7 @@ import stat
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from orchestra.fileio import atomic_write_json, atomic_write_text
@@ -173,6 +174,28 @@ def check_placed(replica: Replica, status: dict[str, Any], code: int | None, key
     return "ready"
 
 
+def _address(owner_host: str, gone: Callable[[], bool]) -> str | None:
+    """:func:`node_address` in a thread, since a resolver may wait tens of seconds for a DNS server
+    that does not answer while SIGTERM only sets a flag: None once ``gone()`` says stop first."""
+    box: list[str | OSError] = []
+
+    def look() -> None:
+        try:
+            box.append(node_address(owner_host))
+        except OSError as exc:
+            box.append(exc)
+
+    resolver = threading.Thread(target=look, name="agent-address", daemon=True)
+    resolver.start()
+    while resolver.is_alive() and not gone():
+        resolver.join(LOOK_S)
+    if not box:
+        return None
+    if isinstance(box[0], OSError):
+        raise box[0]
+    return box[0]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(prog="python -m orchestra.serving.agent")
     ap.add_argument("--spec", required=True)
@@ -201,7 +224,9 @@ def main() -> None:
     parent = os.getppid()
     heartbeat = Heartbeat(args.heartbeat, args.owner_stale_s)
     try:
-        host = node_address(args.owner_host)
+        host = _address(args.owner_host, lambda: stop.is_set() or os.getppid() != parent)
+        if host is None:  # stopped while the resolver still waited: as a stop while starting
+            sys.exit(3)
     except OSError as exc:  # one line in the log; the status and the exit code say why for the pool
         print(f"agent: {exc}", file=sys.stderr, flush=True)
         atomic_write_json(args.status, {"state": "failed", "why": "no-address", "code": EXIT_NO_ADDRESS,

@@ -67,9 +67,9 @@ def scores(base_url: str, bend: str, context: str, continuations: tuple[str, ...
     return out if isinstance(out, BaseException) else list(out)
 
 
-def raw_reply(base_url: str, prompt: str) -> dict[str, Any]:
-    """The honest reply to ``prompt``, fetched without orchestra."""
-    body = json.dumps({"model": "honest", "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}).encode()
+def raw_reply(base_url: str, prompt: str, model: str = "honest") -> dict[str, Any]:
+    """The reply to ``prompt`` (honest unless ``model`` bends it), fetched without orchestra."""
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}).encode()
     req = urllib.request.Request(base_url + "/completions", data=body, headers={
         "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
@@ -99,6 +99,7 @@ BENT = {
     "logprob-nan": "logprobs.token_logprobs[",
     "logprob-minus-infinity": "logprobs.token_logprobs[",
     "logprob-a-string": "logprobs.token_logprobs[",
+    "logprob-huge-integer": "logprobs.token_logprobs[",  # float() of it overflowed: a traceback, not an error
     "logprob-true": "logprobs.token_logprobs[",
     "logprob-none-inside": "logprobs.token_logprobs[",
     "echo-of-another-prompt": "choices[0].text",
@@ -128,3 +129,20 @@ def test_an_honest_reply_scores_as_before(base_url: str, monkeypatch: pytest.Mon
     assert spaced == pytest.approx(got, abs=1e-9)  # 'Answer: ' + 'Paris' is 'Answer:' + ' Paris'
     # a token the server generated after the echo (it ignored max_tokens 0) is not the prompt's
     assert scores(base_url, "one-token-more", CONTEXT, continuations, monkeypatch) == pytest.approx(got, abs=1e-9)
+
+
+def test_vllm_echo_of_a_bos_token_scores_the_continuation(base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM echoes a BOS token first and counts its length in every later offset, though the text
+    does not hold it: that honest reply was refused (an offset past the echoed text).  The score
+    must be the sum over the tokens past the context's, counted by tokens as lm-eval does."""
+    continuations = (" Paris", " Rome", " the moon")
+    got = scores(base_url, "vllm-bos", CONTEXT, continuations, monkeypatch)
+    assert not isinstance(got, BaseException), got
+    context_tokens = raw_reply(base_url, CONTEXT, "vllm-bos")["choices"][0]["logprobs"]["tokens"]
+    want = []
+    for c in continuations:
+        lp = raw_reply(base_url, CONTEXT + c, "vllm-bos")["choices"][0]["logprobs"]
+        assert lp["tokens"][0] == "<|im_start|>" and lp["tokens"][:len(context_tokens)] == context_tokens
+        assert lp["text_offset"][-1] > len(CONTEXT + c) - len(lp["tokens"][-1])  # offsets run past the text
+        want.append(sum(lp["token_logprobs"][len(context_tokens):]))
+    assert got == pytest.approx(want, abs=1e-9) and got[0] > got[1] and got[0] > got[2], (got, want)

@@ -147,3 +147,40 @@ def test_new_work_dirs_and_run_folders_are_made_without_group_or_other_write(tmp
     (run,) = list(work.iterdir())
     assert _mode(work.parent) == _mode(work) == _mode(run) == 0o755
     assert _cli(tmp_path, cfg, "-r", umask=0).returncode == 0
+
+
+def test_a_work_dir_inside_a_folder_anyone_can_write_is_refused(tmp_path: Path, shared: Path, server: Any) -> None:
+    """Our own 0755 work dir, but in a 0777 folder without the sticky bit: any user may rename it
+    away after the check and put a forged one in its place, so it is refused; in the sticky
+    shared folder (as /tmp) the same work dir is used."""
+    open_folder = shared / "open"
+    open_folder.mkdir()
+    open_folder.chmod(0o777)
+    work = open_folder / "out"
+    work.mkdir(mode=0o755)
+    cfg = _config(tmp_path, server.base_url, work_dir=work)
+    for args in ([], ["--dry-run"]):
+        _refused(_cli(tmp_path, cfg, *args), f"work dir {work} is inside {open_folder}, which others can write "
+                 "(mode 777, not sticky)", "use a work dir of your own (-w)")
+    assert list(work.iterdir()) == []
+    open_folder.chmod(0o1777)
+    assert _cli(tmp_path, cfg).returncode == 0
+
+
+def test_a_work_dir_reached_through_another_users_link_is_refused(tmp_path: Path, shared: Path,
+                                                                 server: Any) -> None:
+    """The other user's symbolic link points at our own folder, so the folder passes; but its owner
+    may point it at a forged run folder at any time, so the path is refused."""
+    ours = shared / "ours"
+    ours.mkdir(mode=0o755)
+    link = shared / "evaluations"
+    as_hostile("ln", "-s", str(ours), str(link))
+    cfg = _config(tmp_path, server.base_url, work_dir=link)
+    uid, _ = hostile_ids()
+    for args in ([], ["--dry-run"]):
+        _refused(_cli(tmp_path, cfg, *args), f"work dir {link} goes through {link}, a symbolic link owned by uid {uid}",
+                 "give the real path")
+    assert list(ours.iterdir()) == []
+    own_link = shared / "mine"
+    own_link.symlink_to(ours)  # a link of our own to a folder of ours is fine
+    assert _cli(tmp_path, _config(tmp_path, server.base_url, work_dir=own_link)).returncode == 0

@@ -59,6 +59,7 @@ BENDS: dict[str, Callable[[dict[str, Any]], None]] = {
     "logprob-nan": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, math.nan)),
     "logprob-minus-infinity": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, -math.inf)),
     "logprob-a-string": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, str(v[-1]))),
+    "logprob-huge-integer": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, -10 ** 400)),
     "logprob-true": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, True)),
     "logprob-none-inside": _set("token_logprobs", lambda v, t: _at(v, len(v) - 1, None)),
     "echo-of-another-prompt": lambda c: c.update(text="#" + c["text"][1:]),
@@ -77,6 +78,16 @@ def _one_token_more(choice: dict[str, Any]) -> None:
 
 
 BENDS["one-token-more"] = _one_token_more
+
+
+def _with_bos(choice: dict[str, Any]) -> None:
+    """Not bent: the reply vLLM gives for a model that starts each prompt with a BOS token."""
+    with HONEST.LOCK:
+        HONEST.LM.apply_threads()
+        choice["logprobs"] = HONEST.echo_logprobs(choice["text"], bos=True)
+
+
+BENDS["vllm-bos"] = _with_bos
 
 
 class Handler(HONEST.Handler):  # type: ignore[name-defined,misc]

@@ -47,9 +47,15 @@ def load() -> LoadedLM:
 LM = load()
 
 
-def echo_logprobs(prompt: str) -> dict[str, Any]:
-    """The prompt's tokens, their log-probabilities and text offsets, as vLLM echoes them."""
+def echo_logprobs(prompt: str, bos: bool = False) -> dict[str, Any]:
+    """The prompt's tokens, their log-probabilities and text offsets, as vLLM echoes them.
+
+    ``bos``: as vLLM echoes for a model whose tokenizer starts every prompt with a BOS token
+    (Llama, Mistral): that token comes first, decoded (``'<|im_start|>'`` here), its length counted
+    in the offsets of the tokens after it, though the echoed text does not hold it."""
     ids: list[int] = LM.tokenizer(prompt)["input_ids"]
+    if bos:
+        ids = [LM.tokenizer.bos_token_id, *ids]
     with torch.no_grad():
         logits = LM.model(torch.tensor([ids])).logits[0].float()
     logp = torch.log_softmax(logits, dim=-1)

@@ -17,6 +17,7 @@ from orchestra.serving.agent import EXIT_NO_ADDRESS, check_placed, node_address,
 from orchestra.serving.presets import KEY_FILE_ENV
 from orchestra.serving.replica import Replica, listener
 from orchestra.serving.spec import ServerSpec
+from tests.helpers import wait_for
 
 
 def test_a_spec_survives_its_trip_through_json() -> None:
@@ -73,3 +74,36 @@ def test_an_unresolvable_orchestrator_host_is_one_line_and_exit_4(tmp_path: Path
 def test_node_address_names_the_host_it_cannot_resolve() -> None:
     with pytest.raises(OSError, match="cannot resolve the orchestrator's host name 'no-such-host.invalid'"):
         node_address("no-such-host.invalid")
+
+
+def test_a_stop_while_the_resolver_waits_ends_the_agent_at_once(tmp_path: Path) -> None:
+    """A node whose DNS server does not answer: the resolver waits tens of seconds while SIGTERM
+    (scancel, Ctrl-C at the orchestrator) only sets a flag, so the agent lived on until the
+    resolver gave up.  The slow resolver is made by ``sitecustomize`` in the agent process
+    (``socket.gethostbyname`` of one name sleeps); the agent and the signal are real."""
+    entered = tmp_path / "resolving"
+    (tmp_path / "sitecustomize.py").write_text(
+        "import socket, time\n_real = socket.gethostbyname\n"
+        "def _slow(name):\n    if name == 'slow-dns.test':\n"
+        f"        open({str(entered)!r}, 'w').close()\n        time.sleep(120)\n    return _real(name)\n"
+        "socket.gethostbyname = _slow\n")
+    spec_path, key_path = tmp_path / "spec.json", tmp_path / "key"
+    spec_path.write_text(json.dumps(spec_json(ServerSpec("command", "m", command=("true", "{port}")))))
+    key_path.write_text("k" * 32)
+    key_path.chmod(0o600)
+    paths = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
+    proc = subprocess.Popen([sys.executable, "-m", "orchestra.serving.agent", "--spec", str(spec_path), "--name", "m",
+                             "--index", "0", "--log", str(tmp_path / "replica.log"), "--status",
+                             str(tmp_path / "status.json"), "--heartbeat", str(tmp_path / "heartbeat"),
+                             "--owner-host", "slow-dns.test"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            env={**os.environ, KEY_FILE_ENV: str(key_path), "PYTHONPATH": paths})
+    try:
+        wait_for(entered.exists, 30, "the agent to ask the resolver")
+        proc.terminate()
+        t0 = time.monotonic()
+        proc.wait(timeout=10)
+        assert time.monotonic() - t0 < 3 and proc.returncode == 3
+        assert not (tmp_path / "status.json").exists()  # stopped, as while starting: no failed status
+    finally:
+        proc.kill()
+        proc.wait()

@@ -36,14 +36,14 @@ def call(argv: Sequence[str], timeout_s: float, abort: threading.Event | None = 
 
     ``stop_on``: once a line of the client's stderr holds one of these (e.g. a client about to sleep
     and ask again by itself), its group is killed at once and the call returns what it printed
-    (``returncode`` then is -9, unless it had ended); ``abort`` is not watched then."""
+    (``returncode`` then is -9, unless it had ended)."""
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
                                 text=True, errors="replace", start_new_session=True)
     except OSError as exc:
         raise CallError(f"cannot run {argv[0]}: {exc}") from None
     if stop_on:
-        return _call_watching(proc, list(argv), timeout_s, stop_on)
+        return _call_watching(proc, list(argv), timeout_s, stop_on, abort, abort_grace_s)
     deadline = time.monotonic() + timeout_s
     aborted_at: float | None = None
     while True:
@@ -61,34 +61,47 @@ def call(argv: Sequence[str], timeout_s: float, abort: threading.Event | None = 
             raise CallTimeout(aborted=now < deadline) from None
 
 
-def _call_watching(proc: subprocess.Popen[str], argv: list[str], timeout_s: float,
-                   stop_on: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    """``call``'s wait when a line of stderr may stop the client: both pipes read line by line."""
+def _call_watching(proc: subprocess.Popen[str], argv: list[str], timeout_s: float, stop_on: Sequence[str],
+                   abort: threading.Event | None, abort_grace_s: float) -> subprocess.CompletedProcess[str]:
+    """``call``'s wait when a line of stderr may stop the client: both pipes read line by line,
+    the deadline and ``abort`` watched as ``call`` does (until both pipes are closed, as
+    ``communicate`` waits: a grandchild that keeps them open is killed with the group at the deadline)."""
     out: list[str] = []
     err: list[str] = []
+
+    def kill() -> None:
+        if proc.returncode is None or any(r.is_alive() for r in readers):  # the group may outlive its leader
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
     def read(stream: IO[str], lines: list[str], watch: bool) -> None:
         for line in stream:
             lines.append(line)
             if watch and any(marker in line for marker in stop_on):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(proc.pid, signal.SIGKILL)
+                kill()
 
     assert proc.stdout is not None and proc.stderr is not None
     readers = [threading.Thread(target=read, args=(proc.stdout, out, False), daemon=True),
                threading.Thread(target=read, args=(proc.stderr, err, True), daemon=True)]
     for reader in readers:
         reader.start()
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-        raise CallTimeout(aborted=False) from None
-    finally:
-        for reader in readers:
-            reader.join(timeout=5)  # a grandchild that left the group may hold a pipe: bounded
+    deadline = time.monotonic() + timeout_s
+    aborted_at: float | None = None
+    while proc.poll() is None or any(r.is_alive() for r in readers):
+        if proc.returncode is None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.1)
+        else:
+            time.sleep(0.05)  # the client ended; its output is still open
+        now = time.monotonic()
+        if abort is not None and aborted_at is None and abort.is_set():
+            aborted_at = now
+        if now >= deadline or (aborted_at is not None and now - aborted_at >= abort_grace_s):
+            kill()
+            proc.wait()
+            for reader in readers:
+                reader.join(timeout=5)  # a grandchild that left the group may hold a pipe: bounded
+            raise CallTimeout(aborted=now < deadline) from None
     return subprocess.CompletedProcess(argv, proc.returncode, "".join(out), "".join(err))
 
 

@@ -69,3 +69,26 @@ def test_stop_on_that_never_shows_changes_nothing_and_the_deadline_holds() -> No
     with pytest.raises(CallTimeout):
         call(["sh", "-c", "sleep 300"], 0.5, stop_on=("retrying",))
     assert time.monotonic() - t0 < 5
+
+
+def test_a_stop_ends_a_call_watching_for_a_line_too() -> None:
+    """With ``stop_on`` the stop was not watched: Ctrl-C waited for the client's whole deadline."""
+    stop = threading.Event()
+    threading.Timer(0.2, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(CallTimeout) as info:
+        call(["sleep", "300"], 20, abort=stop, abort_grace_s=0.3, stop_on=("retrying",))
+    assert info.value.aborted and time.monotonic() - t0 < 5
+
+
+@pytest.mark.parametrize("stop_on", [(), ("retrying",)])
+def test_a_grandchild_holding_the_pipes_is_killed_at_the_deadline(tmp_path: Path, stop_on: tuple[str, ...]) -> None:
+    """The client ends but leaves a child that keeps its output open: both ways of calling wait for
+    the output to end until the deadline, then kill the group (with ``stop_on`` the call returned
+    after 10 s of joins and left the grandchild running)."""
+    pidfile = tmp_path / "grandchild"
+    t0 = time.monotonic()
+    with pytest.raises(CallTimeout) as info:
+        call(["sh", "-c", f"sleep 300 & echo $! > {pidfile}; echo started"], 1.5, stop_on=stop_on)
+    assert not info.value.aborted and time.monotonic() - t0 < 8
+    wait_for(lambda: not alive(int(pidfile.read_text())), 5, "the grandchild killed with its group")

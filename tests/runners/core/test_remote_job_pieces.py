@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestra.privdir import UnsafeFolderError
 from orchestra.runners.core import shell
 from orchestra.runners.core.client import CLIClient
 from orchestra.runners.core.envfile import remove_env_file, source_lines, write_env_file
@@ -52,6 +53,17 @@ def test_env_file_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         write_env_file(str(path), ["A"], {"A": "1"})
     assert target.read_text() == "keep"
+
+
+def test_env_file_refuses_a_name_that_is_not_an_identifier(tmp_path: Path) -> None:
+    """Names are written unquoted (``export NAME=...``): 'A;touch X' ran touch where it was sourced."""
+    marker = tmp_path / "ran"
+    path = tmp_path / "private" / "s.env"
+    with pytest.raises(ValueError, match="must be identifiers"):
+        write_env_file(str(path), [f"A;touch {marker};B"], {f"A;touch {marker};B": "1"})
+    if path.exists():
+        subprocess.run(["sh", "-c", f". {shlex.quote(str(path))}"], capture_output=True, check=False)
+    assert not marker.exists()
 
 
 # -- the CLI client ---------------------------------------------------------------------------------------
@@ -151,3 +163,22 @@ def test_exit_file_that_is_missing_or_garbled_is_no_code(tmp_path: Path) -> None
     assert shell.read_exit_file(str(tmp_path / "g")) is None
     (tmp_path / "n").write_text("-9\n")
     assert shell.read_exit_file(str(tmp_path / "n")) == -9
+
+
+def test_env_file_folder_planted_as_a_link_is_refused_and_its_parent_closed(tmp_path: Path) -> None:
+    """Another user who may write the folder above (``<run>/dlc``, made with the umask) plants
+    ``private`` as a link to a folder of ours: it was followed (chmod 0700, the secret written
+    there).  Now it is refused; and once written, the folder above is not writable by group or
+    others, so nobody can swap ``private`` before the job sources the file."""
+    dlc = tmp_path / "dlc"
+    dlc.mkdir()
+    dlc.chmod(0o777)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o755)
+    (dlc / "private").symlink_to(elsewhere)  # who owns the link does not matter: a link is never followed
+    with pytest.raises(UnsafeFolderError, match=f"^{dlc / 'private'} is a symbolic link: the variables of forward_env"):
+        write_env_file(str(dlc / "private" / "infer.env"), ["A"], {"A": "secret"})
+    assert list(elsewhere.iterdir()) == [] and elsewhere.stat().st_mode & 0o777 == 0o755
+    (dlc / "private").unlink()
+    write_env_file(str(dlc / "private" / "infer.env"), ["A"], {"A": "secret"})
+    assert dlc.stat().st_mode & 0o777 == 0o755 and (dlc / "private").stat().st_mode & 0o777 == 0o700
