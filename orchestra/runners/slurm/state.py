@@ -3,8 +3,9 @@ cancel them.
 
 One ``squeue -h -t all -j IDS`` call answers for many jobs (finished jobs stay visible for
 ``MinJobAge`` seconds); ``sacct``'s failure ("accounting storage is disabled") is an answer, not
-an error.  ``cancel_and_wait`` is how both launchers stop jobs: ``core.stopping.stop_and_confirm``
-with ``scancel`` to stop and ``squeue`` to confirm.
+an error.  Every client call goes through ``CLIENT`` (``core.client.CLIClient``: bounded, counted by
+verb, each failure one ``SlurmCommandError``).  ``cancel_and_wait`` is how both launchers stop
+jobs: ``core.stopping.stop_and_confirm`` with ``scancel`` to stop and ``squeue`` to confirm.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from orchestra.runners.core.cli import CallError, CallTimeout, call
+from orchestra.runners.core.client import CLIClient
 from orchestra.runners.core.contract import Exit
 from orchestra.runners.core.proc import describe_status, signal_name
 from orchestra.runners.core.stopping import stop_and_confirm
@@ -60,17 +61,16 @@ class SlurmCommandError(RuntimeError):
     """A Slurm client command failed in a way that says nothing about the jobs."""
 
 
+#: every Slurm client call of this process: unpaced (slurmctld has no per-user rate), bounded, counted
+CLIENT = CLIClient("slurm", "slurm", SLURM_CALL_TIMEOUT_S, None, None, SlurmCommandError, timeout_name="")
+
+
 def run_client(argv: list[str]) -> subprocess.CompletedProcess[str]:
     """Run a Slurm client command (argv, no shell), bounded by ``SLURM_CALL_TIMEOUT_S``.
 
     Raises ``SlurmCommandError`` when it cannot be started or does not answer in time.
     """
-    try:
-        return call(argv, SLURM_CALL_TIMEOUT_S)  # its process group is killed on the deadline
-    except CallError as exc:
-        raise SlurmCommandError(str(exc)) from None
-    except CallTimeout:
-        raise SlurmCommandError(f"{argv[0]}: no answer within {SLURM_CALL_TIMEOUT_S:g} s") from None
+    return CLIENT.call(argv[0], argv)  # its process group is killed on the deadline
 
 
 def _expand_pending(line_id: str) -> list[str]:
