@@ -11,7 +11,6 @@ jobs: ``core.stopping.stop_and_confirm`` with ``scancel`` to stop and ``squeue``
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -61,16 +60,10 @@ class SlurmCommandError(RuntimeError):
     """A Slurm client command failed in a way that says nothing about the jobs."""
 
 
-#: every Slurm client call of this process: unpaced (slurmctld has no per-user rate), bounded, counted
+#: every squeue / sacct / scancel call of this process: unpaced (slurmctld sets no per-user rate),
+#: bounded by ``SLURM_CALL_TIMEOUT_S`` (its process group is killed then), counted by verb;
+#: ``SlurmCommandError`` when a call cannot start or does not answer in time
 CLIENT = CLIClient("slurm", "slurm", SLURM_CALL_TIMEOUT_S, None, None, SlurmCommandError, timeout_name="")
-
-
-def run_client(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run a Slurm client command (argv, no shell), bounded by ``SLURM_CALL_TIMEOUT_S``.
-
-    Raises ``SlurmCommandError`` when it cannot be started or does not answer in time.
-    """
-    return CLIENT.call(argv[0], argv)  # its process group is killed on the deadline
 
 
 def _expand_pending(line_id: str) -> list[str]:
@@ -103,7 +96,7 @@ def parse_squeue(text: str) -> dict[str, SlurmJobState]:
 
 def _squeue(args: list[str]) -> str:
     """squeue's output for these selection and format options, every state ("Invalid job id": none)."""
-    res = run_client(["squeue", "-h", "-t", "all", *args])
+    res = CLIENT.call("squeue", ["squeue", "-h", "-t", "all", *args])
     if res.returncode != 0 and "Invalid job id" not in res.stderr:  # every id asked about is unknown
         raise SlurmCommandError(f"squeue failed (exit {res.returncode}): {res.stderr.strip()}")
     return res.stdout if res.returncode == 0 else ""
@@ -135,7 +128,7 @@ def sacct(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
     if not ids:
         return {}
     try:
-        res = run_client(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
+        res = CLIENT.call("sacct", ["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
     except SlurmCommandError:
         return {}
     if res.returncode != 0:
@@ -156,7 +149,7 @@ def scancel(job_ids: Iterable[str]) -> None:
     ids = sorted(set(job_ids))
     if ids:
         try:
-            run_client(["scancel", *ids])
+            CLIENT.call("scancel", ["scancel", *ids])
         except SlurmCommandError:
             pass  # the caller waits and checks squeue; a failed scancel shows there
 
