@@ -4,7 +4,8 @@
 A line is appended (and fsynced) *before* each step that the record must survive: ``submitting``
 before the submit call (``dlc submit``, ``sbatch``), ``submitted`` with the job id before the id is
 used for anything, ``stop_sent`` before a stop, then ``stopped`` / ``ended`` once the cluster shows
-the job over.  A later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the
+the job over (``record_stop`` writes a stop's lines for every backend; a full disk never keeps a
+stop from going out).  A later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the
 lines into one state per job name (:meth:`Ledger.jobs`) and stops or adopts every job not known to
 be over (a job still running the very spec of a task it runs is adopted: ``spec_digest``).
 
