@@ -4,7 +4,8 @@
 A line is appended (and fsynced) *before* each step that the record must survive: ``submitting``
 before the submit call (``dlc submit``, ``sbatch``), ``submitted`` with the job id before the id is
 used for anything, ``stop_sent`` before a stop, then ``stopped`` / ``ended`` once the cluster shows
-the job over.  A later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the
+the job over (``record_stop`` writes a stop's lines for every backend; a full disk never keeps a
+stop from going out).  A later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the
 lines into one state per job name (:meth:`Ledger.jobs`) and stops or adopts every job not known to
 be over (a job still running the very spec of a task it runs is adopted: ``spec_digest``).
 
@@ -17,9 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -78,6 +80,14 @@ class Ledger:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    def record_anyway(self, state: str, name: str, what: str, **fields: Any) -> None:
+        """``record``, for a line that must not hold up what follows it (a stop goes out even when
+        the ledger cannot be written, e.g. a full disk): a failure is one warning naming ``what``."""
+        try:
+            self.record(state, name, **fields)
+        except OSError as exc:
+            print(f"orchestra: warning: cannot record {state} of {what} in {self.path}: {exc}", file=sys.stderr)
 
     def claim(self, names: list[str]) -> list[str]:
         """Claim these job names for the caller; the ones no launch of this process had claimed yet."""
@@ -145,3 +155,30 @@ def triage(known: Sequence[JobRecord], seen: Mapping[str, Seen], wanted: Mapping
         else:
             stop.append(rec)
     return over, adopt, stop
+
+
+def record_stop(ledger: Ledger | None, jobs: Mapping[str, tuple[str, Mapping[str, Any]]], reason: str,
+                stop: Callable[[], Mapping[str, tuple[str, Mapping[str, Any]]]]) -> dict[str, str]:
+    """Stop jobs with the ledger's lines around the stop: ``stop_sent`` (with ``reason``) for every
+    job before ``stop`` runs, then the outcome ``stop`` gives each (``stopped``, ``stop_acknowledged``
+    or ``stop_unconfirmed``: ``core.stop_each.outcome``).  A line that cannot be written is a warning.
+
+    Args:
+        ledger: where to record (None: nowhere; the stop still runs).
+        jobs: job name -> (what warnings call it, the fields every line of it carries).
+        stop: stops them all; job name -> (its outcome, more fields of that line).
+
+    Returns:
+        each job's outcome by name (``stop_unconfirmed`` where ``stop`` gave none).
+    """
+    if ledger is not None:
+        for name, (what, fields) in jobs.items():
+            ledger.record_anyway("stop_sent", name, what, **fields, reason=reason)
+    outcomes = stop()
+    words = {name: outcomes[name][0] if name in outcomes else "stop_unconfirmed" for name in jobs}
+    if ledger is not None:
+        for name, (what, fields) in jobs.items():
+            more = outcomes[name][1] if name in outcomes else {}
+            ledger.record_anyway(words[name], name, what, **fields, **more)
+    return words
+

@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from orchestra.paths import RunPaths
 from orchestra.runners.core.contract import Exit, Job, NoResources, Session
 from orchestra.runners.core.envfile import remove_env_file
-from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, spec_digest, triage
+from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, spec_digest
+from orchestra.runners.core.recovery import recover_left
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.dlc.cli import DLCClient, DLCError, DLCJobStatus
@@ -199,17 +200,18 @@ class DLCSession(Session):
     # -- what an earlier orchestrator left (-r) ------------------------------------------------------
     def recover(self, tasks: list[TaskSpec], stage: str | None) -> None:
         """Adopt or stop the jobs of ``stage`` (None: of every stage) that the ledger shows possibly
-        alive and no launch of this process handles: an earlier orchestrator's.  A job still running
-        the spec of one of ``tasks`` is kept for that task's first attempt; any other is stopped."""
-        assert self.pool is not None
-        track, client = self.track, self.client
-        interrupted, alive = track.ledger.left_behind(stage)
-        for rec in interrupted:  # killed inside dlc submit: the id is unknown
-            track.ledger.record("submit_unknown", rec.name, task_id=rec.task_id, stage=rec.stage)
-            print(f"orchestra: warning: the submission of DLC job {rec.name} was interrupted before its id "
-                  "was known; if DLC created it, stop it in the console", file=sys.stderr)
-        if not alive:
-            return
+        alive and no launch of this process handles: an earlier orchestrator's (``core.recovery``).
+        A job still running the spec of one of ``tasks`` is kept for that task's first attempt; any
+        other is stopped."""
+        pool, track, client = self.pool, self.track, self.client
+        assert pool is not None
+        infos: dict[str, DLCJobStatus | None] = {}
+
+        def interrupted(records: list[JobRecord]) -> None:
+            for rec in records:  # killed inside dlc submit: the id is unknown
+                track.ledger.record("submit_unknown", rec.name, task_id=rec.task_id, stage=rec.stage)
+                print(f"orchestra: warning: the submission of DLC job {rec.name} was interrupted before its id "
+                      "was known; if DLC created it, stop it in the console", file=sys.stderr)
 
         def look(rec: JobRecord) -> DLCJobStatus | None:
             try:
@@ -217,14 +219,16 @@ class DLCSession(Session):
             except DLCError:
                 return None
 
-        infos = dict(zip((r.name for r in alive), self.pool.map(look, alive)))
-        seen: dict[str, Seen] = {name: None if info is None else "over" if info.terminal else
-                                 "ending" if info.status == "Stopping" else "alive" for name, info in infos.items()}
-        over, adopt, to_stop = triage(alive, seen, {t.task_id: spec_digest(t) for t in tasks})
-        for rec in over:
+        def see(known: list[JobRecord]) -> dict[str, Seen]:
+            infos.update(zip((r.name for r in known), pool.map(look, known)))
+            return {r.name: None if (info := infos[r.name]) is None else "over" if info.terminal else
+                    "ending" if info.status == "Stopping" else "alive" for r in known}
+
+        def ended(rec: JobRecord) -> None:
             info = infos[rec.name]
             assert info is not None
             track.record("ended", orphan(rec), status=info.status, reason_code=info.reason_code)
+
+        adopt = recover_left(track.ledger, stage, tasks, see, interrupted=interrupted, ended=ended,
+                             stop=lambda records, why: track.stop([orphan(r) for r in records], why))
         self.adopt.update({rec.task_id: (rec, info) for rec in adopt if (info := infos[rec.name]) is not None})
-        if to_stop:
-            track.stop([orphan(r) for r in to_stop], "left by an earlier orchestrator of this run folder, not needed")

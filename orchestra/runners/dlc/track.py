@@ -18,7 +18,7 @@ from typing import Any
 
 from orchestra.events import EventLog
 from orchestra.runners.core.contract import Exit
-from orchestra.runners.core.ledger import Ledger
+from orchestra.runners.core.ledger import Ledger, record_stop
 from orchestra.runners.core.run import note
 from orchestra.runners.core.shell import read_exit_file
 from orchestra.runners.core.stop_each import UNKNOWN, outcome, stop_each
@@ -44,7 +44,7 @@ class Tracker:
 
     def submit(self, h: DLCJob) -> Exit | None:
         """Submit the job (its turn at the shared rate first); an ``Exit`` when that failed."""
-        self.client.limiter.acquire()
+        self.client.take_turn()
         self.ledger.claim([h.name])  # this launch's job: no other launch of this process touches it
         self.record("submitting", h)
         try:
@@ -167,16 +167,13 @@ class Tracker:
                 note(h.log_path, "\n".join(lines) + "\n")
 
     def record(self, state: str, h: DLCJob, **fields: Any) -> None:
-        self.ledger.record(state, h.name, task_id=h.task_id, stage=h.stage, attempt=h.attempt, seq=h.seq,
-                            digest=h.digest, job_id=h.job_id or "", **fields)
+        self.ledger.record(state, h.name, **self._fields(h), **fields)
 
-    def _record_anyway(self, state: str, h: DLCJob, **fields: Any) -> None:
-        """A stop goes out even when the ledger cannot be written (a full disk): say so, go on."""
-        try:
-            self.record(state, h, **fields)
-        except OSError as exc:
-            print(f"orchestra: warning: cannot record {state} of DLC job {h.job_id} in {self.ledger.path}: {exc}",
-                  file=sys.stderr)
+    @staticmethod
+    def _fields(h: DLCJob) -> dict[str, Any]:
+        """What every ledger line of the job carries."""
+        return {"task_id": h.task_id, "stage": h.stage, "attempt": h.attempt, "seq": h.seq, "digest": h.digest,
+                "job_id": h.job_id or ""}
 
     def emit(self, event: str, h: DLCJob, **fields: Any) -> None:
         self.events.emit(event, task_id=h.task_id, stage=h.stage, attempt=h.attempt, name=h.name, **fields)
@@ -188,21 +185,26 @@ class Tracker:
         ``stop_unconfirmed`` (no answer that shows either)."""
         for h in handles:
             h.stop_reason = reason
-            self._record_anyway("stop_sent", h, reason=reason)
-        status = stop_each([h.job_id for h in handles if h.job_id], self.client.stop,
-                           lambda job_id: self.client.get(job_id, urgent=True).status, terminal=TERMINAL,
-                           ending={"Stopping"}, errors=(DLCError,), timeout_s=self.t.cancel_timeout_s,
-                           resend_after_s=RESTOP_AFTER_S, poll_s=_CONFIRM_POLL_S, concurrency=STOP_CONCURRENCY,
-                           name="dlc")
+        seen: dict[str, str] = {}
+
+        def stop() -> dict[str, tuple[str, dict[str, Any]]]:
+            status = stop_each([h.job_id for h in handles if h.job_id], self.client.stop,
+                               lambda job_id: self.client.get(job_id, urgent=True).status, terminal=TERMINAL,
+                               ending={"Stopping"}, errors=(DLCError,), timeout_s=self.t.cancel_timeout_s,
+                               resend_after_s=RESTOP_AFTER_S, poll_s=_CONFIRM_POLL_S,
+                               concurrency=STOP_CONCURRENCY, name="dlc")
+            seen.update({h.name: status.get(h.job_id or "", UNKNOWN) for h in handles})
+            return {name: (outcome(state, TERMINAL, {"Stopping"}), {"status": state, "reason": reason})
+                    for name, state in seen.items()}
+
+        outcomes = record_stop(self.ledger, {h.name: (f"DLC job {h.job_id}", self._fields(h)) for h in handles},
+                               reason, stop)
         unconfirmed = []
         for h in handles:
-            seen = status.get(h.job_id or "", UNKNOWN)
-            state = outcome(seen, TERMINAL, {"Stopping"})
-            h.over = state == "stopped"
-            self._record_anyway(state, h, status=seen, reason=reason)
-            self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=seen, confirmed=h.over)
-            self.log(h, [f"===== dlc: stopped job {h.job_id} ({reason}); the service shows it {seen}"])
-            if state == "stop_unconfirmed":
+            h.over = outcomes[h.name] == "stopped"
+            self.emit("dlc_stopped", h, job_id=h.job_id, reason=reason, status=seen[h.name], confirmed=h.over)
+            self.log(h, [f"===== dlc: stopped job {h.job_id} ({reason}); the service shows it {seen[h.name]}"])
+            if outcomes[h.name] == "stop_unconfirmed":
                 unconfirmed.append(str(h.job_id))
         if unconfirmed:
             print(f"orchestra: warning: DLC job(s) {', '.join(unconfirmed)} not shown over "

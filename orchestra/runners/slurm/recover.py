@@ -3,8 +3,9 @@
 sbatch jobs outlive the orchestrator that submitted them (srun jobs do not: each srun gets
 SIGTERM when the orchestrator dies and cancels its job).  Every sbatch job is in the run
 folder's ledger (``<run>/slurm/jobs.jsonl``, ``core.ledger``) before its id is relied on; a new
-launch of the same stage reads it: a job still alive that runs the very spec of one of its tasks
-is adopted by that task's first attempt (no second submission), any other is cancelled.
+launch of the same stage reads it (``core.recovery.recover_left``: the steps and the rule every
+backend shares): a job still alive that runs the very spec of one of its tasks is adopted by that
+task's first attempt (no second submission), any other is cancelled.
 """
 
 from __future__ import annotations
@@ -12,45 +13,46 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
-from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, spec_digest, triage
-from orchestra.runners.slurm.state import SlurmCommandError, cancel_and_wait, squeue, squeue_by_name
+from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, record_stop
+from orchestra.runners.core.recovery import recover_left
+from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, cancel_and_wait, squeue, squeue_by_name
 from orchestra.tasks.spec import TaskSpec
 
 
 def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float) -> dict[str, JobRecord]:
     """Adopt or cancel the jobs of this launch's stage that the ledger shows possibly alive and no
-    launch of this process handles; returns the adopted ones by task id."""
+    launch of this process handles (``core.recovery``); returns the adopted ones by task id."""
     if not tasks:
         return {}
-    interrupted, known = ledger.left_behind(tasks[0].stage)
-    _cancel_unknown(interrupted, ledger, cancel_timeout_s)
-    if not known:
-        return {}
-    try:
-        states = squeue(r.job_id for r in known)
-    except SlurmCommandError:
-        states = {}
-    seen: dict[str, Seen] = {r.name: None if r.job_id not in states else "over" if states[r.job_id].terminal
-                             else "alive" for r in known}
-    over, adopt, stop = triage(known, seen, {t.task_id: spec_digest(t) for t in tasks})
-    for rec in over:
-        ledger.record("ended", rec.name, job_id=rec.job_id, slurm_state=states[rec.job_id].state)
-    cancel_records(stop, ledger, cancel_timeout_s, "left by an earlier orchestrator of this run folder, not needed")
+    states: dict[str, SlurmJobState] = {}
+
+    def see(known: list[JobRecord]) -> dict[str, Seen]:
+        try:
+            states.update(squeue(r.job_id for r in known))
+        except SlurmCommandError:
+            pass  # no answer: those jobs are cancelled
+        return {r.name: None if r.job_id not in states else "over" if states[r.job_id].terminal else "alive"
+                for r in known}
+
+    adopt = recover_left(
+        ledger, tasks[0].stage, tasks, see,
+        interrupted=lambda records: _cancel_unknown(records, ledger, cancel_timeout_s),
+        ended=lambda rec: ledger.record("ended", rec.name, job_id=rec.job_id, slurm_state=states[rec.job_id].state),
+        stop=lambda records, why: cancel_records(records, ledger, cancel_timeout_s, why))
     return {rec.task_id: rec for rec in adopt}
 
 
 def cancel_records(records: Sequence[JobRecord], ledger: Ledger | None, timeout_s: float, why: str) -> None:
     """scancel these jobs, recorded (when there is a ledger) before (``stop_sent``) and after
-    (``stopped`` once squeue agrees, else ``stop_unconfirmed``)."""
+    (``stopped`` once squeue agrees, else ``stop_unconfirmed``): ``core.ledger.record_stop``."""
     if not records:
         return
-    if ledger is not None:
-        for rec in records:
-            ledger.record("stop_sent", rec.name, job_id=rec.job_id, reason=why)
-    gone = cancel_and_wait([r.job_id for r in records], timeout_s)
-    if ledger is not None:
-        for rec in records:
-            ledger.record("stopped" if gone else "stop_unconfirmed", rec.name, job_id=rec.job_id)
+
+    def stop() -> dict[str, tuple[str, dict[str, object]]]:
+        gone = cancel_and_wait([r.job_id for r in records], timeout_s)
+        return {r.name: ("stopped" if gone else "stop_unconfirmed", {}) for r in records}
+
+    record_stop(ledger, {r.name: (f"Slurm job {r.job_id}", {"job_id": r.job_id}) for r in records}, why, stop)
 
 
 def _cancel_unknown(records: list[JobRecord], ledger: Ledger, timeout_s: float) -> None:

@@ -3,18 +3,18 @@ cancel them.
 
 One ``squeue -h -t all -j IDS`` call answers for many jobs (finished jobs stay visible for
 ``MinJobAge`` seconds); ``sacct``'s failure ("accounting storage is disabled") is an answer, not
-an error.  ``cancel_and_wait`` is how both launchers stop jobs: ``core.stopping.stop_and_confirm``
-with ``scancel`` to stop and ``squeue`` to confirm.
+an error.  Every client call goes through ``CLIENT`` (``core.client.CLIClient``: bounded, counted by
+verb, each failure one ``SlurmCommandError``).  ``cancel_and_wait`` is how both launchers stop
+jobs: ``core.stopping.stop_and_confirm`` with ``scancel`` to stop and ``squeue`` to confirm.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from orchestra.runners.core.cli import CallError, CallTimeout, call
+from orchestra.runners.core.client import CLIClient
 from orchestra.runners.core.contract import Exit
 from orchestra.runners.core.proc import describe_status, signal_name
 from orchestra.runners.core.stopping import stop_and_confirm
@@ -60,17 +60,10 @@ class SlurmCommandError(RuntimeError):
     """A Slurm client command failed in a way that says nothing about the jobs."""
 
 
-def run_client(argv: list[str]) -> subprocess.CompletedProcess[str]:
-    """Run a Slurm client command (argv, no shell), bounded by ``SLURM_CALL_TIMEOUT_S``.
-
-    Raises ``SlurmCommandError`` when it cannot be started or does not answer in time.
-    """
-    try:
-        return call(argv, SLURM_CALL_TIMEOUT_S)  # its process group is killed on the deadline
-    except CallError as exc:
-        raise SlurmCommandError(str(exc)) from None
-    except CallTimeout:
-        raise SlurmCommandError(f"{argv[0]}: no answer within {SLURM_CALL_TIMEOUT_S:g} s") from None
+#: every squeue / sacct / scancel call of this process: unpaced (slurmctld sets no per-user rate),
+#: bounded by ``SLURM_CALL_TIMEOUT_S`` (its process group is killed then), counted by verb;
+#: ``SlurmCommandError`` when a call cannot start or does not answer in time
+CLIENT = CLIClient("slurm", "slurm", SLURM_CALL_TIMEOUT_S, None, None, SlurmCommandError, timeout_name="")
 
 
 def _expand_pending(line_id: str) -> list[str]:
@@ -103,7 +96,7 @@ def parse_squeue(text: str) -> dict[str, SlurmJobState]:
 
 def _squeue(args: list[str]) -> str:
     """squeue's output for these selection and format options, every state ("Invalid job id": none)."""
-    res = run_client(["squeue", "-h", "-t", "all", *args])
+    res = CLIENT.call("squeue", ["squeue", "-h", "-t", "all", *args])
     if res.returncode != 0 and "Invalid job id" not in res.stderr:  # every id asked about is unknown
         raise SlurmCommandError(f"squeue failed (exit {res.returncode}): {res.stderr.strip()}")
     return res.stdout if res.returncode == 0 else ""
@@ -135,7 +128,7 @@ def sacct(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
     if not ids:
         return {}
     try:
-        res = run_client(["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
+        res = CLIENT.call("sacct", ["sacct", "-n", "-P", "-X", "-j", ",".join(ids), "-o", "JobID,State,ExitCode"])
     except SlurmCommandError:
         return {}
     if res.returncode != 0:
@@ -156,7 +149,7 @@ def scancel(job_ids: Iterable[str]) -> None:
     ids = sorted(set(job_ids))
     if ids:
         try:
-            run_client(["scancel", *ids])
+            CLIENT.call("scancel", ["scancel", *ids])
         except SlurmCommandError:
             pass  # the caller waits and checks squeue; a failed scancel shows there
 

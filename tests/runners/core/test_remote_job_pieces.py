@@ -80,6 +80,21 @@ def test_client_counts_calls_and_names_the_call_not_its_argv(tmp_path: Path) -> 
     assert client.calls == {"get": 2, "stop": 1}
 
 
+def test_unpaced_client_keeps_stdout_and_stderr_apart_and_names_its_fixed_bound() -> None:
+    client = CLIClient("slurm", "slurm-test", timeout_s=0.5, max_calls_per_s=None, abort=None, error=ServiceError,
+                       timeout_name="")
+    assert client.limiter is None
+    started = time.monotonic()
+    for _ in range(12):  # more than any bucket's burst: nothing waits its turn
+        res = client.call("squeue", ["sh", "-c", "echo out; echo err >&2; exit 3"])
+        assert (res.returncode, res.stdout, res.stderr) == (3, "out\n", "err\n")
+    assert time.monotonic() - started < 5
+    with pytest.raises(ServiceError) as info:
+        client.call("scancel", ["sleep", "30"])
+    assert str(info.value) == "slurm scancel did not answer within 0.5 s; killed it and its child processes"
+    assert client.calls == {"squeue": 12, "scancel": 1}
+
+
 def test_client_gives_up_an_abortable_call_after_a_stop_but_not_another() -> None:
     abort = threading.Event()
     client = CLIClient("svc", ("svc", "abort"), timeout_s=30, max_calls_per_s=100, abort=abort, error=ServiceError,

@@ -114,8 +114,12 @@ def test_cancels_real_jobs_by_id_and_by_name(slurm_cluster: SlurmCluster) -> Non
     prefix = f"orc-test-{uuid.uuid4().hex[:8]}"
     by_id = [_sbatch_sleep(f"{prefix}-a"), _sbatch_sleep(f"{prefix}-b")]
     by_name = _sbatch_sleep(f"{prefix}-c")
+    before = dict(slurm_state.CLIENT.calls)
     t0 = time.monotonic()
     assert cancel_and_wait(by_id, timeout_s=30) is True
     assert cancel_and_wait([], timeout_s=30, names=[f"{prefix}-c"]) is True
     assert time.monotonic() - t0 < 15
+    # every Slurm call went through the one counted client (core.client.CLIClient)
+    assert slurm_state.CLIENT.calls["scancel"] >= before.get("scancel", 0) + 2
+    assert slurm_state.CLIENT.calls["squeue"] >= before.get("squeue", 0) + 2
     assert _states([*by_id, by_name]) == ["CANCELLED"] * 3
