@@ -204,7 +204,9 @@ class LocalSession(Session):
         self.stops.start(jobs, lambda _: stop_groups(procs, grace))
 
     def wait(self, jobs: Sequence[Job], timeout_s: float, stop: threading.Event) -> None:
-        fds = [job.handle.handle.reply_fd for job in jobs if isinstance(job.handle, Worker)]
+        # a job being stopped has its pipe closed already (-1): the plain wait then, or select() fails at once
+        fds = [job.handle.handle.reply_fd for job in jobs
+               if isinstance(job.handle, Worker) and job.handle.handle.reply_fd >= 0]
         if not fds or len(fds) < len(jobs) or any(job.handle.handle.buffer for job in jobs):
             super().wait(jobs, timeout_s, stop)
             return
