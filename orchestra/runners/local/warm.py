@@ -43,10 +43,10 @@ class Pipes:
 
     def start(self, worker: Worker[str], request: Any) -> None:
         """Start the process, with the environment of the task it starts for (``request``)."""
+        log = os.path.join(self.log_dir, f"{worker.name}-{time.time_ns()}.log")
+        os.makedirs(self.log_dir, exist_ok=True)  # before the pipe: a failure here leaves nothing open
         read_fd, write_fd = os.pipe()
         os.set_blocking(read_fd, False)
-        log = os.path.join(self.log_dir, f"{worker.name}-{time.time_ns()}.log")
-        os.makedirs(self.log_dir, exist_ok=True)
         try:
             proc = start_group([sys.executable, "-m", "orchestra.tasks.worker"],
                                {**request, "ORCHESTRA_WORKER_FD": str(write_fd)}, log,

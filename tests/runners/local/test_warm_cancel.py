@@ -41,3 +41,26 @@ def test_wait_between_rounds_does_not_spin_while_a_warm_worker_is_stopped(tmp_pa
         assert rounds <= 6, f"{rounds} rounds in 0.5 s: wait() returned at once instead of waiting"
     finally:
         session.close()
+
+
+def _open_fds() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_worker_that_cannot_start_leaves_no_pipe_open(tmp_path: Path) -> None:
+    """The worker log folder cannot be made (a file is in the way): the job cannot start, said
+    once, and neither end of the pipe made for the worker stays open (both leaked, two per try)."""
+    (tmp_path / "file").write_text("")
+    runner = LocalRunner(max_num_workers=2, reuse_workers=True, kill_grace_s=1.0, gpus=[])
+    session = LocalSession(runner, PipePool(2, 1.0, str(tmp_path / "file" / "workers")))
+    try:
+        before = _open_fds()
+        for i in range(3):
+            job = _job(tmp_path, f"t{i}")
+            refused = session.submit([job])
+            assert list(refused) == [job] and "could not start" in refused[job].reason
+        assert _open_fds() == before
+    finally:
+        session.close()
