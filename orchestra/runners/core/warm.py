@@ -122,7 +122,7 @@ class WarmPool(Generic[K]):
     def start(self, key: K, request: Any = None) -> Worker[K] | None:
         """A new worker of ``key``, room made by stopping a spare one if the pool is full; None if
         there is no room.  Called for a task that asks now, it is busy with it at once (that want is
-        met); an error of the transport's start propagates."""
+        met); an error of the transport's start propagates, the worker stopped if it exists already."""
         while len(self.workers) >= self.max_workers:
             spare = victim(self.workers.values(), self._is_wanted)
             if spare is None:
@@ -132,7 +132,12 @@ class WarmPool(Generic[K]):
             self._wanted[key] = max(0, self._wanted[key] - 1)
         self._started += 1
         worker = Worker(key, f"{self.name_prefix}-w{self._started}", time.monotonic(), busy=request is not None)
-        self.transport.start(worker, request)
+        try:
+            self.transport.start(worker, request)
+        except BaseException:
+            if worker.handle is not None:  # it exists already (an actor whose ledger line failed): stop it
+                self.transport.stop([worker], "could not start")
+            raise
         worker.ident = worker.ident or worker.name
         self.workers[worker.ident] = worker
         return worker

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -13,6 +14,7 @@ from ray import exceptions as rex
 
 from orchestra.events import EventLog, read_events
 from orchestra.runners.core import warm
+from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.ray import pool as ray_pool
 from orchestra.runners.ray.pool import RayPool, WorkerKind
 
@@ -231,3 +233,29 @@ def test_a_node_that_stops_answering_gets_no_new_workers(fake: FakeRay, tmp_path
     assert len(fake.handles) == 6 and "label_selector" not in fake.handles[-1].options
     lost = [e["node_id"] for e in read_events(str(tmp_path / "events.jsonl")) if e["event"] == "node_lost"]
     assert lost == ["n2"]
+
+
+class _FullDiskLedger(Ledger):
+    """The run folder's ledger on a disk that fills between an actor's two lines (a unit test of
+    the start alone: the real disk cannot be filled at that exact moment)."""
+
+    def record(self, state: str, name: str, **fields: Any) -> None:
+        if state == "submitted":
+            raise OSError(28, "No space left on device")
+        super().record(state, name, **fields)
+
+
+def test_an_actor_created_before_its_start_failed_is_not_left_alive(fake: FakeRay, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The actor exists once ``.remote()`` returned; a failure after that (its ``submitted`` line
+    cannot be written) must not leave it alive outside the pool, where nothing ever kills it (the
+    pool's close included: it held a node's CPUs until the process ended)."""
+    monkeypatch.setattr(fake, "get_runtime_context", lambda: SimpleNamespace(namespace="ns"), raising=False)
+    pool = RayPool(2, True, 60.0, EventLog(str(tmp_path / "events.jsonl")), "orc-test",
+                   _FullDiskLedger(str(tmp_path / "ray")))
+    assert pool.take(MODEL_A) is None
+    with pytest.raises(OSError, match="No space"):
+        pool.tick()
+    assert len(fake.handles) == 1
+    pool.close()
+    assert fake.alive() == [], "the actor outlived its failed start and the pool's close"
