@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.runners.core.contract import Exit, Job
-from orchestra.runners.core.proc import start_group, stop_groups
+from orchestra.runners.core.proc import signal_group, start_group, stop_groups
 from orchestra.runners.core.warm import StartFailed, WarmPool, Worker
 
 
@@ -97,8 +98,13 @@ class PipePool:
         request = {"spec": job.command.argv[-1], "log": job.log_path, "env": job.command.env}
         stdin = worker.handle.proc.stdin
         assert stdin is not None
-        stdin.write((json.dumps(request) + "\n").encode())
-        stdin.flush()
+        try:
+            stdin.write((json.dumps(request) + "\n").encode())
+            stdin.flush()
+        except OSError:  # it died since the check above: out of the pool, or it holds a slot busy for ever
+            self.detach([worker])
+            signal_group(worker.handle.proc.pid, signal.SIGKILL)
+            raise
         return worker
 
     def poll(self, worker: Worker[str]) -> Exit | None:

@@ -64,3 +64,41 @@ def test_a_worker_that_cannot_start_leaves_no_pipe_open(tmp_path: Path) -> None:
         assert _open_fds() == before
     finally:
         session.close()
+
+
+def _ended(session: LocalSession, job: Job) -> None:
+    deadline = time.monotonic() + 60
+    while not session.poll([job]):
+        assert time.monotonic() < deadline, "the warm worker never answered"
+        time.sleep(0.02)
+
+
+def test_a_worker_that_died_as_it_was_handed_a_task_does_not_hold_its_slot(tmp_path: Path) -> None:
+    """An idle worker dies between the pool's check and the write of the next request (the write
+    fails: broken pipe).  That task cannot start, said once; the dead worker must not stay in the
+    pool marked busy, where it held one of ``max_workers`` slots for ever and the next task found
+    no room (an AssertionError out of the loop)."""
+    import os
+    import signal
+
+    runner = LocalRunner(max_num_workers=1, reuse_workers=True, kill_grace_s=1.0, gpus=[])
+    pool = PipePool(1, 1.0, str(tmp_path / "workers"))
+    session = LocalSession(runner, pool)
+    try:
+        first = _job(tmp_path, "t0")
+        assert session.submit([first]) == {}
+        _ended(session, first)
+        (worker,) = pool.pool.workers.values()
+        proc = worker.handle.proc
+        os.kill(proc.pid, signal.SIGKILL)
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)  # dead, not reaped yet
+        # the death lands after the pool's check: while another thread reaps, poll() says "running"
+        with proc._waitpid_lock:
+            second = _job(tmp_path, "t1")
+            refused = session.submit([second])
+        assert list(refused) == [second] and "could not start" in refused[second].reason
+        third = _job(tmp_path, "t2")
+        assert session.submit([third]) == {}
+        _ended(session, third)
+    finally:
+        session.close()
