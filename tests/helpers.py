@@ -71,3 +71,17 @@ def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.1) -> A
             return value
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
+
+
+def poll_until_ended(session: Any, jobs: list[Any], timeout_s: float = 90) -> tuple[dict[Any, Any], float]:
+    """Poll a runner session's ``jobs`` until each has ended or ``timeout_s`` passed: what ended
+    (``{job: Exit}``) and the longest one ``poll`` call took (tests of a poll that must not block)."""
+    ended: dict[Any, Any] = {}
+    slowest = 0.0
+    deadline = time.monotonic() + timeout_s
+    while len(ended) < len(jobs) and time.monotonic() < deadline:
+        t0 = time.monotonic()
+        ended.update(session.poll([j for j in jobs if j not in ended]))
+        slowest = max(slowest, time.monotonic() - t0)
+        time.sleep(0.05)
+    return ended, slowest

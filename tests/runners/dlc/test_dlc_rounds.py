@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from dlc_helpers import Double, dlc_runner, write_config
+from helpers import poll_until_ended
 
 from orchestra.events import EventLog
 from orchestra.paths import RunPaths
@@ -78,14 +79,7 @@ def test_poll_never_waits_on_a_slow_dlc_get(double: Double, tmp_path: Path) -> N
                     {}) for t in tasks]
         assert session.submit(jobs) == {}
         double.faults(get_slow_s=3.0)
-        ended: dict[Job, Exit] = {}
-        slowest = 0.0
-        deadline = time.monotonic() + 90
-        while len(ended) < 2 and time.monotonic() < deadline:
-            t0 = time.monotonic()
-            ended.update(session.poll([j for j in jobs if j not in ended]))
-            slowest = max(slowest, time.monotonic() - t0)
-            time.sleep(0.05)
+        ended, slowest = poll_until_ended(session, jobs)
         assert slowest < 1.0, slowest  # a blocking poll takes 3 s (a get) in the rounds that look
         assert len(double.calls("get")) >= 2  # the looks did happen, slowly
         assert set(ended) == set(jobs) and all(e.code == 3 for e in ended.values()), ended

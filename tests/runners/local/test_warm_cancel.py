@@ -20,14 +20,19 @@ def _job(tmp_path: Path, task_id: str) -> Job:
     return Job(task, 0, Command(("python", str(tmp_path / f"{task_id}.py"))), str(tmp_path / f"{task_id}.log"), {})
 
 
+def _warm_session(workers: int, grace_s: float, folder: Path) -> tuple[LocalSession, PipePool]:
+    """A LocalRunner session over a pool of ``workers`` warm worker processes logging under ``folder``."""
+    runner = LocalRunner(max_num_workers=workers, reuse_workers=True, kill_grace_s=grace_s, gpus=[])
+    pool = PipePool(workers, grace_s, str(folder))
+    return LocalSession(runner, pool), pool
+
+
 def test_wait_between_rounds_does_not_spin_while_a_warm_worker_is_stopped(tmp_path: Path) -> None:
     """A cancelled warm job's reply pipe is closed at once, while its process is stopped in the
     background; the loop keeps waiting on it between rounds until the stop ends.  That wait must
     still wait (it returned at once: select() on the closed pipe failed, so the loop spun a core
     for the whole kill grace)."""
-    runner = LocalRunner(max_num_workers=2, reuse_workers=True, kill_grace_s=2.0, gpus=[])
-    pool = PipePool(2, 2.0, str(tmp_path / "workers"))
-    session = LocalSession(runner, pool)
+    session, _ = _warm_session(2, 2.0, tmp_path / "workers")
     try:
         job = _job(tmp_path, "t0")
         assert session.submit([job]) == {}
@@ -53,8 +58,7 @@ def test_a_worker_that_cannot_start_leaves_no_pipe_open(tmp_path: Path) -> None:
     """The worker log folder cannot be made (a file is in the way): the job cannot start, said
     once, and neither end of the pipe made for the worker stays open (both leaked, two per try)."""
     (tmp_path / "file").write_text("")
-    runner = LocalRunner(max_num_workers=2, reuse_workers=True, kill_grace_s=1.0, gpus=[])
-    session = LocalSession(runner, PipePool(2, 1.0, str(tmp_path / "file" / "workers")))
+    session, _ = _warm_session(2, 1.0, tmp_path / "file" / "workers")
     try:
         before = _open_fds()
         for i in range(3):
@@ -81,9 +85,7 @@ def test_a_worker_that_died_as_it_was_handed_a_task_does_not_hold_its_slot(tmp_p
     import os
     import signal
 
-    runner = LocalRunner(max_num_workers=1, reuse_workers=True, kill_grace_s=1.0, gpus=[])
-    pool = PipePool(1, 1.0, str(tmp_path / "workers"))
-    session = LocalSession(runner, pool)
+    session, pool = _warm_session(1, 1.0, tmp_path / "workers")
     try:
         first = _job(tmp_path, "t0")
         assert session.submit([first]) == {}

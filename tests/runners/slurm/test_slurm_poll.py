@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import re
 import shutil
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import poll_until_ended
 from test_slurm_runner import context, tasks
 
 from orchestra.runners.core.command import Command
@@ -21,11 +21,20 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.slurm
 
 
+def slow_squeue(tmp_path: Path, calls: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Put first on PATH a ``squeue`` that notes each call in ``calls``, then sleeps 3 s before the real one."""
+    real = shutil.which("squeue")
+    assert real is not None
+    slow = tmp_path / "bin"
+    slow.mkdir()
+    (slow / "squeue").write_text(f'#!/bin/bash\necho x >> {calls}\nsleep 3\nexec {real} "$@"\n')
+    (slow / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{slow}:{Path(real).parent}:/usr/bin:/bin")
+
+
 def test_poll_never_waits_on_a_slow_squeue(slurm_cluster: SlurmCluster, tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Each ``squeue`` takes 3 s: every poll still returns at once, the jobs end with their own codes."""
-    real = shutil.which("squeue")
-    assert real is not None
     ctx, _ = context(tmp_path)
     specs = tasks(2)
     runner = SlurmRunner(launcher="sbatch", partition=slurm_cluster.default_partition, poll_interval_s=0.2)
@@ -35,19 +44,8 @@ def test_poll_never_waits_on_a_slow_squeue(slurm_cluster: SlurmCluster, tmp_path
         jobs = [Job(t, 1, Command(("bash", "-c", f"sleep 1; exit {code}")), ctx.paths.task_log("infer", t.task_id),
                     {}) for t, code in zip(specs, (3, 5))]
         assert session.submit(jobs) == {}
-        slow = tmp_path / "bin"
-        slow.mkdir()
-        (slow / "squeue").write_text(f'#!/bin/bash\necho x >> {calls}\nsleep 3\nexec {real} "$@"\n')
-        (slow / "squeue").chmod(0o755)
-        monkeypatch.setenv("PATH", f"{slow}:{Path(real).parent}:/usr/bin:/bin")
-        ended: dict[Job, Exit] = {}
-        slowest = 0.0
-        deadline = time.monotonic() + 90
-        while len(ended) < 2 and time.monotonic() < deadline:
-            t0 = time.monotonic()
-            ended.update(session.poll([j for j in jobs if j not in ended]))
-            slowest = max(slowest, time.monotonic() - t0)
-            time.sleep(0.05)
+        slow_squeue(tmp_path, calls, monkeypatch)
+        ended, slowest = poll_until_ended(session, jobs)
         assert slowest < 1.0, slowest  # a poll that runs squeue itself takes 3 s
         assert calls.read_text().count("x") >= 2  # the looks did happen, slowly
         assert {ended.get(j, Exit(-99)).code for j in jobs} == {3, 5}, ended
@@ -60,8 +58,6 @@ def test_srun_poll_never_waits_on_a_slow_squeue(slurm_cluster: SlurmCluster, tmp
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """srun exits 3 and 5 (a plain non-zero code, so squeue is asked how the job ended), each ``squeue``
     takes 3 s: every poll returns at once, each job ends with its own code and its log's reason."""
-    real = shutil.which("squeue")
-    assert real is not None
     ctx, _ = context(tmp_path)
     specs = tasks(2)
     runner = SlurmRunner(launcher="srun", partition=slurm_cluster.default_partition, poll_interval_s=0.1)
@@ -74,20 +70,9 @@ def test_srun_poll_never_waits_on_a_slow_squeue(slurm_cluster: SlurmCluster, tmp
             Path(log).parent.mkdir(parents=True, exist_ok=True)
             runner.template = ["bash", "-c", f"sleep 1; exit {code}", "_", "{task_cmd}"]
             jobs.append(Job(task, 1, runner.get_command(task, str(tmp_path / "spec.json"), {}, 1, log), log, {}))
-        slow = tmp_path / "bin"
-        slow.mkdir()
-        (slow / "squeue").write_text(f'#!/bin/bash\necho x >> {calls}\nsleep 3\nexec {real} "$@"\n')
-        (slow / "squeue").chmod(0o755)
-        monkeypatch.setenv("PATH", f"{slow}:{Path(real).parent}:/usr/bin:/bin")
+        slow_squeue(tmp_path, calls, monkeypatch)
         assert session.submit(jobs) == {}
-        ended: dict[Job, Exit] = {}
-        slowest = 0.0
-        deadline = time.monotonic() + 90
-        while len(ended) < 2 and time.monotonic() < deadline:
-            t0 = time.monotonic()
-            ended.update(session.poll([j for j in jobs if j not in ended]))
-            slowest = max(slowest, time.monotonic() - t0)
-            time.sleep(0.05)
+        ended, slowest = poll_until_ended(session, jobs)
         assert slowest < 1.0, slowest  # a poll that runs squeue itself takes 3 s
         assert calls.exists() and calls.read_text().count("x") >= 1  # Slurm was asked, slowly
         assert [ended[j].code for j in jobs if j in ended] == [3, 5], ended
