@@ -289,13 +289,15 @@ def run(config: Any, *, work_dir: str | None = None, mode: str = "all", reuse: s
 
 def viz(run_dir: str, quiet: bool = False, trace: str | None = None, prices: dict[str, Any] | None = None) -> Run:
     """Rebuild the summary and the report of a run folder from the config that run saved (not
-    the config file as it is now); nothing else in the folder changes."""
+    the config file as it is now); nothing else in the folder changes.  A run folder another user
+    could write is refused (:func:`orchestra.paths.check_run_folder`), as the CLI refuses it."""
     from orchestra.config import load_config, validate
     from orchestra.datasets.info import dataset_infos
-    from orchestra.paths import RunPaths
+    from orchestra.paths import RunPaths, check_run_folder
     from orchestra.planner import make_plan
     from orchestra.summary.epilogue import epilogue
 
+    check_run_folder(run_dir)  # its config.py is loaded and its results read back
     paths = RunPaths(run_dir)
     if not os.path.isfile(paths.config):
         raise UserError(f"--mode viz: {paths.root} holds no config.py (not a run folder of orchestra)")

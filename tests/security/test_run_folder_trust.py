@@ -97,6 +97,18 @@ def test_a_run_folder_others_can_write_is_refused_on_reuse(tmp_path: Path, done_
     assert (run / "events.jsonl").read_bytes() == events  # nothing ran there
 
 
+def test_viz_from_python_refuses_a_run_folder_others_can_write(tmp_path: Path, done_run: tuple[Path, Path]) -> None:
+    """``orchestra.api.viz`` loads the folder's config.py: the Python API checks it as the CLI does."""
+    from orchestra import api
+    from orchestra.privdir import UnsafeFolderError
+
+    _, run = done_run
+    assert api.viz(str(run), quiet=True).exit_code == 0
+    subprocess.run(["chmod", "o+w", str(run)], check=True)
+    with pytest.raises(UnsafeFolderError, match=f"run folder {run} is writable by others"):
+        api.viz(str(run), quiet=True)
+
+
 def test_a_work_dir_others_can_write_is_refused_on_start_and_on_reuse(tmp_path: Path,
                                                                       done_run: tuple[Path, Path]) -> None:
     cfg, run = done_run
