@@ -156,6 +156,24 @@ def test_queue_timeouts_fail_the_task_once_the_budget_is_spent(double: Double, t
     assert len(double.job_ids()) == 2 and not double.alive()  # one infra retry, then failed; eval skipped
 
 
+def test_a_job_the_service_stops_answering_for_is_lost_and_stopped(double: Double, tmp_path: Path) -> None:
+    """``dlc get job`` failing for ``lost_after_s``: the job counts as lost (an infrastructure exit), is
+    stopped, and a stop no answer confirms is recorded and named as such."""
+    double.faults(get_failed_every=1)
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, lost_after_s=1.0, cancel_timeout_s=1.0, infra_retry=0, retry=0),
+                       tasks=1, model=", hang=True")
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 1
+    (job,) = double.job_ids()
+    assert f"FAILED: infer task infer_det_rows (DLC job {job} lost: dlc get job failed for 1 s" in res.stderr
+    assert f"DLC job(s) {job} not shown over 1 s after 'dlc stop job --force'" in res.stderr
+    run = only_run(tmp_path)
+    stops = [(r["state"], r.get("reason")) for r in ledger(run) if r["state"].startswith("stop")]
+    assert stops[:2] == [("stop_sent", "lost: dlc get job kept failing"),
+                         ("stop_unconfirmed", "lost: dlc get job kept failing")]
+    double.wait_for(lambda: not double.alive(), 30, "the stopped job to end")  # the stop was sent
+
+
 @pytest.mark.parametrize("fault", [{"preempt_after_s": 0.6, "reason_code": "PodPreempted"}, {"env_fail": True}])
 def test_platform_failures_are_retried_without_spending_retries(double: Double, tmp_path: Path,
                                                                 fault: dict) -> None:
