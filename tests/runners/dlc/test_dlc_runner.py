@@ -131,6 +131,20 @@ def test_transient_get_answers_are_tolerated(double: Double, tmp_path: Path) -> 
     assert len(double.job_ids()) == 4
 
 
+def test_failing_log_reads_are_read_again_not_the_tasks_failure(double: Double, tmp_path: Path) -> None:
+    """Regression: a ``dlc logs`` failing while the job ran ended the attempt as an internal error
+    (and stopped its job); the same windows are now read again at the next look."""
+    double.faults(logs_failed_every=2)
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, retry=0, infra_retry=0), tasks=1, model=", load_s=2")
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = only_run(tmp_path)
+    assert not task_events(run, "retry") and len(double.job_ids()) == 2
+    log = (run / "logs/infer/infer_det_rows.log").read_text().splitlines()
+    assert log.count("[infer_det_rows] done") == log.count("===== orchestra: task exited with code 0") == 1
+    assert int((double.state / "counters" / "logs").read_text()) >= 4  # every 2nd read failed, more than once
+
+
 def test_a_job_stuck_in_the_queue_is_stopped_and_resubmitted(double: Double, tmp_path: Path) -> None:
     double.faults(rules=[{"match": "rows_1", "times": 1, "queue_s": 3600}])
     cfg = write_config(tmp_path, dlc_runner(tmp_path, queue_timeout_s=1.0), tasks=2)
