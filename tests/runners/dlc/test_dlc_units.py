@@ -342,3 +342,21 @@ def test_how_an_attempt_ended() -> None:
     task = attempt_exit("dlc1", lost, 3, "")
     assert (task.code, task.infra) == (3, False) and task.reason.startswith("exit code 3; ")
     assert attempt_exit("dlc1", stopped, 0, "").code == 0
+
+
+def test_the_container_imports_this_orchestra_and_the_real_requests(tmp_path: Path) -> None:
+    """Regression: the container's PYTHONPATH held the ``orchestra`` folder itself (one level too deep
+    since config.py moved into ``runners/dlc/``), so ``orchestra/requests.py`` shadowed the
+    ``requests`` library (which Hugging Face imports) in every DLC task."""
+    import sys
+
+    import orchestra
+    probe = "import orchestra, requests; print(orchestra.__file__); print(requests.__file__)"
+    command = container_command(AliyunConfig.create(BASE), [sys.executable, "-c", probe], {}, str(tmp_path),
+                                str(tmp_path / "exit"), "n")
+    res = subprocess.run(["bash", "-c", command], env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    ours, theirs = res.stdout.splitlines()[1:3]
+    assert ours == orchestra.__file__
+    assert os.path.dirname(orchestra.__file__) not in theirs and theirs.endswith("requests/__init__.py")
