@@ -22,7 +22,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-import orchestra
 from orchestra.keyvalues import read_key_values
 from orchestra.runners.core import envfile, shell
 from orchestra.secretnames import secret_assignment
@@ -139,7 +138,9 @@ class AliyunConfig:
 def code_root() -> str | None:
     """The folder holding this ``orchestra`` package, for the container's ``PYTHONPATH`` (None when
     it is installed in a site-packages folder: the container's Python must then have it too)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(orchestra.__file__)))
+    root = os.path.abspath(__file__)
+    for _ in __name__.split("."):  # orchestra/runners/dlc/config.py: four levels up, wherever this module moves
+        root = os.path.dirname(root)
     return None if os.path.basename(root) in ("site-packages", "dist-packages") else root
 
 
