@@ -18,9 +18,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, Literal
 
 from orchestra.keyvalues import read_key_values
 from orchestra.runners.core import envfile, shell
@@ -29,6 +29,22 @@ from orchestra.secretnames import secret_assignment
 REQUIRED = ("workspace_id", "resource_id", "worker_image")
 HF_OFFLINE_VARS = ("HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE", "HF_EVALUATE_OFFLINE", "HF_HUB_OFFLINE")
 FOOTER = "===== orchestra: task exited with code "
+#: what a key of each type accepts (None too, the key's default, except where it is an integer) and how an
+#: error says so; ``dlc_job_cmd``, ``data_sources`` and ``extra_envs`` are checked on their own, ``umask``'s digits too
+ACCEPTS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "str": (lambda x: x is None or isinstance(x, str) and bool(x.strip()), "a non-empty string"),
+    "int": (lambda x: isinstance(x, int) and not isinstance(x, bool) and x >= 1, "an integer >= 1"),
+    "bool": (lambda x: x is None or isinstance(x, bool), "True or False"),
+    "float": (lambda x: x is None or isinstance(x, (int, float)) and not isinstance(x, bool) and x > 0,
+              "seconds > 0"),
+}
+#: the container's variables that an ``aliyun_cfg`` key sets to its value
+EXPORTED = {
+    "huggingface_cache": ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"),
+    "torch_cache": ("TORCH_HOME",),
+    "http_proxy": ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"),
+    "hf_endpoint": ("HF_ENDPOINT",),
+}
 
 
 @dataclass(frozen=True)
@@ -44,7 +60,7 @@ class AliyunConfig:
     worker_cpu: int = 12  # at least; a GPU task gets 8 per GPU if that is more
     worker_memory: int = 192  # GiB at least; a GPU task gets 128 per GPU if that is more
     preemptible: bool | None = None  # --enable_priority_preemption (None: the service's default)
-    dlc_job_cmd: str = "submit"  # 'submit' (dlc submit pytorchjob) or 'create' (older: dlc create job)
+    dlc_job_cmd: Literal["submit", "create"] = "submit"  # 'create': older clients' dlc create job
     bashrc_path: str | None = None
     conda_env_name: str | None = None
     python_env_path: str | None = None
@@ -61,8 +77,6 @@ class AliyunConfig:
     @classmethod
     def create(cls, raw: Any) -> AliyunConfig:
         """Check ``raw`` (a dict); ``ValueError`` (one line) names the first problem."""
-        if isinstance(raw, AliyunConfig):
-            return raw
         if not isinstance(raw, dict):
             raise ValueError(f"aliyun_cfg must be a dict (or the path of an aliyun config file), got {raw!r}")
         valid = [f.name for f in fields(cls)]
@@ -73,20 +87,14 @@ class AliyunConfig:
         if missing:
             raise ValueError(f"aliyun_cfg: missing required key {missing[0]!r} (required: {', '.join(REQUIRED)})")
         v = dict(raw)
-        for key in ("workspace_id", "resource_id", "worker_image", "dlc_config_path", "bashrc_path",
-                    "conda_env_name", "python_env_path", "huggingface_cache", "torch_cache", "hf_endpoint",
-                    "http_proxy", "pre_cmd"):
-            if v.get(key) is not None:
-                if isinstance(v[key], int) and not isinstance(v[key], bool) and key in ("workspace_id", "resource_id"):
-                    v[key] = str(v[key])
-                if not isinstance(v[key], str) or not v[key].strip():
-                    raise ValueError(f"aliyun_cfg.{key}: expected a non-empty string, got {v[key]!r}")
-        for key, low in (("priority", 1), ("worker_cpu", 1), ("worker_memory", 1)):
-            if key in v and (not isinstance(v[key], int) or isinstance(v[key], bool) or v[key] < low):
-                raise ValueError(f"aliyun_cfg.{key}: expected an integer >= {low}, got {v[key]!r}")
-        for key in ("hf_offline", "preemptible"):
-            if v.get(key) is not None and not isinstance(v[key], bool):
-                raise ValueError(f"aliyun_cfg.{key}: expected True or False, got {v[key]!r}")
+        for key in ("workspace_id", "resource_id"):  # ids may be given as numbers
+            if isinstance(v[key], int) and not isinstance(v[key], bool):
+                v[key] = str(v[key])
+        v["umask"] = str(v.get("umask", "0000"))  # '0022', or 22 (the shell reads it as octal)
+        for f in fields(cls):
+            accepts, expected = ACCEPTS.get(str(f.type).removesuffix(" | None"), (None, ""))
+            if f.name in v and accepts is not None and not accepts(v[f.name]):
+                raise ValueError(f"aliyun_cfg.{f.name}: expected {expected}, got {v[f.name]!r}")
         if v.get("dlc_job_cmd", "submit") not in ("submit", "create"):
             raise ValueError(f"aliyun_cfg.dlc_job_cmd: expected 'submit' (dlc submit pytorchjob) or 'create' "
                              f"(older clients: dlc create job --kind PyTorchJob), got {v['dlc_job_cmd']!r}")
@@ -113,12 +121,8 @@ class AliyunConfig:
                                  f"{name} in the orchestrator's environment and give DLCRunner(forward_env="
                                  f"[{name!r}]) (docs/dlc.md)")
         v["extra_envs"] = tuple(envs)
-        if not re.fullmatch(r"0?[0-7]{3}", str(v.get("umask", "0000")).zfill(4)):
+        if not re.fullmatch(r"0?[0-7]{3}", v["umask"].zfill(4)):
             raise ValueError(f"aliyun_cfg.umask: expected an octal mask such as '0022', got {v['umask']!r}")
-        v["umask"] = str(v.get("umask", "0000"))
-        sleep = v.get("dlc_sleep_time")
-        if sleep is not None and (isinstance(sleep, bool) or not isinstance(sleep, (int, float)) or sleep <= 0):
-            raise ValueError(f"aliyun_cfg.dlc_sleep_time: expected seconds > 0, got {sleep!r}")
         return cls(**v)
 
     def worker_resources(self, num_gpus: int) -> tuple[int, int, int]:
@@ -134,8 +138,9 @@ class AliyunConfig:
 def code_root() -> str | None:
     """The folder holding this ``orchestra`` package, for the container's ``PYTHONPATH`` (None when
     it is installed in a site-packages folder: the container's Python must then have it too)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    root = os.path.dirname(root)
+    root = os.path.abspath(__file__)
+    for _ in __name__.split("."):  # orchestra/runners/dlc/config.py: four levels up, wherever this module moves
+        root = os.path.dirname(root)
     return None if os.path.basename(root) in ("site-packages", "dist-packages") else root
 
 
@@ -158,17 +163,10 @@ def container_command(cfg: AliyunConfig, argv: Sequence[str], env: dict[str, str
         lines.append(f". {q(cfg.bashrc_path)}; conda activate {q(cfg.conda_env_name or '')}")
     if cfg.python_env_path:
         lines.append(f'export PATH={q(os.path.join(cfg.python_env_path, "bin"))}:"$PATH"')
-    exports: list[tuple[str, str]] = []
-    if cfg.hf_offline:
-        exports += [(k, "1") for k in HF_OFFLINE_VARS]
-    if cfg.huggingface_cache:
-        exports += [("HF_HUB_CACHE", cfg.huggingface_cache), ("HUGGINGFACE_HUB_CACHE", cfg.huggingface_cache)]
-    if cfg.torch_cache:
-        exports.append(("TORCH_HOME", cfg.torch_cache))
-    if cfg.http_proxy:
-        exports += [(k, cfg.http_proxy) for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")]
-    if cfg.hf_endpoint:
-        exports.append(("HF_ENDPOINT", cfg.hf_endpoint))
+    exports = [(k, "1") for k in HF_OFFLINE_VARS] if cfg.hf_offline else []
+    for key, names in EXPORTED.items():
+        if value := getattr(cfg, key):
+            exports += [(name, value) for name in names]
     lines += [f"export {k}={q(v)}" for k, v in exports]
     lines += shell.exports(env)
     for item in cfg.extra_envs:

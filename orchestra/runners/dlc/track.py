@@ -104,8 +104,11 @@ class Tracker:
             h.waiting_since = None
         if info.status in LOGGING:
             cursor = self._cursor(h, info)
-            copy_settled(cursor, self.client, h.job_id, info.pod_id, self._service_now(), self.t.log_settle_s,
-                         lambda lines: self.log(h, lines))
+            try:  # the cursor moves on only once a read succeeded: the next look reads the same windows
+                copy_settled(cursor, self.client, h.job_id, info.pod_id, self._service_now(), self.t.log_settle_s,
+                             lambda lines: self.log(h, lines))
+            except DLCError:
+                pass  # a transient failure of the log service is not the task's
         self._schedule(h, changed)
         return None
 

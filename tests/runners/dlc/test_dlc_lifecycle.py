@@ -133,6 +133,24 @@ def test_sigkill_then_resume_adopts_the_running_jobs(double: Double, tmp_path: P
     assert not double.alive()
 
 
+def test_sigkill_then_resume_records_a_job_that_ended_meanwhile(double: Double, tmp_path: Path) -> None:
+    """The job outlives the killed orchestrator and ends on its own: -r records its end in the ledger
+    (so no later -r asks about it again) and reuses its outputs instead of running the task again."""
+    cfg = write_config(tmp_path, dlc_runner(tmp_path), tasks=1, model=", load_s=1")
+    proc = start_cli(double.state, cfg)
+    try:
+        (job,) = running_jobs(double, 1)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+    double.wait_for(lambda: not double.alive(), 30, "the job to end on its own")
+    res = run_cli(double.state, cfg, "-r")
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = run_dirs(tmp_path / "out")
+    assert [r["status"] for r in ledger(run) if r["state"] == "ended" and r["job_id"] == job] == ["Succeeded"]
+    assert len(double.calls("submit")) == 2  # the infer job before the kill, the eval job after
+
+
 def test_sigkill_then_resume_with_another_config_stops_the_old_jobs(double: Double, tmp_path: Path) -> None:
     cfg = write_config(tmp_path, dlc_runner(tmp_path), tasks=2, model=", hang=True")
     proc = start_cli(double.state, cfg)

@@ -131,6 +131,20 @@ def test_transient_get_answers_are_tolerated(double: Double, tmp_path: Path) -> 
     assert len(double.job_ids()) == 4
 
 
+def test_failing_log_reads_are_read_again_not_the_tasks_failure(double: Double, tmp_path: Path) -> None:
+    """Regression: a ``dlc logs`` failing while the job ran ended the attempt as an internal error
+    (and stopped its job); the same windows are now read again at the next look."""
+    double.faults(logs_failed_every=2)
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, retry=0, infra_retry=0), tasks=1, model=", load_s=2")
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    run = only_run(tmp_path)
+    assert not task_events(run, "retry") and len(double.job_ids()) == 2
+    log = (run / "logs/infer/infer_det_rows.log").read_text().splitlines()
+    assert log.count("[infer_det_rows] done") == log.count("===== orchestra: task exited with code 0") == 1
+    assert int((double.state / "counters" / "logs").read_text()) >= 4  # every 2nd read failed, more than once
+
+
 def test_a_job_stuck_in_the_queue_is_stopped_and_resubmitted(double: Double, tmp_path: Path) -> None:
     double.faults(rules=[{"match": "rows_1", "times": 1, "queue_s": 3600}])
     cfg = write_config(tmp_path, dlc_runner(tmp_path, queue_timeout_s=1.0), tasks=2)
@@ -154,6 +168,24 @@ def test_queue_timeouts_fail_the_task_once_the_budget_is_spent(double: Double, t
     assert "FAILED: infer task infer_det_rows (DLC job dlc" in res.stderr
     assert "still Queuing after queue_timeout_s=0.5 s; stopped it" in res.stderr
     assert len(double.job_ids()) == 2 and not double.alive()  # one infra retry, then failed; eval skipped
+
+
+def test_a_job_the_service_stops_answering_for_is_lost_and_stopped(double: Double, tmp_path: Path) -> None:
+    """``dlc get job`` failing for ``lost_after_s``: the job counts as lost (an infrastructure exit), is
+    stopped, and a stop no answer confirms is recorded and named as such."""
+    double.faults(get_failed_every=1)
+    cfg = write_config(tmp_path, dlc_runner(tmp_path, lost_after_s=1.0, cancel_timeout_s=1.0, infra_retry=0, retry=0),
+                       tasks=1, model=", hang=True")
+    res = run_cli(double.state, cfg)
+    assert res.returncode == 1
+    (job,) = double.job_ids()
+    assert f"FAILED: infer task infer_det_rows (DLC job {job} lost: dlc get job failed for 1 s" in res.stderr
+    assert f"DLC job(s) {job} not shown over 1 s after 'dlc stop job --force'" in res.stderr
+    run = only_run(tmp_path)
+    stops = [(r["state"], r.get("reason")) for r in ledger(run) if r["state"].startswith("stop")]
+    assert stops[:2] == [("stop_sent", "lost: dlc get job kept failing"),
+                         ("stop_unconfirmed", "lost: dlc get job kept failing")]
+    double.wait_for(lambda: not double.alive(), 30, "the stopped job to end")  # the stop was sent
 
 
 @pytest.mark.parametrize("fault", [{"preempt_after_s": 0.6, "reason_code": "PodPreempted"}, {"env_fail": True}])

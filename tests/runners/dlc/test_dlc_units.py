@@ -77,6 +77,7 @@ def test_times() -> None:
     assert parse_time("2020-11-09T00:00:00+08:00") == t
     assert parse_time("2020-11-08T16:00:00.5Z") == t + 0.5
     assert parse_time("yesterday") is None and parse_time(None) is None
+    assert parse_time("2020-13-45T00:00:00Z") is None  # looks like one, is not
 
 
 # -- aliyun_cfg ---------------------------------------------------------------------------------------
@@ -99,6 +100,13 @@ def test_unknown_key_is_one_line_listing_the_valid_ones() -> None:
     ({"hf_offline": "yes"}, "aliyun_cfg.hf_offline: expected True or False"),
     ({"data_sources": [1]}, "aliyun_cfg.data_sources"),
     ({"worker_image": ""}, "missing required key 'worker_image'"),
+    ({"pre_cmd": "  "}, "aliyun_cfg.pre_cmd: expected a non-empty string, got '  '"),
+    ({"priority": None}, "aliyun_cfg.priority: expected an integer >= 1, got None"),
+    ({"preemptible": 1}, "aliyun_cfg.preemptible: expected True or False, got 1"),
+    ({"dlc_sleep_time": 0}, "aliyun_cfg.dlc_sleep_time: expected seconds > 0, got 0"),
+    ({"dlc_sleep_time": True}, "aliyun_cfg.dlc_sleep_time: expected seconds > 0, got True"),
+    ({"umask": "0999"}, "aliyun_cfg.umask: expected an octal mask such as '0022', got '0999'"),
+    ({"dlc_job_cmd": None}, "aliyun_cfg.dlc_job_cmd: expected 'submit'"),
 ])
 def test_bad_values_name_the_key(bad: dict, words: str) -> None:
     with pytest.raises(ValueError, match=words.replace("(", r"\(")):
@@ -216,6 +224,20 @@ def test_conda_setup_comes_first_and_pre_cmd_before_it() -> None:
     assert container_command(background, ["true"], {}, "/w", "/r/n", "n").startswith("sleep 1 & export ")
 
 
+def test_cache_proxy_and_endpoint_keys_become_the_containers_variables() -> None:
+    cfg = AliyunConfig.create({**BASE, "hf_offline": False, "huggingface_cache": "/hf c", "torch_cache": "/t",
+                               "http_proxy": "http://p:3128", "hf_endpoint": "https://mirror", "umask": 22})
+    command = container_command(cfg, ["true"], {}, "/w", "/r/n", "n")
+    for name, value in [("HF_HUB_CACHE", "'/hf c'"), ("HUGGINGFACE_HUB_CACHE", "'/hf c'"), ("TORCH_HOME", "/t"),
+                        *[(k, "http://p:3128") for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")],
+                        ("HF_ENDPOINT", "https://mirror")]:
+        assert f"; export {name}={value}; " in f"; {command}"
+    assert "OFFLINE" not in command and "; umask 22; " in command
+    plain = container_command(AliyunConfig.create(BASE), ["true"], {}, "/w", "/r/n", "n")
+    assert "export HF_HUB_OFFLINE=1; " in plain and "; umask 0000; " in plain
+    assert not any(k in plain for k in ("HF_HUB_CACHE", "TORCH_HOME", "proxy", "PROXY", "HF_ENDPOINT"))
+
+
 # -- the runner's surface -------------------------------------------------------------------------------
 def test_registered_and_exported() -> None:
     assert RUNNERS.resolve("DLCRunner", "x") is DLCRunner
@@ -228,6 +250,14 @@ def test_runner_options_are_checked() -> None:
             DLCRunner(BASE, **bad)
     with pytest.raises(ValueError, match="aliyun_cfg must be a dict"):
         DLCRunner(["x"])  # type: ignore[arg-type]
+
+
+def test_a_dlc_config_path_missing_here_makes_the_runner_unfit(tmp_path: Path) -> None:
+    runner = DLCRunner({**aliyun_cfg(tmp_path), "dlc_config_path": str(tmp_path / "none.ini")},
+                       dlc_bin="/bin/true")
+    assert runner._check_tools() == f"aliyun_cfg.dlc_config_path {str(tmp_path / 'none.ini')!r} does not exist " \
+        "on this machine"
+    assert DLCRunner(aliyun_cfg(tmp_path), dlc_bin="/bin/true")._check_tools() is None
 
 
 def test_get_command_is_the_submit_argv(tmp_path: Path) -> None:
@@ -279,3 +309,54 @@ def test_a_split_window_read_while_lines_arrive_is_a_prefix_of_the_log() -> None
         got = read_window(service, "j", "p", 10, 14, max_events=2)  # type: ignore[arg-type]
         assert service.calls > 1  # the window was split
         assert got == [f"l{i}" for i in range(len(got))], (jump_after, got)  # no hole before the last line
+
+
+class _FullLog:
+    """A log service that always answers with as many lines as it was asked for."""
+
+    def logs(self, job_id: str, pod_id: str, start_s: int, end_s: int, max_events: int) -> list[str]:
+        return [f"l{i}" for i in range(max_events)]
+
+
+def test_a_second_over_the_cap_is_read_with_a_larger_one_and_says_lines_are_missing() -> None:
+    from orchestra.runners.dlc.logs import read_window
+
+    got = read_window(_FullLog(), "j", "p", 10, 11, max_events=5)  # type: ignore[arg-type]
+    assert got[:-1] == [f"l{i}" for i in range(100_000)]
+    assert got[-1] == "===== orchestra: more than 100000 lines in one second of the DLC log; some are missing"
+    assert read_window(_FullLog(), "j", "p", 11, 11) == []  # type: ignore[arg-type]
+
+
+def test_how_an_attempt_ended() -> None:
+    """The task's recorded code decides; without one, a stop from outside is a failure and anything
+    else the platform's (an infrastructure exit, which does not spend ``retry``)."""
+    from orchestra.runners.dlc.cli import DLCJobStatus
+    from orchestra.runners.dlc.job import attempt_exit
+
+    stopped, lost = DLCJobStatus("dlc1", "Stopped"), DLCJobStatus("dlc1", "Failed", "NodeLost", "gone")
+    outside = attempt_exit("dlc1", stopped, None, "")
+    assert (outside.code, outside.infra) == (-1, False) and "stopped from outside orchestra" in outside.reason
+    platform = attempt_exit("dlc1", lost, None, "l1 | l2")
+    assert platform.infra
+    assert platform.reason.endswith("Failed (NodeLost: gone) before the task finished; log tail: l1 | l2")
+    task = attempt_exit("dlc1", lost, 3, "")
+    assert (task.code, task.infra) == (3, False) and task.reason.startswith("exit code 3; ")
+    assert attempt_exit("dlc1", stopped, 0, "").code == 0
+
+
+def test_the_container_imports_this_orchestra_and_the_real_requests(tmp_path: Path) -> None:
+    """Regression: the container's PYTHONPATH held the ``orchestra`` folder itself (one level too deep
+    since config.py moved into ``runners/dlc/``), so ``orchestra/requests.py`` shadowed the
+    ``requests`` library (which Hugging Face imports) in every DLC task."""
+    import sys
+
+    import orchestra
+    probe = "import orchestra, requests; print(orchestra.__file__); print(requests.__file__)"
+    command = container_command(AliyunConfig.create(BASE), [sys.executable, "-c", probe], {}, str(tmp_path),
+                                str(tmp_path / "exit"), "n")
+    res = subprocess.run(["bash", "-c", command], env={"PATH": "/usr/bin:/bin"}, cwd="/", capture_output=True,
+                         text=True)
+    assert res.returncode == 0, res.stderr
+    ours, theirs = res.stdout.splitlines()[1:3]
+    assert ours == orchestra.__file__
+    assert os.path.dirname(orchestra.__file__) not in theirs and theirs.endswith("requests/__init__.py")
