@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 import shutil
+import subprocess
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 from helpers import poll_until_ended
+from slurm_helpers import squeue_jobs
 from test_slurm_runner import context, tasks
 
 from orchestra.runners.core.command import Command
@@ -80,3 +83,28 @@ def test_srun_poll_never_waits_on_a_slow_squeue(slurm_cluster: SlurmCluster, tmp
             assert re.fullmatch(rf"exit code {code} \(Slurm job \d+\)", ended[job].reason), ended[job]
     finally:
         session.close()
+
+
+def test_ctrl_c_while_close_waits_for_its_stops_still_ends_the_watcher(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A KeyboardInterrupt out of ``close``'s wait for the stops in flight: the squeue watcher's thread
+    ends all the same, and a job the loop left running is cancelled before the wait."""
+    ctx, _ = context(tmp_path)
+    [spec] = tasks(1)
+    session = SlurmRunner(launcher="sbatch", partition=slurm_cluster.default_partition).open(ctx, [spec])
+    job = Job(spec, 1, Command(("sleep", "300")), ctx.paths.task_log("infer", spec.task_id), {})
+    assert session.submit([job]) == {}
+    session.poll([job])  # the first look starts the watcher's thread
+    assert [t for t in threading.enumerate() if t.name.startswith("slurm-look")]
+
+    def interrupted(timeout_s: float) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(session.stops, "wait", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            session.close()
+        assert not [t for t in threading.enumerate() if t.name.startswith("slurm-look")]
+        assert squeue_jobs(job.handle.name) == [], "the job left running was not cancelled"
+    finally:
+        subprocess.run(["scancel", "--name", job.handle.name], timeout=30, check=False)
