@@ -106,6 +106,21 @@ def test_an_sbatch_answer_that_is_not_a_job_id_fails_the_jobs_and_says_what_it_w
     assert [r["state"] for r in jsonl(Path(ctx.paths.slurm_dir) / "jobs.jsonl")] == ["submitting", "submit_failed"]
 
 
+def test_an_srun_that_cannot_start_fails_its_job_at_once_with_the_reason(tmp_path: Path) -> None:
+    ctx, _ = context(tmp_path)
+    specs = tasks(2)
+    session = SlurmRunner(launcher="srun").open(ctx, specs)
+    missing, started = (Job(t, 1, Command(argv), ctx.paths.task_log("infer", t.task_id), {})
+                        for t, argv in zip(specs, [(str(tmp_path / "no-srun"),), ("true",)]))
+    Path(started.log_path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        failed = session.submit([missing, started])
+    finally:
+        session.close()
+    assert list(failed) == [missing]  # the other job of the batch started all the same
+    assert failed[missing].reason.startswith("could not start: [Errno 2] No such file or directory"), failed
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, "60"])
 def test_submit_wait_s_must_be_a_positive_number(bad: object) -> None:
     with pytest.raises(ValueError, match=f"submit_wait_s must be a number of seconds > 0, got {bad!r}"):
