@@ -198,8 +198,8 @@ class SbatchLauncher(SlurmLauncher):
 
     def close(self) -> None:
         # Every job ended or was cancelled by the loop; this is the net under an unexpected exit,
-        # and for jobs kept for adoption by a task that never started.
-        self.stops.wait(self.options.cancel_timeout_s + 10)
+        # and for jobs kept for adoption by a task that never started.  The loop's stops are waited
+        # for after it, in ``super().close()``, whose watcher ends even when that wait is interrupted.
         leftover = [JobRecord(job.handle.name, job_id=job_id) for job_id, job in self.watch.live.items()]
         try:
             cancel_records(leftover + list(self.adopt.values()), self.ledger, self.options.cancel_timeout_s,

@@ -146,9 +146,9 @@ class SlurmLauncher(Session):
         self.watch.refresh()  # off the loop: a slow squeue never holds up the round
         return {**self.stops.poll_each([j for j in jobs if j not in ended], self._poll_one), **ended}
 
+    @abc.abstractmethod
     def _prepare(self, jobs: Sequence[Job]) -> dict[Job, Exit]:
         """What a round does before the watcher looks; the jobs it ended."""
-        return {}
 
     @abc.abstractmethod
     def _poll_one(self, job: Job) -> Exit | None:

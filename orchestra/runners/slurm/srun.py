@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestra.runners.core.contract import Exit, Job, cannot_start
-from orchestra.runners.core.proc import signal_group, start_group
+from orchestra.runners.core.proc import signal_group, start_group, stop_groups
 from orchestra.runners.core.run import log_size, read_log
 from orchestra.runners.slurm.common import SlurmLauncher
 from orchestra.runners.slurm.state import (
@@ -100,10 +100,9 @@ class SrunLauncher(SlurmLauncher):
 
     def _stop(self, jobs: list[Job]) -> None:
         """scancel the jobs (SIGTERM an srun still waiting for its allocation), wait for squeue to
-        agree and the srun processes to exit (bounded), then SIGKILL whatever is left."""
+        agree and the srun processes to exit (bounded), then SIGKILL whatever is left (an empty
+        ``jobs``, e.g. a batch whose submit raised before any srun started, asks Slurm nothing)."""
         handles = [job.handle for job in jobs if isinstance(job.handle, SrunHandle)]
-        if not handles:
-            return
         names = {h.name for h in handles}
         try:
             found = squeue_by_name(names)
@@ -118,10 +117,4 @@ class SrunLauncher(SlurmLauncher):
                 signal_group(h.proc.pid, signal.SIGTERM)
         cancel_and_wait(alive, self.options.cancel_timeout_s, names=names,
                         busy=lambda: any(h.proc.poll() is None for h in handles))
-        for h in handles:
-            if h.proc.poll() is None:
-                signal_group(h.proc.pid, signal.SIGKILL)
-            try:
-                h.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                pass
+        stop_groups([h.proc for h in handles], grace_s=0)  # what outlived the wait, group and all

@@ -145,13 +145,12 @@ def sacct(job_ids: Iterable[str]) -> dict[str, SlurmJobState]:
 
 
 def scancel(job_ids: Iterable[str]) -> None:
-    """Cancel these jobs (one call); jobs that already ended are not an error."""
-    ids = sorted(set(job_ids))
-    if ids:
-        try:
-            CLIENT.call("scancel", ["scancel", *ids])
-        except SlurmCommandError:
-            pass  # the caller waits and checks squeue; a failed scancel shows there
+    """Cancel these jobs (one call; ``stop_and_confirm`` never sends an empty stop); jobs that
+    already ended are not an error."""
+    try:
+        CLIENT.call("scancel", ["scancel", *sorted(set(job_ids))])
+    except SlurmCommandError:
+        pass  # the caller waits and checks squeue; a failed scancel shows there
 
 
 RESCANCEL_AFTER_S = 2.0  # a job still alive this long after its scancel is sent another one

@@ -3,15 +3,22 @@ first, then the real cluster."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import time
 import uuid
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import poll_until_ended
+from test_slurm_runner import context, tasks
 
+from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.slurm import state as slurm_state
+from orchestra.runners.slurm.runner import SlurmRunner
 from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, cancel_and_wait
 
 if TYPE_CHECKING:
@@ -123,3 +130,34 @@ def test_cancels_real_jobs_by_id_and_by_name(slurm_cluster: SlurmCluster) -> Non
     assert slurm_state.CLIENT.calls["scancel"] >= before.get("scancel", 0) + 2
     assert slurm_state.CLIENT.calls["squeue"] >= before.get("squeue", 0) + 2
     assert _states([*by_id, by_name]) == ["CANCELLED"] * 3
+
+
+@pytest.mark.slurm
+def test_an_srun_still_waiting_for_its_allocation_is_stopped_with_sigterm(slurm_cluster: SlurmCluster,
+                                                                         tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stand-in ``srun`` that never reaches the controller (as one still asking for an allocation):
+    squeue shows no job of its name, so the stop SIGTERMs it (which makes a real srun withdraw its
+    request) instead of waiting ``cancel_timeout_s`` for a job that never comes and SIGKILLing it."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "srun").write_text("#!/bin/bash\nsleep 120\n")
+    (fake / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    ctx, _ = context(tmp_path)
+    [spec] = tasks(1)
+    runner = SlurmRunner(launcher="srun", cancel_timeout_s=20)
+    session = runner.open(ctx, [spec])
+    log = ctx.paths.task_log("infer", spec.task_id)
+    Path(log).parent.mkdir(parents=True, exist_ok=True)
+    job = Job(spec, 1, runner.get_command(spec, str(tmp_path / "spec.json"), {}, 1, log), log, {})
+    try:
+        assert session.submit([job]) == {}
+        t0 = time.monotonic()
+        session.cancel([job])
+        ended, _ = poll_until_ended(session, [job], timeout_s=30)
+        assert time.monotonic() - t0 < 10
+        assert ended == {job: Exit(-1, "cancelled")}
+        assert job.handle.proc.returncode == -signal.SIGTERM
+    finally:
+        session.close()

@@ -20,12 +20,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+from helpers import jsonl
 from test_slurm_runner import context, sleeping, tasks
 
 from orchestra.events import read_events
 from orchestra.runners.base import TaskState
+from orchestra.runners.core.command import Command
+from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.slurm.runner import SlurmRunner
-from orchestra.runners.slurm.script import SbatchRefused, refusal, submit_batch
+from orchestra.runners.slurm.script import SbatchError, SbatchRefused, refusal, submit_batch
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
@@ -68,6 +71,54 @@ def test_anything_else_is_permanent_and_says_why_in_one_line(stderr: str, reason
     refused = refusal(stderr)
     assert not refused.transient
     assert str(refused) == reason
+
+
+def test_sbatch_that_cannot_start_or_does_not_answer_is_an_error_that_says_so(tmp_path: Path) -> None:
+    with pytest.raises(SbatchError, match="cannot run .*no-sbatch"):
+        submit_batch([str(tmp_path / "no-sbatch"), "--parsable", "job.sh"])
+    slow = tmp_path / "sbatch"  # a stand-in for an sbatch whose controller does not answer
+    slow.write_text("#!/bin/bash\nsleep 30\n")
+    slow.chmod(0o755)
+    start = time.monotonic()
+    with pytest.raises(SbatchError, match=r"no answer within 0.5 s \(whether it created a job is unknown\)"):
+        submit_batch([str(slow), "--parsable", "job.sh"], timeout_s=0.5)
+    assert time.monotonic() - start < 5
+
+
+def test_an_sbatch_answer_that_is_not_a_job_id_fails_the_jobs_and_says_what_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "bin"  # a stand-in sbatch (no job reaches a cluster); squeue and scancel are checked for
+    fake.mkdir()
+    for tool, text in (("sbatch", "echo 'Submitted batch job 17'"), ("squeue", "exit 0"), ("scancel", "exit 0")):
+        (fake / tool).write_text(f"#!/bin/bash\n{text}\n")
+        (fake / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    ctx, _ = context(tmp_path)
+    [spec] = tasks(1)
+    session = SlurmRunner(launcher="sbatch").open(ctx, [spec])
+    job = Job(spec, 1, Command(("true",)), ctx.paths.task_log("infer", spec.task_id), {})
+    try:
+        failed = session.submit([job])
+    finally:
+        session.close()
+    assert failed == {job: Exit(-1, "sbatch failed: unexpected sbatch --parsable output 'Submitted batch job 17'")}
+    assert "===== slurm: sbatch did not take " in Path(job.log_path).read_text()
+    assert [r["state"] for r in jsonl(Path(ctx.paths.slurm_dir) / "jobs.jsonl")] == ["submitting", "submit_failed"]
+
+
+def test_an_srun_that_cannot_start_fails_its_job_at_once_with_the_reason(tmp_path: Path) -> None:
+    ctx, _ = context(tmp_path)
+    specs = tasks(2)
+    session = SlurmRunner(launcher="srun").open(ctx, specs)
+    missing, started = (Job(t, 1, Command(argv), ctx.paths.task_log("infer", t.task_id), {})
+                        for t, argv in zip(specs, [(str(tmp_path / "no-srun"),), ("true",)]))
+    Path(started.log_path).parent.mkdir(parents=True, exist_ok=True)
+    try:
+        failed = session.submit([missing, started])
+    finally:
+        session.close()
+    assert list(failed) == [missing]  # the other job of the batch started all the same
+    assert failed[missing].reason.startswith("could not start: [Errno 2] No such file or directory"), failed
 
 
 @pytest.mark.parametrize("bad", [0, -1, True, "60"])

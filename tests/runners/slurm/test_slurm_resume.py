@@ -3,7 +3,9 @@ again (real local cluster; every job of a run carries the run's name prefix, so 
 
 from __future__ import annotations
 
+import subprocess
 import time
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -11,12 +13,40 @@ import pytest
 from helpers import jsonl, wait_for
 from slurm_helpers import job_prefix, run_cli, run_dirs, squeue_jobs, start_cli, summary_rows, write_config
 
+from orchestra.runners.core.ledger import Ledger
+from orchestra.runners.slurm.recover import recover
+from orchestra.tasks.spec import TaskSpec
+
 if TYPE_CHECKING:
     from conftest import SlurmCluster
 
 pytestmark = pytest.mark.slurm
 
 RUNNER = "type=SlurmRunner, launcher='sbatch', partition='debug', poll_interval_s=0.2, max_num_workers=16"
+
+
+def test_an_sbatch_call_killed_before_its_job_id_was_recorded_is_found_by_name_and_cancelled(
+        slurm_cluster: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The ledger says ``submitting`` and nothing after it for two jobs: the one Slurm has (a real job
+    of that name) is cancelled and recorded with its id; for the other one warning says what to do."""
+    spec = TaskSpec(stage="infer", task_id="infer_m_t0", run_dir="", model={"abbr": "m"}, model_abbr="m", units=())
+    tag = uuid.uuid4().hex[:8]
+    names = [f"orc-{tag}-infer_m_t0-a1", f"orc-{tag}-infer_m_t1-a1"]
+    ledger = Ledger(str(tmp_path / "slurm"))
+    for name in names:
+        ledger.record("submitting", name, task_id=name.split("-")[2], stage="infer", attempt=1, digest="d")
+    job_id = subprocess.run(["sbatch", "--parsable", f"--job-name={names[0]}", "--partition=debug",
+                             f"--output={tmp_path}/%j.out", "--wrap", "sleep 300"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    try:
+        assert recover(ledger, [spec], cancel_timeout_s=30) == {}
+        assert squeue_jobs(names[0]) == []
+        unknown = {r["name"]: r["job_id"] for r in jsonl(Path(ledger.path)) if r["state"] == "submit_unknown"}
+        assert unknown == {names[0]: job_id, names[1]: ""}
+        assert f"the sbatch submission of {names[1]} was interrupted before its job id was known" in \
+            capsys.readouterr().err
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
 
 
 

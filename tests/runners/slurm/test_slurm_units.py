@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestra.errors import ConfigError
+from orchestra.runners.core.contract import Exit
 from orchestra.runners.core.proc import describe_status
 from orchestra.runners.slurm.runner import SlurmRunner, job_name, run_tag, time_limit_minutes
 from orchestra.runners.slurm.script import sbatch_long_options
@@ -99,6 +100,8 @@ def test_sbatch_mode_runs_the_task_argv_in_the_job(tmp_path: Path) -> None:
     ({"gres": "gpu:{count}"}, "only the field {num_gpus}"),
     ({"launcher": "sbatch", "template": "srun -p x {task_cmd}"}, "a template that starts with srun needs"),
     ({"launcher": "sbatch", "extra_args": ["-A", "x"]}, "give sbatch options in long form"),
+    ({"time_limit": "0:00"}, "time_limit '0:00' must be at least one second"),
+    ({"extra_args": ["--exclusive", 3]}, "extra_args must be a list of strings, got "),
 ])
 def test_bad_options_are_refused_with_the_reason(kwargs: dict, message: str) -> None:
     with pytest.raises((ValueError, ConfigError), match=message.replace("(", r"\(").replace("{", r"\{")):
@@ -178,6 +181,12 @@ def test_srun_exit_reads_what_slurm_wrote() -> None:
     plain = "===== slurm: job 9 on n1, CUDA_VISIBLE_DEVICES=, started 1.0\nTraceback ...\n"
     assert srun_exit(1, plain, None) == srun_exit(1, plain, None)
     assert srun_exit(1, plain, None).reason == "exit code 1 (Slurm job 9)"
+
+
+def test_srun_exit_of_a_job_over_its_memory_or_an_srun_killed_by_a_signal() -> None:
+    oom = "slurmstepd: error: Detected 1 oom-kill event(s) in StepId=5.0.\n"
+    assert srun_exit(137, oom, None) == Exit(137, "out of memory (Slurm's memory limit)")
+    assert srun_exit(-9, "", None) == Exit(-9, "srun killed by signal SIGKILL")
 
 
 def test_extra_sbatch_args_become_one_argument_per_long_option() -> None:
