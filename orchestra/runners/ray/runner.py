@@ -87,8 +87,6 @@ class RayRunner(BaseRunner):
             raise ValueError(f"RayRunner needs Ray, which is not installed: {INSTALL_HINT}")
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise ValueError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
-        if runtime_env is not None and not isinstance(runtime_env, dict):
-            raise ValueError(f"runtime_env must be a dict, got {runtime_env!r}")
         checks.optional_amount("cpus_per_task", cpus_per_task)
         checks.optional_amount("mem_gb", mem_gb)
         checks.amount("idle_timeout_s", idle_timeout_s, zero=True)
@@ -106,9 +104,8 @@ class RayRunner(BaseRunner):
         if unreachable:
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
         try:  # the modules that import ray
-            from orchestra.runners.ray.backend import RaySession
             from orchestra.runners.ray.pool import RayPool, recover
-            from orchestra.runners.ray.session import connect
+            from orchestra.runners.ray.session import RaySession, connect
         except ModuleNotFoundError as exc:
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
                 raise  # not Ray missing: a real error, with its traceback
