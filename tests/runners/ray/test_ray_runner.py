@@ -313,3 +313,21 @@ def test_resume_after_sigkill_kills_the_actors_the_killed_orchestrator_left(clus
     assert stopped and stopped <= first and not first & {a["name"] for a in cluster.live_actors()}
     (recovered,) = [e for e in events(run) if e["event"] == "ray_recovered"]
     assert set(recovered["stopped"]) == stopped
+
+
+def test_workers_that_cannot_start_fail_their_tasks_with_rays_reason(cluster: RayCluster, tmp_path: Path) -> None:
+    # a runtime_env Ray cannot set up on any node: every actor's start fails the same way, so the
+    # pool gives up on their kind and its tasks fail with Ray's words instead of waiting for ever
+    cluster.add_node(cpus=1)
+    cfg = write_config(tmp_path, ray_runner(cluster, ", runtime_env={'conda': 'orchestra-no-such-env'}"),
+                       rows=10, task_rows=10)
+    t0 = time.monotonic()
+    res = run_cli(cfg, "--mode", "infer")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert time.monotonic() - t0 < 90
+    run = run_dir(tmp_path)
+    failed = stage_events(run, "infer", "failed")
+    assert len(failed) == 2, failed
+    assert all(e["reason"].startswith("a Ray worker could not start") and "runtime env" in e["reason"] for e in failed)
+    assert not stage_events(run, "infer", "started")  # no task ran: each failed before a worker took it
+    assert "FAILED: infer task" in res.stderr
