@@ -35,6 +35,8 @@ from orchestra.tasks.worker import run_request
 NODES_EVERY_S = 1.0
 #: a node that stopped answering is kept out of placement for at most this long
 SUSPECT_FOR_S = 60.0
+#: the resource names in Ray's node totals of the actor options of :class:`WorkerKind`
+RESOURCE_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
 
 
 
@@ -53,10 +55,6 @@ class WorkerKind:
         if self.memory_bytes:
             opts["memory"] = self.memory_bytes
         return opts
-
-    def needs(self) -> dict[str, float]:
-        """This kind's demand in Ray's resource names."""
-        return {"CPU": self.num_cpus, "GPU": self.num_gpus, "memory": float(self.memory_bytes)}
 
 
 Actor = Worker[WorkerKind]  #: one warm worker of the pool: a Ray actor
@@ -209,7 +207,7 @@ class RayPool(WarmPool[WorkerKind]):
     def unfit(self, kind: WorkerKind) -> str | None:
         """Why no node of the cluster, nor one an autoscaler may add, can hold an actor of ``kind``; None
         if one can."""
-        needs = {k: v for k, v in kind.needs().items() if v}
+        needs = {RESOURCE_NAMES[k]: float(v) for k, v in kind.options().items() if v}
         known = self.node_resources + self.node_type_resources
         if any(all(res.get(k, 0.0) >= v for k, v in needs.items()) for res in known):
             return None
