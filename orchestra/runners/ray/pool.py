@@ -16,6 +16,7 @@ stays loaded for the next task of its :class:`WorkerKind`.  What is Ray's own li
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter
@@ -159,10 +160,8 @@ class Actors:
         """Kill these actors (no restart)."""
         for actor in workers:
             self._hellos.pop(actor, None)
-            try:
+            with contextlib.suppress(rex.RayError, ValueError, ConnectionError):  # an error: already gone
                 ray.kill(actor.handle, no_restart=True)
-            except (rex.RayError, ValueError, ConnectionError):
-                pass  # already gone
             if self.ledger is not None:
                 self.ledger.record("stopped", actor.name, job_id=actor.ident, reason=reason)
             self.events.emit("worker_stopped", actor_id=actor.ident, name=actor.name, reason=reason,

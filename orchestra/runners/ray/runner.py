@@ -104,8 +104,9 @@ class RayRunner(BaseRunner):
         if unreachable:
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
         try:  # the modules that import ray
+            from orchestra.runners.ray.backend import RaySession
             from orchestra.runners.ray.pool import RayPool, recover
-            from orchestra.runners.ray.session import RaySession, connect
+            from orchestra.runners.ray.session import connect
         except ModuleNotFoundError as exc:
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
                 raise  # not Ray missing: a real error, with its traceback
