@@ -380,3 +380,14 @@ def test_task_a_node_type_of_the_autoscaler_can_hold_waits_for_it(cluster: RayCl
         assert not stage_events(run, "infer", "failed") and not stage_events(run, "infer", "started")
     finally:
         publish_node_types(cluster, None)
+
+
+def test_mem_gb_is_reserved_in_rays_accounting(cluster: RayCluster, tmp_path: Path) -> None:
+    # mem_gb becomes the actors' Ray ``memory`` option: more than any node has is refused at planning
+    cluster.add_node(cpus=1)
+    cfg = write_config(tmp_path, ray_runner(cluster, ", mem_gb=100000"), rows=10, task_rows=10)
+    res = run_cli(cfg, "--mode", "infer")
+    assert res.returncode == 1, res.stderr[-3000:]
+    (failed, *_) = stage_events(run_dir(tmp_path), "infer", "failed")
+    assert failed["reason"].startswith(f"needs 1 CPU, {100000 * 1024**3:g} memory per worker but no node of the Ray "
+                                       "cluster can hold that"), failed["reason"]
