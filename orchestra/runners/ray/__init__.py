@@ -1,6 +1,6 @@
 """The Ray backend: warm workers as Ray actors (docs/ray.md).  Importing it never imports ``ray``:
-``pool`` and ``session`` do, and only ``RayRunner.open`` imports them."""
+``backend``, ``pool`` and ``session`` do, and only ``RayRunner.open`` imports them."""
 
-from orchestra.runners.ray.runner import RayRunner, ray_missing
+from orchestra.runners.ray.runner import RayRunner
 
-__all__ = ["RayRunner", "ray_missing"]
+__all__ = ["RayRunner"]

@@ -1,19 +1,22 @@
-"""RayRunner's session: one launch's connection, its warm pool of actors, the calls in flight.
+"""RayRunner's session: one launch's warm pool of actors and the calls in flight (the verbs).
 
-Nothing here imports ``ray``: the pool (``pool.py``) and the connection (``session.py``) do, and
-this module imports them only inside its methods.
+RayRunner imports this module only when a launch starts: it imports ``ray`` (see ``.importlinter``).
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import ray
+from ray import exceptions as rex
+
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
-from orchestra.runners.ray.actors import place
+from orchestra.runners.ray.pool import WorkerKind, describe, lost_worker, place
+from orchestra.runners.ray.session import disconnect
 from orchestra.tasks.spec import TaskSpec
 
 CANCEL_WAIT_S = 10.0  # a cancelled call is reported gone after this even if Ray has not said so
@@ -29,19 +32,25 @@ class RayCall:
 
 
 class RaySession(Session):
-    """One launch of a RayRunner: its connection, its warm pool of actors, the calls in flight.
+    """One launch of a RayRunner: its warm pool of actors, the calls in flight, and the connection
+    (shared with other launches) it gives back when it closes.
 
     Args:
-        worker_kind: the kind of worker (``actors.WorkerKind``) a task needs.
-        forward_env: names of variables copied from here into every task.
+        cpus_per_task, mem_gb, forward_env: RayRunner's.
     """
 
-    def __init__(self, worker_kind: Callable[[TaskSpec], Any], forward_env: tuple[str, ...]) -> None:
-        self.worker_kind = worker_kind
+    def __init__(self, cpus_per_task: float | None, mem_gb: float | None, forward_env: tuple[str, ...]) -> None:
+        self.cpus_per_task = cpus_per_task
+        self.memory_bytes = int(mem_gb * 1024**3) if mem_gb else 0
         self.forward_env = forward_env
         self.resources = self
-        self.pool: Any = None  # a RayPool
+        self.pool: Any = None  # a RayPool, set by RayRunner.open
         self.losses: dict[str, int] = {}  # task id -> attempts that lost their worker
+
+    def worker_kind(self, task: TaskSpec) -> WorkerKind:
+        """The kind of the actors that can run ``task``."""
+        cpus = self.cpus_per_task if self.cpus_per_task is not None else max(1, task.num_procs)
+        return WorkerKind(task.worker_key or task.stage, float(cpus), float(task.num_gpus), self.memory_bytes)
 
     # -- resources: a warm actor per job ---------------------------------------------------------
     def unfit(self, task: TaskSpec) -> str | None:
@@ -71,8 +80,7 @@ class RaySession(Session):
     # -- jobs ------------------------------------------------------------------------------------
     def placement(self, job: Job) -> dict[str, Any]:
         """The node (id, ip), actor and its pid: the ``started`` event's ``where``."""
-        keys = ("node_id", "node_ip", "actor_id", "pid")
-        return {k: job.resources[k] for k in keys if k in job.resources}
+        return {k: job.resources[k] for k in ("node_id", "node_ip", "actor_id", "pid") if k in job.resources}
 
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
@@ -86,7 +94,7 @@ class RaySession(Session):
         """The pool's housekeeping, then one ``ray.wait`` over every call in flight."""
         self.pool.tick()
         calls = {job.handle.ref: job for job in jobs if isinstance(job.handle, RayCall)}
-        done = self.pool.ended(list(calls))
+        done = set(ray.wait(list(calls), num_returns=len(calls), timeout=0)[0]) if calls else set()
         now = time.monotonic()
         out: dict[Job, Exit] = {}
         for ref, job in calls.items():
@@ -99,18 +107,16 @@ class RaySession(Session):
         return out
 
     def _exit(self, job: Job, call: RayCall) -> Exit:
-        from orchestra.runners.ray.pool import describe, lost_worker
-
-        result = self.pool.result(call.ref)
-        if not isinstance(result, BaseException):
-            return Exit(int(result))
-        if lost_worker(result):
-            call.error = result  # release() hands it to the pool
+        try:
+            return Exit(int(ray.get(call.ref)))
+        except rex.RayError as exc:
+            if not lost_worker(exc):
+                return Exit(-1, f"Ray error: {describe(exc)}")
+            call.error = exc  # release() hands it to the pool
             where = f"{job.resources.get('node_ip', '?')} {str(job.resources.get('node_id', '?'))[:12]}"
             losses = self.losses[job.task.task_id] = self.losses.get(job.task.task_id, 0) + 1
             times = f" (this task has lost its worker {losses} times)" if losses > 1 else ""
-            return Exit(-1, f"worker lost (node {where}): {describe(result)}{times}", infra=True)
-        return Exit(-1, f"Ray error: {describe(result)}")
+            return Exit(-1, f"worker lost (node {where}): {describe(exc)}{times}", infra=True)
 
     def cancel(self, jobs: Sequence[Job]) -> None:
         """Kill the jobs' actors now; ``poll`` reports each job once its call ended (or after a while)."""
@@ -126,6 +132,4 @@ class RaySession(Session):
                 self.pool.close()
         finally:
             self.pool = None
-            from orchestra.runners.ray.session import disconnect
-
             disconnect()

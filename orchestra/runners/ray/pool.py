@@ -1,6 +1,4 @@
-"""RayRunner's warm workers: Ray actors that run task after task, under the warm pool of
-``core/warm.py`` (take, grow for waiting tasks up to ``max_workers``, make room, shrink, give up on
-a kind that cannot start), which also keeps LocalRunner's worker processes.
+"""RayRunner's warm workers: Ray actors that run task after task, under ``core/warm.py``'s pool.
 
 Each actor is a warm worker (:class:`TaskWorker`): it runs requests of the protocol of
 ``orchestra/tasks/worker.py`` one after another in one process, so a model loaded by one task
@@ -14,17 +12,16 @@ stays loaded for the next task of its :class:`WorkerKind`.  What is Ray's own li
   stops answering (``ActorUnavailableError``) is counted alive by Ray for ~15 s more; until it is
   declared dead new actors are kept off it (a label selector on ``ray.io/node-id``) and actors
   still queued are started again, since Ray may have assigned them to it.
-
-With ``session.py`` (the process's connection) this is where the orchestrator imports ``ray``;
-RayRunner imports both only when it launches (see ``.importlinter``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -33,15 +30,40 @@ from ray import exceptions as rex
 from orchestra.events import EventLog
 from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.warm import StartFailed, WarmPool, Worker
-from orchestra.runners.ray.actors import WorkerKind, place
 from orchestra.tasks.worker import run_request
 
 #: how often the node list is read from the cluster
 NODES_EVERY_S = 1.0
 #: a node that stopped answering is kept out of placement for at most this long
 SUSPECT_FOR_S = 60.0
+#: the resource names in Ray's node totals of the actor options of :class:`WorkerKind`
+RESOURCE_NAMES = {"num_cpus": "CPU", "num_gpus": "GPU", "memory": "memory"}
+
+
+
+@dataclass(frozen=True)
+class WorkerKind:
+    """What makes two actors interchangeable: the model they keep and the resources they hold."""
+
+    worker_key: str
+    num_cpus: float
+    num_gpus: float
+    memory_bytes: int = 0
+
+    def options(self) -> dict[str, Any]:
+        """Ray's actor options for these resources."""
+        opts: dict[str, Any] = {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus}
+        if self.memory_bytes:
+            opts["memory"] = self.memory_bytes
+        return opts
+
 
 Actor = Worker[WorkerKind]  #: one warm worker of the pool: a Ray actor
+
+
+def place(where: dict[str, Any] | None) -> dict[str, Any]:
+    """Where an actor runs: ``node_id``, ``node_ip``, ``pid`` (nothing before it is up)."""
+    return {k: where[k] for k in ("node_id", "node_ip", "pid") if k in where} if where else {}
 
 
 class TaskWorker:
@@ -104,11 +126,7 @@ class Actors:
         avoid = self.avoid()
         if avoid:  # keep off nodes that stopped answering until Ray declares them dead
             options["label_selector"] = {"ray.io/node-id": f"!in({','.join(sorted(avoid))})"}
-        try:
-            handle: Any = self._remote.options(**options).remote()
-        except (TypeError, ValueError):  # a Ray without label selectors: placement as Ray sees fit
-            options.pop("label_selector", None)
-            handle = self._remote.options(**options).remote()
+        handle: Any = self._remote.options(**options).remote()
         worker.handle, worker.ident = handle, handle._actor_id.hex()  # the id Ray reports it by
         if self.ledger is not None:
             self.ledger.record("submitted", worker.name, job_id=worker.ident, namespace=self._namespace)
@@ -142,10 +160,8 @@ class Actors:
         """Kill these actors (no restart)."""
         for actor in workers:
             self._hellos.pop(actor, None)
-            try:
+            with contextlib.suppress(rex.RayError, ValueError, ConnectionError):  # an error: already gone
                 ray.kill(actor.handle, no_restart=True)
-            except (rex.RayError, ValueError, ConnectionError):
-                pass  # already gone
             if self.ledger is not None:
                 self.ledger.record("stopped", actor.name, job_id=actor.ident, reason=reason)
             self.events.emit("worker_stopped", actor_id=actor.ident, name=actor.name, reason=reason,
@@ -155,10 +171,7 @@ class Actors:
 class RayPool(WarmPool[WorkerKind]):
     """The warm pool of actors, following the cluster's nodes.
 
-    Args:
-        max_workers: actors at once (busy, idle or starting).
-        reuse: keep an actor for the next task of its kind (False: one task per actor).
-        idle_timeout_s: how long an idle actor that no waiting task can use is kept.
+    Args (the others: ``WarmPool``'s):
         events: the run's event log (``worker_*`` and ``node_*`` events).
         name_prefix: actors are named ``<prefix>-w<n>`` (visible in ``ray list actors``).
         ledger: the run folder's record of actors (see :class:`Actors`).
@@ -189,27 +202,11 @@ class RayPool(WarmPool[WorkerKind]):
             self._suspect(actor.where["node_id"])
         self.stop([actor], f"lost: {describe(exc)}")
 
-    # -- calls -----------------------------------------------------------------------------------
-    @staticmethod
-    def ended(refs: list[Any], wait_s: float = 0.0) -> set[Any]:
-        """Which of these calls have ended (waiting up to ``wait_s`` for all of them)."""
-        if not refs:
-            return set()
-        return set(ray.wait(refs, num_returns=len(refs), timeout=wait_s)[0])
-
-    @staticmethod
-    def result(ref: Any) -> int | BaseException:
-        """An ended call's exit code, or the Ray error it ended with."""
-        try:
-            return int(ray.get(ref))
-        except rex.RayError as exc:
-            return exc
-
     # -- the cluster -----------------------------------------------------------------------------
     def unfit(self, kind: WorkerKind) -> str | None:
         """Why no node of the cluster, nor one an autoscaler may add, can hold an actor of ``kind``; None
         if one can."""
-        needs = {k: v for k, v in kind.needs().items() if v}
+        needs = {RESOURCE_NAMES[k]: float(v) for k, v in kind.options().items() if v}
         known = self.node_resources + self.node_type_resources
         if any(all(res.get(k, 0.0) >= v for k, v in needs.items()) for res in known):
             return None
@@ -217,11 +214,6 @@ class RayPool(WarmPool[WorkerKind]):
         want = ", ".join(f"{v:g} {k}" for k, v in needs.items())
         return (f"needs {want} per worker but no node of the Ray cluster can hold that (most on one node: "
                 f"{largest}); lower the model's run_cfg or the runner's cpus_per_task/mem_gb, or add such nodes")
-
-    @staticmethod
-    def nodes() -> list[dict[str, Any]]:
-        """The alive nodes: ``NodeID``, ``NodeManagerAddress``, ``Resources`` (totals)."""
-        return [n for n in ray.nodes() if n.get("Alive")]
 
     @staticmethod
     def node_types() -> list[dict[str, float]]:
@@ -240,7 +232,7 @@ class RayPool(WarmPool[WorkerKind]):
         first = not self._nodes_read
         self._nodes_read = now
         try:
-            alive = {n["NodeID"]: n for n in self.nodes()}
+            alive = {n["NodeID"]: n for n in ray.nodes() if n.get("Alive")}  # Resources: the node's totals
         except (rex.RayError, ConnectionError, OSError):
             return  # the head did not answer this time; the calls in flight tell what matters
         self.node_resources = [dict(n.get("Resources", {})) for n in alive.values()]

@@ -1,15 +1,10 @@
 """Run tasks on a Ray cluster: an elastic pool of warm workers (Ray actors).
 
-The scheduling loop (queue, ``max_num_workers``, retries, timeouts, cancellation, events) is the
-runner base's.  This backend hands each task to an idle actor that already holds the task's model
+The loop is the runner base's.  Each task goes to an idle actor that already holds its model
 (:class:`~orchestra.runners.ray.pool.RayPool`); a task waits while none is free, and the pool
 starts actors for waiting tasks as the cluster has room, so the work in flight is
-``min(max_num_workers, what the cluster holds now)`` and grows as nodes join.  An actor or node
-that dies under a task ends that attempt with ``Exit(infra=True)``: the loop reruns it on another
-worker at once, without spending the task's retries (``infra_retry`` times per task).
-
-Ray is optional (``pip install 'orchestra[ray]'``): it is imported when a launch starts, never by
-importing this module, so the orchestrator starts as fast without it.
+``min(max_num_workers, what the cluster holds now)`` and grows as nodes join.  Ray is optional:
+it is imported when a launch starts, never by importing this module.
 """
 
 from __future__ import annotations
@@ -34,15 +29,6 @@ from orchestra.tasks.spec import TaskSpec
 INSTALL_HINT = "pip install 'orchestra[ray]'"
 #: what must listen at a cluster's address: a Ray head (a gRPC server)
 RAY_HEAD = "a Ray head's gRPC port (the GCS port, 6379 by default; with ray:// the Ray Client port, 10001 by default)"
-
-
-def ray_missing() -> str | None:
-    """The one-line error for a machine without Ray, or None if it is installed."""
-    try:
-        found = importlib.util.find_spec("ray") is not None
-    except (ImportError, ValueError):
-        found = False
-    return None if found else f"RayRunner needs Ray, which is not installed: {INSTALL_HINT}"
 
 
 class RayRunner(BaseRunner):
@@ -93,13 +79,14 @@ class RayRunner(BaseRunner):
         poll_interval_s: float = 0.02,
     ) -> None:
         super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, infra_retry=infra_retry)
-        missing = ray_missing()
-        if missing:
-            raise ValueError(missing)
+        try:
+            found = importlib.util.find_spec("ray") is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            raise ValueError(f"RayRunner needs Ray, which is not installed: {INSTALL_HINT}")
         if address is not None and (not isinstance(address, str) or not address.strip()):
             raise ValueError(f"address must be None, 'auto', 'host:port' or 'ray://host:port', got {address!r}")
-        if runtime_env is not None and not isinstance(runtime_env, dict):
-            raise ValueError(f"runtime_env must be a dict, got {runtime_env!r}")
         checks.optional_amount("cpus_per_task", cpus_per_task)
         checks.optional_amount("mem_gb", mem_gb)
         checks.amount("idle_timeout_s", idle_timeout_s, zero=True)
@@ -110,7 +97,6 @@ class RayRunner(BaseRunner):
         self.mem_gb = mem_gb
         self.forward_env = forward_env_names(forward_env, must_be_set=False)  # read when each task starts
         self.idle_timeout_s = idle_timeout_s
-        self._kinds: dict[str, Any] = {}  # task id -> WorkerKind
 
     # -- connecting ---------------------------------------------------------------------------------
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
@@ -118,17 +104,16 @@ class RayRunner(BaseRunner):
         if unreachable:
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
         try:  # the modules that import ray
+            from orchestra.runners.ray.backend import RaySession
             from orchestra.runners.ray.pool import RayPool, recover
             from orchestra.runners.ray.session import connect
         except ModuleNotFoundError as exc:
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
                 raise  # not Ray missing: a real error, with its traceback
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
-        from orchestra.runners.ray.backend import RaySession
-
         connect(self.address, self.runtime_env, os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
-        self._kinds.clear()  # a task's kind is worked out afresh in each launch
-        session = RaySession(self.worker_kind, self.forward_env)  # its close() pairs the connect with a disconnect
+        # its close() pairs the connect with a disconnect
+        session = RaySession(self.cpus_per_task, self.mem_gb, self.forward_env)
         try:
             stage = tasks[0].stage if tasks else "run"
             prefix = f"orc-{run_tag(ctx.paths.root)}-{stage}-{secrets.token_hex(2)}"
@@ -165,18 +150,6 @@ class RayRunner(BaseRunner):
                             http1="an HTTP/1 server (a web server, or Ray's dashboard port?)")
 
     # -- resources ----------------------------------------------------------------------------------
-    def worker_kind(self, task: TaskSpec) -> Any:
-        """The :class:`~orchestra.runners.ray.actors.WorkerKind` of the actors that can run ``task``."""
-        kind = self._kinds.get(task.task_id)
-        if kind is None:
-            from orchestra.runners.ray.actors import WorkerKind
-
-            cpus = self.cpus_per_task if self.cpus_per_task is not None else max(1, task.num_procs)
-            memory = int(self.mem_gb * 1024**3) if self.mem_gb else 0
-            kind = self._kinds[task.task_id] = WorkerKind(task.worker_key or task.stage, float(cpus),
-                                                          float(task.num_gpus), memory)
-        return kind
-
     def task_env(self, task: TaskSpec, resources: dict[str, Any], attempt: int) -> dict[str, str]:
         env = super().task_env(task, resources, attempt)
         if task.num_gpus == 0:  # Ray sets CUDA_VISIBLE_DEVICES for GPU workers only: hide them from the rest

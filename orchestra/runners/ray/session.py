@@ -1,8 +1,8 @@
 """RayRunner's connection to Ray: joining a cluster or starting a local Ray, once per process,
 and keeping Ray's messages about the cluster off the terminal's results while launches use it.
 
-With ``pool.py`` this is where the orchestrator imports ``ray``; RayRunner imports both
-only when it launches (see ``.importlinter``).
+With ``pool.py`` and ``backend.py`` this is where the orchestrator imports ``ray``; RayRunner
+imports them only when it launches (see ``.importlinter``).
 """
 
 from __future__ import annotations
@@ -85,8 +85,11 @@ CLIENT_INIT_TRIES = 3
 
 def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | None) -> None:
     ray_logger = logging.getLogger("ray._private.worker")  # where ray.init logs
-    quiet = _NoThreadWarning()
-    ray_logger.addFilter(quiet)  # "SIGTERM handler is not set ... not the main thread": the run has its own
+
+    def quiet(record: logging.LogRecord) -> bool:  # "... not the main thread": the run has its own
+        return "SIGTERM handler is not set" not in record.getMessage()
+
+    ray_logger.addFilter(quiet)
     try:
         for tries in range(1, CLIENT_INIT_TRIES + 1):
             try:
@@ -112,11 +115,6 @@ def _init_error(address: str | None, exc: BaseException) -> UserError:
     if said.endswith(":"):
         said += " no reason given (the head's logs/ray_client_server*.err may say more)"
     return UserError(f"RayRunner could not {what}: {said}")
-
-
-class _NoThreadWarning(logging.Filter):
-    def filter(self, record: logging.LogRecord) -> bool:
-        return "SIGTERM handler is not set" not in record.getMessage()
 
 
 def disconnect() -> None:
@@ -151,8 +149,4 @@ def _to_log(log_path: str) -> Callable[[], None]:
         append_line(log_path, text.encode("utf-8", "replace"))
 
     worker_module.print_to_stdstream = to_log
-
-    def undo() -> None:
-        worker_module.print_to_stdstream = original
-
-    return undo
+    return lambda: setattr(worker_module, "print_to_stdstream", original)

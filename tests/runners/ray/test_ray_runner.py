@@ -6,11 +6,13 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
-from conftest import RayCluster
+from conftest import RayCluster, ray_env
 from ray_helpers import (
     events,
     outputs,
@@ -313,3 +315,79 @@ def test_resume_after_sigkill_kills_the_actors_the_killed_orchestrator_left(clus
     assert stopped and stopped <= first and not first & {a["name"] for a in cluster.live_actors()}
     (recovered,) = [e for e in events(run) if e["event"] == "ray_recovered"]
     assert set(recovered["stopped"]) == stopped
+
+
+def test_workers_that_cannot_start_fail_their_tasks_with_rays_reason(cluster: RayCluster, tmp_path: Path) -> None:
+    # a runtime_env Ray cannot set up on any node: every actor's start fails the same way, so the
+    # pool gives up on their kind and its tasks fail with Ray's words instead of waiting for ever
+    cluster.add_node(cpus=1)
+    cfg = write_config(tmp_path, ray_runner(cluster, ", runtime_env={'conda': 'orchestra-no-such-env'}"),
+                       rows=10, task_rows=10)
+    t0 = time.monotonic()
+    res = run_cli(cfg, "--mode", "infer")
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert time.monotonic() - t0 < 90
+    run = run_dir(tmp_path)
+    failed = stage_events(run, "infer", "failed")
+    assert len(failed) == 2, failed
+    assert all(e["reason"].startswith("a Ray worker could not start") and "runtime env" in e["reason"] for e in failed)
+    assert not stage_events(run, "infer", "started")  # no task ran: each failed before a worker took it
+    assert "FAILED: infer task" in res.stderr
+
+
+def publish_node_types(cluster: RayCluster, groups: list[tuple[dict[str, int], int]] | None) -> None:
+    """What an autoscaler publishes to the head: the node types it may add (resources, max count),
+    as Ray's ``ClusterConfig`` in the GCS's key-value store; None withdraws them."""
+    code = (
+        "import ray\n"
+        "from ray._raylet import GCS_AUTOSCALER_STATE_NAMESPACE as NS, GCS_AUTOSCALER_CLUSTER_CONFIG_KEY as KEY\n"
+        "from ray.core.generated.autoscaler_pb2 import ClusterConfig, NodeGroupConfig\n"
+        "from ray.experimental.internal_kv import _internal_kv_del, _internal_kv_put\n"
+        f"ray.init(address={cluster.address!r}, log_to_driver=False)\n"
+        f"groups = {groups!r}\n"
+        "if groups is None:\n"
+        "    _internal_kv_del(KEY, namespace=NS)\n"
+        "else:\n"
+        "    config = ClusterConfig(node_group_configs=[NodeGroupConfig(name=f'type{i}', resources=r, max_count=n)\n"
+        "                                               for i, (r, n) in enumerate(groups)])\n"
+        "    _internal_kv_put(KEY, config.SerializeToString(), namespace=NS)\n"
+    )
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ray_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_task_a_node_type_of_the_autoscaler_can_hold_waits_for_it(cluster: RayCluster, tmp_path: Path) -> None:
+    # no node holds a GPU now, but the autoscaler may add one with a GPU: the task is not refused at
+    # planning (as without it, test_task_no_node_can_hold_fails_at_planning) and its worker waits in
+    # Ray's queue, where an autoscaler sees the demand; a node type of max count 0 is never added
+    cluster.add_node(cpus=1)
+    publish_node_types(cluster, [({"CPU": 1, "GPU": 1}, 2), ({"CPU": 1, "GPU": 8}, 0)])
+    try:
+        cfg = write_config(tmp_path, ray_runner(cluster), model=", run_cfg=dict(num_gpus=1)", rows=10, task_rows=10)
+        proc = start_cli(cfg, "--mode", "infer")
+        try:
+            requested = wait_for_event(tmp_path, lambda e: e["event"] == "worker_requested", proc=proc)
+            assert requested["num_gpus"] == 1.0
+            time.sleep(1.0)  # a few rounds: nothing fails while the worker waits for its node
+            os.killpg(proc.pid, signal.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+        assert proc.returncode == 130, err[-3000:]
+        run = run_dir(tmp_path)
+        (info,) = [e for e in events(run) if e["event"] == "ray_cluster"]
+        assert info["node_types"] == [{"CPU": 1, "GPU": 1}]
+        assert not stage_events(run, "infer", "failed") and not stage_events(run, "infer", "started")
+    finally:
+        publish_node_types(cluster, None)
+
+
+def test_mem_gb_is_reserved_in_rays_accounting(cluster: RayCluster, tmp_path: Path) -> None:
+    # mem_gb becomes the actors' Ray ``memory`` option: more than any node has is refused at planning
+    cluster.add_node(cpus=1)
+    cfg = write_config(tmp_path, ray_runner(cluster, ", mem_gb=100000"), rows=10, task_rows=10)
+    res = run_cli(cfg, "--mode", "infer")
+    assert res.returncode == 1, res.stderr[-3000:]
+    (failed, *_) = stage_events(run_dir(tmp_path), "infer", "failed")
+    assert failed["reason"].startswith(f"needs 1 CPU, {100000 * 1024**3:g} memory per worker but no node of the Ray "
+                                       "cluster can hold that"), failed["reason"]

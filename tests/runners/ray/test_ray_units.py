@@ -27,13 +27,13 @@ def python(code: str, env: dict[str, str] | None = None) -> subprocess.Completed
 
 
 def test_the_orchestrator_and_a_built_ray_runner_never_import_ray() -> None:
-    # .importlinter lets runners/ray/pool.py and session.py import ray; this checks nothing imports that module early
+    # .importlinter lets runners/ray/backend.py, pool.py and session.py import ray; nothing may import them early
     res = python(
         "import sys\n"
         "import orchestra, orchestra.api, orchestra.cli.main, orchestra.runners, orchestra.planner\n"
         "from orchestra.registry import RUNNERS\n"
         "runner = RUNNERS.resolve('RayRunner', 'test')(address='auto', max_num_workers=2)\n"
-        "mine = ('orchestra.runners.ray.pool', 'orchestra.runners.ray.session')\n"
+        "mine = ('orchestra.runners.ray.backend', 'orchestra.runners.ray.pool', 'orchestra.runners.ray.session')\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', *mine))))\n"
     )
     assert res.returncode == 0, res.stderr
@@ -96,6 +96,7 @@ def test_launch_without_ray_is_a_user_error_naming_the_extra() -> None:
     ("address=' '", "address must be None, 'auto', 'host:port' or 'ray://host:port', got ' '"),
     ("address=6379", "infer.runner.address: expected str | None, got int 6379"),
     ("mem_gb=0", "mem_gb must be > 0, got 0"),
+    ("runtime_env='pip'", "infer.runner.runtime_env: expected dict[str, Any] | None, got str 'pip'"),
     ("forward_env='OPENAI_API_KEY'", "forward_env: expected list[str] | tuple[str, ...], got str"),
     ("infra_retry=-1", "infra_retry must be an integer >= 0, got -1"),
     ("template='numactl {task_cmd}'", "unknown key 'template'"),
