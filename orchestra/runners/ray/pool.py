@@ -90,9 +90,10 @@ def lost_worker(exc: BaseException) -> bool:
 
 
 def describe(exc: BaseException) -> str:
-    """One line for a Ray error: Ray's own words, without its traceback and boilerplate."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    useful = [line for line in lines if not line.startswith(("class_name:", "actor_id:", "namespace:", "name:"))]
+    """One line for a Ray error: Ray's own words, without its traceback and boilerplate (Ray indents
+    both: a traceback's frames, an actor's ``class_name:``, ``pid:``, ... lines)."""
+    useful = [line.strip() for line in str(exc).splitlines()
+              if line.strip() and not line[0].isspace() and line != "Traceback (most recent call last):"]
     text = " ".join(useful[:3]) or type(exc).__name__
     return text if len(text) <= 300 else text[:297] + "..."
 

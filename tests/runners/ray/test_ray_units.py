@@ -219,3 +219,24 @@ def test_an_address_where_no_ray_head_listens_is_one_line_in_seconds(tmp_path: P
     assert "expected a Ray head's gRPC port" in errors[0] or "not a Ray head's gRPC port" in errors[0], errors[0]
     assert ("HTTP/1 server" if kind != "silent" else "said nothing within") in errors[0]
     assert took < 60, took  # a hang guard only (the probe gives up after 3 s)
+
+
+def test_a_ray_error_is_described_in_rays_words_without_its_traceback_or_boilerplate() -> None:
+    import traceback
+
+    from ray import exceptions as rex
+
+    from orchestra.runners.ray.pool import describe
+
+    try:
+        raise RuntimeError("Failed to create conda env orchestra-no-such-env: not found")
+    except RuntimeError:
+        setup = rex.RuntimeEnvSetupError(error_message=traceback.format_exc())
+    assert describe(setup) == ("Failed to set up runtime environment. "
+                               "RuntimeError: Failed to create conda env orchestra-no-such-env: not found")
+    died = RuntimeError("The actor died unexpectedly before finishing this task.\n\tclass_name: TaskWorker\n"
+                        "\tactor_id: 0a1b\n\tpid: 4242\n\tname: orc-w1\n\tnamespace: ns\n\tip: 10.0.0.7\n"
+                        "The actor is dead because its worker process has died. Worker exit type: SYSTEM_ERROR")
+    assert describe(died) == ("The actor died unexpectedly before finishing this task. The actor is dead because "
+                              "its worker process has died. Worker exit type: SYSTEM_ERROR")
+    assert describe(rex.RayError()) == "RayError"
