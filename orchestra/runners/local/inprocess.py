@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping, Sequence
+from types import FrameType
 
 from orchestra.runners.core.contract import Exit, Job, Session
 from orchestra.runners.core.loop import BaseRunner
@@ -32,6 +33,11 @@ class InProcessRunner(BaseRunner):
         """No task log: the task writes to this terminal."""
 
 
+def _interrupt(signum: int, frame: FrameType | None) -> None:
+    """Ctrl-C while a task runs in this process: a KeyboardInterrupt where the task is, at once."""
+    raise KeyboardInterrupt
+
+
 class InProcessSession(Session):
     """Runs a job to its end inside ``submit``; ``poll`` reports it (or raises its exception)."""
 
@@ -41,7 +47,10 @@ class InProcessSession(Session):
     def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
         for job in jobs:
             # Ctrl-C must reach the task as KeyboardInterrupt: there is no child to signal.
-            handler = signal.signal(signal.SIGINT, signal.default_int_handler)
+            # Not signal.default_int_handler itself: asyncio.run (which a task's engine runs) swaps
+            # that one for its own, which only cancels its task at the next await, so a model that
+            # loads for minutes would load on to the end.
+            handler = signal.signal(signal.SIGINT, _interrupt)
             try:
                 run_task(job.task)
                 job.handle = Exit(0)
