@@ -27,6 +27,15 @@ class SpawnsThenDies(DeterministicModel):
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+class ClosesTheReplyPipe(DeterministicModel):
+    """Closes the worker's answer pipe as it loads (a task that closes descriptors it does not know),
+    then runs on."""
+
+    def load(self) -> None:
+        os.close(int(os.environ["ORCHESTRA_WORKER_FD"]))
+        time.sleep(300)
+
+
 def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -55,3 +64,16 @@ def test_what_a_dead_warm_worker_left_running_is_stopped(tmp_path: Path, monkeyp
     finally:
         if pid_file.exists() and _alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
+
+
+def test_a_worker_whose_answer_pipe_closed_is_stopped_after_the_grace(tmp_path: Path) -> None:
+    """The pool reads end of file on the pipe while the worker still runs: it waits the kill grace
+    for it to exit, then stops it (it waited for the process without limit: the run hung)."""
+    cfg = config()
+    cfg["models"] = [{"type": "tests.runners.local.test_warm_leftovers.ClosesTheReplyPipe", "abbr": "closes"}]
+    cfg["infer"]["runner"].update(reuse_workers=True, kill_grace_s=1.0)
+    started = time.monotonic()
+    run = orchestra.run(cfg, work_dir=str(tmp_path / "out"), quiet=True)
+    assert time.monotonic() - started < 60
+    (failed,) = [r for r in run.failed if r.stage == "infer"]
+    assert failed.reason.startswith("warm worker exited with code -") and "during the task" in failed.reason
