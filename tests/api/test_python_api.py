@@ -158,3 +158,21 @@ def test_a_signal_stops_a_python_api_run_within_seconds_and_it_returns_interrupt
     assert (exit_code, status) == (code, "interrupted")
     assert "cancelled" in states and "done" not in states
     assert "Traceback" not in err
+
+
+def test_mode_viz_and_eval_use_the_latest_run_folder_and_viz_refuses_a_folder_that_is_no_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    work = tmp_path / "out"
+    first = orchestra.run(config(), work_dir=str(work), quiet=True)
+    shown = orchestra.run(config(), work_dir=str(work), mode="viz", quiet=True)
+    assert (shown.run_dir, shown.rows(), shown.results) == (first.run_dir, first.rows(), [])
+    view = orchestra.plan(config(), work_dir=str(work), mode="eval")
+    assert view.existed and view.run_dir == first.run_dir
+    assert len(list(work.iterdir())) == 1  # neither made a new run folder
+    empty = tmp_path / "empty"
+    empty.mkdir(mode=0o700)
+    with pytest.raises(UserError, match=f"--mode viz: {empty} holds no config.py"):
+        api.viz(str(empty))
+    monkeypatch.setitem(sys.modules, "pandas", None)  # pandas not installed
+    with pytest.raises(UserError, match=r"Run.to_pandas\(\) needs pandas \(pip install pandas\)"):
+        first.to_pandas()
