@@ -170,3 +170,23 @@ def test_a_task_needing_more_gpus_than_the_runner_has_fails_at_once_saying_how_t
 def test_warm_workers_and_a_template_are_refused_together() -> None:
     with pytest.raises(ValueError, match="reuse_workers=True cannot be combined with a template"):
         LocalRunner(reuse_workers=True, template="numactl -N 0 {task_cmd}")
+
+
+def test_a_task_past_its_timeout_is_stopped_retried_and_fails_as_timed_out(tmp_path: Path) -> None:
+    """A real run whose model loads for a minute, under ``timeout_s=1``: each attempt is stopped
+    (its process group gone), retried once, and the task fails saying it timed out, in seconds."""
+    import orchestra
+    from tests.api.test_python_api import config
+
+    cfg = config(load_s=60)
+    cfg["models"] = cfg["models"][:1]
+    cfg["infer"]["runner"].update(timeout_s=1, retry=1, retry_backoff_s=0.1, kill_grace_s=1)
+    started = time.monotonic()
+    run = orchestra.run(cfg, work_dir=str(tmp_path / "out"), quiet=True)
+    assert time.monotonic() - started < 30
+    infer = {r.task_id: r for r in run.results}["infer_good_arith"]
+    assert (infer.state.value, infer.attempts, infer.reason) == ("failed", 2, "timed out after 1 s")
+    events = [e for e in read_events(Path(run.run_dir) / "events.jsonl") if e.get("task_id") == "infer_good_arith"]
+    assert [e["event"] for e in events] == ["queued", "started", "retry", "started", "failed"]
+    assert events[2]["timed_out"] is True and events[4]["timed_out"] is True
+    assert all(not _alive(e["where"]["pid"]) for e in events if e["event"] == "started")
