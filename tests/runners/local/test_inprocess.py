@@ -94,3 +94,16 @@ def test_ctrl_c_interrupts_the_debug_task_itself_and_the_run_ends_cancelled(tmp_
     assert proc.returncode == 0, err
     code, states = json.loads(out)
     assert (code, states) == (130, [["infer_good_arith", "cancelled"]])
+
+
+def test_a_debug_tasks_started_event_comes_before_it_runs(tmp_path: Path) -> None:
+    """The events (progress, trace.json, the report's timeline) must show a debug task running for
+    as long as it ran: its ``started`` came only once it was over, a task of no duration."""
+    import orchestra
+    from orchestra.events import read_events
+
+    run = orchestra.run(_debug_config(load_s=1.0), work_dir=str(tmp_path / "out"), debug=True, quiet=True)
+    assert run.status == "done"
+    events = [e for e in read_events(Path(run.run_dir) / "events.jsonl") if e.get("task_id") == "infer_good_arith"]
+    ts = {e["event"]: e["ts"] for e in events}
+    assert ts["done"] - ts["started"] >= 1.0, events
