@@ -358,7 +358,10 @@ class BaseRunner(abc.ABC):
             reason = ended.reason or f"exit code {ended.code}"
         infra = ended.infra and ended.code != 0
         kind = " (infrastructure)" if infra else ""
-        self.log_attempt(job, f"===== orchestra: attempt {job.attempt} failed{kind}: {reason}\n")
+        try:
+            self.log_attempt(job, f"===== orchestra: attempt {job.attempt} failed{kind}: {reason}\n")
+        except OSError:  # a log that cannot take this line (full disk, a path taken) must not stop the run
+            pass
         how = {"exit_code": ended.code, "timed_out": job.timed_out, "slot": job.slot,
                "duration_s": round(time.monotonic() - job.started, 3)}
         if infra and entry.infra_retries < self.max_infra_retries and not ctx.stop.is_set():

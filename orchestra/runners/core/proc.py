@@ -61,6 +61,22 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
         pass
 
 
+def reap_group(proc: subprocess.Popen[bytes]) -> int | None:
+    """The exit code of a group's leader once it has ended (None while it runs), what it left
+    running in its group (a server it started, a worker pool) killed first: a crashed task's
+    children would hold its GPU and outlive the run.  The leader is looked at without being
+    reaped (``WNOWAIT``), so its group id cannot be another group's by the time it is signalled."""
+    if proc.returncode is not None:
+        return proc.returncode
+    try:
+        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+            return None
+    except ChildProcessError:  # reaped already, by another thread's wait
+        return proc.poll()
+    signal_group(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
 def stop_groups(procs: Sequence[subprocess.Popen[bytes]], grace_s: float) -> None:
     """SIGTERM each process group, wait up to ``grace_s``, then SIGKILL and reap them."""
     for proc in procs:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import select
 import shutil
 import socket
@@ -15,7 +16,7 @@ from orchestra.runners.core import checks
 from orchestra.runners.core.contract import Exit, Job, Session, cannot_start
 from orchestra.runners.core.host import HostCapacity, usable_cores
 from orchestra.runners.core.loop import BaseRunner
-from orchestra.runners.core.proc import signal_name, start_group, stop_groups
+from orchestra.runners.core.proc import reap_group, signal_name, start_group, stop_groups
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.core.warm import Worker
@@ -24,6 +25,7 @@ from orchestra.runners.local.warm import PipePool
 from orchestra.tasks.spec import TaskSpec
 
 _HOST = socket.gethostname()
+_GPU_LINE = re.compile(r"GPU (\d+): ")
 
 
 def detect_gpus() -> list[str]:
@@ -38,7 +40,8 @@ def detect_gpus() -> list[str]:
         out = subprocess.run([exe, "-L"], capture_output=True, text=True, timeout=10, check=False).stdout
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return [str(i) for i, line in enumerate(out.splitlines()) if line.startswith("GPU ")]
+    # one "GPU <n>: ..." line per GPU, each followed by its MIG devices (indented) if it has any
+    return [m.group(1) for line in out.splitlines() if (m := _GPU_LINE.match(line))]
 
 
 #: tasks at once when ``max_num_workers`` is not given and there are fewer GPU slots
@@ -187,8 +190,7 @@ class LocalSession(Session):
         if isinstance(job.handle, Worker):
             assert self.pool is not None
             return self.pool.poll(job.handle)
-        proc: subprocess.Popen[bytes] = job.handle
-        code = proc.poll()
+        code = reap_group(job.handle)
         if code is None:
             return None
         if code < 0:

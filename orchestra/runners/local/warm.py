@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestra.runners.core.contract import Exit, Job
-from orchestra.runners.core.proc import signal_group, start_group, stop_groups
+from orchestra.runners.core.proc import reap_group, signal_group, start_group, stop_groups
 from orchestra.runners.core.warm import StartFailed, WarmPool, Worker
 
 
@@ -120,8 +120,15 @@ class PipePool:
             line, _, pipe.buffer = pipe.buffer.partition(b"\n")
             self.pool.finished(worker)
             return Exit(int(json.loads(line)["code"]))
-        if eof or pipe.proc.poll() is not None:
-            code = pipe.proc.wait()
+        code = reap_group(pipe.proc)  # what a dead worker left running in its group (a model's engine) goes too
+        if eof and code is None:  # its answer pipe closed: it is on its way out; the grace, then stopped
+            deadline = time.monotonic() + self.pipes.kill_grace_s
+            while (code := reap_group(pipe.proc)) is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            if code is None:
+                stop_groups([pipe.proc], 0.0)
+                code = pipe.proc.wait()
+        if code is not None:
             self.detach([worker])
             return Exit(code if code else -1, f"warm worker exited with code {code} during the task")
         return None

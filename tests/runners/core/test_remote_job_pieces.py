@@ -197,3 +197,15 @@ def test_env_file_folder_planted_as_a_link_is_refused_and_its_parent_closed(tmp_
     (dlc / "private").unlink()
     write_env_file(str(dlc / "private" / "infer.env"), ["A"], {"A": "secret"})
     assert dlc.stat().st_mode & 0o777 == 0o755 and (dlc / "private").stat().st_mode & 0o777 == 0o700
+
+
+def test_env_file_under_a_folder_planted_as_a_link_is_refused(tmp_path: Path) -> None:
+    """The folder above the private one (``<run>/dlc``) is itself a link another user planted, to a
+    folder they may write: it is refused, never chmod-ed through, and nothing is written there."""
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o777)
+    theirs.chmod(0o777)
+    (tmp_path / "dlc").symlink_to(theirs)
+    with pytest.raises(UnsafeFolderError, match=f"^{tmp_path / 'dlc'} is not a real folder of this user"):
+        write_env_file(str(tmp_path / "dlc" / "private" / "infer.env"), ["A"], {"A": "secret"})
+    assert list(theirs.iterdir()) == [] and theirs.stat().st_mode & 0o777 == 0o777

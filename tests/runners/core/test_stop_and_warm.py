@@ -52,3 +52,39 @@ def test_warm_policy() -> None:
     # idle for the timeout since it was last wanted, or starting for nobody
     expired = warm.expired(workers, now=10, idle_timeout_s=6, wanted=lambda k: False, last_wanted={"n": 8})
     assert expired == [old, starting]
+
+
+def test_a_background_stop_that_fails_is_reported_once_and_a_job_is_stopped_once() -> None:
+    """A stop that raises (a cloud CLI that crashed) must reach the loop as the job's end, naming
+    the error, not die in its thread leaving the job 'stopping' for ever; a second cancel of a job
+    being stopped starts no second stop."""
+    import threading
+    import time
+
+    from orchestra.runners.core.command import Command
+    from orchestra.runners.core.contract import Exit, Job
+    from orchestra.runners.core.stopping import BackgroundStops
+    from orchestra.tasks.spec import TaskSpec
+
+    task = TaskSpec(stage="infer", task_id="t", run_dir="/nonexistent", model={}, model_abbr="m", units=())
+    job = Job(task, 1, Command(("true",)), "/nonexistent/t.log", {})
+    stops = BackgroundStops("test")
+    calls: list[int] = []
+    release = threading.Event()
+
+    def failing_stop(jobs: list[Job]) -> None:
+        calls.append(len(jobs))
+        release.wait(10)
+        raise RuntimeError("dlc stop: connection reset")
+
+    stops.start([job], failing_stop)
+    stops.start([job], failing_stop)  # cancelled again while its stop runs
+    assert stops.stopping(job) and stops.ended([job]) == {}
+    release.set()
+    deadline = time.monotonic() + 10
+    while not (ended := stops.poll_each([job], lambda j: None)):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert ended == {job: Exit(-1, "cancelled; stopping it failed: RuntimeError: dlc stop: connection reset")}
+    assert calls == [1] and stops.ended([job]) == {} and not stops.stopping(job)
+    stops.wait(1)

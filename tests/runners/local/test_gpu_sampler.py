@@ -230,3 +230,33 @@ def test_bad_gpu_sample_s_is_one_line_exit_2(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert len(res.stderr.strip().splitlines()) == 1
     assert "infer.runner" in res.stderr and "gpu_sample_s must be 0 (off)" in res.stderr and "-1" in res.stderr
+
+
+def test_the_two_stages_share_one_sampler_the_last_release_stops_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Infer and eval overlap, both handing out GPUs (a judge on a GPU): one nvidia-smi for the
+    run's gpu.jsonl, not two writing it at once; it runs until the last launch using it ends."""
+    from orchestra.paths import RunPaths
+    from orchestra.runners.local import gpumon
+
+    for key, value in _double(tmp_path).items():
+        monkeypatch.setenv(key, value)
+    paths = RunPaths(str(tmp_path / "run"))
+    paths.make_dirs()
+    first = gpumon.acquire(paths, ["0", "1"], 0.05)
+    second = gpumon.acquire(paths, ["0"], 0.05)
+    try:
+        assert first is not None and first == second
+        deadline = time.monotonic() + 20
+        while not (pids := _double_pids(tmp_path)) or not os.path.exists(paths.gpu_samples):
+            assert time.monotonic() < deadline, "the double never sampled"
+            time.sleep(0.05)
+        assert len(pids) == 1
+        gpumon.release(first)  # the eval stage ends first: inference still samples
+        assert _alive(pids[0])
+        gpumon.release(second)
+        assert _gone_soon(pids[0])
+        gpumon.release(second)  # released again (a close after a close): nothing left to stop
+    finally:
+        gpumon.release(first)
+        gpumon.release(second)
