@@ -1,0 +1,100 @@
+"""Generation answers whose text is not text: a real aiohttp server on 127.0.0.1 answers every
+``/chat/completions`` and ``/completions`` call with the reply a test sets.
+
+A ``content`` (or ``text``) that is a number, a list or an object must fail the request with one
+line, never become the prediction: a list would pass for ``num_samples`` answers in the record
+(and be scored as such), an object would be sent back as a chat turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from orchestra.errors import ModelError
+from orchestra.models.openai_api import OpenAIAPI
+from orchestra.requests import GenRequest
+
+
+class Replies:
+    """Answers every POST with ``self.reply`` (JSON)."""
+
+    def __init__(self) -> None:
+        self.reply: Any = {}
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    async def answer(self, request: web.Request) -> web.Response:
+        await request.read()
+        return web.json_response(self.reply)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/v1/chat/completions", self.answer)
+        app.router.add_post("/v1/completions", self.answer)
+        self.runner = web.AppRunner(app, access_log=None)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.ready.set()
+        self.loop.run_forever()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture
+def replies(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Replies]:
+    monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))
+    server = Replies()
+    yield server
+    server.close()
+
+
+def _generate(server: Replies, endpoint: str, reply: Any) -> Any:
+    server.reply = reply
+
+    async def main() -> Any:
+        model = OpenAIAPI(abbr="m", path="p", base_url=server.base_url, key_env=None, endpoint=endpoint,
+                          max_retries=0)
+        try:
+            return await model.generate(GenRequest("What is 2 + 3?"))
+        finally:
+            await model.aclose()
+
+    return asyncio.run(main())
+
+
+def _choice(endpoint: str, value: Any) -> dict[str, Any]:
+    if endpoint == "chat":
+        return {"choices": [{"index": 0, "message": {"role": "assistant", "content": value}}]}
+    return {"choices": [{"index": 0, "text": value}]}
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+@pytest.mark.parametrize("value", [5, ["5", "6"], {"text": "5"}, True], ids=["number", "list", "object", "bool"])
+def test_text_that_is_not_a_string_fails_the_request_with_one_line(replies: Replies, endpoint: str,
+                                                                   value: Any) -> None:
+    with pytest.raises(ModelError) as err:
+        _generate(replies, endpoint, _choice(endpoint, value))
+    assert "not text" in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("endpoint", ["chat", "completions"])
+def test_text_and_null_text_are_answers(replies: Replies, endpoint: str) -> None:
+    assert _generate(replies, endpoint, _choice(endpoint, " 5")) == " 5"
+    assert _generate(replies, endpoint, _choice(endpoint, None)) == ""  # a refusal or a tool call: no text
