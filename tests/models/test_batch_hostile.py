@@ -27,7 +27,8 @@ from orchestra.requests import GenRequest
 class HostileBatches:
     """A minimal Batch API.  ``hostile`` names what goes wrong, each once: ``poll_list`` (the first
     poll of a batch is a JSON list), ``bad_rows`` (the first output file has garbage lines and its
-    row for the prompt ``q3`` has ``"response": "oops"``), ``upload_no_id`` / ``create_no_id``
+    row for the prompt ``q3`` has ``"response": "oops"``), ``poll_500`` (the first batch can never
+    be polled: every GET answers 500), ``upload_no_id`` / ``create_no_id``
     (the first upload / create answers 200 without an ``id``)."""
 
     def __init__(self, hostile: set[str]) -> None:
@@ -74,6 +75,8 @@ class HostileBatches:
 
     async def get(self, request: web.Request) -> web.Response:
         self._count("get")
+        if request.match_info["bid"] == "batch-0" and "poll_500" in self.hostile:  # never readable
+            return web.json_response({"error": {"message": "internal error"}}, status=500)
         if self._once("poll_list"):
             return web.json_response([{"id": request.match_info["bid"], "status": "completed"}])
         return web.json_response(self.batches[request.match_info["bid"]])
@@ -228,3 +231,15 @@ def test_anthropic_result_lines_that_are_not_results_answer_nothing(tmp_path: Pa
     assert out["a"][0] == out["c"][0] == "retry"
     assert out["b"][0] == "fail"  # errored, and of no type worth another batch
     assert out["d"] == ("ok", {"content": []})
+
+
+def test_a_batch_that_can_never_be_polled_is_given_up_and_its_rows_sent_again(tmp_path: Path) -> None:
+    """Every poll of the first batch fails (after its own retries): after ``max_retries`` failed
+    polls in a row the batch is given up and its rows go into a second batch, which answers."""
+    server = HostileBatches({"poll_500"})
+    try:
+        answers, seen = _ask(server, tmp_path / "run", PROMPTS)
+    finally:
+        server.close()
+    assert answers == [f"re:{p}" for p in PROMPTS], answers
+    assert server.calls["create"] == 2 and seen.count("batch_poll_failed") == 3  # max_retries=2: the third gives up
