@@ -18,8 +18,9 @@ import pytest
 from aiohttp import web
 
 from orchestra.errors import ModelError
+from orchestra.models.anthropic_api import AnthropicAPI
 from orchestra.models.openai_api import OpenAIAPI
-from orchestra.requests import GenRequest
+from orchestra.requests import GenRequest, LoglikRequest
 
 
 class Replies:
@@ -43,6 +44,7 @@ class Replies:
         app = web.Application()
         app.router.add_post("/v1/chat/completions", self.answer)
         app.router.add_post("/v1/completions", self.answer)
+        app.router.add_post("/v1/messages", self.answer)
         self.runner = web.AppRunner(app, access_log=None)
         self.loop.run_until_complete(self.runner.setup())
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
@@ -98,3 +100,37 @@ def test_text_that_is_not_a_string_fails_the_request_with_one_line(replies: Repl
 def test_text_and_null_text_are_answers(replies: Replies, endpoint: str) -> None:
     assert _generate(replies, endpoint, _choice(endpoint, " 5")) == " 5"
     assert _generate(replies, endpoint, _choice(endpoint, None)) == ""  # a refusal or a tool call: no text
+
+
+def _claude(server: Replies, reply: Any) -> Any:
+    server.reply = reply
+
+    async def main() -> Any:
+        model = AnthropicAPI(abbr="c", path="claude", base_url=server.base_url, key_env=None, max_retries=0)
+        try:
+            return await model.generate(GenRequest("What is 2 + 3?"))
+        finally:
+            await model.aclose()
+
+    return asyncio.run(main())
+
+
+def test_anthropic_text_blocks_are_joined_and_others_skipped(replies: Replies) -> None:
+    content = [{"type": "thinking", "thinking": "hmm"}, {"type": "text", "text": " 5"}, "junk",
+               {"type": "tool_use", "id": "t"}, {"type": "text", "text": "."}]
+    assert _claude(replies, {"content": content, "usage": {"input_tokens": 3, "output_tokens": 2}}) == " 5."
+
+
+@pytest.mark.parametrize("reply", [{"content": "5"}, {"type": "message"}, {"content": [{"type": "text", "text": 5}]},
+                                   {"content": [{"type": "text", "text": ["5", "6"]}]}],
+                         ids=["content-string", "no-content", "text-number", "text-list"])
+def test_anthropic_answer_without_text_content_fails_with_one_line(replies: Replies, reply: Any) -> None:
+    with pytest.raises(ModelError) as err:
+        _claude(replies, reply)
+    assert "\n" not in str(err.value) and ("without content" in str(err.value) or "not text" in str(err.value))
+
+
+def test_anthropic_refuses_loglikelihoods_with_one_line() -> None:
+    model = AnthropicAPI(abbr="c", path="claude", key_env=None)
+    with pytest.raises(ModelError, match="gives no log-probabilities"):
+        asyncio.run(model.loglikelihood(LoglikRequest("2 + 3 =", (" 5", " 6"))))
