@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ class Replies:
 
     def __init__(self) -> None:
         self.reply: Any = {}
+        self.status, self.headers, self.requests = 200, {"x-none": "0"}, 0
         self.loop = asyncio.new_event_loop()
         self.ready = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
@@ -37,7 +39,8 @@ class Replies:
 
     async def answer(self, request: web.Request) -> web.Response:
         await request.read()
-        return web.json_response(self.reply)
+        self.requests += 1
+        return web.json_response(self.reply, status=self.status, headers=self.headers)
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
@@ -134,3 +137,24 @@ def test_anthropic_refuses_loglikelihoods_with_one_line() -> None:
     model = AnthropicAPI(abbr="c", path="claude", key_env=None)
     with pytest.raises(ModelError, match="gives no log-probabilities"):
         asyncio.run(model.loglikelihood(LoglikRequest("2 + 3 =", (" 5", " 6"))))
+
+
+def test_a_retry_after_past_the_deadline_gives_up_at_once(replies: Replies) -> None:
+    """A 503 asking for 30 s while timeout_s is 2: the request fails now, with one line naming
+    timeout_s and the server's message, instead of sleeping past its own deadline."""
+    replies.status, replies.headers = 503, {"Retry-After": "30", "retry-after-ms": "soon"}
+    replies.reply = {"error": {"message": "overloaded"}}
+
+    async def main() -> Any:
+        model = OpenAIAPI(abbr="m", path="p", base_url=replies.base_url, key_env=None, timeout_s=2.0)
+        try:
+            return await model.generate(GenRequest("What is 2 + 3?"))
+        finally:
+            await model.aclose()
+
+    began = time.monotonic()
+    with pytest.raises(ModelError) as err:
+        asyncio.run(main())
+    assert time.monotonic() - began < 1.5 and replies.requests == 1
+    text = str(err.value)
+    assert "timeout_s=2 would pass before the next one" in text and "HTTP 503: overloaded" in text and "\n" not in text
