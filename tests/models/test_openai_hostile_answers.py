@@ -158,3 +158,37 @@ def test_a_retry_after_past_the_deadline_gives_up_at_once(replies: Replies) -> N
     assert time.monotonic() - began < 1.5 and replies.requests == 1
     text = str(err.value)
     assert "timeout_s=2 would pass before the next one" in text and "HTTP 503: overloaded" in text and "\n" not in text
+
+
+def _plain(server: Replies, **kwargs: Any) -> Any:
+    async def main() -> Any:
+        model = OpenAIAPI(abbr="m", path="p", base_url=server.base_url, **{"key_env": None, "max_retries": 0,
+                                                                          **kwargs})
+        try:
+            return await model.generate(GenRequest("What is 2 + 3?"))
+        finally:
+            await model.aclose()
+
+    return asyncio.run(main())
+
+
+def test_a_200_whose_json_is_not_an_object_fails_at_once_with_one_line(replies: Replies) -> None:
+    replies.reply = ["5"]
+    with pytest.raises(ModelError, match=r"HTTP 200 with unexpected JSON: \['5'\]"):
+        _plain(replies, max_retries=3)
+    assert replies.requests == 1  # the same answer would come again: not retried
+
+
+def test_a_401_names_the_unset_key_variable(replies: Replies, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("ORCHESTRA_TEST_UNSET_KEY", raising=False)
+    replies.status, replies.reply = 401, {"error": {"message": "missing bearer token"}}
+    with pytest.raises(ModelError) as err:
+        _plain(replies, key_env="ORCHESTRA_TEST_UNSET_KEY")
+    assert str(err.value) == ("HTTP 401: missing bearer token (environment variable ORCHESTRA_TEST_UNSET_KEY "
+                              "is not set)")
+
+
+def test_batch_mode_outside_a_run_folder_is_one_line() -> None:
+    model = OpenAIAPI(abbr="m", path="p", key_env=None, batch=True)
+    with pytest.raises(ModelError, match="batch mode needs a run folder; it runs in infer tasks only"):
+        asyncio.run(model.generate(GenRequest("hi")))
