@@ -35,7 +35,8 @@ class AnthropicBatchHTTP(BatchHTTP):
         return self._normal(await self.call("POST", "/messages/batches", {"requests": requests}, retries=False))
 
     async def get(self, batch_id: str) -> dict[str, Any]:
-        return self._normal(await self.call("GET", f"/messages/batches/{batch_id}"))
+        obj = await self.call("GET", f"/messages/batches/{batch_id}")
+        return self._normal({**obj, "id": batch_id})  # its results are read by the id asked for
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
         return self._normal(await self.call("POST", f"/messages/batches/{batch_id}/cancel", retries=False))

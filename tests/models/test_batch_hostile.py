@@ -89,7 +89,28 @@ class HostileBatches:
                     {"id": "old", "created_at": "yesterday"}]
         return web.json_response({"object": "list", "data": data, "has_more": True})
 
+    async def anthropic_create(self, request: web.Request) -> web.Response:
+        self._count("create")
+        body = await request.json()
+        bid = f"msgbatch_{len(self.batches)}"
+        self.batches[bid] = {"id": bid, "type": "message_batch", "processing_status": "ended",
+                             "requests": body["requests"]}
+        return web.json_response({"id": bid, "type": "message_batch", "processing_status": "in_progress"})
+
+    async def anthropic_get(self, request: web.Request) -> web.Response:
+        self._count("get")
+        batch = {k: v for k, v in self.batches[request.match_info["bid"]].items() if k != "requests"}
+        if self._once("anthropic_poll_no_id"):
+            del batch["id"]
+        return web.json_response(batch)
+
     async def anthropic_results(self, request: web.Request) -> web.Response:
+        bid = request.match_info["bid"]
+        if bid in self.batches:
+            lines = [json.dumps({"custom_id": r["custom_id"], "result": {"type": "succeeded", "message": {
+                "content": [{"type": "text", "text": f"re:{r['params']['messages'][-1]['content']}"}]}}}).encode()
+                for r in self.batches[bid]["requests"]]
+            return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
         lines = [b"[]", b"null", b'{"custom_id": "a", "result": "done"}',
                  b'{"custom_id": "b", "result": {"type": "errored", "error": "overloaded"}}',
                  b'{"custom_id": "c", "result": {"type": "errored", "error": {"error": {"type": "overloaded_error"}}}}',
@@ -122,6 +143,8 @@ class HostileBatches:
         app.router.add_get("/v1/batches/{bid}", self.get)
         app.router.add_post("/v1/batches/{bid}/cancel", self.cancel)
         app.router.add_get("/v1/files/{fid}/content", self.content)
+        app.router.add_post("/v1/messages/batches", self.anthropic_create)
+        app.router.add_get("/v1/messages/batches/{bid}", self.anthropic_get)
         app.router.add_get("/v1/messages/batches/{bid}/results", self.anthropic_results)
         self.runner = web.AppRunner(app, access_log=None)
         self.loop.run_until_complete(self.runner.setup())
@@ -142,13 +165,14 @@ def _lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))
 
 
-def _ask(server: HostileBatches, run_dir: Path, prompts: list[str]) -> tuple[list[Any], list[str]]:
+def _ask(server: HostileBatches, run_dir: Path, prompts: list[str],
+         cls: type[OpenAIAPI] = OpenAIAPI) -> tuple[list[Any], list[str]]:
     """Every prompt through one batch-mode model bound to ``run_dir``: answers (or errors), events."""
     seen: list[str] = []
 
     async def main() -> list[Any]:
-        model = OpenAIAPI(abbr="m", path="test-model", base_url=server.base_url, key_env=None, max_retries=2,
-                          batch=dict(size=50, poll_s=0.05, flush_s=0.05, cancel_wait_s=0.5))
+        model = cls(abbr="m", path="test-model", base_url=server.base_url, key_env=None, max_retries=2,
+                    batch=dict(size=50, poll_s=0.05, flush_s=0.05, cancel_wait_s=0.5))
         model.policy = type(model.policy)(max_retries=2, timeout_s=20, attempt_timeout_s=5, backoff_base_s=0.05)
         model.bind_task(str(run_dir), "task-0", lambda event, **fields: seen.append(event))
 
@@ -243,3 +267,17 @@ def test_a_batch_that_can_never_be_polled_is_given_up_and_its_rows_sent_again(tm
         server.close()
     assert answers == [f"re:{p}" for p in PROMPTS], answers
     assert server.calls["create"] == 2 and seen.count("batch_poll_failed") == 3  # max_retries=2: the third gives up
+
+
+def test_an_anthropic_poll_answer_without_its_id_is_read_by_the_id_asked_for(tmp_path: Path) -> None:
+    """Message Batches: a poll answered without ``id`` (status ``ended``) must not stop batch mode:
+    the results are read by the id that was asked for."""
+    from orchestra.models.anthropic_api import AnthropicAPI
+
+    server = HostileBatches({"anthropic_poll_no_id"})
+    try:
+        answers, _ = _ask(server, tmp_path / "run", PROMPTS, AnthropicAPI)
+    finally:
+        server.close()
+    assert answers == [f"re:{p}" for p in PROMPTS], answers
+    assert not server.hostile and server.calls["create"] == 1
