@@ -192,3 +192,38 @@ def test_batch_mode_outside_a_run_folder_is_one_line() -> None:
     model = OpenAIAPI(abbr="m", path="p", key_env=None, batch=True)
     with pytest.raises(ModelError, match="batch mode needs a run folder; it runs in infer tasks only"):
         asyncio.run(model.generate(GenRequest("hi")))
+
+
+@pytest.mark.parametrize("reply", [{}, {"choices": []}, {"choices": [{"message": "5"}]}, {"choices": "5"}],
+                         ids=["no-choices", "empty", "message-string", "choices-string"])
+def test_an_answer_without_choices_is_one_line_naming_what_came(replies: Replies, reply: Any) -> None:
+    replies.reply = reply
+    with pytest.raises(ModelError) as err:
+        _plain(replies)
+    assert str(err.value).startswith("answer without choices: ") and "\n" not in str(err.value)
+
+
+class NotJson(Replies):
+    """Answers 200 with HTML (a proxy's error page) the first ``bad`` times, then a real answer."""
+
+    bad = 2
+
+    async def answer(self, request: web.Request) -> web.Response:
+        await request.read()
+        self.requests += 1
+        if self.requests <= self.bad:
+            return web.Response(text="<html>gateway says hi</html>", content_type="text/html")
+        return web.json_response(_choice("chat", " 5"))
+
+
+def test_a_200_that_is_not_json_is_retried(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))
+    server = NotJson()
+    try:
+        assert _plain(server, max_retries=3) == " 5" and server.requests == 3
+        server.requests, server.bad = 0, 99
+        with pytest.raises(ModelError, match=r"gave up after 2 attempts \(1 retries\): HTTP 200 with a body that is "
+                                             r"not JSON: b'<html>gateway says hi</html>'"):
+            _plain(server, max_retries=1)
+    finally:
+        server.close()
