@@ -126,14 +126,18 @@ class Checkpoint:
         if not os.path.exists(self.path):
             return
         lines, whole = _load_lines(self.path)
-        if not lines or lines[0].get("_meta", {}).get("hash") != self.hash:
+        meta = lines[0].get("_meta") if lines else None
+        if not isinstance(meta, dict) or meta.get("hash") != self.hash:
             os.unlink(self.path)  # built for other settings: never mix it in
             return
         if whole != os.path.getsize(self.path):
             os.truncate(self.path, whole)  # drop a torn last line before appending after it
         for rec in lines[1:]:
-            if "id" in rec:
-                self.records[int(rec["id"])] = rec  # a later line for the same id wins
+            rid = rec.get("id")
+            if isinstance(rid, float) and rid.is_integer():
+                rid = int(rid)
+            if isinstance(rid, int) and not isinstance(rid, bool):  # any other line: its sample runs again
+                self.records[rid] = rec  # a later line for the same id wins
 
     def done_ids(self) -> set[int]:
         """Samples finished without error (failed ones are sent again)."""

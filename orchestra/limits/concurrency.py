@@ -119,14 +119,6 @@ async def _wait_cancel_safe(waiters: _Waiters, release: Callable[[int], None]) -
         raise
 
 
-def default_lock_dir() -> str:
-    """Where host-wide slot files live: ``ORCHESTRA_LOCK_DIR`` or a per-user temp folder."""
-    env = os.environ.get("ORCHESTRA_LOCK_DIR")
-    if env:
-        return env
-    return os.path.join(temp_folder("slots"), "slots")
-
-
 def _private_scope_dir(lock_dir: str | None, key: str) -> str:
     """``<lock dir>/<key>`` (and its ``members`` folder), each a private folder of this user
     (:func:`orchestra.privdir.private_dir`): slot and member files are never made, locked or

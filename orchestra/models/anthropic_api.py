@@ -98,7 +98,10 @@ class AnthropicAPI(OpenAIAPI):
         content = data.get("content")
         if not isinstance(content, list):
             raise ModelError(f"answer without content: {self._scrub(json.dumps(data)[:300])}")
-        return "".join(str(b.get("text", "")) for b in content if isinstance(b, dict) and b.get("type") == "text")
+        texts = [b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"]
+        if not all(isinstance(t, str) for t in texts):  # str() of a list would look like an answer
+            raise ModelError(f"model {self.abbr}: a text block of the answer is not text")
+        return "".join(texts)
 
     async def loglikelihood(self, request: LoglikRequest) -> list[float]:
         raise ModelError(f"model {self.abbr}: Anthropic's Messages API gives no log-probabilities; "

@@ -35,7 +35,8 @@ class AnthropicBatchHTTP(BatchHTTP):
         return self._normal(await self.call("POST", "/messages/batches", {"requests": requests}, retries=False))
 
     async def get(self, batch_id: str) -> dict[str, Any]:
-        return self._normal(await self.call("GET", f"/messages/batches/{batch_id}"))
+        obj = await self.call("GET", f"/messages/batches/{batch_id}")
+        return self._normal({**obj, "id": batch_id})  # its results are read by the id asked for
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
         return self._normal(await self.call("POST", f"/messages/batches/{batch_id}/cancel", retries=False))
@@ -51,12 +52,17 @@ class AnthropicBatchHTTP(BatchHTTP):
             if not line.strip():
                 continue
             row = json.loads(line)
-            result = row.get("result") or {}
+            if not isinstance(row, dict):
+                continue  # answers no request: its rows go into a later batch
+            result = row.get("result")
+            result = result if isinstance(result, dict) else {}
             kind = result.get("type")
             if kind == "succeeded" and isinstance(result.get("message"), dict):
                 out[str(row.get("custom_id"))] = ("ok", result["message"])
             elif kind == "errored":
-                err = ((result.get("error") or {}).get("error")) or {}
+                outer = result.get("error")
+                err = outer.get("error") if isinstance(outer, dict) else None
+                err = err if isinstance(err, dict) else {}
                 text = f"{err.get('type')}: {err.get('message')}"
                 out[str(row.get("custom_id"))] = ("retry" if err.get("type") in RETRY_ERRORS else "fail", text)
             else:  # canceled, expired

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
+from orchestra.errors import ModelError
 from orchestra.fileio import stable_hash
 from orchestra.requests import GenRequest, LoglikRequest
 
@@ -191,6 +192,8 @@ class _Batcher(Generic[Req, Res]):
                 requests = [req for req, _ in batch]
                 try:
                     results = await asyncio.to_thread(self._locked_run, requests)
+                    if len(results) != len(batch):  # which answer is whose is unknown: none is trusted
+                        raise ModelError(f"the model returned {len(results)} results for {len(batch)} requests")
                 except Exception as exc:  # one bad batch fails its own callers only
                     for _, fut in batch:
                         if not fut.done():

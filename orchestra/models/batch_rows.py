@@ -95,18 +95,20 @@ def batch_reason(obj: dict[str, Any]) -> str:
     return f"batch {obj.get('id')} ended {obj.get('status')} without an answer for this request"
 
 
-def row_outcome(row: dict[str, Any] | None, reason: str) -> tuple[str, Any]:
+def row_outcome(row: Any, reason: str) -> tuple[str, Any]:
     """What one result row of OpenAI's output or error file means: ``("ok", body)``, ``("retry",
     text)`` (429 and other passing statuses, 5xx, an expired or cancelled batch; ``reason`` when
     the batch left no row, as a failed batch does) or ``("fail", text)`` (any other status)."""
-    if row is None:
+    if not isinstance(row, dict):
         return "retry", reason
-    resp = row.get("response") or {}
+    resp = row.get("response")
+    if not isinstance(resp, dict):  # null for a failed row; anything else is not an answer either
+        resp = {}
     status = resp.get("status_code")
     if status == 200 and isinstance(resp.get("body"), dict):
         return "ok", resp["body"]
-    if isinstance(status, int) and status:
+    if isinstance(status, int) and not isinstance(status, bool) and status:
         text = f"HTTP {status}: {message(resp.get('body'))}"
         return ("retry" if status >= 500 or status in RETRY_STATUSES else "fail"), text
-    err = row.get("error") or {}
-    return "retry", (f"{err.get('code')}: {err.get('message')}" if err else reason)
+    err = row.get("error")
+    return "retry", (f"{err.get('code')}: {err.get('message')}" if isinstance(err, dict) and err else reason)

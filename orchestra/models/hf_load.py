@@ -117,7 +117,7 @@ def load_causal_lm(
             model = transformers.AutoModelForCausalLM.from_pretrained(folder, **kwargs)
         tok_kwargs = {"trust_remote_code": trust_remote_code, **tokenizer_kwargs}
         tokenizer = _load_tokenizer(transformers, source, folder, tokenizer_path, tok_kwargs)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, _weights_error()) as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ModelError(f"{where}: cannot load {path}: {first}") from exc
     if device_map is None:
@@ -129,6 +129,15 @@ def load_causal_lm(
         tokenizer.pad_token = tokenizer.eos_token
     log.info("%s: loaded %s (%s) on %s as %s", abbr, path, loaded_from, input_device, dtype)
     return LoadedLM(model, tokenizer, torch, input_device, threads, loaded_from, folder)
+
+
+def _weights_error() -> type[Exception]:
+    """What safetensors raises for a weights file it cannot read (cut short, not safetensors)."""
+    try:
+        from safetensors import SafetensorError
+    except ImportError:  # pragma: no cover - transformers requires safetensors
+        return OSError
+    return SafetensorError
 
 
 def _dtype(torch: Any, torch_dtype: str, uses_cuda: bool) -> Any:

@@ -359,6 +359,8 @@ class OpenAIAPI(BaseModel):
             text = choice["message"]["content"] if self.endpoint == "chat" else choice["text"]
         except (KeyError, IndexError, TypeError):
             raise ModelError(f"answer without choices: {self._scrub(json.dumps(data)[:300])}") from None
+        if text is not None and not isinstance(text, str):  # a list would pass for num_samples answers
+            raise ModelError(f"model {self.abbr}: the answer's text is {type(text).__name__}, not text")
         return encodable(text or "")  # a lone surrogate (a pair cut at max_tokens) becomes U+FFFD
 
     async def loglikelihood(self, request: LoglikRequest) -> list[float]:

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from orchestra.errors import ModelError
 from orchestra.limits.concurrency import concurrency
 from orchestra.limits.ratelimit import AdaptiveRate
 from orchestra.limits.retry import (
@@ -87,9 +88,13 @@ class BatchHTTP:
         if raw:
             return Outcome(200, body)
         try:
-            return Outcome(200, json.loads(body))
+            data = json.loads(body)
         except ValueError:
             return Outcome(200, None, RetryDecision.transient(f"HTTP 200 with a body that is not JSON: {body[:200]!r}"))
+        if not isinstance(data, dict):  # every control call answers an object
+            return Outcome(200, None, RetryDecision.transient(f"HTTP 200 with JSON that is not an object: "
+                                                              f"{body[:200]!r}"))
+        return Outcome(200, data)
 
     async def call(self, method: str, path: str, body: Any = None, *, data: bytes | None = None,
                    headers: dict[str, str] | None = None, raw: bool = False, retries: bool = True) -> Any:
@@ -111,7 +116,11 @@ class BatchHTTP:
 
     async def prepare(self, key: str, content: bytes) -> str:
         """Make the batch's input available before it is recorded: the uploaded file's id."""
-        return str((await self.upload(f"orchestra-{key}.jsonl", content))["id"])
+        file = await self.upload(f"orchestra-{key}.jsonl", content)
+        fid = file.get("id")
+        if not isinstance(fid, str) or not fid:
+            raise ModelError(self._explain(200, f"the file upload was answered without a file id: {str(file)[:200]}"))
+        return fid
 
     async def create_batch(self, handle: str, path: str, content: bytes, meta: dict[str, str]) -> dict[str, Any]:
         return await self.create(handle, "/v1" + path, "24h", meta)
@@ -125,7 +134,8 @@ class BatchHTTP:
                 for line in (await self.content(str(fid))).splitlines():
                     if line.strip():
                         row = json.loads(line)
-                        rows[str(row.get("custom_id"))] = row
+                        if isinstance(row, dict):  # any other line answers no request: its rows go again
+                            rows[str(row.get("custom_id"))] = row
         reason = self.reason(obj)
         return {cid: row_outcome(row, reason) for cid, row in rows.items()}
 
@@ -174,12 +184,16 @@ class BatchHTTP:
         after = ""
         while keys - set(found):
             page = await self.call("GET", "/batches?limit=100" + (f"&after={after}" if after else ""))
-            data = page.get("data") or []
+            data = page.get("data")
+            data = [b for b in data if isinstance(b, dict)] if isinstance(data, list) else []
             for batch in data:
-                key = (batch.get("metadata") or {}).get("orchestra_key")
-                if key in keys:
+                meta = batch.get("metadata")
+                key = meta.get("orchestra_key") if isinstance(meta, dict) else None
+                if key in keys and batch.get("id"):
                     found[key] = batch
-            if not page.get("has_more") or not data or float(data[-1].get("created_at") or 0) < since:
+            created = data[-1].get("created_at") if data else None
+            if (not page.get("has_more") or not data or not data[-1].get("id")
+                    or not isinstance(created, (int, float)) or created < since):
                 break
             after = str(data[-1]["id"])
         return found

@@ -240,6 +240,8 @@ class BatchSubmitter(abc.ABC):
                 "orchestra_model": self.model_name[:512]}
         try:
             batch = await self.http.create_batch(handle, chunk[0]["path"], content, meta)
+            if not isinstance(batch.get("id"), str) or not batch["id"]:
+                raise ModelError("the create call was answered without a batch id")
         except ModelError as exc:
             # A create that failed in flight may still have made the batch: look for it.
             try:

@@ -115,3 +115,22 @@ def test_a_lone_surrogate_from_any_model_is_written_as_a_replacement_character(t
     raw = out.read_bytes()
     assert "中文".encode() in raw and "é \U0001f600".encode() in raw
     assert lines(out)[1]["prediction"] == "The answer is 4 \ufffd"
+
+
+def test_lines_that_are_json_but_not_records_are_skipped_not_fatal(tmp_path: Any) -> None:
+    """A damaged checkpoint whose lines parse as JSON of another shape (an id that is no number,
+    a meta that is no object) must not stop the task from ever resuming: such a line is skipped
+    (its sample runs again), a header of the wrong shape makes the file stale."""
+    path = tmp_path / "p.ckpt"
+    path.write_text('{"_meta": {"hash": "h"}}\n{"id": 0, "prediction": "a"}\n{"id": "x7", "prediction": "b"}\n'
+                    '{"id": null}\n{"id": [1]}\n{"id": 2.0, "prediction": "c"}\n{"id": true, "prediction": "d"}\n')
+    ck = Checkpoint(str(path), "h")
+    assert ck.done_ids() == {0, 2}
+    ck.append({"id": 3, "prediction": "e"})
+    ck.close()
+    stale = tmp_path / "q.ckpt"
+    stale.write_text('{"_meta": "h"}\n{"id": 0, "prediction": "a"}\n')
+    assert Checkpoint(str(stale), "h").done_ids() == set() and not stale.exists()
+    listed = tmp_path / "r.ckpt"
+    listed.write_text('["_meta"]\n{"id": 0, "prediction": "a"}\n')
+    assert Checkpoint(str(listed), "h").done_ids() == set()

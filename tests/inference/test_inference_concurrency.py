@@ -104,3 +104,66 @@ def test_slots_of_a_killed_process_are_freed(server: Any) -> None:
     out, err = other.communicate(timeout=30)
     assert other.returncode == 0, err
     assert json.loads(out) == ["1", "2", "3", "4"]
+
+
+def test_a_scope_asked_for_with_another_limit_is_rebuilt_when_idle_refused_when_busy(tmp_path: Any,
+                                                                                     monkeypatch: Any) -> None:
+    """A warm worker's next task may set another max_connections: an idle host-wide scope is
+    rebuilt with it (its slot files closed); one with a slot taken refuses, naming both limits."""
+    monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))
+
+    async def main() -> None:
+        first = concurrency("t-limit", 2, host_wide=True)
+        async with first():
+            with pytest.raises(ValueError, match="is in use with limit 2; asked for 3"):
+                concurrency("t-limit", 3, host_wide=True)
+            assert first.in_use() == 1
+        second = concurrency("t-limit", 3, host_wide=True)
+        assert second is not first and second.limit == 3 and isinstance(second, HostSlots)
+        async with second(), second(), second():
+            assert second.in_use() == 3
+        with pytest.raises(ValueError, match="limit must be an integer >= 1"):
+            concurrency("t-limit", 0)
+
+    try:
+        asyncio.run(main())
+    finally:
+        drop_scope("t-limit", host_wide=True)
+
+
+_DEFAULT_DIR = """
+import asyncio, os, sys
+from orchestra.limits.concurrency import HostSlots
+async def main():
+    slots = HostSlots("t-default", 2)
+    async with slots():
+        print(slots.dir)
+try:
+    asyncio.run(main())
+except Exception as exc:
+    print(f"{type(exc).__name__}: {exc}")
+    sys.exit(2)
+"""
+
+
+def test_the_default_slot_folder_is_private_and_a_planted_link_is_refused(tmp_path: Any) -> None:
+    """Without ORCHESTRA_LOCK_DIR the slot files live in <tmp>/orchestra-<uid>/slots, made 0700.
+    Another local user who planted <tmp>/orchestra-<uid> as a link to a folder of theirs gets a
+    one-line refusal, and no file of ours in their folder."""
+    env = {k: v for k, v in os.environ.items() if k != "ORCHESTRA_LOCK_DIR"}
+    env["PYTHONPATH"] = ROOT
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    mine.mkdir()
+    theirs.mkdir()
+    res = subprocess.run([sys.executable, "-c", _DEFAULT_DIR], env={**env, "TMPDIR": str(mine)},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    top = mine / f"orchestra-{os.getuid()}"
+    assert res.stdout.strip().startswith(str(top / "slots")) and (top.stat().st_mode & 0o777) == 0o700
+    planted = tmp_path / "planted"
+    planted.mkdir()
+    os.symlink(theirs, planted / f"orchestra-{os.getuid()}")
+    res = subprocess.run([sys.executable, "-c", _DEFAULT_DIR], env={**env, "TMPDIR": str(planted)},
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and "UnsafeFolderError" in res.stdout and "symbolic link" in res.stdout, res.stdout
+    assert len(res.stdout.strip().splitlines()) == 1 and list(theirs.iterdir()) == []

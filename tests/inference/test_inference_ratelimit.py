@@ -78,3 +78,26 @@ def test_learns_a_servers_limit(server: Any) -> None:
     assert st["by_status"].get("429", 0) < 30  # retrying alone would bounce off the limit far more
     learned = model.rate.learned_rate()
     assert learned is not None and 8.0 <= learned <= 40.0
+
+
+def test_a_cancelled_waiter_does_not_use_up_a_send() -> None:
+    """At 10 requests/s, three callers queue behind the first send; the second is cancelled (its
+    sample timed out, or Ctrl-C): the third goes at the next tick, not one tick later, and
+    a 429 then sets a pace under ``max_rate``."""
+    rate = AdaptiveRate(max_rate=10.0)
+
+    async def main() -> list[float]:
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        first = await rate.acquire()
+        second = asyncio.ensure_future(rate.acquire())
+        third = asyncio.ensure_future(rate.acquire())
+        await asyncio.sleep(0.01)
+        second.cancel()
+        ticket = await third
+        rate.on_rate_limited(ticket)  # a 429: the pace drops to what was accepted, under max_rate
+        return [first.sent_at - t0, ticket.sent_at - t0, rate.rate(loop.time()) or 0.0]
+
+    first, third, pace = asyncio.run(main())
+    assert first < 0.02 and 0.08 <= third < 0.15 and rate.sends == 2  # the cancelled one sent nothing
+    assert 0 < pace < 10.0 and rate.adjustments == 1

@@ -1,0 +1,283 @@
+"""Batch mode against a provider whose control answers are hostile: a real aiohttp server on
+127.0.0.1 that speaks just enough of the Files + Batches API and, on request, answers a poll with
+JSON that is not an object, writes output rows that are not objects (or whose ``response`` is
+not), or answers an upload or a create without an ``id``.
+
+Each such answer must cost at most the rows it touches (a later batch sends them again, bounded
+by ``max_retries``), never every request of the task, and never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+from aiohttp import web
+
+from orchestra.errors import ModelError
+from orchestra.models.base import SampleTag, current_sample
+from orchestra.models.openai_api import OpenAIAPI
+from orchestra.requests import GenRequest
+
+
+class HostileBatches:
+    """A minimal Batch API.  ``hostile`` names what goes wrong, each once: ``poll_list`` (the first
+    poll of a batch is a JSON list), ``bad_rows`` (the first output file has garbage lines and its
+    row for the prompt ``q3`` has ``"response": "oops"``), ``poll_500`` (the first batch can never
+    be polled: every GET answers 500), ``upload_no_id`` / ``create_no_id``
+    (the first upload / create answers 200 without an ``id``)."""
+
+    def __init__(self, hostile: set[str]) -> None:
+        self.hostile = set(hostile)
+        self.files: dict[str, bytes] = {}
+        self.batches: dict[str, dict[str, Any]] = {}
+        self.calls: dict[str, int] = {}
+        self.loop = asyncio.new_event_loop()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        assert self.ready.wait(10)
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+
+    def _once(self, what: str) -> bool:
+        if what in self.hostile:
+            self.hostile.discard(what)
+            return True
+        return False
+
+    def _count(self, name: str) -> None:
+        self.calls[name] = self.calls.get(name, 0) + 1
+
+    async def upload(self, request: web.Request) -> web.Response:
+        self._count("upload")
+        form = await request.post()
+        field: Any = form["file"]
+        fid = f"file-{len(self.files)}"
+        self.files[fid] = field.file.read()
+        if self._once("upload_no_id"):
+            return web.json_response({"object": "file"})
+        return web.json_response({"id": fid, "object": "file"})
+
+    async def create(self, request: web.Request) -> web.Response:
+        self._count("create")
+        body = await request.json()
+        if self._once("create_no_id"):
+            return web.json_response({"object": "batch", "status": "validating"})
+        bid = f"batch-{len(self.batches)}"
+        self.batches[bid] = {"id": bid, "object": "batch", "status": "completed", "metadata": body["metadata"],
+                             "input_file_id": body["input_file_id"], "output_file_id": f"out-{bid}",
+                             "created_at": 0}
+        return web.json_response({**self.batches[bid], "status": "validating"})
+
+    async def get(self, request: web.Request) -> web.Response:
+        self._count("get")
+        if request.match_info["bid"] == "batch-0" and "poll_500" in self.hostile:  # never readable
+            return web.json_response({"error": {"message": "internal error"}}, status=500)
+        if self._once("poll_list"):
+            return web.json_response([{"id": request.match_info["bid"], "status": "completed"}])
+        return web.json_response(self.batches[request.match_info["bid"]])
+
+    async def listing(self, request: web.Request) -> web.Response:
+        self._count("list")
+        data: list[Any] = list(reversed(self.batches.values()))
+        if self._once("list_garbage"):  # entries that are no batch, or no batch of ours, first
+            data = ["x", {"metadata": "not an object"}, {"id": 7, "metadata": None}, *data,
+                    {"id": "old", "created_at": "yesterday"}]
+        return web.json_response({"object": "list", "data": data, "has_more": True})
+
+    async def anthropic_create(self, request: web.Request) -> web.Response:
+        self._count("create")
+        body = await request.json()
+        bid = f"msgbatch_{len(self.batches)}"
+        self.batches[bid] = {"id": bid, "type": "message_batch", "processing_status": "ended",
+                             "requests": body["requests"]}
+        return web.json_response({"id": bid, "type": "message_batch", "processing_status": "in_progress"})
+
+    async def anthropic_get(self, request: web.Request) -> web.Response:
+        self._count("get")
+        batch = {k: v for k, v in self.batches[request.match_info["bid"]].items() if k != "requests"}
+        if self._once("anthropic_poll_no_id"):
+            del batch["id"]
+        return web.json_response(batch)
+
+    async def anthropic_results(self, request: web.Request) -> web.Response:
+        bid = request.match_info["bid"]
+        if bid in self.batches:
+            lines = [json.dumps({"custom_id": r["custom_id"], "result": {"type": "succeeded", "message": {
+                "content": [{"type": "text", "text": f"re:{r['params']['messages'][-1]['content']}"}]}}}).encode()
+                for r in self.batches[bid]["requests"]]
+            return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
+        lines = [b"[]", b"null", b'{"custom_id": "a", "result": "done"}',
+                 b'{"custom_id": "b", "result": {"type": "errored", "error": "overloaded"}}',
+                 b'{"custom_id": "c", "result": {"type": "errored", "error": {"error": {"type": "overloaded_error"}}}}',
+                 b'{"custom_id": "d", "result": {"type": "succeeded", "message": {"content": []}}}']
+        return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
+
+    async def cancel(self, request: web.Request) -> web.Response:
+        batch = self.batches[request.match_info["bid"]]
+        return web.json_response({**batch, "status": "cancelled"})
+
+    async def content(self, request: web.Request) -> web.Response:
+        self._count("content")
+        bid = request.match_info["fid"][len("out-"):]
+        bad = self._once("bad_rows")
+        lines = [b"[1, 2]", b'"a string"', b'{"custom_id": "elsewhere", "response": "x", "error": "y"}'] if bad else []
+        for raw in self.files[self.batches[bid]["input_file_id"]].splitlines():
+            row = json.loads(raw)
+            prompt = row["body"]["messages"][-1]["content"]
+            body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": f"re:{prompt}"}}]}
+            response: Any = "oops" if bad and prompt == "q3" else {"status_code": 200, "body": body}
+            lines.append(json.dumps({"custom_id": row["custom_id"], "response": response, "error": None}).encode())
+        return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        app = web.Application()
+        app.router.add_post("/v1/files", self.upload)
+        app.router.add_post("/v1/batches", self.create)
+        app.router.add_get("/v1/batches", self.listing)
+        app.router.add_get("/v1/batches/{bid}", self.get)
+        app.router.add_post("/v1/batches/{bid}/cancel", self.cancel)
+        app.router.add_get("/v1/files/{fid}/content", self.content)
+        app.router.add_post("/v1/messages/batches", self.anthropic_create)
+        app.router.add_get("/v1/messages/batches/{bid}", self.anthropic_get)
+        app.router.add_get("/v1/messages/batches/{bid}/results", self.anthropic_results)
+        self.runner = web.AppRunner(app, access_log=None)
+        self.loop.run_until_complete(self.runner.setup())
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        self.loop.run_until_complete(site.start())
+        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        self.ready.set()
+        self.loop.run_forever()
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(10)
+
+
+@pytest.fixture(autouse=True)
+def _lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))
+
+
+def _ask(server: HostileBatches, run_dir: Path, prompts: list[str],
+         cls: type[OpenAIAPI] = OpenAIAPI) -> tuple[list[Any], list[str]]:
+    """Every prompt through one batch-mode model bound to ``run_dir``: answers (or errors), events."""
+    seen: list[str] = []
+
+    async def main() -> list[Any]:
+        model = cls(abbr="m", path="test-model", base_url=server.base_url, key_env=None, max_retries=2,
+                    batch=dict(size=50, poll_s=0.05, flush_s=0.05, cancel_wait_s=0.5))
+        model.policy = type(model.policy)(max_retries=2, timeout_s=20, attempt_timeout_s=5, backoff_base_s=0.05)
+        model.bind_task(str(run_dir), "task-0", lambda event, **fields: seen.append(event))
+
+        async def one(i: int, prompt: str) -> str:
+            current_sample.set(SampleTag(i))
+            return await model.generate(GenRequest(prompt))
+
+        try:
+            return await asyncio.wait_for(asyncio.gather(*(one(i, p) for i, p in enumerate(prompts)),
+                                                         return_exceptions=True), 30)
+        finally:
+            await model.aclose()
+
+    return asyncio.run(main()), seen
+
+
+PROMPTS = [f"q{i}" for i in range(6)]
+
+
+@pytest.mark.parametrize("hostile", ["poll_list", "bad_rows", "upload_no_id", "create_no_id",
+                                     "create_no_id+list_garbage"])
+def test_a_hostile_control_answer_costs_a_retry_not_the_task(tmp_path: Path, hostile: str) -> None:
+    server = HostileBatches(set(hostile.split("+")))
+    try:
+        answers, seen = _ask(server, tmp_path / "run", PROMPTS)
+    finally:
+        server.close()
+    assert answers == [f"re:{p}" for p in PROMPTS], answers
+    assert not server.hostile, "the hostile answer was sent"
+    if hostile == "poll_list":
+        assert server.calls["get"] >= 2 and server.calls["create"] == 1  # the poll was asked again
+    elif hostile == "bad_rows":
+        assert server.calls["create"] == 2  # q3 alone went into a second batch
+    else:
+        assert server.calls["create"] == 1 + hostile.startswith("create_no_id")
+    if "list_garbage" in hostile:  # the failed create was looked up by its metadata (not found)
+        assert server.calls["list"] >= 1
+
+
+def test_rows_that_stay_hostile_fail_alone_with_one_line(tmp_path: Path) -> None:
+    """A provider that never gives q3 a readable row: q3 fails after max_retries batches, with one
+    line; the other prompts are answered."""
+
+    class Stubborn(HostileBatches):
+        def _once(self, what: str) -> bool:
+            return what == "bad_rows" or super()._once(what)
+
+    server = Stubborn(set())
+    try:
+        answers, _ = _ask(server, tmp_path / "run", PROMPTS)
+    finally:
+        server.close()
+    bad = answers[3]
+    assert isinstance(bad, ModelError) and "gave up after 3 batches" in str(bad) and "\n" not in str(bad), bad
+    assert [a for i, a in enumerate(answers) if i != 3] == [f"re:{p}" for i, p in enumerate(PROMPTS) if i != 3]
+
+
+def test_anthropic_result_lines_that_are_not_results_answer_nothing(tmp_path: Path) -> None:
+    """Message Batches results: lines that are not objects are skipped, a ``result`` that is not an
+    object is a row to send again, an ``error`` that is not one a final failure; never a crash of
+    the batcher."""
+    import aiohttp
+
+    from orchestra.limits.retry import RetryPolicy
+    from orchestra.models.anthropic_batch_http import AnthropicBatchHTTP
+
+    server = HostileBatches(set())
+
+    async def rows() -> dict[str, tuple[str, Any]]:
+        async with aiohttp.ClientSession() as session:
+            http = AnthropicBatchHTTP(server.base_url, lambda: session, lambda: (None, None),
+                                      RetryPolicy(max_retries=0), lambda status, why: why, "test-anthropic-rows")
+            return await http.rows({"id": "msgbatch_1"})
+
+    try:
+        out = asyncio.run(rows())
+    finally:
+        server.close()
+    assert set(out) == {"a", "b", "c", "d"}
+    assert out["a"][0] == out["c"][0] == "retry"
+    assert out["b"][0] == "fail"  # errored, and of no type worth another batch
+    assert out["d"] == ("ok", {"content": []})
+
+
+def test_a_batch_that_can_never_be_polled_is_given_up_and_its_rows_sent_again(tmp_path: Path) -> None:
+    """Every poll of the first batch fails (after its own retries): after ``max_retries`` failed
+    polls in a row the batch is given up and its rows go into a second batch, which answers."""
+    server = HostileBatches({"poll_500"})
+    try:
+        answers, seen = _ask(server, tmp_path / "run", PROMPTS)
+    finally:
+        server.close()
+    assert answers == [f"re:{p}" for p in PROMPTS], answers
+    assert server.calls["create"] == 2 and seen.count("batch_poll_failed") == 3  # max_retries=2: the third gives up
+
+
+def test_an_anthropic_poll_answer_without_its_id_is_read_by_the_id_asked_for(tmp_path: Path) -> None:
+    """Message Batches: a poll answered without ``id`` (status ``ended``) must not stop batch mode:
+    the results are read by the id that was asked for."""
+    from orchestra.models.anthropic_api import AnthropicAPI
+
+    server = HostileBatches({"anthropic_poll_no_id"})
+    try:
+        answers, _ = _ask(server, tmp_path / "run", PROMPTS, AnthropicAPI)
+    finally:
+        server.close()
+    assert answers == [f"re:{p}" for p in PROMPTS], answers
+    assert not server.hostile and server.calls["create"] == 1
