@@ -1,12 +1,15 @@
 """What a model API endpoint sends back is adversarial input: its body is read with a bound (a
 body without end, or a compressed one that inflates without end, must not fill the memory of
-the task that asked), and the key is scrubbed from any of it quoted in an error."""
+the task that asked), the key is scrubbed from any of it quoted in an error, and an answer given
+as parts is read only from parts that are what they claim."""
 
 from __future__ import annotations
 
 import json
 import urllib.parse
 from typing import Any
+
+from orchestra.errors import ModelError
 
 #: the largest response body a model API call reads (a completion of any real size fits well)
 MAX_BODY_BYTES = 64 << 20
@@ -39,3 +42,18 @@ def scrub_key(text: str, key: str) -> str:
         if form != form.lower():  # percent-escapes may come back in lower case
             text = text.replace(form.lower() if "%" in form else form, "***")
     return text
+
+
+def text_parts(parts: list[Any], abbr: str) -> str:
+    """A chat answer's ``content`` given as parts (Mistral's reasoning models: ``thinking`` parts,
+    then ``text`` parts): the ``text`` parts joined, the others skipped; one line if a part is not a
+    typed object or a ``text`` part holds no string."""
+    texts = []
+    for part in parts:
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise ModelError(f"model {abbr}: a part of the answer's content is not a typed object, not text")
+        if part["type"] == "text":
+            if not isinstance(part.get("text"), str):
+                raise ModelError(f"model {abbr}: a text part of the answer's content is not text")
+            texts.append(part["text"])
+    return "".join(texts)

@@ -35,7 +35,7 @@ from orchestra.limits.retry import (
 from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
 from orchestra.models.echo_logprobs import BadEcho, continuation_logprob
-from orchestra.models.http_body import MAX_BODY_BYTES, read_capped, scrub_key
+from orchestra.models.http_body import MAX_BODY_BYTES, read_capped, scrub_key, text_parts
 from orchestra.models.http_session import Secret, env_proxy, open_session
 from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
@@ -359,6 +359,8 @@ class OpenAIAPI(BaseModel):
             text = choice["message"]["content"] if self.endpoint == "chat" else choice["text"]
         except (KeyError, IndexError, TypeError):
             raise ModelError(f"answer without choices: {self._scrub(json.dumps(data)[:300])}") from None
+        if isinstance(text, list) and self.endpoint == "chat":
+            text = text_parts(text, self.abbr)
         if text is not None and not isinstance(text, str):  # a list would pass for num_samples answers
             raise ModelError(f"model {self.abbr}: the answer's text is {type(text).__name__}, not text")
         return encodable(text or "")  # a lone surrogate (a pair cut at max_tokens) becomes U+FFFD

@@ -105,6 +105,23 @@ def test_text_and_null_text_are_answers(replies: Replies, endpoint: str) -> None
     assert _generate(replies, endpoint, _choice(endpoint, None)) == ""  # a refusal or a tool call: no text
 
 
+def test_chat_content_given_as_parts_is_its_text_parts_joined(replies: Replies) -> None:
+    """Mistral's reasoning models answer with ``content`` as a list: ``thinking`` parts, then ``text``."""
+    parts = [{"type": "thinking", "thinking": [{"type": "text", "text": "2 + 3 is 5"}]},
+             {"type": "text", "text": " 5"}, {"type": "text", "text": "."}]
+    assert _generate(replies, "chat", _choice("chat", parts)) == " 5."
+    assert _generate(replies, "chat", _choice("chat", [{"type": "thinking", "thinking": []}])) == ""
+
+
+@pytest.mark.parametrize("parts", [[{"type": "text", "text": 5}], [{"type": "text"}], [{"text": "5"}], ["5"],
+                                   [{"type": "text", "text": "5"}, None]],
+                         ids=["text-number", "text-missing", "untyped", "string-part", "null-part"])
+def test_chat_content_parts_that_are_not_text_fail_with_one_line(replies: Replies, parts: list[Any]) -> None:
+    with pytest.raises(ModelError) as err:
+        _generate(replies, "chat", _choice("chat", parts))
+    assert "not text" in str(err.value) and "\n" not in str(err.value)
+
+
 def _claude(server: Replies, reply: Any) -> Any:
     server.reply = reply
 
