@@ -49,7 +49,11 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def _kill_rest(sig: signal.Signals) -> None:
+def _kill_rest(sig: signal.Signals, child: subprocess.Popen[bytes] | None = None) -> None:
+    """Signal every other process of our group, and ``child`` (the server) even if it left the
+    group (``setsid``: such a server was never stopped, and the watchdog waited for it forever)."""
+    if child is not None:
+        child.send_signal(sig)  # only while not reaped: its pid is still its own
     me = os.getpid()
     for pid in group_members(os.getpgid(0)):
         if pid != me:
@@ -146,11 +150,11 @@ def main() -> None:
         print(f"watchdog: {reason}; stopping the server's process group", flush=True)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        _kill_rest(signal.SIGTERM)
+        _kill_rest(signal.SIGTERM, child)
         deadline = time.monotonic() + args.grace_s
         while child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-    _kill_rest(signal.SIGKILL)
+    _kill_rest(signal.SIGKILL, child)
     code = child.wait()
     pump.join(timeout=5)  # the group is gone: the pipe ends
     print(f"watchdog: server exited with code {code}", flush=True)
