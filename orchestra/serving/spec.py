@@ -27,6 +27,10 @@ ONLY = {"tensor_parallel_size": ("vllm", "sglang"), "gpus": ("command",), "threa
         "python": ("llama.cpp", "sglang"), "executable": ("vllm",)}
 #: the most replicas one model may have (each is a process, a port and a thread's worth of checks)
 MAX_REPLICAS = 64
+#: ``CommonParams`` fields the llama.cpp launcher sets itself (where a replica listens, its key, its
+#: weights, name, slots, context and threads): ``args`` never overrides them
+LLAMA_RESERVED = ("model", "model_alias", "hostnames", "port", "api_keys", "n_parallel", "n_ctx", "cpuparams",
+                  "cpuparams_batch")
 DEFAULT_STARTUP_S = {"vllm": 900.0, "sglang": 900.0, "llama.cpp": 120.0, "command": 600.0}
 
 
@@ -147,6 +151,12 @@ def parse_server(cfg: Any) -> ServerSpec:
         args = shlex.split(args)
     if not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args):
         raise ConfigError(f"server.args must be a list of strings, got {args!r}")
+    for arg in args if engine == "llama.cpp" else ():
+        name, sep, _ = arg.partition("=")
+        if not sep or not name.isidentifier() or name in LLAMA_RESERVED:
+            why = f"orchestra sets {name} itself" if name in LLAMA_RESERVED else "expected name=value"
+            raise ConfigError(f"server.args: {arg!r}: {why} (llama.cpp's args are name=value settings of "
+                              f"xllamacpp's CommonParams, except {', '.join(LLAMA_RESERVED)})")
     command: Any = cfg.get("command", ())
     if engine == "command":
         command = shlex.split(command) if isinstance(command, str) else command

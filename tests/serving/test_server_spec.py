@@ -123,3 +123,43 @@ def test_keyed_gives_the_module_its_key_flag_without_putting_the_key_in_argv(tmp
     seen = json.loads(out)
     assert seen["argv"][1:] == ["--port", "9", "--api-key", "s3cret-key-value"]
     assert not any("s3cret" in a for a in seen["cmdline"])
+
+
+def test_llama_cpp_args_that_would_override_orchestras_own_settings_are_refused_at_config_time(
+        tmp_path: Path) -> None:
+    """``args`` of llama.cpp are ``name=value`` settings; the port, the listening address, the key,
+    the weights and the alias are orchestra's (before: accepted, and the replica listened elsewhere
+    or on every address, found only at its startup timeout)."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    for arg, expected in [("port=8080", "orchestra sets port itself"),
+                          ("hostnames=0.0.0.0", "orchestra sets hostnames"),
+                          ("api_keys=x", "orchestra sets api_keys"), ("--n-predict", "expected name=value"),
+                          ("n predict=3", "expected name=value")]:
+        with pytest.raises(ConfigError) as err:
+            parse_server(dict(engine="llama.cpp", model=str(gguf), args=[arg]))
+        assert f"server.args: {arg!r}: {expected}" in str(err.value) and "\n" not in str(err.value)
+    assert parse_server(dict(engine="llama.cpp", model=str(gguf), args="n_batch=64 warmup=false")).args == (
+        "n_batch=64", "warmup=false")
+
+
+def test_each_llama_cpp_setting_is_read_as_its_fields_type_or_refused_in_one_line() -> None:
+    """The launcher's ``--set`` on xllamacpp's real ``CommonParams``: a misspelt flag was read as
+    ``false`` and a non-number or an object field ended in a traceback; now one line each."""
+    import xllamacpp
+
+    from orchestra.serving.xllama import _apply
+
+    params = xllamacpp.CommonParams()
+    for setting in ("n_predict=7", "warmup=off", "verbose_prompt=yes", "n_batch=64"):
+        _apply(params, setting)
+    assert (params.n_predict, params.warmup, params.verbose_prompt, params.n_batch) == (7, False, True, 64)
+    for setting, expected in [("verbose_prompt=maybe", "not a value for verbose_prompt: expected one of"),
+                              ("n_predict=lots", "not a value for n_predict"),
+                              ("sampling=greedy", "not a value for sampling: the field holds a CommonParamsSampling"),
+                              ("port=1", "orchestra sets port itself"), ("no_such_field=1", "expected name=value"),
+                              ("n_predict", "expected name=value")]:
+        with pytest.raises(SystemExit) as err:
+            _apply(params, setting)
+        assert str(err.value).startswith(f"xllama: --set {setting!r}: ") and expected in str(err.value), err.value
+    assert params.n_predict == 7 and params.verbose_prompt is True
