@@ -124,9 +124,10 @@ def main() -> None:
     try:
         with open(env.get("ORCHESTRA_SERVER_KEY_FILE", ""), encoding="utf-8") as fh:
             key = fh.read().strip()
-    except OSError:
-        if args.key_env:
-            raise
+    except OSError as exc:
+        if args.key_env:  # the server would get no key: it never starts (one line in its log)
+            raise SystemExit(f"watchdog: cannot read the key file ({exc}); a replica never serves without a key") \
+                from None
         key = ""
     env.update({name: key for name in args.key_env})
     parent = os.getppid()

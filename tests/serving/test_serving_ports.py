@@ -59,3 +59,15 @@ def test_a_server_whose_port_is_never_its_groups_fails_in_one_line_instead_of_re
     starts = [r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"]
     assert len(starts) == 6  # 3 ports each for the first start and its one restart
     assert not [p for p in replica_pids(run) if alive(p)]
+
+
+def test_a_server_command_that_does_not_exist_fails_the_run_in_one_line(tmp_path: Path) -> None:
+    server = dict(engine="command", model="m", command=["orchestra-no-such-server", "--port", "{port}"],
+                  max_restarts=1)
+    res = run_cli(config(tmp_path, server, rows=2), timeout=120)
+    assert res.returncode == 1, res.stderr[-2000:]
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED: infer task")]
+    assert "command replica 0 of smol exited with code 127 before it was ready" in line, line
+    assert "watchdog: cannot start 'orchestra-no-such-server'" in line, line
+    (run,) = run_dirs(tmp_path / "out")
+    assert len([r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"]) == 2  # one restart

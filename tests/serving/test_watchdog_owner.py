@@ -43,3 +43,22 @@ def test_stop_does_not_signal_the_pid_of_a_reaped_watchdog(tmp_path: Path, monke
     monkeypatch.setattr(replica_module.os, "kill", lambda pid, sig: sent.append(pid))
     rep.stop(grace_s=0.1)
     assert rep.proc.pid not in sent and rep.state == "stopped"
+
+
+def test_a_watchdog_whose_key_file_is_gone_says_so_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    """The key file removed before the replica starts (a cleaner of the temp folder): before, a
+    traceback in the replica's log; now one line, and the server never runs without its key."""
+    marker = tmp_path / "ran"
+    res = subprocess.run([sys.executable, "-m", "orchestra.serving.watchdog", "--key-env", "ORCHESTRA_SERVER_KEY",
+                          "--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"],
+                         capture_output=True, text=True, timeout=60, start_new_session=True,
+                         env={**os.environ, "ORCHESTRA_SERVER_KEY_FILE": str(tmp_path / "gone.key")})
+    assert res.returncode != 0 and not marker.exists()
+    assert res.stderr.strip().startswith("watchdog: cannot read the key file (") and "gone.key" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_watchdog_without_a_server_command_refuses_in_one_line() -> None:
+    res = subprocess.run([sys.executable, "-m", "orchestra.serving.watchdog", "--"], capture_output=True, text=True,
+                         timeout=60, start_new_session=True)
+    assert res.returncode == 1 and res.stderr.strip() == "watchdog: no server command after --", res.stderr
