@@ -98,15 +98,6 @@ class ServerSpec:
     def supports_loglik(self) -> bool:
         return self.engine in LOGLIK_ENGINES
 
-    def to_dict(self) -> dict[str, Any]:
-        """The config form (what a task spec carries; no secret ever is in it)."""
-        return {"engine": self.engine, "model": self.model, "replicas": self.replicas,
-                "tensor_parallel_size": self.tensor_parallel_size, "gpus": self.gpus, "threads": self.threads,
-                "parallel": self.parallel, "ctx_size": self.ctx_size, "args": list(self.args),
-                "command": list(self.command), "ready_path": self.ready_path,
-                "startup_timeout_s": self.startup_timeout_s, "max_restarts": self.max_restarts,
-                "env": dict(self.env), "python": self.python, "executable": self.executable}
-
 
 def _int(cfg: dict[str, Any], key: str, default: int, low: int, high: int | None = None) -> int:
     value = cfg.get(key, default)
@@ -125,8 +116,6 @@ def parse_server(cfg: Any) -> ServerSpec:
     """Check ``server=dict(...)`` and return its spec; ``ConfigError`` (one line) if it is wrong."""
     import shlex
 
-    if isinstance(cfg, ServerSpec):
-        return cfg
     if not isinstance(cfg, dict):
         raise ConfigError(f"server must be a dict with engine=..., model=..., got {cfg!r}")
     unknown = sorted(k for k in cfg if k not in KEYS)

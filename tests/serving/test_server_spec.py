@@ -163,3 +163,35 @@ def test_each_llama_cpp_setting_is_read_as_its_fields_type_or_refused_in_one_lin
             _apply(params, setting)
         assert str(err.value).startswith(f"xllama: --set {setting!r}: ") and expected in str(err.value), err.value
     assert params.n_predict == 7 and params.verbose_prompt is True
+
+
+def test_each_key_of_a_wrong_type_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    cases = [
+        (["engine='command'"], "server must be a dict with engine=..., model=..."),
+        (dict(engine="vllm", model=""), "server.model must name the weights"),
+        (dict(engine="vllm", model=7), "server.model must name the weights"),
+        (dict(engine="vllm", model="org/name", args=[1, 2]), "server.args must be a list of strings"),
+        (dict(engine="command", model="m", command=[]), "server.command must be a non-empty argv template"),
+        (dict(engine="command", model="m", command=["srv", "{port"]), "server.command: argument '{port'"),
+        (dict(engine="vllm", model="org/name", env={"A": 1}), "server.env must be a dict of strings"),
+        (dict(engine="vllm", model="org/name", startup_timeout_s=-1), "server.startup_timeout_s must be a number"),
+        (dict(engine="vllm", model="org/name", startup_timeout_s=True), "server.startup_timeout_s must be a number"),
+        (dict(engine="vllm", model="org/name", executable=""), "server.executable must be a command name or path"),
+        (dict(engine="llama.cpp", model=str(gguf), python=["py"]), "server.python must be a command name or path"),
+        (dict(engine="vllm", model="org/name", tensor_parallel_size=True), "must be an integer >= 1, got True"),
+    ]
+    for cfg, expected in cases:
+        with pytest.raises(ConfigError) as err:
+            parse_server(cfg)
+        assert expected in str(err.value) and "\n" not in str(err.value), (cfg, str(err.value))
+
+
+def test_string_args_and_command_are_split_like_a_shell_and_a_spec_is_never_taken_unchecked(tmp_path: Path) -> None:
+    spec = parse_server(dict(engine="command", model="m", command="srv --port {port} --name '{name} x'",
+                             args="--flag 'a b'"))
+    assert spec.command == ("srv", "--port", "{port}", "--name", "{name} x") and spec.args == ("--flag", "a b")
+    assert launch(spec, "smol", 7001, "/k", []).argv == ("srv", "--port", "7001", "--name", "smol x", "--flag", "a b")
+    with pytest.raises(ConfigError, match="server must be a dict"):
+        parse_server(spec)  # a ServerSpec built by hand skips every check: refused like any non-dict
