@@ -2,6 +2,7 @@
 its port is always held by a process outside the group.  The pool takes that for a lost race
 for the port and started the replica again on another one, forever (the run hung, the ledger
 grew); the watchdog, asked to stop, signalled only its group and waited for the server forever.
+Also: a server command that does not exist, and a server still loading (``/health`` 503).
 Real processes: the watchdog, ``setsid`` and the keyed stub server through ``run.py``."""
 
 from __future__ import annotations
@@ -71,3 +72,18 @@ def test_a_server_command_that_does_not_exist_fails_the_run_in_one_line(tmp_path
     assert "watchdog: cannot start 'orchestra-no-such-server'" in line, line
     (run,) = run_dirs(tmp_path / "out")
     assert len([r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"]) == 2  # one restart
+
+
+def test_a_replica_still_loading_is_not_listed_before_it_answers_its_ready_path(tmp_path: Path) -> None:
+    """``/health`` 503 while the server loads: the replica is not offered to tasks before it
+    answers 200, and the run then completes on it."""
+    warm_s = 3.0
+    server = dict(engine="command", model="m", command=[sys.executable, STUB, "{port}", "--warm", str(warm_s)],
+                  max_restarts=0, startup_timeout_s=60)
+    res = run_cli(config(tmp_path, server, rows=2), timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (run,) = run_dirs(tmp_path / "out")
+    (ready,) = [e for e in jsonl(run / "events.jsonl") if e.get("event") == "server_ready"]
+    assert ready["startup_s"] >= warm_s
+    log = (run / "servers/smol/replica-0.log").read_text()
+    assert log.count("request GET /health") >= 2  # asked again while it answered 503
