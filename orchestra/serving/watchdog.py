@@ -49,11 +49,10 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def _kill_rest(sig: signal.Signals, child: subprocess.Popen[bytes] | None = None) -> None:
+def _kill_rest(sig: signal.Signals, child: subprocess.Popen[bytes]) -> None:
     """Signal every other process of our group, and ``child`` (the server) even if it left the
     group (``setsid``: such a server was never stopped, and the watchdog waited for it forever)."""
-    if child is not None:
-        child.send_signal(sig)  # only while not reaped: its pid is still its own
+    child.send_signal(sig)  # only while not reaped: its pid is still its own
     me = os.getpid()
     for pid in group_members(os.getpgid(0)):
         if pid != me:

@@ -26,15 +26,15 @@ _TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 
 def _value(old: Any, raw: str) -> Any:
     """``raw`` as the type of the field's current value ``old`` (ValueError: it is not one)."""
-    if isinstance(old, bool) or (old is None and raw.lower() in _TRUE[1:] + _FALSE[1:]):
+    if isinstance(old, bool):
         if raw.lower() not in _TRUE + _FALSE:
             raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
         return raw.lower() in _TRUE
-    if isinstance(old, int) or (old is None and raw.lstrip("-").isdigit()):
+    if isinstance(old, int):
         return int(raw)
     if isinstance(old, float):
         return float(raw)
-    if isinstance(old, str) or old is None:
+    if isinstance(old, str):
         return raw
     raise ValueError(f"the field holds a {type(old).__name__}, not a number, a flag or a string")
 

@@ -151,9 +151,11 @@ def test_each_llama_cpp_setting_is_read_as_its_fields_type_or_refused_in_one_lin
     from orchestra.serving.xllama import _apply
 
     params = xllamacpp.CommonParams()
-    for setting in ("n_predict=7", "warmup=off", "verbose_prompt=yes", "n_batch=64"):
+    for setting in ("n_predict=7", "warmup=off", "verbose_prompt=yes", "n_batch=64", "rope_freq_scale=0.5",
+                    "chat_template=chatml"):
         _apply(params, setting)
     assert (params.n_predict, params.warmup, params.verbose_prompt, params.n_batch) == (7, False, True, 64)
+    assert (params.rope_freq_scale, params.chat_template) == (0.5, "chatml")
     for setting, expected in [("verbose_prompt=maybe", "not a value for verbose_prompt: expected one of"),
                               ("n_predict=lots", "not a value for n_predict"),
                               ("sampling=greedy", "not a value for sampling: the field holds a CommonParamsSampling"),
@@ -195,3 +197,23 @@ def test_string_args_and_command_are_split_like_a_shell_and_a_spec_is_never_take
     assert launch(spec, "smol", 7001, "/k", []).argv == ("srv", "--port", "7001", "--name", "smol x", "--flag", "a b")
     with pytest.raises(ConfigError, match="server must be a dict"):
         parse_server(spec)  # a ServerSpec built by hand skips every check: refused like any non-dict
+
+
+def test_the_llama_cpp_launcher_never_serves_without_a_key_or_its_weights(tmp_path: Path) -> None:
+    """No key file, an empty one, a model file gone since the config was checked: one line each."""
+    import os
+    import subprocess
+
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n")
+    key = tmp_path / "k.key"
+    key.write_text("k" * 20)
+    argv = [sys.executable, "-m", "orchestra.serving.xllama", "--model", str(tmp_path / "gone.gguf"), "--port", "9",
+            "--alias", "m"]
+    for key_file, code, expected in [(None, 1, "xllama: no key file ("), (empty, 1, "xllama: the key file is empty"),
+                                     (key, 3, "xllama: model file not found: ")]:
+        env = {k: v for k, v in os.environ.items() if k != KEY_FILE_ENV}
+        env.update({KEY_FILE_ENV: str(key_file)} if key_file else {})
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        assert res.returncode == code and res.stderr.startswith(expected), res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
