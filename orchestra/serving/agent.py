@@ -44,7 +44,7 @@ from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.privdir import UnsafeFolderError, open_private_file
 from orchestra.serving.balance import own_listeners
 from orchestra.serving.presets import HOST, KEY_FILE_ENV
-from orchestra.serving.replica import Replica, _status
+from orchestra.serving.replica import FOREIGN_IN_A_ROW, Replica, _status
 from orchestra.serving.spec import ServerSpec
 
 LOOK_S = 0.2  #: how often the replica and the heartbeat are looked at
@@ -241,8 +241,9 @@ def main() -> None:
     def owner_gone() -> bool:
         return stop.is_set() or os.getppid() != parent or not heartbeat.fresh()
 
-    state = "foreign"
-    while state == "foreign" and not owner_gone():  # a port another process took: again on another one
+    state, tries = "foreign", 0
+    while state == "foreign" and tries < FOREIGN_IN_A_ROW and not owner_gone():  # a port taken: another one
+        tries += 1
         replica.start(key_file)
         state = "starting"
         while state == "starting" and not owner_gone():
@@ -250,6 +251,9 @@ def main() -> None:
             state = replica.check(key)
         if state != "ready":
             replica.stop()
+    if state == "foreign":
+        print(f"agent: {replica.where} was held by a process outside the replica's own group {tries} times in a "
+              "row: a server must listen itself (not through a daemon or a container's proxy)", flush=True)
     if state != "ready":
         if state != "starting":
             atomic_write_json(args.status, {"state": "failed", "why": state, "code": replica.code,

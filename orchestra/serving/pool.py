@@ -36,7 +36,7 @@ from orchestra.fileio import append_line, atomic_write_json, read_jsonl
 from orchestra.paths import safe_name
 from orchestra.privdir import folder_problem, open_private_file, private_dir, temp_folder
 from orchestra.serving.agent import touch_heartbeat
-from orchestra.serving.replica import Replica, start_time
+from orchestra.serving.replica import FOREIGN_IN_A_ROW, Replica, start_time
 from orchestra.serving.spec import ServerSpec
 from orchestra.serving.watchdog import group_members
 
@@ -306,7 +306,7 @@ class ServerPool:
         if state == "starting":
             return
         if state == "ready":
-            replica.state = "ready"
+            replica.state, replica.foreign = "ready", 0
             self.emit("server_ready", model=served.abbr, replica=replica.index, port=replica.port,
                       socket=replica.socket_path, startup_s=round(time.monotonic() - replica.started, 3))
             return
@@ -315,10 +315,15 @@ class ServerPool:
                "foreign": f"{replica.where} is held by another process",
                "exposed": "listens on every address, not on 127.0.0.1 only (refused: keep it on loopback)",
                "open": "answers without the key (refused: anyone on this machine could use it)"}[state]
-        if state == "foreign":  # lost a race for the port: not the server's fault, not counted
-            self._stop(served, replica)
-            replica.state = "new"
-            return
+        if state == "foreign":
+            replica.foreign += 1
+            if replica.foreign < FOREIGN_IN_A_ROW:  # lost a race for the port: not the server's fault, not counted
+                self._stop(served, replica)
+                replica.state = "new"
+                return
+            why += (f", {FOREIGN_IN_A_ROW} times in a row (a server must listen itself, in its own process "
+                    "group: not hand its port to a daemon, a process started with setsid or a container's proxy)")
+        replica.foreign = 0
         self._lost(served, replica, why)
 
     def _lost(self, served: Served, replica: Replica, why: str) -> None:

@@ -40,6 +40,9 @@ from orchestra.serving.watchdog import group_members
 _PR_SET_PDEATHSIG = 1
 #: the longest path a Unix socket can be bound to on Linux (``sun_path`` holds 108 bytes with its NUL)
 MAX_SOCKET_PATH = 107
+#: a port held by a process outside the replica's group this many starts in a row is the server's
+#: doing (a daemon, ``setsid``, a container's proxy), not a lost race: the start fails
+FOREIGN_IN_A_ROW = 3
 
 
 def free_port(host: str = HOST) -> int:
@@ -184,6 +187,7 @@ class Replica:
     code: int | None = None
     ledger_name: str = ""  # this start's name in the servers' ledger
     host: str = HOST  # the address it listens on (a cluster node's own address, placed remotely)
+    foreign: int = 0  # starts in a row whose port another process held (see :data:`FOREIGN_IN_A_ROW`)
 
     @property
     def base_url(self) -> str:

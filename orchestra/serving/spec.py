@@ -27,6 +27,10 @@ ONLY = {"tensor_parallel_size": ("vllm", "sglang"), "gpus": ("command",), "threa
         "python": ("llama.cpp", "sglang"), "executable": ("vllm",)}
 #: the most replicas one model may have (each is a process, a port and a thread's worth of checks)
 MAX_REPLICAS = 64
+#: ``CommonParams`` fields the llama.cpp launcher sets itself (where a replica listens, its key, its
+#: weights, name, slots, context and threads): ``args`` never overrides them
+LLAMA_RESERVED = ("model", "model_alias", "hostnames", "port", "api_keys", "n_parallel", "n_ctx", "cpuparams",
+                  "cpuparams_batch")
 DEFAULT_STARTUP_S = {"vllm": 900.0, "sglang": 900.0, "llama.cpp": 120.0, "command": 600.0}
 
 
@@ -94,15 +98,6 @@ class ServerSpec:
     def supports_loglik(self) -> bool:
         return self.engine in LOGLIK_ENGINES
 
-    def to_dict(self) -> dict[str, Any]:
-        """The config form (what a task spec carries; no secret ever is in it)."""
-        return {"engine": self.engine, "model": self.model, "replicas": self.replicas,
-                "tensor_parallel_size": self.tensor_parallel_size, "gpus": self.gpus, "threads": self.threads,
-                "parallel": self.parallel, "ctx_size": self.ctx_size, "args": list(self.args),
-                "command": list(self.command), "ready_path": self.ready_path,
-                "startup_timeout_s": self.startup_timeout_s, "max_restarts": self.max_restarts,
-                "env": dict(self.env), "python": self.python, "executable": self.executable}
-
 
 def _int(cfg: dict[str, Any], key: str, default: int, low: int, high: int | None = None) -> int:
     value = cfg.get(key, default)
@@ -121,8 +116,6 @@ def parse_server(cfg: Any) -> ServerSpec:
     """Check ``server=dict(...)`` and return its spec; ``ConfigError`` (one line) if it is wrong."""
     import shlex
 
-    if isinstance(cfg, ServerSpec):
-        return cfg
     if not isinstance(cfg, dict):
         raise ConfigError(f"server must be a dict with engine=..., model=..., got {cfg!r}")
     unknown = sorted(k for k in cfg if k not in KEYS)
@@ -147,6 +140,12 @@ def parse_server(cfg: Any) -> ServerSpec:
         args = shlex.split(args)
     if not isinstance(args, (list, tuple)) or not all(isinstance(a, str) for a in args):
         raise ConfigError(f"server.args must be a list of strings, got {args!r}")
+    for arg in args if engine == "llama.cpp" else ():
+        name, sep, _ = arg.partition("=")
+        if not sep or not name.isidentifier() or name in LLAMA_RESERVED:
+            why = f"orchestra sets {name} itself" if name in LLAMA_RESERVED else "expected name=value"
+            raise ConfigError(f"server.args: {arg!r}: {why} (llama.cpp's args are name=value settings of "
+                              f"xllamacpp's CommonParams, except {', '.join(LLAMA_RESERVED)})")
     command: Any = cfg.get("command", ())
     if engine == "command":
         command = shlex.split(command) if isinstance(command, str) else command

@@ -49,7 +49,10 @@ def group_members(pgid: int) -> list[int]:
     return out
 
 
-def _kill_rest(sig: signal.Signals) -> None:
+def _kill_rest(sig: signal.Signals, child: subprocess.Popen[bytes]) -> None:
+    """Signal every other process of our group, and ``child`` (the server) even if it left the
+    group (``setsid``: such a server was never stopped, and the watchdog waited for it forever)."""
+    child.send_signal(sig)  # only while not reaped: its pid is still its own
     me = os.getpid()
     for pid in group_members(os.getpgid(0)):
         if pid != me:
@@ -120,9 +123,10 @@ def main() -> None:
     try:
         with open(env.get("ORCHESTRA_SERVER_KEY_FILE", ""), encoding="utf-8") as fh:
             key = fh.read().strip()
-    except OSError:
-        if args.key_env:
-            raise
+    except OSError as exc:
+        if args.key_env:  # the server would get no key: it never starts (one line in its log)
+            raise SystemExit(f"watchdog: cannot read the key file ({exc}); a replica never serves without a key") \
+                from None
         key = ""
     env.update({name: key for name in args.key_env})
     parent = os.getppid()
@@ -146,11 +150,11 @@ def main() -> None:
         print(f"watchdog: {reason}; stopping the server's process group", flush=True)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, signal.SIG_IGN)
-        _kill_rest(signal.SIGTERM)
+        _kill_rest(signal.SIGTERM, child)
         deadline = time.monotonic() + args.grace_s
         while child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
-    _kill_rest(signal.SIGKILL)
+    _kill_rest(signal.SIGKILL, child)
     code = child.wait()
     pump.join(timeout=5)  # the group is gone: the pipe ends
     print(f"watchdog: server exited with code {code}", flush=True)

@@ -19,21 +19,39 @@ import sys
 import threading
 from typing import Any
 
+from orchestra.serving.spec import LLAMA_RESERVED
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _value(old: Any, raw: str) -> Any:
+    """``raw`` as the type of the field's current value ``old`` (ValueError: it is not one)."""
+    if isinstance(old, bool):
+        if raw.lower() not in _TRUE + _FALSE:
+            raise ValueError(f"expected one of {', '.join(_TRUE + _FALSE)}")
+        return raw.lower() in _TRUE
+    if isinstance(old, int):
+        return int(raw)
+    if isinstance(old, float):
+        return float(raw)
+    if isinstance(old, str):
+        return raw
+    raise ValueError(f"the field holds a {type(old).__name__}, not a number, a flag or a string")
+
 
 def _apply(params: Any, setting: str) -> None:
-    """``name=value`` on ``CommonParams`` (value read as int, float, bool or str, like the field)."""
+    """``name=value`` on ``CommonParams`` (value read as int, float, bool or str, like the field);
+    a setting that is not one exits with one line naming it (not a traceback, not a silent
+    ``false`` for a misspelt ``true``)."""
     name, sep, raw = setting.partition("=")
-    if not sep or not hasattr(params, name):
+    if not sep or name.startswith("_") or not hasattr(params, name):
         raise SystemExit(f"xllama: --set {setting!r}: expected name=value with a CommonParams field name")
-    old = getattr(params, name)
-    value: Any = raw
-    if isinstance(old, bool):
-        value = raw.lower() in ("1", "true", "yes", "on")
-    elif isinstance(old, int):
-        value = int(raw)
-    elif isinstance(old, float):
-        value = float(raw)
-    setattr(params, name, value)
+    if name in LLAMA_RESERVED:
+        raise SystemExit(f"xllama: --set {setting!r}: orchestra sets {name} itself")
+    try:
+        setattr(params, name, _value(getattr(params, name), raw))
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(f"xllama: --set {setting!r}: not a value for {name}: {exc}") from None
 
 
 def main() -> None:

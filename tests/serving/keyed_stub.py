@@ -8,7 +8,8 @@ demand the key (401 otherwise).  Completions answer ``3`` (``--fail``: every com
 400, so the task fails for good).  ``--exit-after-print``: exit 3 right after printing.
 ``--tell PATH``: write the key to PATH (outside the run folder), so a test knows what to look for.
 An absolute path instead of a port: listen on that Unix socket (as ``vllm serve --uds``).
-``--slow S``: each completion takes S seconds.
+``--slow S``: each completion takes S seconds.  ``--warm S``: for its first S seconds ``/health``
+answers 503 and ``/v1/models`` 503 even with the key (a server still loading its weights).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 KEY = os.environ.get("ORCHESTRA_SERVER_KEY", "")
 FAIL = "--fail" in sys.argv
 SLOW_S = float(sys.argv[sys.argv.index("--slow") + 1]) if "--slow" in sys.argv else 0.0
+WARM_UNTIL = time.monotonic() + (float(sys.argv[sys.argv.index("--warm") + 1]) if "--warm" in sys.argv else 0.0)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -44,10 +46,11 @@ class Handler(BaseHTTPRequestHandler):
         return False
 
     def do_GET(self) -> None:  # noqa: N802 - the http.server name
+        warm = time.monotonic() >= WARM_UNTIL
         if self.path == "/health":
-            self._answer(200, {"ok": True})
+            self._answer(200 if warm else 503, {"ok": warm})
         elif self.path == "/v1/models" and self._keyed():
-            self._answer(200, {"data": [{"id": "m"}]})
+            self._answer(200 if warm else 503, {"data": [{"id": "m"}]})
 
     def do_POST(self) -> None:  # noqa: N802 - the http.server name
         self.rfile.read(int(self.headers.get("Content-Length") or 0))

@@ -68,3 +68,21 @@ def test_a_cluster_node_address_is_taken_only_where_replicas_are_placed_on_a_clu
     picked = remote.pick()
     assert picked is not None and picked.url == "http://10.0.0.5:8000/v1"
     assert set(remote.targets) == {"http://10.0.0.5:8000/v1"}  # none of the forged forms
+
+
+def test_malformed_addresses_in_the_file_are_dropped_and_the_good_ones_kept(tmp_path: Path, ports: list[int]) -> None:
+    """A replicas.json with addresses urllib cannot parse (a port past 65535, a bracket left open),
+    another scheme, no path, a user part, or a socket that is gone: none of them gets the key,
+    and the one good replica is still used."""
+    path = tmp_path / "replicas.json"
+    good = f"http://127.0.0.1:{ports[0]}/v1"
+    bad = ["http://127.0.0.1:99999/v1", "http://[::1/v1", f"https://127.0.0.1:{ports[1]}/v1",
+           f"http://127.0.0.1:{ports[1]}", f"http://me@127.0.0.1:{ports[1]}/v1", "http://127.0.0.1/v1"]
+    write(path, [*bad, good], 1000.0)
+    rs = ReplicaSet(str(path), socket_root=str(tmp_path))
+    assert [t.url for t in [rs.pick(), rs.pick()] if t] == [good, good]
+    gone = tmp_path / "sockets-x" / "a.sock"
+    path.write_text(json.dumps({"model": "m", "replicas": [{"url": "http://localhost/v1", "socket": str(gone)}]}))
+    os.utime(path, (2000.0, 2000.0))
+    rs2 = ReplicaSet(str(path), socket_root=str(tmp_path))
+    assert rs2.pick() is None

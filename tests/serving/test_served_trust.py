@@ -188,3 +188,26 @@ def test_a_serving_folder_planted_by_another_user_is_refused_before_any_server(t
         assert len(lines) == 1 and str(theirs) in lines[0], lines
         assert not [p for d in run_dirs(work / "out") for p in (d / "servers").glob("*/replica-*.log")]
         assert os.listdir(theirs) == []
+
+
+def test_reap_skips_garbage_lines_and_never_kills_another_users_process_that_looks_like_a_watchdog(
+        tmp_path: Path) -> None:
+    """Lines that are no JSON object or name nothing are skipped; a process of another user whose
+    argv reads ``-m orchestra.serving.watchdog`` (as root, any pid could be signalled) is left alone."""
+    nobody = pwd.getpwnam("nobody")
+    code = (f"import os, time\nos.setgid({nobody.pw_gid}); os.setuid({nobody.pw_uid})\n"
+            "print('up', flush=True); time.sleep(60)\n")
+    other = subprocess.Popen([sys.executable, "-c", code, "-m", "orchestra.serving.watchdog"], stdout=subprocess.PIPE)
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == b"up"
+        servers = tmp_path / "servers"
+        servers.mkdir()
+        (servers / "ledger.jsonl").write_text('not json\n[1, 2]\n{"state": "started", "name": 7}\n"started"\n')
+        _ledger(servers, pid=other.pid, start_time=start_time(other.pid), port=0, gpus=[])
+        assert reap(str(servers)) == []
+        assert other.poll() is None
+        assert [r.get("state") for r in map(json.loads, (servers / "ledger.jsonl").read_text().splitlines()[4:])] == [
+            "started", "reaped"]
+    finally:
+        other.kill()
+        other.wait()

@@ -123,3 +123,97 @@ def test_keyed_gives_the_module_its_key_flag_without_putting_the_key_in_argv(tmp
     seen = json.loads(out)
     assert seen["argv"][1:] == ["--port", "9", "--api-key", "s3cret-key-value"]
     assert not any("s3cret" in a for a in seen["cmdline"])
+
+
+def test_llama_cpp_args_that_would_override_orchestras_own_settings_are_refused_at_config_time(
+        tmp_path: Path) -> None:
+    """``args`` of llama.cpp are ``name=value`` settings; the port, the listening address, the key,
+    the weights and the alias are orchestra's (before: accepted, and the replica listened elsewhere
+    or on every address, found only at its startup timeout)."""
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    for arg, expected in [("port=8080", "orchestra sets port itself"),
+                          ("hostnames=0.0.0.0", "orchestra sets hostnames"),
+                          ("api_keys=x", "orchestra sets api_keys"), ("--n-predict", "expected name=value"),
+                          ("n predict=3", "expected name=value")]:
+        with pytest.raises(ConfigError) as err:
+            parse_server(dict(engine="llama.cpp", model=str(gguf), args=[arg]))
+        assert f"server.args: {arg!r}: {expected}" in str(err.value) and "\n" not in str(err.value)
+    assert parse_server(dict(engine="llama.cpp", model=str(gguf), args="n_batch=64 warmup=false")).args == (
+        "n_batch=64", "warmup=false")
+
+
+def test_each_llama_cpp_setting_is_read_as_its_fields_type_or_refused_in_one_line() -> None:
+    """The launcher's ``--set`` on xllamacpp's real ``CommonParams``: a misspelt flag was read as
+    ``false`` and a non-number or an object field ended in a traceback; now one line each."""
+    import xllamacpp
+
+    from orchestra.serving.xllama import _apply
+
+    params = xllamacpp.CommonParams()
+    for setting in ("n_predict=7", "warmup=off", "verbose_prompt=yes", "n_batch=64", "rope_freq_scale=0.5",
+                    "chat_template=chatml"):
+        _apply(params, setting)
+    assert (params.n_predict, params.warmup, params.verbose_prompt, params.n_batch) == (7, False, True, 64)
+    assert (params.rope_freq_scale, params.chat_template) == (0.5, "chatml")
+    for setting, expected in [("verbose_prompt=maybe", "not a value for verbose_prompt: expected one of"),
+                              ("n_predict=lots", "not a value for n_predict"),
+                              ("sampling=greedy", "not a value for sampling: the field holds a CommonParamsSampling"),
+                              ("port=1", "orchestra sets port itself"), ("no_such_field=1", "expected name=value"),
+                              ("n_predict", "expected name=value")]:
+        with pytest.raises(SystemExit) as err:
+            _apply(params, setting)
+        assert str(err.value).startswith(f"xllama: --set {setting!r}: ") and expected in str(err.value), err.value
+    assert params.n_predict == 7 and params.verbose_prompt is True
+
+
+def test_each_key_of_a_wrong_type_is_refused_in_one_line_naming_it(tmp_path: Path) -> None:
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    cases = [
+        (["engine='command'"], "server must be a dict with engine=..., model=..."),
+        (dict(engine="vllm", model=""), "server.model must name the weights"),
+        (dict(engine="vllm", model=7), "server.model must name the weights"),
+        (dict(engine="vllm", model="org/name", args=[1, 2]), "server.args must be a list of strings"),
+        (dict(engine="command", model="m", command=[]), "server.command must be a non-empty argv template"),
+        (dict(engine="command", model="m", command=["srv", "{port"]), "server.command: argument '{port'"),
+        (dict(engine="vllm", model="org/name", env={"A": 1}), "server.env must be a dict of strings"),
+        (dict(engine="vllm", model="org/name", startup_timeout_s=-1), "server.startup_timeout_s must be a number"),
+        (dict(engine="vllm", model="org/name", startup_timeout_s=True), "server.startup_timeout_s must be a number"),
+        (dict(engine="vllm", model="org/name", executable=""), "server.executable must be a command name or path"),
+        (dict(engine="llama.cpp", model=str(gguf), python=["py"]), "server.python must be a command name or path"),
+        (dict(engine="vllm", model="org/name", tensor_parallel_size=True), "must be an integer >= 1, got True"),
+    ]
+    for cfg, expected in cases:
+        with pytest.raises(ConfigError) as err:
+            parse_server(cfg)
+        assert expected in str(err.value) and "\n" not in str(err.value), (cfg, str(err.value))
+
+
+def test_string_args_and_command_are_split_like_a_shell_and_a_spec_is_never_taken_unchecked(tmp_path: Path) -> None:
+    spec = parse_server(dict(engine="command", model="m", command="srv --port {port} --name '{name} x'",
+                             args="--flag 'a b'"))
+    assert spec.command == ("srv", "--port", "{port}", "--name", "{name} x") and spec.args == ("--flag", "a b")
+    assert launch(spec, "smol", 7001, "/k", []).argv == ("srv", "--port", "7001", "--name", "smol x", "--flag", "a b")
+    with pytest.raises(ConfigError, match="server must be a dict"):
+        parse_server(spec)  # a ServerSpec built by hand skips every check: refused like any non-dict
+
+
+def test_the_llama_cpp_launcher_never_serves_without_a_key_or_its_weights(tmp_path: Path) -> None:
+    """No key file, an empty one, a model file gone since the config was checked: one line each."""
+    import os
+    import subprocess
+
+    empty = tmp_path / "empty.key"
+    empty.write_text("\n")
+    key = tmp_path / "k.key"
+    key.write_text("k" * 20)
+    argv = [sys.executable, "-m", "orchestra.serving.xllama", "--model", str(tmp_path / "gone.gguf"), "--port", "9",
+            "--alias", "m"]
+    for key_file, code, expected in [(None, 1, "xllama: no key file ("), (empty, 1, "xllama: the key file is empty"),
+                                     (key, 3, "xllama: model file not found: ")]:
+        env = {k: v for k, v in os.environ.items() if k != KEY_FILE_ENV}
+        env.update({KEY_FILE_ENV: str(key_file)} if key_file else {})
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        assert res.returncode == code and res.stderr.startswith(expected), res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1

@@ -125,3 +125,28 @@ def test_a_key_the_server_prints_shows_in_no_file_event_or_failed_line(tmp_path:
         assert "exited with code 3 before it was ready" in line and "api_key=***" in line, line
         (ev,) = [e for e in events(run) if e["event"] == "server_exited"]
         assert "api_key=***" in ev["reason"]
+
+
+@pytest.mark.parametrize("bad, expected", [
+    ("setting", "xllama: --set 'verbose_prompt=maybe': not a value for verbose_prompt"),
+    ("weights", "xllama: llama.cpp could not start"),
+])
+def test_a_bad_llama_cpp_setting_or_corrupt_weights_fail_the_run_in_one_line(tmp_path: Path, bad: str,
+                                                                              expected: str) -> None:
+    """A setting the launcher cannot read (before: a misspelt flag was silently ``false`` and the run
+    went on) and a file that is no GGUF model: the replica exits, the task fails in one line."""
+    server = llama(replicas=1, startup_timeout_s=90, max_restarts=0)
+    if bad == "setting":
+        server["args"] = ["verbose_prompt=maybe"]
+    else:
+        junk = tmp_path / "junk.gguf"
+        junk.write_bytes(b"GGUF" + b"\0" * 64)
+        server["model"] = str(junk)
+    res = run_cli(config(tmp_path, server, rows=2), timeout=200)
+    assert res.returncode == 1, res.stderr[-2000:]
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED: infer task")]
+    assert "llama.cpp replica 0 of smol exited with code" in line and "Traceback" not in line, line
+    (run,) = run_dirs(tmp_path / "out")
+    log = (run / "servers/smol/replica-0.log").read_text(errors="replace")
+    # the setting's line is the launcher's only output; llama.cpp's own lines may follow its refusal
+    assert expected in (line if bad == "setting" else log), (line, log[-2000:])

@@ -211,3 +211,41 @@ def test_replica_jobs_end_by_themselves_once_the_orchestrators_heartbeat_is_stal
     assert set(job_states(jobs).values()) == {"COMPLETED"}
     assert {json.loads((run / f"servers/smol/replica-{i}.status.json").read_text())["state"] for i in (0, 1)} == {
         "exited"}
+
+
+def test_a_replica_job_sbatch_refuses_fails_the_run_in_one_line(tmp_path: Path,
+                                                                 slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    """More GPUs per replica than any node has: sbatch refuses the job at once (the cluster places
+    replicas, so nothing counts GPUs at config time); the task fails with sbatch's own words."""
+    import sys
+
+    command = [sys.executable, "-m", "http.server", "{port}", "--bind", "{host}"]
+    server = dict(engine="command", model="m", command=command, gpus=64, max_restarts=0)
+    res = run_cli(slurm_config(tmp_path, server, rows=2), timeout=180)
+    assert res.returncode == 1, res.stderr[-2000:]
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED: infer task")]
+    assert "command replica 0 of smol could not start: sbatch refused the replica's job: sbatch: error:" in line, line
+    (run,) = run_dirs(tmp_path / "out")
+    assert not [r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"]
+
+
+def test_a_node_agent_whose_port_is_never_its_replicas_gives_up_in_one_line(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    """On the node, as on this machine: a server that hands its port to a process outside its
+    group (``setsid``) is not a race lost three times over (before: the agent tried ports until
+    the pool's startup timeout and queue allowance, 20 minutes)."""
+    import sys
+
+    from tests.serving.test_serving_ports import STUB
+
+    server = dict(engine="command", model="m", command=["setsid", sys.executable, STUB, "{port}"], max_restarts=0)
+    t0 = time.monotonic()
+    res = run_cli(slurm_config(tmp_path, server, rows=2), timeout=240)
+    assert res.returncode == 1, res.stderr[-2000:]
+    assert time.monotonic() - t0 < 180
+    (line,) = [ln for ln in res.stderr.splitlines() if ln.startswith("FAILED: infer task")]
+    assert "command replica 0 of smol exited with code 1 before it was ready" in line, line  # the status's code
+    assert "was held by a process outside the replica's own group 3 times in a row" in line, line
+    (run,) = run_dirs(tmp_path / "out")
+    assert json.loads((run / "servers/smol/replica-0.status.json").read_text())["why"] == "foreign"
+    assert not alive_jobs(replica_jobs(run))

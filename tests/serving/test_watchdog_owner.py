@@ -43,3 +43,49 @@ def test_stop_does_not_signal_the_pid_of_a_reaped_watchdog(tmp_path: Path, monke
     monkeypatch.setattr(replica_module.os, "kill", lambda pid, sig: sent.append(pid))
     rep.stop(grace_s=0.1)
     assert rep.proc.pid not in sent and rep.state == "stopped"
+
+
+def test_a_watchdog_whose_key_file_is_gone_says_so_in_one_line_and_starts_nothing(tmp_path: Path) -> None:
+    """The key file removed before the replica starts (a cleaner of the temp folder): before, a
+    traceback in the replica's log; now one line, and the server never runs without its key."""
+    marker = tmp_path / "ran"
+    res = subprocess.run([sys.executable, "-m", "orchestra.serving.watchdog", "--key-env", "ORCHESTRA_SERVER_KEY",
+                          "--", sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"],
+                         capture_output=True, text=True, timeout=60, start_new_session=True,
+                         env={**os.environ, "ORCHESTRA_SERVER_KEY_FILE": str(tmp_path / "gone.key")})
+    assert res.returncode != 0 and not marker.exists()
+    assert res.stderr.strip().startswith("watchdog: cannot read the key file (") and "gone.key" in res.stderr
+    assert "Traceback" not in res.stderr and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def test_a_watchdog_without_a_server_command_refuses_in_one_line() -> None:
+    res = subprocess.run([sys.executable, "-m", "orchestra.serving.watchdog", "--"], capture_output=True, text=True,
+                         timeout=60, start_new_session=True)
+    assert res.returncode == 1 and res.stderr.strip() == "watchdog: no server command after --", res.stderr
+
+
+def test_a_key_split_over_a_long_line_and_an_unterminated_last_line_never_reach_the_log(tmp_path: Path) -> None:
+    """The watchdog reads what the server prints 1 MiB at a time: a key that straddles that edge,
+    and a key in a last line with no newline, are both replaced by ``***``; nothing else is lost."""
+    key = "K3y" * 12
+    key_file = tmp_path / "k"
+    key_file.write_text(key)
+    pad = (1 << 20) - 10
+    code = ("import os, sys\nk = os.environ['ORCHESTRA_SERVER_KEY']\n"
+            f"sys.stdout.write('a' * {pad} + k + 'tail\\n' + 'last ' + k + ' end'); sys.stdout.flush()\n")
+    res = subprocess.run([sys.executable, "-m", "orchestra.serving.watchdog", "--key-env", "ORCHESTRA_SERVER_KEY",
+                          "--", sys.executable, "-c", code], capture_output=True, timeout=60, start_new_session=True,
+                         env={**os.environ, "ORCHESTRA_SERVER_KEY_FILE": str(key_file)})
+    assert res.returncode == 0, res.stderr
+    out = res.stdout.decode()
+    assert key not in out and key[:10] not in out.replace("a" * pad, "")
+    assert "a" * pad + "***tail\n" in out and "last *** end" in out
+
+
+def test_keyed_without_a_key_file_or_a_module_refuses_in_one_line(tmp_path: Path) -> None:
+    env = {**os.environ, "ORCHESTRA_SERVER_KEY_FILE": str(tmp_path / "none.key")}
+    for argv, expected in [([], "usage: python -m orchestra.serving.keyed FLAG MODULE"),
+                           (["--api-key", "json.tool"], "orchestra.serving.keyed: cannot read the key file: ")]:
+        res = subprocess.run([sys.executable, "-m", "orchestra.serving.keyed", *argv], capture_output=True, text=True,
+                             timeout=60, env=env)
+        assert res.returncode == 1 and res.stderr.startswith(expected) and "Traceback" not in res.stderr, res.stderr
