@@ -85,3 +85,22 @@ def poll_until_ended(session: Any, jobs: list[Any], timeout_s: float = 90) -> tu
         slowest = max(slowest, time.monotonic() - t0)
         time.sleep(0.05)
     return ended, slowest
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def gone_within(pid: int, within_s: float = 5.0) -> bool:
+    """Whether process ``pid`` has ended within ``within_s`` seconds."""
+    deadline = time.monotonic() + within_s
+    while alive(pid):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

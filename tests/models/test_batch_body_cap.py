@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from servers.double_thread import AppServer
 
 from orchestra.errors import ModelError
 from orchestra.limits.retry import RetryPolicy
@@ -24,17 +25,13 @@ from orchestra.models.openai_batch_http import MAX_FILE_BYTES, BatchHTTP
 SIZE = 80 << 20
 
 
-class BigAnswers:
+class BigAnswers(AppServer):
     """Answers ``GET /v1/batches/ID`` (JSON) and ``GET /v1/files/ID/content`` (JSONL) with
     :data:`SIZE` bytes in 1 MiB pieces (``declared``: with a Content-Length, else chunked)."""
 
     def __init__(self, declared: bool) -> None:
         self.declared, self.requests = declared, 0
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        assert self.ready.wait(10)
+        self.serve("big-answers")
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
@@ -53,23 +50,9 @@ class BigAnswers:
             pass  # the client stopped reading: what is under test
         return resp
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/batches/{bid}", self._answer)
         app.router.add_get("/v1/files/{fid}/content", self._answer)
-        self.runner = web.AppRunner(app, access_log=None)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.ready.set()
-        self.loop.run_forever()
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(autouse=True)

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 from aiohttp import web
+from servers.double_thread import AppServer
 
 from orchestra.errors import ModelError
 from orchestra.models.base import SampleTag, current_sample
@@ -24,7 +24,7 @@ from orchestra.models.openai_api import OpenAIAPI
 from orchestra.requests import GenRequest
 
 
-class HostileBatches:
+class HostileBatches(AppServer):
     """A minimal Batch API.  ``hostile`` names what goes wrong, each once: ``poll_list`` (the first
     poll of a batch is a JSON list), ``bad_rows`` (the first output file has garbage lines and its
     row for the prompt ``q3`` has ``"response": "oops"``), ``poll_500`` (the first batch can never
@@ -36,12 +36,7 @@ class HostileBatches:
         self.files: dict[str, bytes] = {}
         self.batches: dict[str, dict[str, Any]] = {}
         self.calls: dict[str, int] = {}
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        assert self.ready.wait(10)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.serve("hostile-batches")
 
     def _once(self, what: str) -> bool:
         if what in self.hostile:
@@ -134,9 +129,7 @@ class HostileBatches:
             lines.append(json.dumps({"custom_id": row["custom_id"], "response": response, "error": None}).encode())
         return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/files", self.upload)
         app.router.add_post("/v1/batches", self.create)
         app.router.add_get("/v1/batches", self.listing)
@@ -146,23 +139,6 @@ class HostileBatches:
         app.router.add_post("/v1/messages/batches", self.anthropic_create)
         app.router.add_get("/v1/messages/batches/{bid}", self.anthropic_get)
         app.router.add_get("/v1/messages/batches/{bid}/results", self.anthropic_results)
-        self.runner = web.AppRunner(app, access_log=None)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.ready.set()
-        self.loop.run_forever()
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-
-
-@pytest.fixture(autouse=True)
-def _lock_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("ORCHESTRA_LOCK_DIR", str(tmp_path / "locks"))
 
 
 def _ask(server: HostileBatches, run_dir: Path, prompts: list[str],

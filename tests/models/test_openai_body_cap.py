@@ -5,29 +5,25 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import threading
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from aiohttp import web
+from servers.double_thread import AppServer
 
 from orchestra.errors import ModelError
 from orchestra.models.openai_api import OpenAIAPI
 from orchestra.requests import GenRequest
 
 
-class HugeServer:
+class HugeServer(AppServer):
     """Answers every chat completion with a JSON body of ``size`` bytes, sent in 1 MiB pieces
     (``declared``: with its Content-Length, else chunked); counts the requests."""
 
     def __init__(self, size: int, declared: bool) -> None:
         self.size, self.declared, self.requests = size, declared, 0
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        assert self.ready.wait(10)
+        self.serve("huge-server")
 
     async def _answer(self, request: web.Request) -> web.StreamResponse:
         self.requests += 1
@@ -49,22 +45,8 @@ class HugeServer:
             pass  # the client stopped reading: what is under test
         return resp
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self._answer)
-        self.runner = web.AppRunner(app, access_log=None)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.ready.set()
-        self.loop.run_forever()
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture(autouse=True)

@@ -9,7 +9,6 @@ line, never become the prediction: a list would pass for ``num_samples`` answers
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any
 
 import pytest
 from aiohttp import web
+from servers.double_thread import AppServer
 
 from orchestra.errors import ModelError
 from orchestra.models.anthropic_api import AnthropicAPI
@@ -24,42 +24,23 @@ from orchestra.models.openai_api import OpenAIAPI
 from orchestra.requests import GenRequest, LoglikRequest
 
 
-class Replies:
+class Replies(AppServer):
     """Answers every POST with ``self.reply`` (JSON)."""
 
     def __init__(self) -> None:
         self.reply: Any = {}
         self.status, self.headers, self.requests = 200, {"x-none": "0"}, 0
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-        assert self.ready.wait(10)
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self.serve("replies")
 
     async def answer(self, request: web.Request) -> web.Response:
         await request.read()
         self.requests += 1
         return web.json_response(self.reply, status=self.status, headers=self.headers)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
+    def routes(self, app: web.Application) -> None:
         app.router.add_post("/v1/chat/completions", self.answer)
         app.router.add_post("/v1/completions", self.answer)
         app.router.add_post("/v1/messages", self.answer)
-        self.runner = web.AppRunner(app, access_log=None)
-        self.loop.run_until_complete(self.runner.setup())
-        site = web.TCPSite(self.runner, "127.0.0.1", 0)
-        self.loop.run_until_complete(site.start())
-        self.port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.ready.set()
-        self.loop.run_forever()
-
-    def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
 
 
 @pytest.fixture

@@ -92,3 +92,24 @@ class DoubleThread:
 
     def __exit__(self, *exc: Any) -> None:
         self.stop()
+
+
+class AppServer:
+    """Base of a test's own small server: a subclass adds its routes in :meth:`routes` and calls
+    :meth:`serve` from its ``__init__`` (once its state is set); ``port``, ``base_url`` and
+    :meth:`close` then work, the app running in a :class:`DoubleThread`."""
+
+    port: int
+    base_url: str
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    def serve(self, name: str) -> None:
+        self.app = web.Application()
+        self.routes(self.app)
+        self._thread = DoubleThread(self, name).start()
+        self.port, self.base_url = self._thread.port, self._thread.base_url
+
+    def close(self) -> None:
+        self._thread.stop()

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from dlc_helpers import Double, dlc_runner, run_cli, run_dirs, start_cli, write_config
+from helpers import alive
 
 HANG_S = 90  # the double's hung submit: its child sleeps this long (longer than any bound below)
 
@@ -18,14 +19,6 @@ HANG_S = 90  # the double's hung submit: its child sleeps this long (longer than
 def hung_pids(double: Double) -> list[int]:
     path = double.state / "hung.pids"
     return [int(x) for x in path.read_text().split()] if path.exists() else []
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(") ")[-1][0] != "Z"  # a zombie is dead (its parent has not reaped it)
-    except FileNotFoundError:
-        return False
 
 
 def wait_gone(pids: list[int], timeout_s: float) -> list[int]:

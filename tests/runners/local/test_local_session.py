@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers import alive, gone_within
 
 from orchestra.events import read_events
 from orchestra.runners.core.command import Command
@@ -32,23 +33,6 @@ def _ended(session: LocalSession, job: Job, within_s: float = 30.0) -> Exit:
         assert time.monotonic() < deadline, "the process never ended"
         time.sleep(0.02)
     return answer[job]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _gone_soon(pid: int, within_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + within_s
-    while _alive(pid):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _session(grace_s: float = 1.0) -> LocalSession:
@@ -82,10 +66,10 @@ def test_what_an_ended_task_left_running_in_its_group_is_stopped(tmp_path: Path)
         assert session.submit([job]) == {}
         assert _ended(session, job).code == 3
         child = int(pid_file.read_text())
-        assert _gone_soon(child), "the task's child still runs after the task ended"
+        assert gone_within(child), "the task's child still runs after the task ended"
     finally:
         session.close()
-        if pid_file.exists() and _alive(int(pid_file.read_text())):
+        if pid_file.exists() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
@@ -107,7 +91,7 @@ def test_a_cancelled_task_that_ignores_sigterm_is_killed_with_its_children_after
         session.cancel([job])
         ended = _ended(session, job)
         assert ended == Exit(-1, "cancelled") and 0.4 < time.monotonic() - started < 10
-        assert _gone_soon(child) and not _alive(job.handle.pid)
+        assert gone_within(child) and not alive(job.handle.pid)
     finally:
         session.close()
 
@@ -189,4 +173,4 @@ def test_a_task_past_its_timeout_is_stopped_retried_and_fails_as_timed_out(tmp_p
     events = [e for e in read_events(Path(run.run_dir) / "events.jsonl") if e.get("task_id") == "infer_good_arith"]
     assert [e["event"] for e in events] == ["queued", "started", "retry", "started", "failed"]
     assert events[2]["timed_out"] is True and events[4]["timed_out"] is True
-    assert all(not _alive(e["where"]["pid"]) for e in events if e["event"] == "started")
+    assert all(not alive(e["where"]["pid"]) for e in events if e["event"] == "started")

@@ -14,6 +14,7 @@ import pytest
 import orchestra
 from orchestra.models.fake import DeterministicModel
 from tests.api.test_python_api import config
+from tests.helpers import alive
 
 PID_FILE = "ORCHESTRA_TEST_CHILD_PID_FILE"
 
@@ -36,14 +37,6 @@ class ClosesTheReplyPipe(DeterministicModel):
         time.sleep(300)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
 def test_what_a_dead_warm_worker_left_running_is_stopped(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The helper, in the worker's process group, held the GPU after the worker was gone and
     outlived the run: the detached worker was never stopped, only forgotten."""
@@ -58,11 +51,11 @@ def test_what_a_dead_warm_worker_left_running_is_stopped(tmp_path: Path, monkeyp
         assert "warm worker exited with code" in failed.reason
         child = int(pid_file.read_text())
         deadline = time.monotonic() + 5
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not _alive(child), "the dead worker's helper process still runs after the run"
+        assert not alive(child), "the dead worker's helper process still runs after the run"
     finally:
-        if pid_file.exists() and _alive(int(pid_file.read_text())):
+        if pid_file.exists() and alive(int(pid_file.read_text())):
             os.kill(int(pid_file.read_text()), signal.SIGKILL)
 
 
