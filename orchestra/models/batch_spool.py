@@ -21,8 +21,10 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
 import os
 import socket
+import sys
 import time
 import uuid
 from typing import Any
@@ -48,6 +50,7 @@ class BatchSpool:
         self._owner_fd = -1
         self._lead_fd = -1
         self._seq = 0
+        self._warned: set[str] = set()  # malformed spool files already named in a warning
 
     def open(self) -> None:
         """Join the spool: the owner's lock, held until :meth:`close` (or death)."""
@@ -117,13 +120,19 @@ class BatchSpool:
                 continue
             try:
                 with open(path, "rb") as f:
-                    blob = json.loads(f.read())
-            except (OSError, ValueError):
+                    raw = f.read()
+            except OSError:
                 continue  # withdrawn meanwhile
-            left = [e for e in blob["entries"] if e["nonce"] not in consumed]
+            ts, entries, why = _parse(raw)
+            if why:  # not what put() writes: skipped (its owner's death removes it), never fatal
+                if name not in self._warned:
+                    self._warned.add(name)
+                    print(f"orchestra: warning: spool file {path} skipped: {why}", file=sys.stderr)
+                continue
+            left = [e for e in entries if e["nonce"] not in consumed]
             if not left:
                 _unlink(path)
-            out.extend({**e, "ts": float(blob["ts"])} for e in left)
+            out.extend({**{k: e[k] for k in _KEEP if k in e}, "ts": ts} for e in left)
         return out
 
     def here(self, owner: str) -> bool:
@@ -176,6 +185,35 @@ def cut(entries: list[dict[str, Any]], size: int, max_bytes: int, line_of: Any, 
         if chunk and (len(chunk) >= size or now - min(e["ts"] for e in chunk) >= flush_s):
             out.append(chunk)
     return out
+
+
+def _parse(raw: bytes) -> tuple[float, list[dict[str, Any]], str]:
+    """A spool file's ``(ts, entries, "")`` as :meth:`BatchSpool.put` writes it, or ``(0, [], why)``
+    naming what is wrong with it (any local process can write into the spool folder)."""
+    try:
+        blob = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        return 0.0, [], f"not JSON ({type(exc).__name__})"
+    if not isinstance(blob, dict):
+        return 0.0, [], f"a JSON {type(blob).__name__}, not an object"
+    ts, entries = blob.get("ts"), blob.get("entries")
+    if isinstance(ts, bool) or not isinstance(ts, (int, float)) or not math.isfinite(ts):
+        return 0.0, [], f"'ts' is {ts!r:.40}, not a finite number"
+    if not isinstance(entries, list):
+        return 0.0, [], f"'entries' is {type(entries).__name__}, not a list"
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict):
+            return 0.0, [], f"entry {i} is a JSON {type(e).__name__}, not an object"
+        for key, kind in _ENTRY.items():
+            if not isinstance(e.get(key), kind):
+                return 0.0, [], f"entry {i}: {key!r} is missing or not a {kind.__name__}"
+    return float(ts), entries, ""
+
+
+#: what every spool entry carries, and its type
+_ENTRY: dict[str, type] = {"cid": str, "path": str, "body": dict, "nonce": str}
+#: the keys of an entry the leader passes on (others, e.g. a planted ``dup_nonces``, are dropped)
+_KEEP = (*_ENTRY, "task")
 
 
 def _unlink(path: str) -> None:

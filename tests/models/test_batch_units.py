@@ -170,3 +170,64 @@ def test_a_create_another_host_may_still_have_out_holds_back_this_tasks_rows(tmp
     assert asyncio.run(recover(b, 5.0)) and Lookup.asked == [{"k1"}]
     assert ledger.load()["k1"].state == "not_created"
     b.spool.close()  # type: ignore[union-attr]
+
+
+MALFORMED = {
+    "no entries": {"ts": 1.0},
+    "no ts": {"entries": []},
+    "entries not a list": {"ts": 1.0, "entries": {"cid": "x"}},
+    "ts a string": {"ts": "soon", "entries": []},
+    "entry without nonce": {"ts": 1.0, "entries": [{"cid": "x", "path": "/p", "body": {}}]},
+    "entry not an object": {"ts": 1.0, "entries": ["x"]},
+    "body not an object": {"ts": 1.0, "entries": [{"cid": "x", "path": "/p", "body": "b", "nonce": "n"}]},
+    "a list": [1, 2],
+}
+
+
+def test_malformed_spool_files_are_skipped_with_one_warning_and_never_crash_the_leader(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Valid JSON that is not what ``put`` writes (no entries, no ts, wrong types, planted keys), in
+    the names of a live owner and of one killed by SIGKILL: the leader takes the good entries, names
+    each bad file once on stderr, and deletes the dead owner's files."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    from orchestra.models.batch_spool import BatchSpool, cut
+
+    code = ("import sys, time; from orchestra.models.batch_spool import BatchSpool; "
+            "s = BatchSpool(sys.argv[1], 'dead-task'); s.open(); print(s.owner, flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    try:
+        assert child.stdout is not None
+        dead = child.stdout.readline().strip()
+        me, other = BatchSpool(str(tmp_path), "task-a"), BatchSpool(str(tmp_path), "task-b")
+        me.open()
+        other.open()
+        assert me.try_lead()
+        other.put([{"cid": "b1", "path": "/p", "body": {}, "nonce": "n1", "dup_nonces": "zz"}])
+        bad = {}
+        for i, (why, blob) in enumerate(MALFORMED.items()):
+            for owner in (other.owner, dead):
+                path = Path(me.folder) / f"{owner}.{900 + i:08d}.json"
+                path.write_text(json.dumps(blob))
+                bad[path] = why
+        (Path(me.folder) / f"{other.owner}.{999:08d}.json").write_text("[" * 100_000)  # deeper than Python parses
+        got = me.gather(set())
+        assert [(e["cid"], e["nonce"], "dup_nonces" in e) for e in got] == [("b1", "n1", False)]
+        assert [len(c) for c in cut(got, 1, 10**6, lambda c, p, b: b"x", 1.0, 0.0)] == [1]
+        warned = [line for line in capsys.readouterr().err.splitlines() if "spool file" in line]
+        assert len(warned) == len(MALFORMED) * 2 + 1 and all(" skipped: " in w for w in warned)
+        assert me.gather(set()) == got and "spool file" not in capsys.readouterr().err  # once per file
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        me.gather(set())  # the dead owner's files go, malformed or not; the live owner's stay
+        assert {p: p.exists() for p in bad} == {p: dead not in p.name for p in bad}
+        other.close()
+        me.close()
+        assert sorted(os.listdir(me.folder)) == ["lead.lock"]
+    finally:
+        child.kill()
+        child.wait()
