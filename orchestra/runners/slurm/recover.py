@@ -44,7 +44,8 @@ def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float) 
 
 def cancel_records(records: Sequence[JobRecord], ledger: Ledger | None, timeout_s: float, why: str) -> None:
     """scancel these jobs, recorded (when there is a ledger) before (``stop_sent``) and after
-    (``stopped`` once squeue agrees, else ``stop_unconfirmed``): ``core.ledger.record_stop``."""
+    (``stopped`` once squeue agrees, else ``stop_unconfirmed``: ``core.ledger.record_stop``, which a
+    later ``-r`` looks at again).  Jobs not shown gone are named in one warning."""
     if not records:
         return
 
@@ -52,21 +53,35 @@ def cancel_records(records: Sequence[JobRecord], ledger: Ledger | None, timeout_
         gone = cancel_and_wait([r.job_id for r in records], timeout_s)
         return {r.name: ("stopped" if gone else "stop_unconfirmed", {}) for r in records}
 
-    record_stop(ledger, {r.name: (f"Slurm job {r.job_id}", {"job_id": r.job_id}) for r in records}, why, stop)
+    words = record_stop(ledger, {r.name: (f"Slurm job {r.job_id}", {"job_id": r.job_id}) for r in records}, why, stop)
+    alive = [f"{r.job_id} ({r.name})" for r in records if words[r.name] != "stopped"]
+    if alive:
+        print(f"orchestra: warning: Slurm job(s) {', '.join(alive)} not shown gone {timeout_s:g} s after scancel: "
+              "they may still be alive (orchestra -r on this run folder cancels them again)", file=sys.stderr)
 
 
 def _cancel_unknown(records: list[JobRecord], ledger: Ledger, timeout_s: float) -> None:
-    """Jobs whose sbatch call was interrupted: found by their name (single jobs) and cancelled."""
+    """Jobs whose sbatch call was interrupted before its answer was read: looked for by name (single
+    jobs; an array is named by its stage) and cancelled like any other (``cancel_records``: a cancel
+    squeue does not confirm stays ``stop_unconfirmed``, for the next ``-r``).  When squeue cannot be
+    asked, nothing is recorded: the ledger still says ``submitting`` and the next ``-r`` looks again."""
     if not records:
         return
     try:
         found = squeue_by_name(r.name for r in records)
-    except SlurmCommandError:
-        found = {}
-    ids = {name: job_id for job_id, (name, _) in found.items()}
-    cancel_and_wait(list(found), timeout_s)
+    except SlurmCommandError as exc:
+        print(f"orchestra: warning: the sbatch submission(s) of {', '.join(r.name for r in records)} were "
+              f"interrupted before their job id was known and squeue cannot say whether they exist ({exc}): "
+              "they may still be alive; orchestra -r on this run folder looks for them again "
+              "(or scancel --name NAME)", file=sys.stderr)
+        return
+    ids: dict[str, list[str]] = {}
+    for job_id, (name, _) in sorted(found.items()):
+        ids.setdefault(name, []).append(job_id)
     for rec in records:
-        ledger.record("submit_unknown", rec.name, job_id=ids.get(rec.name, ""))
-        if rec.name not in ids:
+        if rec.name not in ids:  # squeue answered and has no job of that name
+            ledger.record("submit_unknown", rec.name, job_id="")
             print(f"orchestra: warning: the sbatch submission of {rec.name} was interrupted before its job id was "
                   "known; if it was a job array, cancel it with scancel --name", file=sys.stderr)
+    cancel_records([JobRecord(rec.name, job_id=job_id) for rec in records for job_id in ids.get(rec.name, ())],
+                   ledger, timeout_s, "its sbatch call was interrupted before the job id was read")

@@ -3,18 +3,21 @@ again (real local cluster; every job of a run carries the run's name prefix, so 
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from helpers import jsonl, wait_for
+from helpers import REPO, jsonl, wait_for
 from slurm_helpers import job_prefix, run_cli, run_dirs, squeue_jobs, start_cli, summary_rows, write_config
 
-from orchestra.runners.core.ledger import Ledger
+from orchestra.runners.core.ledger import OVER, Ledger
 from orchestra.runners.slurm.recover import recover
+from orchestra.runners.slurm.state import TERMINAL_STATES
 from orchestra.tasks.spec import TaskSpec
 
 if TYPE_CHECKING:
@@ -42,9 +45,90 @@ def test_an_sbatch_call_killed_before_its_job_id_was_recorded_is_found_by_name_a
         assert recover(ledger, [spec], cancel_timeout_s=30) == {}
         assert squeue_jobs(names[0]) == []
         unknown = {r["name"]: r["job_id"] for r in jsonl(Path(ledger.path)) if r["state"] == "submit_unknown"}
-        assert unknown == {names[0]: job_id, names[1]: ""}
+        assert unknown == {names[1]: ""}
+        assert states(ledger, names[0])[1:] == [("stop_sent", job_id), ("stopped", job_id)]  # found by name
         assert f"the sbatch submission of {names[1]} was interrupted before its job id was known" in \
             capsys.readouterr().err
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
+
+
+#: a job that outlives scancel's SIGTERM: it ends at the SIGKILL that follows KillWait (5 s here)
+DEAF = "trap '' TERM; while :; do sleep 0.2; done"
+
+
+def deaf_job(name: str, tmp_path: Path) -> str:
+    """A running job of this name that ignores SIGTERM."""
+    job_id = subprocess.run(["sbatch", "--parsable", f"--job-name={name}", "--partition=debug",
+                             f"--output={tmp_path}/%j.out", "--wrap", DEAF],
+                            capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    wait_for(lambda: [j for j in squeue_jobs(name) if j[2] == "RUNNING"], 60, f"job {job_id} to run", every_s=0.2)
+    return job_id
+
+
+def recover_in_a_new_process(ledger: Ledger, stage: str, cancel_timeout_s: float) -> subprocess.CompletedProcess[str]:
+    """``recover`` as the next ``-r`` runs it: another process (claims are per process)."""
+    code = ("import sys; from orchestra.runners.core.ledger import Ledger; "
+            "from orchestra.runners.slurm.recover import recover; from orchestra.tasks.spec import TaskSpec; "
+            "t = TaskSpec(stage=sys.argv[2], task_id='other', run_dir='', model={'abbr': 'm'}, model_abbr='m', "
+            "units=()); print(recover(Ledger(sys.argv[1]), [t], float(sys.argv[3])))")
+    return subprocess.run([sys.executable, "-c", code, os.path.dirname(ledger.path), stage, str(cancel_timeout_s)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def states(ledger: Ledger, name: str) -> list[tuple[str, str]]:
+    return [(r["state"], r.get("job_id", "")) for r in jsonl(Path(ledger.path)) if r["name"] == name]
+
+
+def test_an_unconfirmed_cancel_of_an_interrupted_sbatch_stays_for_the_next_resume(
+        slurm_cluster: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The job the interrupted sbatch made is found by name and cancelled, but squeue still shows it
+    (it ignores SIGTERM) when the 1 s deadline passes: the ledger keeps it possibly alive, with its
+    id, the run names it, and the next ``-r`` (a new process) looks at it again."""
+    name = f"orc-{uuid.uuid4().hex[:8]}-infer_m_t0-a1"
+    ledger = Ledger(str(tmp_path / "slurm"))
+    ledger.record("submitting", name, task_id="infer_m_t0", stage="infer", attempt=1, digest="d")
+    job_id = deaf_job(name, tmp_path)
+    try:
+        spec = TaskSpec(stage="infer", task_id="infer_m_t0", run_dir="", model={"abbr": "m"}, model_abbr="m", units=())
+        assert recover(ledger, [spec], cancel_timeout_s=1) == {}
+        assert states(ledger, name)[1:] == [("stop_sent", job_id), ("stop_unconfirmed", job_id)]
+        assert Ledger(str(tmp_path / "slurm")).jobs()[name].state not in OVER
+        err = capsys.readouterr().err
+        assert f"Slurm job(s) {job_id} ({name}) not shown gone 1 s after scancel: they may still be alive" in err
+        again = recover_in_a_new_process(ledger, "infer", 30)
+        assert again.returncode == 0 and again.stdout.strip() == "{}", again.stderr[-2000:]
+        assert states(ledger, name)[3][0] in ("ended", "stop_sent")  # looked at again, by its id
+        assert Ledger(str(tmp_path / "slurm")).jobs()[name].state in OVER
+        assert [j for j in squeue_jobs(name) if j[2] not in TERMINAL_STATES] == []
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
+
+
+def test_an_interrupted_sbatch_squeue_cannot_look_for_stays_submitting(
+        slurm_cluster: SlurmCluster, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """squeue fails (here: a Slurm config it cannot use): nothing is recorded, the run says the job
+    may still be alive, and the next ``-r``, with squeue working, finds it by name and cancels it."""
+    name = f"orc-{uuid.uuid4().hex[:8]}-infer_m_t0-a1"
+    ledger = Ledger(str(tmp_path / "slurm"))
+    ledger.record("submitting", name, task_id="infer_m_t0", stage="infer", attempt=1, digest="d")
+    job_id = deaf_job(name, tmp_path)
+    try:
+        broken = tmp_path / "broken.conf"
+        broken.write_text("")
+        with monkeypatch.context() as m:
+            m.setenv("SLURM_CONF", str(broken))
+            spec = TaskSpec(stage="infer", task_id="t", run_dir="", model={"abbr": "m"}, model_abbr="m", units=())
+            assert recover(ledger, [spec], cancel_timeout_s=1) == {}
+        assert states(ledger, name) == [("submitting", "")]
+        err = capsys.readouterr().err
+        assert f"the sbatch submission(s) of {name} were interrupted" in err and "may still be alive" in err
+        again = recover_in_a_new_process(ledger, "infer", 30)
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert states(ledger, name)[1:] == [("stop_sent", job_id), ("stopped", job_id)]
+        assert [j for j in squeue_jobs(name) if j[2] not in TERMINAL_STATES] == []
     finally:
         subprocess.run(["scancel", job_id], timeout=30, check=False)
 
