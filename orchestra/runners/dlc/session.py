@@ -229,6 +229,8 @@ class DLCSession(Session):
             assert info is not None
             track.record("ended", orphan(rec), status=info.status, reason_code=info.reason_code)
 
-        adopt = recover_left(track.ledger, stage, tasks, see, interrupted=interrupted, ended=ended,
-                             stop=lambda records, why: track.stop([orphan(r) for r in records], why))
-        self.adopt.update({rec.task_id: (rec, info) for rec in adopt if (info := infos[rec.name]) is not None})
+        def keep(adopt: list[JobRecord]) -> None:  # before the stops: close() stops what no attempt takes
+            self.adopt.update({rec.task_id: (rec, info) for rec in adopt if (info := infos[rec.name]) is not None})
+
+        recover_left(track.ledger, stage, tasks, see, interrupted=interrupted, ended=ended, keep=keep,
+                     stop=lambda records, why: track.stop([orphan(r) for r in records], why))

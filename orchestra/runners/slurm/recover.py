@@ -19,11 +19,13 @@ from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, canc
 from orchestra.tasks.spec import TaskSpec
 
 
-def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float) -> dict[str, JobRecord]:
+def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float,
+            adopt: dict[str, JobRecord]) -> None:
     """Adopt or cancel the jobs of this launch's stage that the ledger shows possibly alive and no
-    launch of this process handles (``core.recovery``); returns the adopted ones by task id."""
+    launch of this process handles (``core.recovery``); the adopted ones go into ``adopt`` (by task
+    id, the launcher's: its ``close`` cancels any no attempt took) before any cancel."""
     if not tasks:
-        return {}
+        return
     states: dict[str, SlurmJobState] = {}
 
     def see(known: list[JobRecord]) -> dict[str, Seen]:
@@ -34,12 +36,12 @@ def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float) 
         return {r.name: None if r.job_id not in states else "over" if states[r.job_id].terminal else "alive"
                 for r in known}
 
-    adopt = recover_left(
+    recover_left(
         ledger, tasks[0].stage, tasks, see,
         interrupted=lambda records: _cancel_unknown(records, ledger, cancel_timeout_s),
         ended=lambda rec: ledger.record("ended", rec.name, job_id=rec.job_id, slurm_state=states[rec.job_id].state),
+        keep=lambda records: adopt.update({rec.task_id: rec for rec in records}),
         stop=lambda records, why: cancel_records(records, ledger, cancel_timeout_s, why))
-    return {rec.task_id: rec for rec in adopt}
 
 
 def cancel_records(records: Sequence[JobRecord], ledger: Ledger | None, timeout_s: float, why: str) -> None:

@@ -188,9 +188,15 @@ class SlurmRunner(BaseRunner):
             from orchestra.runners.slurm.recover import recover
 
             ledger = Ledger(ctx.paths.slurm_dir)
-            adopt = recover(ledger, tasks, self.options.cancel_timeout_s) if unfit is None else {}
-            launcher = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, adopt,
-                                      ctx.events, self.submit_wait_s)
+            batch = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, {},
+                                   ctx.events, self.submit_wait_s)
+            try:  # the launcher first: its close() cancels what -r kept for adoption if a later step fails
+                if unfit is None:
+                    recover(ledger, tasks, self.options.cancel_timeout_s, batch.adopt)
+            except BaseException:
+                batch.close()
+                raise
+            launcher = batch
         else:
             from orchestra.runners.slurm.srun import SrunLauncher
 

@@ -41,25 +41,33 @@ def test_recover_left_adopts_records_and_stops_in_order(tmp_path: Path) -> None:
         steps.append(("see", [r.name for r in known]))
         return {"j1": "alive", "j2": "over"}  # j3: no answer
 
-    adopt = recover_left(ledger, "infer", [a, task("b", tmp_path), task("c", tmp_path, model="changed")], see,
-                         interrupted=lambda recs: steps.append(("interrupted", [r.name for r in recs])),
-                         ended=lambda rec: steps.append(("ended", [rec.name])),
-                         stop=lambda recs, why: steps.append((f"stop: {why}", [r.name for r in recs])))
+    adopt: list[JobRecord] = []
+
+    def keep(recs: list[JobRecord]) -> None:
+        steps.append(("keep", [r.name for r in recs]))
+        adopt.extend(recs)
+
+    recover_left(ledger, "infer", [a, task("b", tmp_path), task("c", tmp_path, model="changed")], see,
+                 interrupted=lambda recs: steps.append(("interrupted", [r.name for r in recs])),
+                 ended=lambda rec: steps.append(("ended", [rec.name])), keep=keep,
+                 stop=lambda recs, why: steps.append((f"stop: {why}", [r.name for r in recs])))
     assert [(r.name, r.task_id, r.job_id) for r in adopt] == [("j1", "a", "11")]
-    assert steps == [("interrupted", ["j0"]), ("see", ["j1", "j2", "j3"]), ("ended", ["j2"]),
+    # the adoptable job is kept before any stop: a stop that fails cannot lose it
+    assert steps == [("interrupted", ["j0"]), ("see", ["j1", "j2", "j3"]), ("ended", ["j2"]), ("keep", ["j1"]),
                      (f"stop: {NOT_NEEDED}", ["j3"])]
     # claimed: a second launch of the stage in this process finds nothing, and asks nothing
-    assert recover_left(ledger, "infer", [a], see, interrupted=pytest.fail, ended=pytest.fail,
-                        stop=lambda recs, why: pytest.fail("stopped twice")) == []
-    assert len(steps) == 4
+    recover_left(ledger, "infer", [a], see, interrupted=pytest.fail, ended=pytest.fail,
+                 keep=lambda recs: pytest.fail("kept twice"), stop=lambda recs, why: pytest.fail("stopped twice"))
+    assert len(steps) == 5
 
 
 def test_recover_left_asks_nothing_when_nothing_may_be_alive(tmp_path: Path) -> None:
     ledger = Ledger(str(tmp_path / "svc"))
     ledger.record("submitted", "j1", task_id="a", stage="infer", job_id="1")
     ledger.record("stopped", "j1", job_id="1")
-    assert recover_left(ledger, "infer", [], lambda known: pytest.fail("asked"), interrupted=pytest.fail,
-                        ended=pytest.fail, stop=lambda recs, why: pytest.fail("stopped")) == []
+    recover_left(ledger, "infer", [], lambda known: pytest.fail("asked"), interrupted=pytest.fail,
+                 ended=pytest.fail, keep=lambda recs: pytest.fail("kept"),
+                 stop=lambda recs, why: pytest.fail("stopped"))
 
 
 def test_record_stop_writes_a_line_before_and_after_the_stop(tmp_path: Path) -> None:

@@ -42,7 +42,9 @@ def test_an_sbatch_call_killed_before_its_job_id_was_recorded_is_found_by_name_a
                              f"--output={tmp_path}/%j.out", "--wrap", "sleep 300"],
                             capture_output=True, text=True, timeout=30, check=True).stdout.strip()
     try:
-        assert recover(ledger, [spec], cancel_timeout_s=30) == {}
+        kept: dict[str, object] = {}
+        recover(ledger, [spec], 30, kept)
+        assert kept == {}
         assert squeue_jobs(names[0]) == []
         unknown = {r["name"]: r["job_id"] for r in jsonl(Path(ledger.path)) if r["state"] == "submit_unknown"}
         assert unknown == {names[1]: ""}
@@ -71,7 +73,7 @@ def recover_in_a_new_process(ledger: Ledger, stage: str, cancel_timeout_s: float
     code = ("import sys; from orchestra.runners.core.ledger import Ledger; "
             "from orchestra.runners.slurm.recover import recover; from orchestra.tasks.spec import TaskSpec; "
             "t = TaskSpec(stage=sys.argv[2], task_id='other', run_dir='', model={'abbr': 'm'}, model_abbr='m', "
-            "units=()); print(recover(Ledger(sys.argv[1]), [t], float(sys.argv[3])))")
+            "units=()); kept = {}; recover(Ledger(sys.argv[1]), [t], float(sys.argv[3]), kept); print(kept)")
     return subprocess.run([sys.executable, "-c", code, os.path.dirname(ledger.path), stage, str(cancel_timeout_s)],
                           capture_output=True, text=True, timeout=120, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)})
@@ -92,7 +94,8 @@ def test_an_unconfirmed_cancel_of_an_interrupted_sbatch_stays_for_the_next_resum
     job_id = deaf_job(name, tmp_path)
     try:
         spec = TaskSpec(stage="infer", task_id="infer_m_t0", run_dir="", model={"abbr": "m"}, model_abbr="m", units=())
-        assert recover(ledger, [spec], cancel_timeout_s=1) == {}
+        recover(ledger, [spec], 1, kept := {})
+        assert kept == {}
         assert states(ledger, name)[1:] == [("stop_sent", job_id), ("stop_unconfirmed", job_id)]
         assert Ledger(str(tmp_path / "slurm")).jobs()[name].state not in OVER
         err = capsys.readouterr().err
@@ -121,7 +124,8 @@ def test_an_interrupted_sbatch_squeue_cannot_look_for_stays_submitting(
         with monkeypatch.context() as m:
             m.setenv("SLURM_CONF", str(broken))
             spec = TaskSpec(stage="infer", task_id="t", run_dir="", model={"abbr": "m"}, model_abbr="m", units=())
-            assert recover(ledger, [spec], cancel_timeout_s=1) == {}
+            recover(ledger, [spec], 1, kept := {})
+        assert kept == {}
         assert states(ledger, name) == [("submitting", "")]
         err = capsys.readouterr().err
         assert f"the sbatch submission(s) of {name} were interrupted" in err and "may still be alive" in err
