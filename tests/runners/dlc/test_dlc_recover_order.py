@@ -8,8 +8,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from dlc_helpers import (REPO, Double, dlc_runner, env_with_double, ledger, run_cli, run_dirs, start_cli,
-                         summary_rows, write_config)
+from dlc_helpers import (
+    REPO,
+    Double,
+    dlc_runner,
+    env_with_double,
+    ledger,
+    run_cli,
+    run_dirs,
+    start_cli,
+    summary_rows,
+    write_config,
+)
 
 #: the orchestrator's CLI with a fault at the -r step between keeping and stopping: the stop of the
 #: jobs no task needs goes out, then raises (as writing its event would on a full disk)
