@@ -204,3 +204,54 @@ def test_ctrl_c_with_fifty_sbatch_jobs_returns_within_seconds_and_leaves_none(sl
     assert took < 15, f"Ctrl-C took {took:.1f} s"
     cancelled = [e for e in events(run) if e["event"] == "cancelled" and e["stage"] == "infer"]
     assert len(cancelled) == 50 and all("attempt" in e for e in cancelled)  # each was in flight
+
+
+def test_an_error_in_resumes_cancels_still_cancels_the_job_kept_for_adoption(
+        slurm_cluster: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two sbatch jobs an earlier orchestrator left: one runs the very spec of this launch's task
+    (kept for adoption), one another spec (cancelled as not needed).  That cancel goes out, then
+    raises: ``open`` fails, and the launcher's close cancels the kept job rather than leave it running."""
+    import errno
+
+    from orchestra.events import EventLog
+    from orchestra.paths import RunPaths
+    from orchestra.runners.base import RunContext
+    from orchestra.runners.core.ledger import spec_digest
+    from orchestra.runners.slurm import recover as recover_module
+    from orchestra.runners.slurm.runner import SlurmRunner, run_tag
+
+    paths = RunPaths(str(tmp_path / "run"))
+    paths.make_dirs()
+    prefix = f"orc-{run_tag(paths.root)}-"
+    spec = TaskSpec(stage="infer", task_id="infer_m_t0", run_dir=paths.root, model={"abbr": "m"}, model_abbr="m",
+                    units=())
+    ledger = Ledger(paths.slurm_dir)
+    ids = {}
+    for task_id, digest in (("infer_m_t0", spec_digest(spec)), ("infer_m_t1", "another spec")):
+        name = f"{prefix}{task_id}-a1"
+        ledger.record("submitting", name, task_id=task_id, stage="infer", attempt=1, digest=digest)
+        ids[task_id] = subprocess.run(["sbatch", "--parsable", f"--job-name={name}", "--partition=debug",
+                                       f"--output={tmp_path}/%j.out", "--wrap", "sleep 300"],
+                                      capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+        ledger.record("submitted", name, job_id=ids[task_id])
+    real = recover_module.cancel_records
+
+    def cancel_then_fail(records: list, led: Ledger | None, timeout_s: float, why: str) -> None:
+        real(records, led, timeout_s, why)
+        raise OSError(errno.ENOSPC, "No space left on device (injected)")
+
+    monkeypatch.setattr(recover_module, "cancel_records", cancel_then_fail)
+    try:
+        with pytest.raises(OSError, match="injected"):
+            SlurmRunner(launcher="sbatch", partition="debug", poll_interval_s=0.2).open(
+                RunContext(paths, EventLog(paths.events)), [spec])
+        assert squeue_jobs(prefix) == [], "the job kept for adoption was left running"
+        reasons = {r["job_id"]: r.get("reason") for r in ledger_lines(ledger) if r["state"] == "stop_sent"}
+        assert reasons == {ids["infer_m_t1"]: "left by an earlier orchestrator of this run folder, not needed",
+                           ids["infer_m_t0"]: "the launch ended"}
+    finally:
+        subprocess.run(["scancel", *ids.values()], timeout=30, check=False)
+
+
+def ledger_lines(ledger: Ledger) -> list[dict]:
+    return jsonl(Path(ledger.path))
