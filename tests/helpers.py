@@ -104,3 +104,18 @@ def gone_within(pid: int, within_s: float = 5.0) -> bool:
             return False
         time.sleep(0.05)
     return True
+
+
+def born(pids: list[int]) -> dict[int, int | None]:
+    """Each pid with its process's start time (clock ticks since boot), read now: with it a pid
+    names one process, even after the kernel hands the pid to another (pid_max may be 32768)."""
+    from orchestra.serving.replica import start_time
+
+    return {pid: start_time(pid) for pid in pids}
+
+
+def still_alive(procs: dict[int, int | None]) -> list[int]:
+    """The pids of ``procs`` (``born``) whose very process still runs: a pid reused since is not."""
+    from orchestra.serving.replica import start_time
+
+    return [pid for pid, t in procs.items() if t is not None and alive(pid) and start_time(pid) == t]

@@ -19,9 +19,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, events, jsonl, run_cli, run_dirs, start_cli, wait_for
+from tests.helpers import REPO, born, events, jsonl, run_cli, run_dirs, start_cli, still_alive, wait_for
 
 pytestmark = pytest.mark.slow
+
+
+#: how long a replica may outlive its SIGKILLed owner: the watchdog's SIGTERM grace (5 s), then its
+#: wait for the log pipe to close (at most 5 s), and room for a loaded 2-core machine
+OWNER_GONE_S = 40
 
 
 def gguf() -> str:
@@ -179,10 +184,12 @@ def test_sigkill_of_the_orchestrator_takes_the_replicas_down_and_r_finishes(tmp_
     proc = start_cli(cfg, new_session=True)
     run = the_run(tmp_path)
     wait_for(lambda: sum(e["event"] == "server_ready" for e in events(run)) == 2, 120, "two ready replicas")
-    pids = wait_for(lambda: len(replica_pids(run)) == 4 and replica_pids(run), 30, "the replicas' pids")
+    procs = born(wait_for(lambda: len(replica_pids(run)) == 4 and replica_pids(run), 30, "the replicas' pids"))
+    assert len(still_alive(procs)) == 4
     proc.kill()
     proc.wait()
-    wait_for(lambda: not [p for p in pids if alive(p)], 15, "replicas to die with their owner")
+    # each process by pid and start time: a pid reused meanwhile is not a replica left alive
+    wait_for(lambda: not still_alive(procs), OWNER_GONE_S, "replicas to die with their owner")
     res = run_cli(cfg, "-r", timeout=400)
     assert res.returncode == 0, res.stderr[-3000:]
     assert len(predictions(run)) == 30

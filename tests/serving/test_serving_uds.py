@@ -26,8 +26,8 @@ import pytest
 
 from orchestra.serving.presets import launch
 from orchestra.serving.spec import parse_server
-from tests.helpers import events, jsonl, run_cli, start_cli, wait_for
-from tests.serving.test_managed_runs import alive, config, predictions, replica_pids, the_run
+from tests.helpers import born, events, jsonl, run_cli, start_cli, still_alive, wait_for
+from tests.serving.test_managed_runs import OWNER_GONE_S, config, predictions, replica_pids, the_run
 
 pytestmark = pytest.mark.slow
 
@@ -145,12 +145,14 @@ def test_sigkill_of_the_orchestrator_leaves_no_socket_replica_and_r_clears_its_f
     proc = start_cli(cfg, new_session=True)
     run = the_run(tmp_path)
     wait_for(lambda: any(e["event"] == "server_ready" for e in events(run)), 60, "a ready replica")
-    pids = wait_for(lambda: len(replica_pids(run)) == 2 and replica_pids(run), 30, "the replica's pids")
+    procs = born(wait_for(lambda: len(replica_pids(run)) == 2 and replica_pids(run), 30, "the replica's pids"))
+    assert len(still_alive(procs)) == 2
     (started,) = [r for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"]
     folder = os.path.dirname(started["socket"])
     proc.kill()
     proc.wait()
-    wait_for(lambda: not [p for p in pids if alive(p)], 15, "the replica to die with its owner")
+    # by pid and start time: a pid reused meanwhile is not the replica left alive
+    wait_for(lambda: not still_alive(procs), OWNER_GONE_S, "the replica to die with its owner")
     assert os.path.isdir(folder)  # nobody removed the crashed launch's socket folder yet
     res = run_cli(cfg, "-r", timeout=120)
     assert res.returncode == 0, res.stderr[-3000:]

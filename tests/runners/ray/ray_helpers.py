@@ -70,9 +70,10 @@ def run_cli(cfg: Path, *args: str, timeout: float = 120,
     return _run_cli(cfg, *args, timeout=timeout, env={**ray_env(), **(env or {})})
 
 
-def start_cli(cfg: Path, *args: str) -> subprocess.Popen[str]:
-    """The CLI in its own session (as in a terminal: a Ctrl-C goes to its whole process group)."""
-    return _start_cli(cfg, *args, env=ray_env(), new_session=True)
+def start_cli(cfg: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    """The CLI in its own session (as in a terminal: a Ctrl-C goes to its whole process group);
+    ``env``: variables on top of the cluster's."""
+    return _start_cli(cfg, *args, env={**ray_env(), **(env or {})}, new_session=True)
 
 
 def run_dir(tmp_path: Path) -> Path:
