@@ -217,6 +217,7 @@ def test_an_error_in_resumes_cancels_still_cancels_the_job_kept_for_adoption(
     from orchestra.paths import RunPaths
     from orchestra.runners.base import RunContext
     from orchestra.runners.core.ledger import spec_digest
+    from orchestra.runners.slurm import batch  # imported (bound to the real cancel_records) before the patch
     from orchestra.runners.slurm import recover as recover_module
     from orchestra.runners.slurm.runner import SlurmRunner, run_tag
 
@@ -240,7 +241,8 @@ def test_an_error_in_resumes_cancels_still_cancels_the_job_kept_for_adoption(
         real(records, led, timeout_s, why)
         raise OSError(errno.ENOSPC, "No space left on device (injected)")
 
-    monkeypatch.setattr(recover_module, "cancel_records", cancel_then_fail)
+    monkeypatch.setattr(recover_module, "cancel_records", cancel_then_fail)  # the -r step's cancel only
+    assert batch.cancel_records is real
     try:
         with pytest.raises(OSError, match="injected"):
             SlurmRunner(launcher="sbatch", partition="debug", poll_interval_s=0.2).open(
