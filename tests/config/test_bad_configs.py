@@ -51,6 +51,8 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "infer_cfg_unknown_key.py": ("unknown key 'prompt_templates'; valid keys:", "datasets[0].infer_cfg"),
     "test_range_garbage.py": ("test_range='garbage' is not valid", "reader_cfg"),
     "size_partitioner_zero.py": ("max_task_size must be > 0, got 0", "infer.partitioner"),
+    "partitioner_size_nan.yaml": ("max_task_size must be > 0, got nan", "infer.partitioner"),
+    "partitioner_coef_nan.yaml": ("gen_task_coef must be > 0 and finite, got nan", "infer.partitioner"),
     "partitioner_unknown_key.py": ("unknown key 'max_task_sise' for SizePartitioner", "infer.partitioner"),
     "dataset_coef_unknown_abbr.py": ("no dataset has abbr 'tinny'; datasets: tiny", "dataset_coef"),
     "naive_n_zero.py": ("n must be an integer >= 1, got 0", "eval.partitioner"),
