@@ -188,8 +188,8 @@ def check_sweep_size(raw: dict[str, Any], source: str) -> None:
     size = sweep_size(raw, source)
     if size is not None and size[0] > size[1]:
         raise UserError(f"{source}: the sweep expands to {size[0]} (model, dataset) pairs, more than "
-                        f"sweep.max_variants={size[1]}; check it with --dry-run and pass --yes "
-                        "(yes=True) to run it")
+                        f"sweep.max_variants={size[1]}; pass --yes (yes=True) to plan it (--dry-run --yes) "
+                        "or run it")
 
 
 def expand_sweep(raw: dict[str, Any], source: str) -> SweepInfo | None:

@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +148,28 @@ def test_sweep_too_large_is_refused_before_any_variant_is_built(tmp_path: Path) 
     # with --yes it is expanded, and the axis that cannot be set is named
     res = cli(cfg, "--yes")
     assert res.returncode == 2 and "cannot set batch_size.x" in res.stderr, res.stderr
+
+
+def test_dry_run_of_a_sweep_too_large_is_refused_at_once_and_yes_plans_it(tmp_path: Path) -> None:
+    """``--dry-run`` used to expand and plan a sweep of any size (a valid 3000 x 3000 sweep: killed
+    at 60 s holding 2 GB; this one, which cannot be expanded, failed on its first variant instead
+    of naming its size).  Now it is refused from the product as a run is, and ``--dry-run --yes``
+    plans a sweep over ``max_variants``."""
+    sweep = ("sweep = dict(params={'models.batch_size.x': list(range(300)), "
+             "'datasets.infer_cfg.foo': list(range(300)), 'datasets.eval_cfg.bar': [1, 2, 3]}, max_variants=50)")
+    started = time.monotonic()
+    res = cli(config(tmp_path / "big", ["m1"], sweep=sweep), "--dry-run")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "expands to 1080000 (model, dataset) pairs" in lines[0] and "--dry-run --yes" in lines[0], lines[0]
+    assert time.monotonic() - started < 30 and res.stdout == ""
+    small = config(tmp_path / "small", ["m1"], sweep="sweep = dict(params={'models.batch_size': [1, 2, 3]}, "
+                   "max_variants=2)")
+    assert cli(small, "--dry-run").returncode == 2
+    res = cli(small, "--dry-run", "--yes")
+    assert res.returncode == 0, res.stderr
+    assert "sweep: 12 (model, dataset) pair(s) over batch_size" in res.stdout and "m1[batch_size=3]" in res.stdout
+    assert not (tmp_path / "small" / "out").exists()  # a plan writes nothing
 
 
 def test_python_api_runs_resumes_and_reports(tmp_path: Path) -> None:
