@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from orchestra.fileio import append_line
+from orchestra.fileio import append_line, utf8
 
 
 class EventLog:
@@ -28,7 +28,7 @@ class EventLog:
 
     def emit(self, event: str, **fields: Any) -> None:
         record = {"ts": round(time.time(), 3), "event": event, **fields}
-        line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        line = utf8(json.dumps(record, ensure_ascii=False, default=str) + "\n")  # a lone surrogate: U+FFFD
         with self._lock:
             append_line(self.path, line)
 

@@ -232,6 +232,13 @@ def choose_run_folder(work_dir: str, reuse: str | None, allow_new: bool = True,
 
 def _choose(work_dir: str, reuse: str | None, allow_new: bool, create: bool) -> tuple[str, bool]:
     work_dir = os.path.abspath(work_dir)
+    named = os.path.join(work_dir, reuse) if reuse else work_dir
+    try:  # every file of a run (events, task specs, the config) holds its paths as UTF-8 text
+        named.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(named).decode("utf-8", "backslashreplace")
+        raise UserError(f"{'run folder' if reuse else 'work dir'} {shown}: the name is not valid UTF-8 (orchestra "
+                        "writes run-folder paths into its files as UTF-8); give a folder whose name is") from None
     if os.path.exists(work_dir) and not os.path.isdir(work_dir):
         raise UserError(f"work dir {work_dir} is a file, not a folder; give -w a folder")
     if reuse is None:
