@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.errors import ConfigError, UserError
+from orchestra.secretnames import secret_key
 
 SWEEP_KEYS = ("models", "datasets", "params", "baseline", "max_variants")
 DEFAULT_MAX_VARIANTS = 50
@@ -83,6 +84,10 @@ def _axes(params: Any, where: str) -> list[Axis]:
         if len(parts) < 2 or parts[0] not in ("models", "datasets") or not all(parts[1:]):
             raise ConfigError(f"{where}.params: axis {path!r} must start with 'models.' or 'datasets.' "
                               "followed by a key, e.g. 'models.generation_kwargs.temperature'")
+        if any(secret_key(part) for part in parts[1:]):  # its values would be in every variant's abbr
+            raise ConfigError(f"{where}.params: axis {path!r} sets a secret; secrets do not belong in a config (they "
+                              "would name the variants, their files and tasks): put it in an environment variable "
+                              "and give its name (e.g. key_env='OPENAI_API_KEY')")
         if isinstance(values, dict):
             named = {str(k): v for k, v in values.items()}
         elif isinstance(values, (list, tuple)):

@@ -172,6 +172,23 @@ def test_dry_run_of_a_sweep_too_large_is_refused_at_once_and_yes_plans_it(tmp_pa
     assert not (tmp_path / "small" / "out").exists()  # a plan writes nothing
 
 
+def test_a_secret_swept_as_an_axis_is_refused_without_showing_it(tmp_path: Path) -> None:
+    """The secret check looked at key names, and an axis is one dotted key
+    (``models.generation_kwargs.api_key``): the value passed, and went into every variant's abbr
+    (``m1[api_key=sk-...]``), so into file names, task ids in argv, logs and the summary."""
+    secret = "sk-live-0123456789abcdef"
+    for values in (f"[{secret!r}]", f"{{'live': {secret!r}}}", repr(secret)):
+        cfg = config(tmp_path / str(len(values)), ["m1"],
+                     sweep=f"sweep = dict(params={{'models.generation_kwargs.api_key': {values}}})")
+        for args in ((), ("--dry-run",), ("--yes",)):
+            res = cli(cfg, *args)
+            lines = res.stderr.strip().splitlines()
+            assert res.returncode == 2 and len(lines) == 1, res.stderr
+            assert "axis 'models.generation_kwargs.api_key' sets a secret" in lines[0], lines[0]
+            assert secret not in res.stderr + res.stdout
+            assert not (tmp_path / str(len(values)) / "out").exists()
+
+
 def test_python_api_runs_resumes_and_reports(tmp_path: Path) -> None:
     cfg = config(tmp_path, ["m1", "m2"])
     view = orchestra.plan(cfg)
