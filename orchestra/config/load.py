@@ -30,12 +30,34 @@ def load_config(path: str, cfg_options: list[str] | None = None) -> dict[str, An
     except Exception as exc:  # mmengine wraps user-code errors in many types
         raise ConfigError(f"{_where_in_config(exc, path)}: cannot load config: {_load_problem(exc)}") from None
     if cfg_options:
-        overrides = dict(parse_override(item) for item in cfg_options)
-        try:
-            cfg.merge_from_dict(overrides)
-        except Exception as exc:
-            raise ConfigError(f"--cfg-options: {exc}") from None
+        items = [(item, *parse_override(item)) for item in cfg_options]
+        for item, key, value in items:  # one at a time, so that a failure names its item
+            try:
+                cfg.merge_from_dict({key: value})
+            except Exception as exc:  # mmengine: KeyError, IndexError, TypeError, AttributeError
+                raise ConfigError(f"--cfg-options {item!r}: {_merge_problem(cfg.to_dict(), key, exc)}") from None
     return to_plain(cfg.to_dict())
+
+
+def _merge_problem(raw: dict[str, Any], key: str, exc: Exception) -> str:
+    """Why mmengine could not set ``key`` in ``raw``, in one line that says what is valid (never
+    mmengine's own words for an index, which quote the whole list, secrets and all)."""
+    target: Any = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        where = ".".join(parts[:i]) or "the config"
+        if isinstance(target, list):
+            if not part.isdigit() or int(part) >= len(target):
+                return f"{where} has {len(target)} item(s); {part!r} is not one of its indices"
+            target = target[int(part)]
+        elif isinstance(target, dict) and part in target:
+            target = target[part]
+        else:
+            target = None
+            break
+    if isinstance(exc, AttributeError) and isinstance(target, dict):  # a dict given a value that is not one
+        return f"{key} holds a dict; set a key inside it (e.g. {key}.abbr=...) or give a dict such as {{'abbr': 'x'}}"
+    return _one_line(exc)
 
 
 def _check_data_file(path: str, seen: tuple[str, ...] = ()) -> None:

@@ -211,6 +211,52 @@ def test_secret_through_cfg_options_is_refused_and_not_echoed(tmp_path: Path) ->
     assert sentinel not in res.stderr + res.stdout
 
 
+@pytest.mark.parametrize(("item", "said"), [
+    ("models.5.batch_size=2", "models has 1 item(s); '5' is not one of its indices"),
+    ("models.0=abc", "models.0 holds a dict; set a key inside it (e.g. models.0.abbr=...) or give a dict"),
+    ("models.0.abbr.x=1", "TypeError: abbr={'x': 1} in child config cannot inherit from base"),
+])
+def test_cfg_options_that_cannot_be_set_name_the_item_and_never_quote_the_config(
+        item: str, said: str, tmp_path: Path) -> None:
+    """An override mmengine cannot merge used to be ``--cfg-options: <mmengine's words>``: no item
+    named (``'str' object has no attribute 'items'``), or the whole list quoted (``Index 5 exceeds
+    the length of list [...]``), a secret of the config included, before the secret check ran."""
+    sentinel = "sk-SENTINEL-in-the-file-0043"
+    cfg = write(tmp_path / "cfg.yaml", f"""
+        models:
+          - {{type: DeterministicModel, abbr: m, api_key: {sentinel}}}
+        datasets: []
+        """)
+    res = cli([str(cfg), "--dry-run", "-w", str(tmp_path / "w"), "--cfg-options", "models.0.batch_size=4", item])
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"orchestra: error: --cfg-options {item!r}: {said}"), lines[0]
+    assert sentinel not in res.stderr + res.stdout
+
+
+@pytest.mark.parametrize(("name", "text", "said"), [
+    ("syntax.yaml", "models: [\n  - a: b\n", "syntax.yaml:2: YAML syntax error: expected the node content"),
+    ("syntax.json", '{"models": [1,]}', "syntax.json:1: JSON syntax error: Expecting value"),
+    ("latin1.yaml", "models: caf\xe9\n", "latin1.yaml: cannot read config: 'utf-8' codec can't decode byte 0xe9"),
+    ("tag.yaml", "models: !!python/object/apply:os.system ['touch {ran}']\n",
+     "tag.yaml:1: YAML tag not allowed (could not determine a constructor"),
+    ("child.yaml", "_base_: [tag.yaml]\nwork_dir: out\n", "tag.yaml:1: YAML tag not allowed"),
+])
+def test_a_yaml_or_json_config_is_parsed_safely_first(name: str, text: str, said: str, tmp_path: Path) -> None:
+    """A data config (and each of its ``_base_`` files) is read with a safe parser before mmengine
+    loads it: a syntax error names the file and line, bytes that are not UTF-8 are one line, and a
+    ``!!python`` tag, which mmengine's loader would run, is refused (the command never runs)."""
+    ran = tmp_path / "code-ran"
+    (tmp_path / "tag.yaml").write_text(f"models: !!python/object/apply:os.system ['touch {ran}']\n")
+    path = tmp_path / name
+    path.write_bytes(text.replace("{ran}", str(ran)).encode("latin-1"))
+    res = cli([str(path), "--dry-run", "-w", str(tmp_path / "w")])
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("orchestra: error: ") and said in lines[0], lines[0]
+    assert not ran.exists()
+
+
 # --------------------------------------------------------------------------------------
 # the resolved config in the run folder
 
