@@ -85,7 +85,11 @@ def _check_data_file(path: str, seen: tuple[str, ...] = ()) -> None:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}{line}: YAML syntax error: {getattr(exc, 'problem', None) or exc}") from None
-    bases = data.get("_base_") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        got = "nothing" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{path}: a config is a mapping of keys (models, datasets, infer, eval, work_dir, ...), "
+                          f"got {got}")
+    bases = data.get("_base_")
     for base in [bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []:
         full = os.path.join(os.path.dirname(path), str(base))
         if full not in seen and os.path.splitext(full)[1] in (".yaml", ".yml", ".json") and os.path.isfile(full):

@@ -53,6 +53,10 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "size_partitioner_zero.py": ("max_task_size must be > 0, got 0", "infer.partitioner"),
     "partitioner_size_nan.yaml": ("max_task_size must be > 0, got nan", "infer.partitioner"),
     "partitioner_coef_nan.yaml": ("gen_task_coef must be > 0 and finite, got nan", "infer.partitioner"),
+    "evaluator_unknown_key.py": ("unknown key 'ignore_case' for AccuracyEvaluator; it takes no keys",
+                                 "datasets[0].eval_cfg.evaluator"),
+    "not_a_mapping.yaml": ("a config is a mapping of keys (models, datasets, infer, eval, work_dir, ...), got a list",
+                           None),
     "partitioner_unknown_key.py": ("unknown key 'max_task_sise' for SizePartitioner", "infer.partitioner"),
     "dataset_coef_unknown_abbr.py": ("no dataset has abbr 'tinny'; datasets: tiny", "dataset_coef"),
     "naive_n_zero.py": ("n must be an integer >= 1, got 0", "eval.partitioner"),
@@ -73,7 +77,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
 NO_WORK_DIR_FLAG = {"work_dir_not_string.py": ("work_dir must be a path string, got 42", None)}
 # These also run without --dry-run (the real path that would write a run folder).
 ALSO_FOR_REAL = ["unknown_top_level_key.py", "negative_max_num_workers.py", "prompt_unknown_field.py",
-                 "secret_in_config.py", "size_partitioner_zero.py", "bad_key.yaml"]
+                 "secret_in_config.py", "size_partitioner_zero.py", "bad_key.yaml", "evaluator_unknown_key.py"]
 
 
 class Result(NamedTuple):
