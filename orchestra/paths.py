@@ -230,6 +230,12 @@ def choose_run_folder(work_dir: str, reuse: str | None, allow_new: bool = True,
     return root, existed
 
 
+def _run_order(name: str) -> tuple[str, int]:
+    """A run folder name's place in time: its second, then the number of runs before it in that
+    second (``_10`` after ``_9``, where the names alone sort it first)."""
+    return name[:15], int(name[16:] or 0)
+
+
 def _choose(work_dir: str, reuse: str | None, allow_new: bool, create: bool) -> tuple[str, bool]:
     work_dir = os.path.abspath(work_dir)
     named = os.path.join(work_dir, reuse) if reuse else work_dir
@@ -260,8 +266,8 @@ def _choose(work_dir: str, reuse: str | None, allow_new: bool, create: bool) -> 
                 root = os.path.join(work_dir, f"{stamp}_{n}")
                 n += 1
     if reuse == "latest":
-        runs = sorted(d for d in os.listdir(work_dir) if _RUN_NAME.fullmatch(d)
-                      and os.path.isdir(os.path.join(work_dir, d))) if os.path.isdir(work_dir) else []
+        runs = sorted((d for d in os.listdir(work_dir) if _RUN_NAME.fullmatch(d)
+                       and os.path.isdir(os.path.join(work_dir, d))), key=_run_order) if os.path.isdir(work_dir) else []
         if not runs and not allow_new:
             raise UserError(f"no run folder in {work_dir} to reuse")
         if not runs:
