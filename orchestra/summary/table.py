@@ -19,6 +19,7 @@ from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
 from orchestra.summary.logs import with_excerpt
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
+from orchestra.terminal import printable
 
 
 @dataclass
@@ -119,9 +120,13 @@ def _cell(value: Any) -> str:
 
 def md_cell(text: Any) -> str:
     """``text`` as one Markdown table cell (or list item): ``|`` and ``\\`` escaped, line breaks
-    made spaces, so an abbr such as ``a|b`` can never add a column or shift the row."""
+    made spaces, so an abbr such as ``a|b`` can never add a column or shift the row.  Text from
+    outside (an endpoint's error quoted as a reason) is made inert: terminal control removed
+    (the file is read with ``cat``), ``&``, ``<``, ``>`` written as entities and ``[``, ``]``
+    escaped (a Markdown viewer shows them as text, never as HTML, a link or an image to fetch)."""
     flat = " ".join(str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n"))
-    return flat.replace("\\", "\\\\").replace("|", "\\|")
+    flat = printable(flat).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return flat.replace("\\", "\\\\").replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
 
 
 def md_row(cells: list[Any]) -> str:
