@@ -57,7 +57,7 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
     "fewshot unknown key": ({"datasets": dataset(infer_cfg=infer_cfg(fewshot={"n": 5}))},
                             "datasets[0].infer_cfg.fewshot", "unknown key 'n'; valid keys: k, separator, source"),
     "template a number": ({"datasets": dataset(infer_cfg={"prompt_template": 5})},
-                          "datasets[0].infer_cfg.prompt_template", "expected a string such as 'Q: {question}' or a list"),
+                          "datasets[0].infer_cfg.prompt_template", "expected a string such as 'Q: {question}'"),
     "chat message without content": ({"datasets": dataset(infer_cfg={"prompt_template": [{"role": "user"}]})},
                                      "datasets[0].infer_cfg.prompt_template", "dict(role=..., content=...) messages"),
     "inferencer a number": ({"datasets": dataset(infer_cfg=infer_cfg(inferencer=5))},
