@@ -16,20 +16,24 @@ from orchestra.privdir import UnsafeFolderError, folder_problem
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 RUN_MARKER = ".orchestra-run"
 _RUN_NAME = re.compile(r"\d{8}_\d{6}(_\d+)?")
+MAX_NAME = 96  #: the longest :func:`safe_name`: a task id (two of them) and its temporary files fit in 255 bytes
 _FOLDER_MODE = 0o755  #: a new work dir and run folder: never writable by group or others (the umask may take more)
 
 
 def safe_name(name: str) -> str:
     """A file-name-safe form of a model or dataset abbreviation, distinct for distinct names.
 
-    A name of letters, digits and ``._+-`` is kept as it is; any other name is cleaned and
-    gets a short hash of the original (``数学`` -> ``_-1c3e...``, ``a/b`` and ``a b`` differ).
+    A name of letters, digits and ``._+-`` of at most :data:`MAX_NAME` characters is kept as it
+    is; any other name is cleaned, cut to fit and gets a short hash of the original (``数学`` ->
+    ``_-1c3e...``, ``a/b`` and ``a b`` differ).  The bound keeps every file a task writes, and
+    its task id, within a file system's 255 bytes (a sweep's variant of a 300-character prompt
+    names its files by its abbr).
     """
     cleaned = _UNSAFE.sub("_", name).strip("._")
-    if cleaned == name:
+    if cleaned == name and len(name) <= MAX_NAME:
         return name
     digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
-    return f"{cleaned or '_'}-{digest}"
+    return f"{(cleaned or '_')[:MAX_NAME - 9]}-{digest}"
 
 
 def shard_file_stem(name: str) -> tuple[str, int] | None:

@@ -189,6 +189,27 @@ def test_a_secret_swept_as_an_axis_is_refused_without_showing_it(tmp_path: Path)
             assert not (tmp_path / str(len(values)) / "out").exists()
 
 
+def test_long_abbrs_and_a_prompt_swept_as_a_list_run_and_resume(tmp_path: Path) -> None:
+    """A list of prompt templates names each variant by its template (``add[prompt_template=...]``),
+    and an abbr may be long: file names were the abbrs as they are, so a 300-character one failed
+    every task with 'File name too long'.  Names are now cut to fit, with a hash that keeps them
+    apart; the run finishes and -r finds everything done."""
+    long_model = "model-" + "x" * 300
+    step = "Answer the following question carefully, step by step, then give only the final number. " * 3
+    cfg = config(tmp_path, [long_model], sweep="sweep = dict(params={'datasets.infer_cfg.prompt_template': "
+                 f"[{step + '{question}'!r}, 'Q: {{question}}']}})")
+    res = cli(cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    with open(run / "summary" / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8 and all(r[long_model] not in ("", "-") for r in rows), rows  # 4 datasets x 2 prompts
+    assert max(len(p.name) for p in run.rglob("*")) <= 220  # room for a temporary file's suffix in 255
+    again = cli(cfg, "-r", "--dry-run")
+    assert again.returncode == 0, again.stderr
+    assert "[infer] 0 task(s) to run, 8 output(s) reused" in again.stdout, again.stdout
+
+
 def test_python_api_runs_resumes_and_reports(tmp_path: Path) -> None:
     cfg = config(tmp_path, ["m1", "m2"])
     view = orchestra.plan(cfg)
