@@ -33,7 +33,7 @@ def safe_name(name: str) -> str:
     if cleaned == name and len(name) <= MAX_NAME:
         return name
     digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
-    return f"{(cleaned or '_')[:MAX_NAME - 9]}-{digest}"
+    return f"{(cleaned or '_')[:MAX_NAME - 9] if len(name) > MAX_NAME else cleaned or '_'}-{digest}"
 
 
 def shard_file_stem(name: str) -> tuple[str, int] | None:
