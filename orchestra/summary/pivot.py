@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
-from orchestra.summary.table import Summary, md_row
+from orchestra.summary.table import Summary, md_row, metric_text
 
 
 @dataclass
@@ -32,6 +32,10 @@ class Pivot:
 
 def _column(labels: dict[str, str], axes: list[str]) -> str:
     return ", ".join(labels[a] for a in axes if a in labels) or "-"
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def build_pivot(summary: Summary, sweep: dict[str, Any]) -> Pivot:
@@ -64,15 +68,12 @@ def build_pivot(summary: Summary, sweep: dict[str, Any]) -> Pivot:
         deltas = {}
         for c in pivot.delta_columns:
             v, b = values.get(c), values.get(against[c])
-            deltas[c] = v - b if v is not None and b is not None else None
+            deltas[c] = v - b if _number(v) and _number(b) else None
         pivot.rows.append({"model": model, "dataset": dataset, "metric": metric, "values": values, "deltas": deltas})
     return pivot
 
 
-def _cell(value: Any, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{value:+.4f}" if signed else f"{value:.4f}"
+_cell = metric_text
 
 
 def _table(pivot: Pivot) -> tuple[list[str], list[list[str]]]:

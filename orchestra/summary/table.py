@@ -114,8 +114,19 @@ def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str
     return summary
 
 
-def _cell(value: Any) -> str:
-    return "-" if value is None else f"{value:.4f}"
+def metric_text(value: Any, signed: bool = False) -> str:
+    """A metric as a table shows it: a number with four decimals (``signed``: with its sign),
+    ``-`` for none, and anything else an evaluator of the user's own returned (a grade, a
+    list) as short text."""
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        return f"{value:+.4f}" if signed else f"{value:.4f}"
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+_cell = metric_text
 
 
 def md_cell(text: Any) -> str:
