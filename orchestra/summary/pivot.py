@@ -34,10 +34,6 @@ def _column(labels: dict[str, str], axes: list[str]) -> str:
     return ", ".join(labels[a] for a in axes if a in labels) or "-"
 
 
-def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def build_pivot(summary: Summary, sweep: dict[str, Any]) -> Pivot:
     """The pivot of ``summary`` by a sweep's expansion (``SweepInfo.to_dict()``: ``axes``,
     ``variants``, ``baseline``; a plain dict, as the run folder's config.py keeps it)."""
@@ -68,7 +64,7 @@ def build_pivot(summary: Summary, sweep: dict[str, Any]) -> Pivot:
         deltas = {}
         for c in pivot.delta_columns:
             v, b = values.get(c), values.get(against[c])
-            deltas[c] = v - b if _number(v) and _number(b) else None
+            deltas[c] = v - b if isinstance(v, (int, float)) and isinstance(b, (int, float)) else None
         pivot.rows.append({"model": model, "dataset": dataset, "metric": metric, "values": values, "deltas": deltas})
     return pivot
 
