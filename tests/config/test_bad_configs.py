@@ -220,3 +220,17 @@ def test_reuse_unknown_run_on_empty_work_dir(env: dict[str, str], tmp_path: Path
     res = run_cli([GOOD, "-w", str(tmp_path), "-r", "NOPE"], env)
     assert_one_line_error_usage(res, f"-r NOPE: no run folder {tmp_path / 'NOPE'}")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["-p", "debug"], "-p/--partition and -q/--qos need --slurm"),
+    (["-q", "high"], "-p/--partition and -q/--qos need --slurm"),
+    (["--slurm", "-q", "high"], "--slurm needs -p/--partition"),
+    (["--cfg-options", "1x=2"], "'1x' is not a dotted key such as infer.runner.retry"),
+    (["--cfg-options", "models.0.batch_size=[1,"], "the value is not a valid Python literal"),
+])
+def test_more_usage_errors(args: list[str], fragment: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Flags that only make sense together, and overrides that are not KEY=VALUE: one line, exit 2."""
+    res = run_cli([GOOD, "--dry-run", "-w", str(tmp_path), *args], env)
+    assert_one_line_error_usage(res, fragment)
+    assert list(tmp_path.iterdir()) == []
