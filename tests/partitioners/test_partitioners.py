@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -516,3 +517,15 @@ def test_cost_beyond_a_float_is_one_row_per_shard_and_task(tmp_path: Path) -> No
     # an infinite max_task_size is one task per model, each dataset one shard
     p = plan(tmp_path, [info("g", 5), info("h", 3)], SizePartitioner(max_task_size=math.inf))
     assert [len(t.units) for t in p.tasks["infer"]] == [2]
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: NumWorkerPartitioner(num_worker=0), "num_worker must be an integer >= 1, got 0"),
+    (lambda: NumWorkerPartitioner(num_worker=2.5), "num_worker must be an integer >= 1, got 2.5"),
+    (lambda: NumWorkerPartitioner(num_split=0), "num_split must be an integer >= 1, got 0"),
+    (lambda: SizePartitioner(granularity=0), "granularity must be an integer >= 1, got 0"),
+    (lambda: SizePartitioner(granularity=1.5), "granularity must be an integer >= 1, got 1.5"),
+])
+def test_counts_that_are_not_whole_and_positive_are_refused(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
