@@ -210,6 +210,32 @@ def test_long_abbrs_and_a_prompt_swept_as_a_list_run_and_resume(tmp_path: Path) 
     assert "[infer] 0 task(s) to run, 8 output(s) reused" in again.stdout, again.stdout
 
 
+def test_a_saved_config_runs_again_and_an_edited_saved_sweep_is_one_line(tmp_path: Path) -> None:
+    """A run's config.py holds its sweep expanded (``expanded=True``), read back as it is.  Run as
+    a config of its own it plans the same variants; edited by hand, its values were trusted:
+    ``max_variants='many'`` ended in a ValueError traceback."""
+    cfg = config(tmp_path, ["m1"], sweep="sweep = dict(params={'models.batch_size': [1, 2]}, "
+                 "baseline={'batch_size': 1})")
+    assert cli(cfg).returncode == 0
+    (run,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    saved = (run / "config.py").read_text()
+    assert "'expanded': True" in saved
+    again = cli(run / "config.py", "--dry-run", "-w", tmp_path / "again")
+    assert again.returncode == 0, again.stderr
+    assert "sweep: 8 (model, dataset) pair(s) over batch_size" in again.stdout, again.stdout
+    edits = [("'max_variants': 50", "'max_variants': 'many'", "sweep.max_variants: expected an integer >= 1"),
+             ("'axes': ['batch_size']", "'axes': 'batch_size'", "sweep.axes: expected a list of axis names"),
+             ("'expanded': True", "'expanded': True, 'extra': 1", "unknown key 'extra' of a saved (expanded) sweep"),
+             ("'base': 'm1'", "'base': 1", "sweep.variants.models: expected dict(models={abbr: dict(base=")]
+    for i, (old, new, said) in enumerate(edits):
+        assert old in saved, old
+        edited = tmp_path / f"edited{i}.py"
+        edited.write_text(saved.replace(old, new))
+        res = cli(edited, "--dry-run", "-w", tmp_path / "again")
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and said in lines[0], res.stderr
+
+
 def test_python_api_runs_resumes_and_reports(tmp_path: Path) -> None:
     cfg = config(tmp_path, ["m1", "m2"])
     view = orchestra.plan(cfg)
