@@ -234,3 +234,17 @@ def test_more_usage_errors(args: list[str], fragment: str, env: dict[str, str], 
     res = run_cli([GOOD, "--dry-run", "-w", str(tmp_path), *args], env)
     assert_one_line_error_usage(res, fragment)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_work_dir_that_cannot_be_a_folder_is_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    """-w naming a file is a usage error (exit 2); -w under a file cannot be made, an OSError the
+    CLI prints as one line naming the path (exit 1), never a traceback."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a folder")
+    res = run_cli([GOOD, "-w", str(afile)], env)
+    assert_one_line_error_usage(res, f"work dir {afile} is a file, not a folder; give -w a folder")
+    res = run_cli([GOOD, "-w", str(afile / "runs")], env)
+    assert res.rc == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr == (f"orchestra: error: {afile / 'runs'}: Not a directory (check that the folder exists, is "
+                          "writable and its disk has room; --debug shows the traceback)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
