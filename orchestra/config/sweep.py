@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestra.config.secrets import check_secrets
 from orchestra.errors import ConfigError, UserError
 from orchestra.secretnames import secret_key
 
@@ -205,6 +206,7 @@ def sweep_size(raw: dict[str, Any], source: str) -> tuple[int, int] | None:
     sweep = _sweep_dict(raw, where)
     if sweep is None:
         return None
+    check_secrets(raw, source)  # before a message below could quote a model or dataset holding one
     if sweep.get("expanded"):
         info = expand_sweep(raw, source)
         assert info is not None

@@ -279,3 +279,17 @@ def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     code = code.replace('"outputs/api_example"', repr(str(tmp_path / "api_example")))
     exec(compile(code, "docs/python-api.md", "exec"), {})
     assert len(list((tmp_path / "api_example").iterdir())) == 1
+
+
+def test_a_secret_in_a_config_with_a_sweep_is_refused_before_a_message_could_quote_it(tmp_path: Path) -> None:
+    """The sweep's size is checked before the config is validated, and its error for models that
+    are not a list quoted them, secret and all ('got {..., 'api_key': 'sk-...'}')."""
+    secret = "sk-live-quoted-0123456789"
+    cfg = config(tmp_path, ["m1"], sweep="sweep = dict(params={'models.batch_size': [1, 2]})")
+    cfg.write_text(cfg.read_text().replace("models = [dict(type=DeterministicModel, abbr='m1', batch_size=4)]",
+                                           f"models = dict(type=DeterministicModel, abbr='m1', api_key={secret!r})"))
+    res = cli(cfg, "--dry-run")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "models.api_key: secrets do not belong in a config" in lines[0], lines[0]
+    assert secret not in res.stderr + res.stdout
