@@ -90,10 +90,18 @@ def _check_data_file(path: str, seen: tuple[str, ...] = ()) -> None:
         raise ConfigError(f"{path}: a config is a mapping of keys (models, datasets, infer, eval, work_dir, ...), "
                           f"got {got}")
     bases = data.get("_base_")
-    for base in [bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []:
-        full = os.path.join(os.path.dirname(path), str(base))
-        if full not in seen and os.path.splitext(full)[1] in (".yaml", ".yml", ".json") and os.path.isfile(full):
-            _check_data_file(full, (*seen, path))
+    if bases is None:
+        return
+    names = [bases] if isinstance(bases, str) else bases
+    if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
+        raise ConfigError(f"{path}: _base_: expected a file name or a list of file names, got {bases!r}")
+    for base in names:
+        full = os.path.normpath(os.path.join(os.path.dirname(path), base))
+        if full in (*seen, os.path.normpath(path)):
+            chain = " -> ".join(os.path.basename(p) for p in (*seen, path, full))
+            raise ConfigError(f"{path}: _base_ {base!r} inherits from itself ({chain}); remove one _base_")
+        if os.path.splitext(full)[1] in (".yaml", ".yml", ".json") and os.path.isfile(full):
+            _check_data_file(full, (*seen, os.path.normpath(path)))
 
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|\d+))*")

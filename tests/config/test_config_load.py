@@ -241,6 +241,10 @@ def test_cfg_options_that_cannot_be_set_name_the_item_and_never_quote_the_config
     ("tag.yaml", "models: !!python/object/apply:os.system ['touch {ran}']\n",
      "tag.yaml:1: YAML tag not allowed (could not determine a constructor"),
     ("child.yaml", "_base_: [tag.yaml]\nwork_dir: out\n", "tag.yaml:1: YAML tag not allowed"),
+    # before: 'cannot load config: RecursionError: maximum recursion depth exceeded'
+    ("loop.yaml", "_base_: loop.yaml\n", "loop.yaml: _base_ 'loop.yaml' inherits from itself (loop.yaml -> loop.yaml)"),
+    # before: 'cannot load config: TypeError: argument of type 'int' is not iterable'
+    ("bases.yaml", "_base_: [1, 2]\n", "bases.yaml: _base_: expected a file name or a list of file names, got [1, 2]"),
 ])
 def test_a_yaml_or_json_config_is_parsed_safely_first(name: str, text: str, said: str, tmp_path: Path) -> None:
     """A data config (and each of its ``_base_`` files) is read with a safe parser before mmengine
