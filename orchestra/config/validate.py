@@ -235,6 +235,15 @@ def _check_file_names(datasets: list[dict[str, Any]], source: str) -> None:
             )
 
 
+def _with_default_type(cfg: Any, default: dict[str, Any]) -> Any:
+    """``cfg`` (a partitioner's or runner's dict) with the stage default's ``type`` when it names none."""
+    if not cfg:
+        return default
+    if isinstance(cfg, dict) and "type" not in cfg:
+        return {**default, **cfg}
+    return cfg
+
+
 def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     where = f"{source}: {name}"
     if cfg is None:
@@ -248,10 +257,13 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     overlap = cfg.get("overlap", True)
     if not isinstance(overlap, bool):
         raise ConfigError(f"{where}.overlap: expected True or False, got {overlap!r}")
-    part_cfg = cfg.get("partitioner") or DEFAULT_STAGES[name]["partitioner"]
+    # A partitioner or runner given without a type is the stage's default one with these settings
+    # (``--cfg-options infer.runner.max_num_workers=4`` on a config that names no runner); its keys
+    # are checked against that class, so a key of another runner still names what is valid.
+    part_cfg = _with_default_type(cfg.get("partitioner"), DEFAULT_STAGES[name]["partitioner"])
     partitioner = build_component(PARTITIONERS, part_cfg, f"{where}.partitioner")
-    runner_cfg = dict(cfg.get("runner") or DEFAULT_STAGES[name]["runner"])
-    if "type" not in runner_cfg:
+    runner_cfg = dict(_with_default_type(cfg.get("runner"), DEFAULT_STAGES[name]["runner"]))
+    if not runner_cfg.get("type"):
         raise ConfigError(f"{where}.runner: missing required key 'type'; valid: {', '.join(RUNNERS.names())}")
     runner_cls = RUNNERS.resolve(runner_cfg.pop("type"), f"{where}.runner")
     task_cfg = runner_cfg.pop("task", None) or DEFAULT_STAGES[name]["runner"]["task"]

@@ -211,6 +211,29 @@ def test_secret_through_cfg_options_is_refused_and_not_echoed(tmp_path: Path) ->
     assert sentinel not in res.stderr + res.stdout
 
 
+def test_cfg_options_set_the_default_runner_of_a_config_that_names_none(tmp_path: Path) -> None:
+    """The CLI's own example, ``--cfg-options infer.runner.max_num_workers=4``, on a config that
+    relies on the default runner made a runner dict without a type: 'infer.runner: missing
+    required key 'type''.  A runner (or partitioner) without a type is now the stage's default."""
+    cfg = write(tmp_path / "cfg.yaml", f"""
+        models:
+          - {{type: DeterministicModel, abbr: m}}
+        datasets:
+          - type: JsonlDataset
+            abbr: arith
+            path: {REPO / 'configs' / 'data' / 'arith.jsonl'}
+            reader_cfg: {{input_columns: [question], output_column: answer}}
+            infer_cfg: {{prompt_template: "Q: {{question}}"}}
+        """)
+    res = cli([str(cfg), "--dry-run", "-w", str(tmp_path / "w"), "--cfg-options", "infer.runner.max_num_workers=4",
+               "eval.runner.retry=2", "infer.partitioner.gen_task_coef=3"])
+    assert res.returncode == 0, res.stderr
+    assert "[infer] 1 task(s) to run, 0 output(s) reused, runner LocalRunner (max_num_workers=4, retry=0)" \
+        in res.stdout, res.stdout
+    assert "runner LocalRunner (max_num_workers=4, retry=2)" in res.stdout, res.stdout
+    assert "cost=360" in res.stdout, res.stdout  # 120 rows x gen_task_coef 3, NaivePartitioner's
+
+
 @pytest.mark.parametrize(("item", "said"), [
     ("models.5.batch_size=2", "models has 1 item(s); '5' is not one of its indices"),
     ("models.0=abc", "models.0 holds a dict; set a key inside it (e.g. models.0.abbr=...) or give a dict"),
