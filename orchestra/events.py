@@ -15,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from orchestra.fileio import append_line
+from orchestra.fileio import append_line, utf8
 
 
 class EventLog:
@@ -24,13 +24,23 @@ class EventLog:
     def __init__(self, path: str) -> None:
         self.path = path
         self._lock = threading.Lock()
+        self._lost = 0  # events a full disk (or a file size limit) refused
         os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
     def emit(self, event: str, **fields: Any) -> None:
+        """Append one event.  A write the disk refuses is a warning, once, not an exception: the
+        log is a record of the run (the timeline, the reasons), never what decides that a task
+        is done, and the loop that emits must go on to stop or finish its tasks."""
         record = {"ts": round(time.time(), 3), "event": event, **fields}
-        line = (json.dumps(record, ensure_ascii=False, default=str) + "\n").encode("utf-8")
+        line = utf8(json.dumps(record, ensure_ascii=False, default=str) + "\n")  # a lone surrogate: U+FFFD
         with self._lock:
-            append_line(self.path, line)
+            try:
+                append_line(self.path, line)
+            except OSError as exc:
+                self._lost += 1
+                if self._lost == 1:
+                    print(f"orchestra: warning: cannot append to {self.path}: {exc.strerror or exc}; the run goes "
+                          "on, and its report will miss the events from here", file=sys.stderr, flush=True)
 
 
 def read_events(path: str) -> list[dict[str, Any]]:

@@ -7,7 +7,7 @@ import json
 import os
 import re
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 # A UTF-16 surrogate code point on its own: valid in JSON (``"\ud83d"``) and in a Python
@@ -74,9 +74,11 @@ def atomic_write_bytes(path: str, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError) and exc.filename is None and exc.errno is not None:
+            raise OSError(exc.errno, exc.strerror, path) from exc  # a full disk: say which file
         raise
 
 
@@ -93,24 +95,22 @@ def atomic_write_jsonl(path: str, records: Iterable[Any]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
 
 
-def read_jsonl(path: str, on_damaged: Callable[[int, str], None] | None = None) -> list[Any]:
+def read_jsonl(path: str) -> list[Any]:
     """Read an append-only JSON-lines file, skipping what a crash may leave behind.
 
     A line cut short (a crash or a full disk mid-append) is skipped, wherever it is: a later
-    append may have started right after the torn bytes.  ``on_damaged(lineno, text)`` is
-    told about each skipped line.
+    append may have started right after the torn bytes.
     """
     out: list[Any] = []
     with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, 1):
+        for raw in f:
             line = raw.strip()
             if not line:
                 continue
             try:
                 out.append(json.loads(line))
             except ValueError:
-                if on_damaged is not None:
-                    on_damaged(lineno, raw[:120].decode("utf-8", "replace"))
+                continue
     return out
 
 

@@ -16,20 +16,24 @@ from orchestra.privdir import UnsafeFolderError, folder_problem
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 RUN_MARKER = ".orchestra-run"
 _RUN_NAME = re.compile(r"\d{8}_\d{6}(_\d+)?")
+MAX_NAME = 96  #: the longest :func:`safe_name`: a task id (two of them) and its temporary files fit in 255 bytes
 _FOLDER_MODE = 0o755  #: a new work dir and run folder: never writable by group or others (the umask may take more)
 
 
 def safe_name(name: str) -> str:
     """A file-name-safe form of a model or dataset abbreviation, distinct for distinct names.
 
-    A name of letters, digits and ``._+-`` is kept as it is; any other name is cleaned and
-    gets a short hash of the original (``数学`` -> ``_-1c3e...``, ``a/b`` and ``a b`` differ).
+    A name of letters, digits and ``._+-`` of at most :data:`MAX_NAME` characters is kept as it
+    is; any other name is cleaned, cut to fit and gets a short hash of the original (``数学`` ->
+    ``_-1c3e...``, ``a/b`` and ``a b`` differ).  The bound keeps every file a task writes, and
+    its task id, within a file system's 255 bytes (a sweep's variant of a 300-character prompt
+    names its files by its abbr).
     """
     cleaned = _UNSAFE.sub("_", name).strip("._")
-    if cleaned == name:
+    if cleaned == name and len(name) <= MAX_NAME:
         return name
     digest = hashlib.sha256(name.encode("utf-8")).hexdigest()[:8]
-    return f"{cleaned or '_'}-{digest}"
+    return f"{(cleaned or '_')[:MAX_NAME - 9] if len(name) > MAX_NAME else cleaned or '_'}-{digest}"
 
 
 def shard_file_stem(name: str) -> tuple[str, int] | None:
@@ -230,8 +234,21 @@ def choose_run_folder(work_dir: str, reuse: str | None, allow_new: bool = True,
     return root, existed
 
 
+def _run_order(name: str) -> tuple[str, int]:
+    """A run folder name's place in time: its second, then the number of runs before it in that
+    second (``_10`` after ``_9``, where the names alone sort it first)."""
+    return name[:15], int(name[16:] or 0)
+
+
 def _choose(work_dir: str, reuse: str | None, allow_new: bool, create: bool) -> tuple[str, bool]:
     work_dir = os.path.abspath(work_dir)
+    named = os.path.join(work_dir, reuse) if reuse else work_dir
+    try:  # every file of a run (events, task specs, the config) holds its paths as UTF-8 text
+        named.encode("utf-8")
+    except UnicodeEncodeError:
+        shown = os.fsencode(named).decode("utf-8", "backslashreplace")
+        raise UserError(f"{'run folder' if reuse else 'work dir'} {shown}: the name is not valid UTF-8 (orchestra "
+                        "writes run-folder paths into its files as UTF-8); give a folder whose name is") from None
     if os.path.exists(work_dir) and not os.path.isdir(work_dir):
         raise UserError(f"work dir {work_dir} is a file, not a folder; give -w a folder")
     if reuse is None:
@@ -253,8 +270,8 @@ def _choose(work_dir: str, reuse: str | None, allow_new: bool, create: bool) -> 
                 root = os.path.join(work_dir, f"{stamp}_{n}")
                 n += 1
     if reuse == "latest":
-        runs = sorted(d for d in os.listdir(work_dir) if _RUN_NAME.fullmatch(d)
-                      and os.path.isdir(os.path.join(work_dir, d))) if os.path.isdir(work_dir) else []
+        runs = sorted((d for d in os.listdir(work_dir) if _RUN_NAME.fullmatch(d)
+                       and os.path.isdir(os.path.join(work_dir, d))), key=_run_order) if os.path.isdir(work_dir) else []
         if not runs and not allow_new:
             raise UserError(f"no run folder in {work_dir} to reuse")
         if not runs:

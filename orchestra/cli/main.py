@@ -50,7 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dlc", action="store_true", help="run every stage with DLCRunner (Alibaba Cloud PAI-DLC)")
     p.add_argument("--aliyun-cfg", metavar="PATH",
                    help="aliyun config file for --dlc (default ~/.aliyun.cfg; see docs/dlc.md)")
-    p.add_argument("--yes", action="store_true", help="run a sweep of more variants than its max_variants")
+    p.add_argument("--yes", action="store_true",
+                   help="run (or with --dry-run, plan) a sweep of more variants than its max_variants")
     p.add_argument("--trace", metavar="PATH",
                    help="also write the run's timeline as a Chrome/Perfetto trace to PATH "
                         "(always written to <run>/summary/trace.json)")
@@ -196,7 +197,10 @@ def _main(args: argparse.Namespace) -> int:
     if args.list and not args.dry_run:
         raise UserError("--list needs --dry-run (it lists the tasks a run would start)")
     if args.dry_run:
-        view = api.plan(args.config, reuse=args.reuse, mode=args.mode, cfg_options=args.cfg_options, _edit_raw=edit)
+        # yes=args.yes: a sweep too large to run is too large to plan (100 x 100 x 100 variants
+        # would take minutes and gigabytes to list); its one line names its size instead
+        view = api.plan(args.config, reuse=args.reuse, mode=args.mode, cfg_options=args.cfg_options, yes=args.yes,
+                        _edit_raw=edit)
         chunk: list[str] = []
         for line in view.lines(full=args.list):  # 200,000 tasks: printed in chunks, never one string
             chunk.append(line)

@@ -30,12 +30,34 @@ def load_config(path: str, cfg_options: list[str] | None = None) -> dict[str, An
     except Exception as exc:  # mmengine wraps user-code errors in many types
         raise ConfigError(f"{_where_in_config(exc, path)}: cannot load config: {_load_problem(exc)}") from None
     if cfg_options:
-        overrides = dict(parse_override(item) for item in cfg_options)
-        try:
-            cfg.merge_from_dict(overrides)
-        except Exception as exc:
-            raise ConfigError(f"--cfg-options: {exc}") from None
+        items = [(item, *parse_override(item)) for item in cfg_options]
+        for item, key, value in items:  # one at a time, so that a failure names its item
+            try:
+                cfg.merge_from_dict({key: value})
+            except Exception as exc:  # mmengine: KeyError, IndexError, TypeError, AttributeError
+                raise ConfigError(f"--cfg-options {item!r}: {_merge_problem(cfg.to_dict(), key, exc)}") from None
     return to_plain(cfg.to_dict())
+
+
+def _merge_problem(raw: dict[str, Any], key: str, exc: Exception) -> str:
+    """Why mmengine could not set ``key`` in ``raw``, in one line that says what is valid (never
+    mmengine's own words for an index, which quote the whole list, secrets and all)."""
+    target: Any = raw
+    parts = key.split(".")
+    for i, part in enumerate(parts):
+        where = ".".join(parts[:i]) or "the config"
+        if isinstance(target, list):
+            if not part.isdigit() or int(part) >= len(target):
+                return f"{where} has {len(target)} item(s); {part!r} is not one of its indices"
+            target = target[int(part)]
+        elif isinstance(target, dict) and part in target:
+            target = target[part]
+        else:
+            target = None
+            break
+    if isinstance(exc, AttributeError) and isinstance(target, dict):  # a dict given a value that is not one
+        return f"{key} holds a dict; set a key inside it (e.g. {key}.abbr=...) or give a dict such as {{'abbr': 'x'}}"
+    return _one_line(exc)
 
 
 def _check_data_file(path: str, seen: tuple[str, ...] = ()) -> None:
@@ -63,11 +85,23 @@ def _check_data_file(path: str, seen: tuple[str, ...] = ()) -> None:
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
         raise ConfigError(f"{path}{line}: YAML syntax error: {getattr(exc, 'problem', None) or exc}") from None
-    bases = data.get("_base_") if isinstance(data, dict) else None
-    for base in [bases] if isinstance(bases, str) else bases if isinstance(bases, list) else []:
-        full = os.path.join(os.path.dirname(path), str(base))
-        if full not in seen and os.path.splitext(full)[1] in (".yaml", ".yml", ".json") and os.path.isfile(full):
-            _check_data_file(full, (*seen, path))
+    if not isinstance(data, dict):
+        got = "nothing" if data is None else f"a {type(data).__name__}"
+        raise ConfigError(f"{path}: a config is a mapping of keys (models, datasets, infer, eval, work_dir, ...), "
+                          f"got {got}")
+    bases = data.get("_base_")
+    if bases is None:
+        return
+    names = [bases] if isinstance(bases, str) else bases
+    if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
+        raise ConfigError(f"{path}: _base_: expected a file name or a list of file names, got {bases!r}")
+    for base in names:
+        full = os.path.normpath(os.path.join(os.path.dirname(path), base))
+        if full in (*seen, os.path.normpath(path)):
+            chain = " -> ".join(os.path.basename(p) for p in (*seen, path, full))
+            raise ConfigError(f"{path}: _base_ {base!r} inherits from itself ({chain}); remove one _base_")
+        if os.path.splitext(full)[1] in (".yaml", ".yml", ".json") and os.path.isfile(full):
+            _check_data_file(full, (*seen, os.path.normpath(path)))
 
 
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|\d+))*")

@@ -21,6 +21,8 @@ def _signature_params(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
         init = klass.__dict__.get("__init__")
         if init is None:
             continue
+        if klass is object:  # its ``(*args, **kwargs)`` takes nothing: a class of no __init__ takes no keys
+            return params, False
         sig = inspect.signature(init)
         has_var = False
         for name, p in list(sig.parameters.items())[1:]:
@@ -72,7 +74,8 @@ def check_kwargs(cls: type, kwargs: dict[str, Any], where: str, extra: tuple[str
         if key not in params:
             if open_ended:
                 continue
-            raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__}; valid keys: {', '.join(valid)}")
+            raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__}; "
+                              + (f"valid keys: {', '.join(valid)}" if valid else "it takes no keys"))
         problem = _type_error(value, params[key].annotation)
         if problem:
             raise ConfigError(f"{where}.{key}: {problem}")

@@ -26,7 +26,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestra.config.secrets import check_secrets
 from orchestra.errors import ConfigError, UserError
+from orchestra.secretnames import secret_key
 
 SWEEP_KEYS = ("models", "datasets", "params", "baseline", "max_variants")
 DEFAULT_MAX_VARIANTS = 50
@@ -83,6 +85,10 @@ def _axes(params: Any, where: str) -> list[Axis]:
         if len(parts) < 2 or parts[0] not in ("models", "datasets") or not all(parts[1:]):
             raise ConfigError(f"{where}.params: axis {path!r} must start with 'models.' or 'datasets.' "
                               "followed by a key, e.g. 'models.generation_kwargs.temperature'")
+        if any(secret_key(part) for part in parts[1:]):  # its values would be in every variant's abbr
+            raise ConfigError(f"{where}.params: axis {path!r} sets a secret; secrets do not belong in a config (they "
+                              "would name the variants, their files and tasks): put it in an environment variable "
+                              "and give its name (e.g. key_env='OPENAI_API_KEY')")
         if isinstance(values, dict):
             named = {str(k): v for k, v in values.items()}
         elif isinstance(values, (list, tuple)):
@@ -159,6 +165,37 @@ def _bases(raw: dict[str, Any], sweep: dict[str, Any], kind: str, where: str) ->
     return bases
 
 
+EXPANDED_KEYS = ("expanded", "axes", "variants", "baseline", "max_variants", "num_models", "num_datasets")
+
+
+def _saved(sweep: dict[str, Any], where: str) -> SweepInfo:
+    """The :class:`SweepInfo` a run saved in its config (``expanded``), checked as it is read back:
+    the file may have been edited, or copied as a config of its own."""
+    for key in sweep:
+        if key not in EXPANDED_KEYS:
+            raise ConfigError(f"{where}: unknown key {key!r} of a saved (expanded) sweep; valid keys: "
+                              f"{', '.join(EXPANDED_KEYS)}")
+    axes, variants, baseline = sweep.get("axes", []), sweep.get("variants", {}), sweep.get("baseline", {})
+    if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
+        raise ConfigError(f"{where}.axes: expected a list of axis names, got {axes!r}")
+    if not isinstance(baseline, dict) or not all(isinstance(v, str) for v in baseline.values()):
+        raise ConfigError(f"{where}.baseline: expected a dict of axis name -> value name, got {baseline!r}")
+    shape = "dict(models={abbr: dict(base=..., labels={...})}, datasets={...})"
+    if not isinstance(variants, dict) or set(variants) - {"models", "datasets"}:
+        raise ConfigError(f"{where}.variants: expected {shape}")
+    for kind, named in variants.items():
+        if not isinstance(named, dict) or not all(
+                isinstance(v, dict) and isinstance(v.get("base"), str) and isinstance(v.get("labels"), dict)
+                for v in named.values()):
+            raise ConfigError(f"{where}.variants.{kind}: expected {shape}")
+    counts = [sweep.get(key, default) for key, default in
+              (("max_variants", DEFAULT_MAX_VARIANTS), ("num_models", 0), ("num_datasets", 0))]
+    for key, value in zip(("max_variants", "num_models", "num_datasets"), counts):
+        if not isinstance(value, int) or isinstance(value, bool) or value < (key == "max_variants"):
+            raise ConfigError(f"{where}.{key}: expected an integer >= {int(key == 'max_variants')}, got {value!r}")
+    return SweepInfo(list(axes), dict(variants), dict(baseline), *counts)
+
+
 def sweep_size(raw: dict[str, Any], source: str) -> tuple[int, int] | None:
     """(model, dataset) pairs the sweep would make and its ``max_variants``, without expanding it.
 
@@ -169,6 +206,7 @@ def sweep_size(raw: dict[str, Any], source: str) -> tuple[int, int] | None:
     sweep = _sweep_dict(raw, where)
     if sweep is None:
         return None
+    check_secrets(raw, source)  # before a message below could quote a model or dataset holding one
     if sweep.get("expanded"):
         info = expand_sweep(raw, source)
         assert info is not None
@@ -188,8 +226,8 @@ def check_sweep_size(raw: dict[str, Any], source: str) -> None:
     size = sweep_size(raw, source)
     if size is not None and size[0] > size[1]:
         raise UserError(f"{source}: the sweep expands to {size[0]} (model, dataset) pairs, more than "
-                        f"sweep.max_variants={size[1]}; check it with --dry-run and pass --yes "
-                        "(yes=True) to run it")
+                        f"sweep.max_variants={size[1]}; pass --yes (yes=True) to plan it (--dry-run --yes) "
+                        "or run it")
 
 
 def expand_sweep(raw: dict[str, Any], source: str) -> SweepInfo | None:
@@ -203,9 +241,7 @@ def expand_sweep(raw: dict[str, Any], source: str) -> SweepInfo | None:
     if sweep is None:
         return None
     if sweep.get("expanded"):
-        return SweepInfo(list(sweep.get("axes", [])), dict(sweep.get("variants", {})), dict(sweep.get("baseline", {})),
-                         int(sweep.get("max_variants", DEFAULT_MAX_VARIANTS)), int(sweep.get("num_models", 0)),
-                         int(sweep.get("num_datasets", 0)))
+        return _saved(sweep, where)
     for key in sweep:
         if key not in SWEEP_KEYS:
             raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(SWEEP_KEYS)}")

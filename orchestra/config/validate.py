@@ -9,17 +9,16 @@ constructors; models whose constructor is cheap are built once to check their va
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.config.schema import build_component, check_kwargs
+from orchestra.config.secrets import check_secrets
 from orchestra.config.sweep import SweepInfo, expand_sweep
 from orchestra.errors import ConfigError
 from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
-from orchestra.secretnames import secret_key
 
 TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep")
 STAGE_KEYS = ("partitioner", "runner")
@@ -30,7 +29,6 @@ READER_CFG_KEYS = ("input_columns", "output_column", "test_range")
 INFER_CFG_KEYS = ("prompt_template", "inferencer", "fewshot", "fewshot_template")
 EVAL_CFG_KEYS = ("evaluator",)
 FEWSHOT_KEYS = ("k", "source", "separator")
-URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.IGNORECASE)
 DEFAULT_STAGES: dict[str, dict[str, Any]] = {
     "infer": {
         "partitioner": {"type": "NaivePartitioner"},
@@ -71,26 +69,6 @@ class RunConfig:
 
 
 
-
-
-def _check_secrets(obj: Any, where: str, top: bool = False) -> None:
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            key_where = f"{where}: {k}" if top else f"{where}.{k}"
-            if secret_key(k) and v not in (None, ""):
-                raise ConfigError(
-                    f"{key_where}: secrets do not belong in a config; put it in an environment "
-                    "variable and give its name (e.g. key_env='OPENAI_API_KEY')"
-                )
-            _check_secrets(v, key_where)
-    elif isinstance(obj, list):
-        for i, v in enumerate(obj):
-            _check_secrets(v, f"{where}[{i}]")
-    elif isinstance(obj, str) and URL_CREDENTIALS.search(obj):
-        raise ConfigError(
-            f"{where}: a URL with a user and password in it; credentials do not belong in a config (it is "
-            "saved in the run folder and in task specs): give the key through an environment variable (key_env)"
-        )
 
 
 def _check_model(cfg: Any, where: str) -> dict[str, Any]:
@@ -257,6 +235,15 @@ def _check_file_names(datasets: list[dict[str, Any]], source: str) -> None:
             )
 
 
+def _with_default_type(cfg: Any, default: dict[str, Any]) -> Any:
+    """``cfg`` (a partitioner's or runner's dict) with the stage default's ``type`` when it names none."""
+    if not cfg:
+        return default
+    if isinstance(cfg, dict) and "type" not in cfg:
+        return {**default, **cfg}
+    return cfg
+
+
 def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     where = f"{source}: {name}"
     if cfg is None:
@@ -270,10 +257,13 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     overlap = cfg.get("overlap", True)
     if not isinstance(overlap, bool):
         raise ConfigError(f"{where}.overlap: expected True or False, got {overlap!r}")
-    part_cfg = cfg.get("partitioner") or DEFAULT_STAGES[name]["partitioner"]
+    # A partitioner or runner given without a type is the stage's default one with these settings
+    # (``--cfg-options infer.runner.max_num_workers=4`` on a config that names no runner); its keys
+    # are checked against that class, so a key of another runner still names what is valid.
+    part_cfg = _with_default_type(cfg.get("partitioner"), DEFAULT_STAGES[name]["partitioner"])
     partitioner = build_component(PARTITIONERS, part_cfg, f"{where}.partitioner")
-    runner_cfg = dict(cfg.get("runner") or DEFAULT_STAGES[name]["runner"])
-    if "type" not in runner_cfg:
+    runner_cfg = dict(_with_default_type(cfg.get("runner"), DEFAULT_STAGES[name]["runner"]))
+    if not runner_cfg.get("type"):
         raise ConfigError(f"{where}.runner: missing required key 'type'; valid: {', '.join(RUNNERS.names())}")
     runner_cls = RUNNERS.resolve(runner_cfg.pop("type"), f"{where}.runner")
     task_cfg = runner_cfg.pop("task", None) or DEFAULT_STAGES[name]["runner"]["task"]
@@ -312,7 +302,7 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
             f"{source}: unknown top-level key {key!r}; valid keys: {', '.join(TOP_LEVEL_KEYS)} "
             "(and lists named *_datasets or *_models)"
         )
-    _check_secrets(raw, source, top=True)
+    check_secrets(raw, source)
     sweep = expand_sweep(raw, source)
     for key in ("models", "datasets"):
         if key not in raw:

@@ -28,13 +28,13 @@ class BasePartitioner(abc.ABC):
     """
 
     def __init__(self, gen_task_coef: float = 20.0, dataset_coef: dict[str, float] | None = None) -> None:
-        if gen_task_coef <= 0:
-            raise ValueError(f"gen_task_coef must be > 0, got {gen_task_coef}")
+        if not gen_task_coef > 0 or not math.isfinite(gen_task_coef):  # NaN fails both
+            raise ValueError(f"gen_task_coef must be > 0 and finite, got {gen_task_coef}")
         self.gen_task_coef = float(gen_task_coef)
         self.dataset_coef = dict(dataset_coef or {})
         for abbr, coef in self.dataset_coef.items():
-            if not isinstance(coef, (int, float)) or coef <= 0:
-                raise ValueError(f"dataset_coef[{abbr!r}] must be a number > 0, got {coef!r}")
+            if not isinstance(coef, (int, float)) or not coef > 0 or not math.isfinite(coef):
+                raise ValueError(f"dataset_coef[{abbr!r}] must be a number > 0 and finite, got {coef!r}")
 
     def row_cost(self, info: DatasetInfo) -> float:
         """Estimated cost of one row: generation rows cost ``gen_task_coef``, choices 1 each."""
@@ -103,5 +103,9 @@ def balanced_bins(costs: Sequence[float], bins: int, improve_rounds: int = 200) 
 
 
 def num_bins_for(costs: Sequence[float], max_task_size: float) -> int:
-    total = sum(costs)
-    return max(1, math.ceil(total / max_task_size)) if costs else 0
+    """The fewest tasks of at most ``max_task_size`` that ``costs`` could fill (never more than
+    one per unit: a total too large for a float, from a huge coefficient, is one task per unit)."""
+    if not costs:
+        return 0
+    bins = sum(costs) / max_task_size
+    return max(1, math.ceil(bins)) if bins < len(costs) else len(costs)

@@ -42,7 +42,7 @@ class SizePartitioner(BasePartitioner):
         granularity: int = 8,
     ) -> None:
         super().__init__(gen_task_coef, dataset_coef)
-        if max_task_size <= 0:
+        if not max_task_size > 0:  # NaN too; infinite: one task per model
             raise ValueError(f"max_task_size must be > 0, got {max_task_size}")
         if not isinstance(granularity, int) or granularity < 1:
             raise ValueError(f"granularity must be an integer >= 1, got {granularity!r}")
@@ -50,9 +50,9 @@ class SizePartitioner(BasePartitioner):
         self.granularity = granularity
 
     def split(self, info: DatasetInfo) -> list[Shard]:
-        cost = info.size * self.row_cost(info)
-        shard_cost = self.max_task_size / self.granularity
-        return even_ranges(info.size, math.ceil(cost / shard_cost) if cost else 1, nonempty=True)
+        shards = info.size * self.row_cost(info) / (self.max_task_size / self.granularity)
+        # more shards than rows (or a cost too large for a float) is one row per shard
+        return even_ranges(info.size, math.ceil(shards) if shards < info.size else info.size, nonempty=True)
 
     def pack(self, costs: Sequence[float]) -> list[list[int]]:
         if not costs:

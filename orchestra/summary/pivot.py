@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
-from orchestra.summary.table import Summary, md_row
+from orchestra.summary.table import Summary, md_row, metric_text
 
 
 @dataclass
@@ -64,15 +64,12 @@ def build_pivot(summary: Summary, sweep: dict[str, Any]) -> Pivot:
         deltas = {}
         for c in pivot.delta_columns:
             v, b = values.get(c), values.get(against[c])
-            deltas[c] = v - b if v is not None and b is not None else None
+            deltas[c] = v - b if isinstance(v, (int, float)) and isinstance(b, (int, float)) else None
         pivot.rows.append({"model": model, "dataset": dataset, "metric": metric, "values": values, "deltas": deltas})
     return pivot
 
 
-def _cell(value: Any, signed: bool = False) -> str:
-    if value is None:
-        return "-"
-    return f"{value:+.4f}" if signed else f"{value:.4f}"
+_cell = metric_text
 
 
 def _table(pivot: Pivot) -> tuple[list[str], list[list[str]]]:

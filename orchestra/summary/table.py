@@ -19,6 +19,7 @@ from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
 from orchestra.summary.logs import with_excerpt
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
+from orchestra.terminal import printable
 
 
 @dataclass
@@ -113,15 +114,30 @@ def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str
     return summary
 
 
-def _cell(value: Any) -> str:
-    return "-" if value is None else f"{value:.4f}"
+def metric_text(value: Any, signed: bool = False) -> str:
+    """A metric as a table shows it: a number with four decimals (``signed``: with its sign),
+    ``-`` for none, and anything else an evaluator of the user's own returned (a grade, a
+    list) as short text."""
+    if value is None:
+        return "-"
+    if isinstance(value, (int, float)):
+        return f"{value:+.4f}" if signed else f"{value:.4f}"
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= 60 else text[:59] + "…"
+
+
+_cell = metric_text
 
 
 def md_cell(text: Any) -> str:
     """``text`` as one Markdown table cell (or list item): ``|`` and ``\\`` escaped, line breaks
-    made spaces, so an abbr such as ``a|b`` can never add a column or shift the row."""
+    made spaces, so an abbr such as ``a|b`` can never add a column or shift the row.  Text from
+    outside (an endpoint's error quoted as a reason) is made inert: terminal control removed
+    (the file is read with ``cat``), ``&``, ``<``, ``>`` written as entities and ``[``, ``]``
+    escaped (a Markdown viewer shows them as text, never as HTML, a link or an image to fetch)."""
     flat = " ".join(str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n"))
-    return flat.replace("\\", "\\\\").replace("|", "\\|")
+    flat = printable(flat).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return flat.replace("\\", "\\\\").replace("|", "\\|").replace("[", "\\[").replace("]", "\\]")
 
 
 def md_row(cells: list[Any]) -> str:

@@ -51,6 +51,12 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "infer_cfg_unknown_key.py": ("unknown key 'prompt_templates'; valid keys:", "datasets[0].infer_cfg"),
     "test_range_garbage.py": ("test_range='garbage' is not valid", "reader_cfg"),
     "size_partitioner_zero.py": ("max_task_size must be > 0, got 0", "infer.partitioner"),
+    "partitioner_size_nan.yaml": ("max_task_size must be > 0, got nan", "infer.partitioner"),
+    "partitioner_coef_nan.yaml": ("gen_task_coef must be > 0 and finite, got nan", "infer.partitioner"),
+    "evaluator_unknown_key.py": ("unknown key 'ignore_case' for AccuracyEvaluator; it takes no keys",
+                                 "datasets[0].eval_cfg.evaluator"),
+    "not_a_mapping.yaml": ("a config is a mapping of keys (models, datasets, infer, eval, work_dir, ...), got a list",
+                           None),
     "partitioner_unknown_key.py": ("unknown key 'max_task_sise' for SizePartitioner", "infer.partitioner"),
     "dataset_coef_unknown_abbr.py": ("no dataset has abbr 'tinny'; datasets: tiny", "dataset_coef"),
     "naive_n_zero.py": ("n must be an integer >= 1, got 0", "eval.partitioner"),
@@ -71,7 +77,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
 NO_WORK_DIR_FLAG = {"work_dir_not_string.py": ("work_dir must be a path string, got 42", None)}
 # These also run without --dry-run (the real path that would write a run folder).
 ALSO_FOR_REAL = ["unknown_top_level_key.py", "negative_max_num_workers.py", "prompt_unknown_field.py",
-                 "secret_in_config.py", "size_partitioner_zero.py", "bad_key.yaml"]
+                 "secret_in_config.py", "size_partitioner_zero.py", "bad_key.yaml", "evaluator_unknown_key.py"]
 
 
 class Result(NamedTuple):
@@ -214,3 +220,31 @@ def test_reuse_unknown_run_on_empty_work_dir(env: dict[str, str], tmp_path: Path
     res = run_cli([GOOD, "-w", str(tmp_path), "-r", "NOPE"], env)
     assert_one_line_error_usage(res, f"-r NOPE: no run folder {tmp_path / 'NOPE'}")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (["-p", "debug"], "-p/--partition and -q/--qos need --slurm"),
+    (["-q", "high"], "-p/--partition and -q/--qos need --slurm"),
+    (["--slurm", "-q", "high"], "--slurm needs -p/--partition"),
+    (["--cfg-options", "1x=2"], "'1x' is not a dotted key such as infer.runner.retry"),
+    (["--cfg-options", "models.0.batch_size=[1,"], "the value is not a valid Python literal"),
+])
+def test_more_usage_errors(args: list[str], fragment: str, env: dict[str, str], tmp_path: Path) -> None:
+    """Flags that only make sense together, and overrides that are not KEY=VALUE: one line, exit 2."""
+    res = run_cli([GOOD, "--dry-run", "-w", str(tmp_path), *args], env)
+    assert_one_line_error_usage(res, fragment)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_work_dir_that_cannot_be_a_folder_is_one_line(env: dict[str, str], tmp_path: Path) -> None:
+    """-w naming a file is a usage error (exit 2); -w under a file cannot be made, an OSError the
+    CLI prints as one line naming the path (exit 1), never a traceback."""
+    afile = tmp_path / "notes.txt"
+    afile.write_text("not a folder")
+    res = run_cli([GOOD, "-w", str(afile)], env)
+    assert_one_line_error_usage(res, f"work dir {afile} is a file, not a folder; give -w a folder")
+    res = run_cli([GOOD, "-w", str(afile / "runs")], env)
+    assert res.rc == 1 and "Traceback" not in res.stderr, res.stderr
+    assert res.stderr == (f"orchestra: error: {afile / 'runs'}: Not a directory (check that the folder exists, is "
+                          "writable and its disk has room; --debug shows the traceback)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]

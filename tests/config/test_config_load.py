@@ -211,6 +211,79 @@ def test_secret_through_cfg_options_is_refused_and_not_echoed(tmp_path: Path) ->
     assert sentinel not in res.stderr + res.stdout
 
 
+def test_cfg_options_set_the_default_runner_of_a_config_that_names_none(tmp_path: Path) -> None:
+    """The CLI's own example, ``--cfg-options infer.runner.max_num_workers=4``, on a config that
+    relies on the default runner made a runner dict without a type: 'infer.runner: missing
+    required key 'type''.  A runner (or partitioner) without a type is now the stage's default."""
+    cfg = write(tmp_path / "cfg.yaml", f"""
+        models:
+          - {{type: DeterministicModel, abbr: m}}
+        datasets:
+          - type: JsonlDataset
+            abbr: arith
+            path: {REPO / 'configs' / 'data' / 'arith.jsonl'}
+            reader_cfg: {{input_columns: [question], output_column: answer}}
+            infer_cfg: {{prompt_template: "Q: {{question}}"}}
+        """)
+    res = cli([str(cfg), "--dry-run", "-w", str(tmp_path / "w"), "--cfg-options", "infer.runner.max_num_workers=4",
+               "eval.runner.retry=2", "infer.partitioner.gen_task_coef=3"])
+    assert res.returncode == 0, res.stderr
+    assert "[infer] 1 task(s) to run, 0 output(s) reused, runner LocalRunner (max_num_workers=4, retry=0)" \
+        in res.stdout, res.stdout
+    assert "runner LocalRunner (max_num_workers=4, retry=2)" in res.stdout, res.stdout
+    assert "cost=360" in res.stdout, res.stdout  # 120 rows x gen_task_coef 3, NaivePartitioner's
+
+
+@pytest.mark.parametrize(("item", "said"), [
+    ("models.5.batch_size=2", "models has 1 item(s); '5' is not one of its indices"),
+    ("models.0=abc", "models.0 holds a dict; set a key inside it (e.g. models.0.abbr=...) or give a dict"),
+    ("models.0.abbr.x=1", "TypeError: abbr={'x': 1} in child config cannot inherit from base"),
+])
+def test_cfg_options_that_cannot_be_set_name_the_item_and_never_quote_the_config(
+        item: str, said: str, tmp_path: Path) -> None:
+    """An override mmengine cannot merge used to be ``--cfg-options: <mmengine's words>``: no item
+    named (``'str' object has no attribute 'items'``), or the whole list quoted (``Index 5 exceeds
+    the length of list [...]``), a secret of the config included, before the secret check ran."""
+    sentinel = "sk-SENTINEL-in-the-file-0043"
+    cfg = write(tmp_path / "cfg.yaml", f"""
+        models:
+          - {{type: DeterministicModel, abbr: m, api_key: {sentinel}}}
+        datasets: []
+        """)
+    res = cli([str(cfg), "--dry-run", "-w", str(tmp_path / "w"), "--cfg-options", "models.0.batch_size=4", item])
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith(f"orchestra: error: --cfg-options {item!r}: {said}"), lines[0]
+    assert sentinel not in res.stderr + res.stdout
+
+
+@pytest.mark.parametrize(("name", "text", "said"), [
+    ("syntax.yaml", "models: [\n  - a: b\n", "syntax.yaml:2: YAML syntax error: expected the node content"),
+    ("syntax.json", '{"models": [1,]}', "syntax.json:1: JSON syntax error: Expecting value"),
+    ("latin1.yaml", "models: caf\xe9\n", "latin1.yaml: cannot read config: 'utf-8' codec can't decode byte 0xe9"),
+    ("tag.yaml", "models: !!python/object/apply:os.system ['touch {ran}']\n",
+     "tag.yaml:1: YAML tag not allowed (could not determine a constructor"),
+    ("child.yaml", "_base_: [tag.yaml]\nwork_dir: out\n", "tag.yaml:1: YAML tag not allowed"),
+    # before: 'cannot load config: RecursionError: maximum recursion depth exceeded'
+    ("loop.yaml", "_base_: loop.yaml\n", "loop.yaml: _base_ 'loop.yaml' inherits from itself (loop.yaml -> loop.yaml)"),
+    # before: 'cannot load config: TypeError: argument of type 'int' is not iterable'
+    ("bases.yaml", "_base_: [1, 2]\n", "bases.yaml: _base_: expected a file name or a list of file names, got [1, 2]"),
+])
+def test_a_yaml_or_json_config_is_parsed_safely_first(name: str, text: str, said: str, tmp_path: Path) -> None:
+    """A data config (and each of its ``_base_`` files) is read with a safe parser before mmengine
+    loads it: a syntax error names the file and line, bytes that are not UTF-8 are one line, and a
+    ``!!python`` tag, which mmengine's loader would run, is refused (the command never runs)."""
+    ran = tmp_path / "code-ran"
+    (tmp_path / "tag.yaml").write_text(f"models: !!python/object/apply:os.system ['touch {ran}']\n")
+    path = tmp_path / name
+    path.write_bytes(text.replace("{ran}", str(ran)).encode("latin-1"))
+    res = cli([str(path), "--dry-run", "-w", str(tmp_path / "w")])
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert lines[0].startswith("orchestra: error: ") and said in lines[0], lines[0]
+    assert not ran.exists()
+
+
 # --------------------------------------------------------------------------------------
 # the resolved config in the run folder
 

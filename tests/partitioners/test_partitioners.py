@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -494,3 +495,37 @@ def test_done_outputs_are_reused_not_planned(tmp_path: Path) -> None:
     assert sorted(u.name for u in second.reused["infer"]) == ["a_1", "b"]
     planned = sorted(u.name for t in second.tasks["infer"] for u in t.units)
     assert planned == sorted(set(names) - {"a_1", "b"})  # a stale hash (a_2) is not done
+
+
+@pytest.mark.parametrize("kwargs", [dict(gen_task_coef=math.nan), dict(gen_task_coef=math.inf),
+                                    dict(dataset_coef={"x": math.nan}), dict(dataset_coef={"x": math.inf}),
+                                    dict(max_task_size=math.nan)])
+def test_not_a_number_is_refused(kwargs: dict[str, Any]) -> None:
+    """A NaN cost (YAML's ``.nan``) used to pass ``<= 0`` and end the plan in a traceback."""
+    with pytest.raises(ValueError, match=r"must be (a number )?> 0"):
+        SizePartitioner(**kwargs)
+
+
+def test_cost_beyond_a_float_is_one_row_per_shard_and_task(tmp_path: Path) -> None:
+    """A coefficient so large that a dataset's cost overflows to infinity (or a shard smaller
+    than a row) plans one row per shard and one shard per task, where it raised OverflowError."""
+    part = SizePartitioner(max_task_size=1e-300, gen_task_coef=1e308)
+    p = plan(tmp_path, [info("g", 5), info("h", 3)], part)
+    assert sorted((u.dataset_abbr, u.start, u.end) for _, u in p.all_units["infer"]) == [
+        *(("g", i, i + 1) for i in range(5)), *(("h", i, i + 1) for i in range(3))]
+    assert sorted(len(t.units) for t in p.tasks["infer"]) == [1] * 8
+    # an infinite max_task_size is one task per model, each dataset one shard
+    p = plan(tmp_path, [info("g", 5), info("h", 3)], SizePartitioner(max_task_size=math.inf))
+    assert [len(t.units) for t in p.tasks["infer"]] == [2]
+
+
+@pytest.mark.parametrize(("make", "message"), [
+    (lambda: NumWorkerPartitioner(num_worker=0), "num_worker must be an integer >= 1, got 0"),
+    (lambda: NumWorkerPartitioner(num_worker=2.5), "num_worker must be an integer >= 1, got 2.5"),
+    (lambda: NumWorkerPartitioner(num_split=0), "num_split must be an integer >= 1, got 0"),
+    (lambda: SizePartitioner(granularity=0), "granularity must be an integer >= 1, got 0"),
+    (lambda: SizePartitioner(granularity=1.5), "granularity must be an integer >= 1, got 1.5"),
+])
+def test_counts_that_are_not_whole_and_positive_are_refused(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()

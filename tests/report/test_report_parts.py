@@ -174,3 +174,21 @@ def test_the_timeline_draws_from_numbers_and_keeps_names_and_log_tails_in_the_de
     tails = [details["tails"][n] for n, a in enumerate(timeline["attempts"]) if a[0] == broken]
     assert len(tails) == 2 and all("configured to fail" in t[2] and "Traceback" in t[2] for t in tails)
     assert all(timeline["outcomes"][a[4]] in ("retried", "failed") for a in timeline["attempts"] if a[0] == broken)
+
+
+def test_a_huge_log_is_read_from_its_end_and_an_unreadable_one_is_empty(tmp_path: Path) -> None:
+    """A task whose output runs to megabytes (a model printing without end): only the log's last
+    MiB is read, so the last attempt's section and its failure line are still found; a log that
+    cannot be read gives no sections, never an error."""
+    from orchestra.summary.logs import MAX_READ_BYTES, failure_excerpt
+
+    log = tmp_path / "task.log"
+    noise = ("x" * 99 + "\n") * (3 * MAX_READ_BYTES // 100)
+    log.write_text("===== orchestra: attempt 1 of 2\nRuntimeError: first\n" + noise
+                   + "===== orchestra: attempt 2 of 2\nloading\nRuntimeError: second attempt failed\n" + noise[:5000])
+    assert log.stat().st_size > 3 * MAX_READ_BYTES
+    started = time.monotonic()
+    sections = read_sections(str(log))
+    assert [s.attempt for s in sections] == [2] and time.monotonic() - started < 5
+    assert failure_excerpt(str(log)) == "RuntimeError: second attempt failed"
+    assert read_sections(str(tmp_path)) == [] and failure_excerpt(str(tmp_path / "none.log")) == ""

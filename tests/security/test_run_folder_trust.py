@@ -196,3 +196,37 @@ def test_a_work_dir_reached_through_another_users_link_is_refused(tmp_path: Path
     own_link = shared / "mine"
     own_link.symlink_to(ours)  # a link of our own to a folder of ours is fine
     assert _cli(tmp_path, _config(tmp_path, server.base_url, work_dir=own_link)).returncode == 0
+
+
+def test_r_latest_is_the_last_run_started_even_past_ten_in_one_second(tmp_path: Path) -> None:
+    """Runs started in one second are ``<stamp>``, ``<stamp>_1``, ...; ``-r`` took the greatest
+    name, so ``_9`` over ``_10`` (twelve runs a script starts at once)."""
+    from orchestra.paths import choose_run_folder
+
+    work = tmp_path / "out"
+    names = ["20260101_000000", *(f"20260101_000000_{n}" for n in range(1, 12))]
+    for name in names:
+        (work / name).mkdir(parents=True, mode=0o755)
+        (work / name / RUN_MARKER).touch()
+    os.chmod(work, 0o755)
+    assert choose_run_folder(str(work), "latest") == (str(work / "20260101_000000_11"), True)
+    (work / "20260101_000001").mkdir(mode=0o755)  # the next second is later still
+    assert choose_run_folder(str(work), "latest", create=False)[0] == str(work / "20260101_000001")
+
+
+def test_r_of_a_folder_orchestra_did_not_make_and_viz_of_no_run_are_one_line(tmp_path: Path, server: Any) -> None:
+    cfg = _config(tmp_path, server.base_url)
+    res = _cli(tmp_path, cfg, "--mode", "viz")  # nothing to rebuild: no run yet
+    assert res.returncode == 2 and res.stderr == f"orchestra: error: no run folder in {tmp_path / 'out'} to reuse\n"
+    (tmp_path / "out" / "mine").mkdir(parents=True, mode=0o755)
+    (tmp_path / "out" / "mine" / "notes.txt").write_text("a folder of the user's own")
+    res = _cli(tmp_path, cfg, "-r", "mine")
+    assert res.returncode == 2, res.stderr
+    assert res.stderr == (f"orchestra: error: -r mine: {tmp_path / 'out' / 'mine'} is not a run folder of orchestra "
+                          f"(no {RUN_MARKER} marker); give the timestamp of a run in {tmp_path / 'out'} or the path "
+                          "of a run folder\n")
+    assert sorted(os.listdir(tmp_path / "out" / "mine")) == ["notes.txt"]  # untouched
+    res = _cli(tmp_path, cfg, "-r")  # no earlier run: a new one
+    assert res.returncode == 0, res.stderr
+    assert f"orchestra: no earlier run in {tmp_path / 'out'}; starting a new one" in res.stderr
+    assert len([p for p in (tmp_path / "out").iterdir() if (p / RUN_MARKER).exists()]) == 1

@@ -5,6 +5,7 @@ against the project's test HTTP server."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from collections.abc import Iterator
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from sec_helpers import cli_env, run_cli, the_run, write_config
 
+from orchestra.events import EventLog, read_events
 from orchestra.fileio import encodable, utf8
 
 
@@ -91,3 +93,31 @@ def test_encodable_leaves_ordinary_text_alone() -> None:
     text = "plain, é, 中文, \U0001f600"
     assert encodable(text) is text and utf8(text) == text.encode("utf-8")
     assert encodable({"a\udc80": ["x\ud800y", 1, None]}) == {"a\ufffd": ["x\ufffdy", 1, None]}
+
+
+def test_a_work_dir_whose_name_is_not_utf8_is_one_line_before_anything_is_made(tmp_path: Path, server: Any) -> None:
+    """A work dir named with a byte that is not UTF-8 (``out\\xff``, as a shell passes it) used to
+    start the run and end it with a UnicodeEncodeError traceback from the event log, exit 1;
+    every file of a run holds its paths as UTF-8 text, so it is refused up front, exit 2."""
+    data = tmp_path / "rows.jsonl"
+    data.write_text('{"question": "What is 2 + 2?", "answer": "4"}\n')
+    cfg = write_config(tmp_path, server.base_url, data)
+    for args in (["-w", os.fsdecode(bytes(tmp_path) + b"/out\xff")], ["-r", os.fsdecode(b"run\xff")]):
+        res = run_cli(cfg, cli_env(tmp_path), *args)
+        lines = res.stderr.splitlines()
+        assert res.returncode == 2 and len(lines) == 1, res.stderr
+        assert "\\xff: the name is not valid UTF-8" in lines[0] and "Traceback" not in res.stderr, lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "cfg.py", "rows.jsonl"]  # nothing made
+
+
+def test_an_event_field_with_a_lone_surrogate_is_written_as_utf8(tmp_path: Path) -> None:
+    """Event fields can hold text from outside (an endpoint's error, a path): a lone surrogate
+    is written as U+FFFD, the line is valid UTF-8, and the events around it are kept."""
+    log = EventLog(str(tmp_path / "events.jsonl"))
+    log.emit("before")
+    log.emit("failed", reason="endpoint said \udcff\ud83d")
+    log.emit("after")
+    (tmp_path / "events.jsonl").read_bytes().decode("utf-8")  # strict
+    got = read_events(str(tmp_path / "events.jsonl"))
+    assert [e["event"] for e in got] == ["before", "failed", "after"]
+    assert got[1]["reason"] == "endpoint said \ufffd\ufffd"

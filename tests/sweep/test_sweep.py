@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +150,92 @@ def test_sweep_too_large_is_refused_before_any_variant_is_built(tmp_path: Path) 
     assert res.returncode == 2 and "cannot set batch_size.x" in res.stderr, res.stderr
 
 
+def test_dry_run_of_a_sweep_too_large_is_refused_at_once_and_yes_plans_it(tmp_path: Path) -> None:
+    """``--dry-run`` used to expand and plan a sweep of any size (a valid 3000 x 3000 sweep: killed
+    at 60 s holding 2 GB; this one, which cannot be expanded, failed on its first variant instead
+    of naming its size).  Now it is refused from the product as a run is, and ``--dry-run --yes``
+    plans a sweep over ``max_variants``."""
+    sweep = ("sweep = dict(params={'models.batch_size.x': list(range(300)), "
+             "'datasets.infer_cfg.foo': list(range(300)), 'datasets.eval_cfg.bar': [1, 2, 3]}, max_variants=50)")
+    started = time.monotonic()
+    res = cli(config(tmp_path / "big", ["m1"], sweep=sweep), "--dry-run")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "expands to 1080000 (model, dataset) pairs" in lines[0] and "--dry-run --yes" in lines[0], lines[0]
+    assert time.monotonic() - started < 30 and res.stdout == ""
+    small = config(tmp_path / "small", ["m1"], sweep="sweep = dict(params={'models.batch_size': [1, 2, 3]}, "
+                   "max_variants=2)")
+    assert cli(small, "--dry-run").returncode == 2
+    res = cli(small, "--dry-run", "--yes")
+    assert res.returncode == 0, res.stderr
+    assert "sweep: 12 (model, dataset) pair(s) over batch_size" in res.stdout and "m1[batch_size=3]" in res.stdout
+    assert not (tmp_path / "small" / "out").exists()  # a plan writes nothing
+
+
+def test_a_secret_swept_as_an_axis_is_refused_without_showing_it(tmp_path: Path) -> None:
+    """The secret check looked at key names, and an axis is one dotted key
+    (``models.generation_kwargs.api_key``): the value passed, and went into every variant's abbr
+    (``m1[api_key=sk-...]``), so into file names, task ids in argv, logs and the summary."""
+    secret = "sk-live-0123456789abcdef"
+    for values in (f"[{secret!r}]", f"{{'live': {secret!r}}}", repr(secret)):
+        cfg = config(tmp_path / str(len(values)), ["m1"],
+                     sweep=f"sweep = dict(params={{'models.generation_kwargs.api_key': {values}}})")
+        for args in ((), ("--dry-run",), ("--yes",)):
+            res = cli(cfg, *args)
+            lines = res.stderr.strip().splitlines()
+            assert res.returncode == 2 and len(lines) == 1, res.stderr
+            assert "axis 'models.generation_kwargs.api_key' sets a secret" in lines[0], lines[0]
+            assert secret not in res.stderr + res.stdout
+            assert not (tmp_path / str(len(values)) / "out").exists()
+
+
+def test_long_abbrs_and_a_prompt_swept_as_a_list_run_and_resume(tmp_path: Path) -> None:
+    """A list of prompt templates names each variant by its template (``add[prompt_template=...]``),
+    and an abbr may be long: file names were the abbrs as they are, so a 300-character one failed
+    every task with 'File name too long'.  Names are now cut to fit, with a hash that keeps them
+    apart; the run finishes and -r finds everything done."""
+    long_model = "model-" + "x" * 300
+    step = "Answer the following question carefully, step by step, then give only the final number. " * 3
+    cfg = config(tmp_path, [long_model], sweep="sweep = dict(params={'datasets.infer_cfg.prompt_template': "
+                 f"[{step + '{question}'!r}, 'Q: {{question}}']}})")
+    res = cli(cfg)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    with open(run / "summary" / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 8 and all(r[long_model] not in ("", "-") for r in rows), rows  # 4 datasets x 2 prompts
+    assert max(len(p.name) for p in run.rglob("*")) <= 220  # room for a temporary file's suffix in 255
+    again = cli(cfg, "-r", "--dry-run")
+    assert again.returncode == 0, again.stderr
+    assert "[infer] 0 task(s) to run, 8 output(s) reused" in again.stdout, again.stdout
+
+
+def test_a_saved_config_runs_again_and_an_edited_saved_sweep_is_one_line(tmp_path: Path) -> None:
+    """A run's config.py holds its sweep expanded (``expanded=True``), read back as it is.  Run as
+    a config of its own it plans the same variants; edited by hand, its values were trusted:
+    ``max_variants='many'`` ended in a ValueError traceback."""
+    cfg = config(tmp_path, ["m1"], sweep="sweep = dict(params={'models.batch_size': [1, 2]}, "
+                 "baseline={'batch_size': 1})")
+    assert cli(cfg).returncode == 0
+    (run,) = [p for p in (tmp_path / "out").iterdir() if p.is_dir()]
+    saved = (run / "config.py").read_text()
+    assert "'expanded': True" in saved
+    again = cli(run / "config.py", "--dry-run", "-w", tmp_path / "again")
+    assert again.returncode == 0, again.stderr
+    assert "sweep: 8 (model, dataset) pair(s) over batch_size" in again.stdout, again.stdout
+    edits = [("'max_variants': 50", "'max_variants': 'many'", "sweep.max_variants: expected an integer >= 1"),
+             ("'axes': ['batch_size']", "'axes': 'batch_size'", "sweep.axes: expected a list of axis names"),
+             ("'expanded': True", "'expanded': True, 'extra': 1", "unknown key 'extra' of a saved (expanded) sweep"),
+             ("'base': 'm1'", "'base': 1", "sweep.variants.models: expected dict(models={abbr: dict(base=")]
+    for i, (old, new, said) in enumerate(edits):
+        assert old in saved, old
+        edited = tmp_path / f"edited{i}.py"
+        edited.write_text(saved.replace(old, new))
+        res = cli(edited, "--dry-run", "-w", tmp_path / "again")
+        lines = res.stderr.strip().splitlines()
+        assert res.returncode == 2 and len(lines) == 1 and said in lines[0], res.stderr
+
+
 def test_python_api_runs_resumes_and_reports(tmp_path: Path) -> None:
     cfg = config(tmp_path, ["m1", "m2"])
     view = orchestra.plan(cfg)
@@ -192,3 +279,17 @@ def test_the_documented_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyP
     code = code.replace('"outputs/api_example"', repr(str(tmp_path / "api_example")))
     exec(compile(code, "docs/python-api.md", "exec"), {})
     assert len(list((tmp_path / "api_example").iterdir())) == 1
+
+
+def test_a_secret_in_a_config_with_a_sweep_is_refused_before_a_message_could_quote_it(tmp_path: Path) -> None:
+    """The sweep's size is checked before the config is validated, and its error for models that
+    are not a list quoted them, secret and all ('got {..., 'api_key': 'sk-...'}')."""
+    secret = "sk-live-quoted-0123456789"
+    cfg = config(tmp_path, ["m1"], sweep="sweep = dict(params={'models.batch_size': [1, 2]})")
+    cfg.write_text(cfg.read_text().replace("models = [dict(type=DeterministicModel, abbr='m1', batch_size=4)]",
+                                           f"models = dict(type=DeterministicModel, abbr='m1', api_key={secret!r})"))
+    res = cli(cfg, "--dry-run")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "models.api_key: secrets do not belong in a config" in lines[0], lines[0]
+    assert secret not in res.stderr + res.stdout

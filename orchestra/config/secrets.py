@@ -1,0 +1,37 @@
+"""Secrets never belong in a config: it is saved in the run folder and in every task spec.
+
+Checked on the raw config first, by validation and by the sweep's size check that runs before
+it, so that no later message quoting part of the config can show one.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from orchestra.errors import ConfigError
+from orchestra.secretnames import secret_key
+
+URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.IGNORECASE)
+
+
+def check_secrets(obj: Any, where: str, top: bool = True) -> None:
+    """Refuse a value under a secret-looking key, or a URL with a user and password, anywhere in
+    ``obj`` (a raw config, checked before any message could quote part of it)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            key_where = f"{where}: {k}" if top else f"{where}.{k}"
+            if secret_key(k) and v not in (None, ""):
+                raise ConfigError(
+                    f"{key_where}: secrets do not belong in a config; put it in an environment "
+                    "variable and give its name (e.g. key_env='OPENAI_API_KEY')"
+                )
+            check_secrets(v, key_where, top=False)
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            check_secrets(v, f"{where}[{i}]", top=False)
+    elif isinstance(obj, str) and URL_CREDENTIALS.search(obj):
+        raise ConfigError(
+            f"{where}: a URL with a user and password in it; credentials do not belong in a config (it is "
+            "saved in the run folder and in task specs): give the key through an environment variable (key_env)"
+        )
