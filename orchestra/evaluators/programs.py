@@ -41,19 +41,25 @@ _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
 _PYTHON_TAGS = ("python", "py", "python3", "")
 
 
-def _parses(code: str) -> bool:
+def parse(code: str) -> ast.Module | None:
+    """The syntax tree of ``code``, or None when it does not parse: a syntax error, a NUL
+    byte, or nesting too deep for the parser (``MemoryError`` / ``RecursionError`` on a
+    completion such as a hundred thousand ``-`` signs, which must fail as a program, not
+    stop the scoring)."""
     try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return True
+        return ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def _parses(code: str) -> bool:
+    return parse(code) is not None
 
 
 def defines(code: str, name: str) -> bool:
     """Whether ``code`` defines function ``name`` at its top level (syntax errors: a regex)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse(code)
+    if tree is None:
         return re.search(rf"^(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body)
 
@@ -105,9 +111,8 @@ def _is_driver(node: ast.stmt) -> bool:
 def strip_driver_code(code: str) -> str:
     """Rule 3: drop top-level asserts, calls of plain functions and the ``__main__`` block
     (code that does not parse is returned as it is: running it reports the syntax error)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse(code)
+    if tree is None:
         return code
     lines = code.split("\n")
     drop: set[int] = set()

@@ -3,6 +3,7 @@ bad input, several samples per problem."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import textwrap
@@ -185,3 +186,34 @@ def test_a_program_that_exits_before_its_tests_fails() -> None:
     completion = "import sys\n\ndef f():\n    return 1\n\nsys.exit(0)\n"
     _, details = CodeExecEvaluator().score(records([completion], [tests]))
     assert details[0]["status"] == "left_early" and details[0]["passed"] is False
+
+
+def test_a_completion_too_deep_to_parse_is_a_failed_program_not_a_failed_task(tmp_path: Path) -> None:
+    """A model that answers with 100,000 nested unary minus signs: Python's parser gives up with
+    ``MemoryError`` (``1+1+...`` with ``RecursionError``), which the post-processing took for a
+    scoring error, so the eval task failed on every retry and the dataset had no result."""
+    from tests.tasks.test_eval_heavy import only_run, orchestra, write_jsonl
+
+    deep = "-" * 100_000 + "1"
+    data = write_jsonl(tmp_path / "code.jsonl", [
+        {"question": "Say 1", "tests": {"prompt": "answer = ", "entry_point": None, "test": "assert answer == 1\n"}},
+        {"question": f"Say {deep}", "tests": {"prompt": "", "entry_point": None, "test": "assert True\n"}},
+    ])
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from orchestra.datasets import JsonlDataset\n"
+        "from orchestra.models import DeterministicModel\n"
+        "models = [dict(type=DeterministicModel, abbr='det')]\n"
+        f"datasets = [dict(type=JsonlDataset, abbr='code', path={str(data)!r},\n"
+        "                 reader_cfg=dict(input_columns=['question'], output_column='tests'),\n"
+        "                 infer_cfg=dict(prompt_template='{question}', inferencer=dict(type='gen', max_out_len=200000)),\n"
+        "                 eval_cfg=dict(evaluator=dict(type='code_exec', isolation='bwrap')))]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n")
+    res = orchestra(cfg)
+    run = only_run(tmp_path)
+    assert res.returncode == 0, (res.stderr[-2000:], [p.read_text()[-2000:] for p in (run / "logs/eval").glob("*")])
+    details = [json.loads(line) for line in (run / "results/det/code.details.jsonl").read_text().splitlines()]
+    assert details[1]["prediction"] == deep
+    assert [d["passed"] for d in details] == [True, False] and "error" not in details[1]
+    assert json.loads((run / "results/det/code.json").read_text())["metrics"] == {"pass@1": 0.5}
+    assert sandbox_processes() == []

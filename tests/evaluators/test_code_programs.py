@@ -88,3 +88,13 @@ def test_pass_at_k_refuses_impossible_counts() -> None:
         pass_at_k(3, 4, 1)
     with pytest.raises(ValueError):
         pass_at_k(3, 1, 4)
+
+
+@pytest.mark.parametrize("code", ["-" * 100_000 + "1", "1" + "+1" * 100_000, "x = " + "not " * 100_000 + "1"])
+@pytest.mark.parametrize(("prompt", "entry"), [("", None), ("", "f"), ("def f():\n", "f")])
+def test_code_too_deep_for_the_parser_is_kept_as_it_is(code: str, prompt: str, entry: str | None) -> None:
+    """The parser's MemoryError / RecursionError on hostile nesting is "does not parse", never an
+    exception out of the post-processing (the program then fails in the sandbox)."""
+    for completion in (code, f"```python\n{code}\n```"):
+        program = build_program(completion, "assert True\n", prompt, entry)
+        assert code in program and program.endswith("assert True\n")
