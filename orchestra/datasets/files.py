@@ -39,6 +39,9 @@ class JsonlDataset(BaseDataset):
                     row = json.loads(line)
                 except ValueError as exc:
                     raise ConfigError(f"{self.path}:{lineno}: not valid JSON: {exc}") from None
+                except RecursionError:  # valid JSON, but deeper than Python's parser goes
+                    raise ConfigError(f"{self.path}:{lineno}: not valid JSON here: nested too deeply for Python's "
+                                      "JSON parser") from None
                 if not isinstance(row, dict):
                     raise ConfigError(f"{self.path}:{lineno}: a row must be a JSON object")
                 if may_hold_surrogates(line):  # "\ud800" alone: U+FFFD, or no prompt or output could be written

@@ -187,7 +187,7 @@ class CsvDataset(BaseDataset):
                 for col, kind in self.column_types.items():
                     try:
                         row[col] = _convert(raw[col] or "", kind)
-                    except ValueError as exc:
+                    except (ValueError, RecursionError) as exc:  # json: too deeply nested
                         raise ConfigError(
                             f"{where}: {self.path} line {line_no}, column {col!r}: cannot read as {kind} ({exc})"
                         ) from None

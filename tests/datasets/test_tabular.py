@@ -155,3 +155,14 @@ def test_bad_csv_option_is_one_line_naming_dataset_and_value(tmp_path: Path, opt
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
     assert fragment in lines[0] and "datasets[0]" in lines[0], lines[0]
+
+
+def test_a_json_cell_nested_too_deeply_names_line_and_column(tmp_path: Path) -> None:
+    """A ``json`` cell 100,000 lists deep: Python's parser raises ``RecursionError``, which
+    escaped as a traceback; now a ConfigError naming the file, line and column."""
+    path = tmp_path / "d.csv"
+    path.write_text('question,choices\nq,"[1]"\nq,"' + "[" * 100_000 + "]" * 100_000 + '"\n')
+    ds = CsvDataset(abbr="c", path=str(path), reader_cfg=READER, infer_cfg={}, column_types=dict(choices="json"))
+    with pytest.raises(ConfigError) as exc:
+        ds.all_rows()
+    assert str(path) in str(exc.value) and "line 3, column 'choices': cannot read as json" in str(exc.value)
