@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
-from tests.helpers import run_cli
+from tests.helpers import jsonl, run_cli, run_dirs
 
 
 def jsonl_config(tmp_path: Path, data: Path) -> Path:
@@ -41,3 +42,19 @@ def test_a_row_nested_deeper_than_the_json_parser_goes_is_one_line_naming_the_li
         res = run_cli(jsonl_config(tmp_path, data), *args)
         assert_one_line(res, f"{data}:2: ", "nested too deeply")
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("predictions"))
+
+
+def test_a_path_under_the_home_folder_written_with_a_tilde_is_read(tmp_path: Path) -> None:
+    """``path='~/data.jsonl'`` works as it does for CsvDataset and ArrowDataset (and as the
+    content key already read it); JsonlDataset said the file did not exist."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "data.jsonl").write_text('{"question": "Say 7", "answer": "7"}\n')
+    cfg = jsonl_config(tmp_path, Path("~/data.jsonl"))
+    env = {**os.environ, "HOME": str(home), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+    res = run_cli(cfg, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    (run,) = run_dirs(tmp_path / "out")
+    assert [r["prediction"] for r in jsonl(run / "predictions" / "m" / "t.jsonl") if "id" in r] == ["7"]
+    folder = run_cli(jsonl_config(tmp_path, Path("~")), "--dry-run", env=env)
+    assert_one_line(folder, "path '~' is not a file")
