@@ -217,3 +217,23 @@ def test_a_completion_too_deep_to_parse_is_a_failed_program_not_a_failed_task(tm
     assert [d["passed"] for d in details] == [True, False] and "error" not in details[1]
     assert json.loads((run / "results/det/code.json").read_text())["metrics"] == {"pass@1": 0.5}
     assert sandbox_processes() == []
+
+
+@pytest.mark.parametrize(("setting", "fragment"), [
+    ("timeout_s=float('inf')", "timeout_s must be a number > 0 and finite, got inf"),
+    ("cpu_s=float('nan')", "cpu_s must be a number > 0 and finite, got nan"),
+    ("isolation='docker'", "isolation: 'docker' is not valid; valid: auto, bwrap, unshare, none"),
+    ("k=[1, 0]", "k must be an integer >= 1 or a list of them, got [1, 0]"),
+    ("python='python3'", "python must be an absolute path, got 'python3'"),
+])
+def test_a_code_exec_setting_that_cannot_work_is_one_line_before_the_run(tmp_path: Path, setting: str,
+                                                                         fragment: str) -> None:
+    """``timeout_s=float('inf')`` (no limit, one might think) passed the check and then failed
+    every task of the run (its spec cannot be written); now it is refused with one line."""
+    from tests.tasks.test_eval_heavy import code_config, orchestra
+
+    rows = [{"question": "q", "tests": {"prompt": "", "entry_point": None, "test": "assert True\n"}}]
+    res = orchestra(code_config(tmp_path, rows, evaluator=f"dict(type='code_exec', {setting})"), "--dry-run")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert fragment in lines[0] and "eval_cfg.evaluator" in lines[0], lines[0]
