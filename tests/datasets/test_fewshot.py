@@ -47,7 +47,8 @@ def test_worked_examples_carry_their_answers_in_every_prompt_shape(tmp_path: Pat
     cfg = config(tmp_path, [
         f"abbr='plain', {GEN}, infer_cfg=dict(prompt_template='Q: {{question}}\\nA:', fewshot=dict(k=2)), "
         "eval_cfg=dict(evaluator='numeric_match')",
-        f"abbr='own', {GEN}, infer_cfg=dict(prompt_template='Q: {{question}}\\nA:', fewshot=dict(k=1, separator='\\n---\\n'), "
+        f"abbr='own', {GEN}, infer_cfg=dict(prompt_template='Q: {{question}}\\nA:', "
+        "fewshot=dict(k=1, separator='\\n---\\n'), "
         "fewshot_template='Question: {question} Answer: {answer}.'), eval_cfg=dict(evaluator='numeric_match')",
         f"abbr='chat', {GEN}, infer_cfg=dict(prompt_template=[dict(role='user', content='Q: {{question}}')], "
         "fewshot=dict(k=2)), eval_cfg=dict(evaluator='numeric_match')",

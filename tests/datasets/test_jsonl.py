@@ -24,7 +24,7 @@ def jsonl_config(tmp_path: Path, data: Path) -> Path:
 
 
 def assert_one_line(res: object, *fragments: str) -> None:
-    rc, stderr = getattr(res, "returncode"), getattr(res, "stderr")
+    rc, stderr = res.returncode, res.stderr
     assert rc == 2 and "Traceback" not in stderr, stderr[-3000:]
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("orchestra: error: "), stderr[-3000:]

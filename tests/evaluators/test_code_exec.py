@@ -206,7 +206,8 @@ def test_a_completion_too_deep_to_parse_is_a_failed_program_not_a_failed_task(tm
         "models = [dict(type=DeterministicModel, abbr='det')]\n"
         f"datasets = [dict(type=JsonlDataset, abbr='code', path={str(data)!r},\n"
         "                 reader_cfg=dict(input_columns=['question'], output_column='tests'),\n"
-        "                 infer_cfg=dict(prompt_template='{question}', inferencer=dict(type='gen', max_out_len=200000)),\n"
+        "                 infer_cfg=dict(prompt_template='{question}',\n"
+        "                                inferencer=dict(type='gen', max_out_len=200000)),\n"
         "                 eval_cfg=dict(evaluator=dict(type='code_exec', isolation='bwrap')))]\n"
         f"work_dir = {str(tmp_path / 'out')!r}\n")
     res = orchestra(cfg)
@@ -237,3 +238,22 @@ def test_a_code_exec_setting_that_cannot_work_is_one_line_before_the_run(tmp_pat
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert fragment in lines[0] and "eval_cfg.evaluator" in lines[0], lines[0]
+
+
+def test_a_failed_prediction_and_an_empty_list_count_as_failed_samples() -> None:
+    """Inference failed for a sample (its record carries ``error``), or ``gen`` with ``n`` gave
+    no completion at all: each is a failed sample in pass@k and in the status counts, not an
+    error of the scoring."""
+    tests = {"prompt": "", "entry_point": "f", "test": "assert f() == 1\n"}
+    records = [{"id": 0, "prediction": None, "error": "model timed out", "gold": tests},
+               {"id": 1, "prediction": [], "gold": tests},
+               {"id": 2, "prediction": "def f():\n    return 1\n", "gold": tests}]
+    ev = CodeExecEvaluator()
+    metrics, details = ev.score(records)
+    assert details[0]["prediction_error"] == "model timed out" and "error" not in details[0]
+    assert details[1]["status"] == "not_text" and details[1]["n"] == 0
+    assert details[2]["passed"] is True
+    assert math.isclose(metrics["pass@1"], 1 / 3)
+    verdicts = {d["id"]: {k: v for k, v in d.items() if k not in ("id", "gold", "prediction")} for d in details}
+    assert ev.statuses(verdicts) == {"prediction_error": 1, "not_text": 1, "ok": 1}
+    assert all(math.isnan(v) for v in ev.aggregate([], {}).values())

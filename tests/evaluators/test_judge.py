@@ -194,3 +194,24 @@ def test_chat_prompts_neutralise_look_alikes_in_the_answer(server: Any) -> None:
     lines = prompt.split("\n")
     assert lines.count("[End of the answer]") == 1 and "\\[End of the answer]" in lines
     assert lines.index("\\[End of the answer]") < lines.index("[End of the answer]")
+
+
+def test_pairwise_verdicts_that_do_not_parse_are_counted_never_scored(server: Any) -> None:
+    """A judge reply without [[A]]/[[B]]/[[C]] in either position: no outcome, counted in
+    ``judge_unparsed``; the parsed sample alone makes the win rate."""
+    ev = JudgeEvaluator(judge=judge_cfg(server), mode="pairwise", prompt_template="Which? [[{answer_a}]]")
+    metrics, details = ev.score([rec(0, "maybe", gold="B"), rec(1, "A", gold="B")])
+    assert details[0]["turns"][0]["outcome"] is None and details[0]["turns"][0]["unparsed"] is True
+    assert details[0]["turns"][0]["verdicts"] == [None, "B"]
+    assert details[1]["turns"][0]["outcome"] == "win"
+    assert metrics["win_rate"] == 1.0 and metrics["judge_unparsed"] == 1.0 and metrics["answers_missing"] == 0.0
+
+
+def test_a_baseline_that_is_not_text_is_a_scoring_error_not_a_loss(server: Any) -> None:
+    """Pairwise needs the dataset's answer as text: a number there is an ``error`` (the task
+    fails and says so), never a verdict against the model."""
+    ev = JudgeEvaluator(judge=judge_cfg(server), mode="pairwise", prompt_template="Which? [[{answer_a}]]")
+    _, details = ev.score([rec(0, "A", gold=42), rec(1, "A", gold="B")])
+    assert "needs the dataset's answer as text per turn; gold is 42" in details[0]["error"]
+    assert "turns" not in details[0] and details[1]["turns"][0]["outcome"] == "win"
+    assert server.stats()["requests"] == 2  # only the valid sample reached the judge
