@@ -257,3 +257,25 @@ def test_a_failed_prediction_and_an_empty_list_count_as_failed_samples() -> None
     verdicts = {d["id"]: {k: v for k, v in d.items() if k not in ("id", "gold", "prediction")} for d in details}
     assert ev.statuses(verdicts) == {"prediction_error": 1, "not_text": 1, "ok": 1}
     assert all(math.isnan(v) for v in ev.aggregate([], {}).values())
+
+
+def test_floods_of_output_and_self_inflicted_signals_are_failed_programs() -> None:
+    """A completion that prints 50 MB (terminal escape sequences included) on stdout or stderr is
+    killed at ``max_output_bytes`` and scored ``output_limit``, with at most the last 2,000
+    characters of its stderr kept; one that kills itself with a signal is ``killed``."""
+    tests = {"prompt": "", "entry_point": "f", "test": "assert f() == 1\n"}
+    flood = "\x1b]0;pwned\x07\x1b[2J" + "A" * 1000 + "\n"
+    completions = {
+        "stdout flood": f"import sys\nfor _ in range(50000):\n    sys.stdout.write({flood!r})\ndef f():\n    return 1\n",
+        "stderr flood": f"import sys\nfor _ in range(50000):\n    sys.stderr.write({flood!r})\ndef f():\n    return 1\n",
+        "segfault": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\ndef f():\n    return 1\n",
+        "right": "def f():\n    return 1\n",
+    }
+    ev = CodeExecEvaluator(isolation="bwrap", max_output_bytes=64 * 1024, timeout_s=20)
+    metrics, details = ev.score(records(list(completions.values()), [tests] * len(completions)))
+    outcome = {name: (d["passed"], d["status"]) for name, d in zip(completions, details)}
+    assert outcome == {"stdout flood": (False, "output_limit"), "stderr flood": (False, "output_limit"),
+                       "segfault": (False, "killed"), "right": (True, "ok")}
+    assert len(details[1]["stderr"]) <= 2000 and details[1]["duration_s"] < 15
+    assert metrics["pass@1"] == 0.25
+    assert sandbox_processes() == []
