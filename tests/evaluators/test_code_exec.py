@@ -265,9 +265,10 @@ def test_floods_of_output_and_self_inflicted_signals_are_failed_programs() -> No
     characters of its stderr kept; one that kills itself with a signal is ``killed``."""
     tests = {"prompt": "", "entry_point": "f", "test": "assert f() == 1\n"}
     flood = "\x1b]0;pwned\x07\x1b[2J" + "A" * 1000 + "\n"
+    right = "def f():\n    return 1\n"
     completions = {
-        "stdout flood": f"import sys\nfor _ in range(50000):\n    sys.stdout.write({flood!r})\ndef f():\n    return 1\n",
-        "stderr flood": f"import sys\nfor _ in range(50000):\n    sys.stderr.write({flood!r})\ndef f():\n    return 1\n",
+        "stdout flood": f"import sys\nfor _ in range(50000):\n    sys.stdout.write({flood!r})\n{right}",
+        "stderr flood": f"import sys\nfor _ in range(50000):\n    sys.stderr.write({flood!r})\n{right}",
         "segfault": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\ndef f():\n    return 1\n",
         "right": "def f():\n    return 1\n",
     }

@@ -359,7 +359,7 @@ def test_what_a_program_is_given_is_checked_before_anything_starts(nothing_left:
     the start socket holds are refused before a slot is taken; a Sandbox not started says so."""
     sandbox = Sandbox("bwrap")
     with pytest.raises(RuntimeError, match="start"):
-        sandbox.method
+        _ = sandbox.method
 
     async def refused() -> list[str]:
         await sandbox.start()
