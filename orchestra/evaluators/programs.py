@@ -37,7 +37,7 @@ DRIVER_NAME = "orchestra_driver.py"
 #: the name of the program (solution and tests) in the sandbox
 PROGRAM_NAME = "main.py"
 _DRIVER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_driver.py")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_TAG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
 _PYTHON_TAGS = ("python", "py", "python3", "")
 
 
@@ -71,6 +71,26 @@ def _is_code(text: str) -> bool:
     return _parses(text) and re.search(r"^(async\s+def|def|class|import|from)\b", text, re.M) is not None
 
 
+def fenced_blocks(text: str, start: int = 0) -> list[tuple[str, str]]:
+    """``(tag, body)`` of each fenced block of ``text`` from ``start``: a fence opens at a
+    ```` ``` ```` followed by the rest of its line (the tag is that line's first word, lower-cased)
+    and runs to the next ```` ``` ```` or the end.  One pass over the text (a regular expression
+    took time quadratic in a completion of many fences or a long fence line)."""
+    blocks = []
+    pos = start
+    while True:
+        opening = text.find("```", pos)
+        line_end = text.find("\n", opening) if opening >= 0 else -1
+        if line_end < 0:
+            return blocks
+        tag = _TAG.match(text, opening + 3, line_end)
+        closing = text.find("```", line_end + 1)
+        blocks.append(((tag.group(1) if tag else "").lower(), text[line_end + 1:closing if closing >= 0 else None]))
+        if closing < 0:
+            return blocks
+        pos = closing + 3
+
+
 def extract_code(text: str, entry_point: str | None = None) -> str:
     """Rules 1 and 2: the code in a completion."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
@@ -80,7 +100,7 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
     head = text[:first]
     if head.strip() and _is_code(head):
         return head
-    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(text[first:])]
+    blocks = fenced_blocks(text, first)
     if not blocks:
         return head
     if entry_point:

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,12 @@ def test_a_baseline_that_is_not_text_is_a_scoring_error_not_a_loss(server: Any) 
     assert "needs the dataset's answer as text per turn; gold is 42" in details[0]["error"]
     assert "turns" not in details[0] and details[1]["turns"][0]["outcome"] == "win"
     assert server.stats()["requests"] == 2  # only the valid sample reached the judge
+
+
+def test_reading_a_grade_takes_linear_time_whatever_the_reply() -> None:
+    """``Rating:`` then 300,000 spaces (a judge quoting a hostile answer, or an endpoint that
+    ignores max_tokens) took minutes in the loose grade pattern, on the eval task's event loop."""
+    started = time.monotonic()
+    assert parse_rating("Rating:" + " " * 300_000 + "x") is None
+    assert parse_rating("RATING = [ [ 7") == 7.0 and parse_rating("rating: [[ 4.5") == 4.5
+    assert time.monotonic() - started < 2.0
