@@ -76,7 +76,7 @@ def fenced_blocks(text: str, start: int = 0) -> list[tuple[str, str]]:
     ```` ``` ```` followed by the rest of its line (the tag is that line's first word, lower-cased)
     and runs to the next ```` ``` ```` or the end.  One pass over the text (a regular expression
     took time quadratic in a completion of many fences or a long fence line)."""
-    blocks = []
+    blocks: list[tuple[str, str]] = []
     pos = start
     while True:
         opening = text.find("```", pos)
