@@ -51,6 +51,15 @@ DRIVER = textwrap.dedent("""
         except OSError:
             pass
     ''',
+        "locked": '''
+    import os
+    os.makedirs("x/y")
+    open("x/y/f", "w").write("kept")
+    os.chmod("x/y", 0o500)
+    os.chmod("x", 0)
+    os.chmod(".", 0o500)
+    print("locked")
+    ''',
         "daemon": '''
     import os, time
     if os.fork() == 0:
@@ -68,8 +77,12 @@ DRIVER = textwrap.dedent("""
         await sandbox.start()
         out = {"describe": sandbox.describe()}
         for name in names:
-            res = await sandbox.run({"main.py": PROGRAMS[name].replace("PORT", port)}, ["/usr/bin/python3", "main.py"])
-            out[name] = {"status": res.status, "stdout": res.stdout, "stderr": res.stderr[-500:]}
+            try:
+                res = await sandbox.run({"main.py": PROGRAMS[name].replace("PORT", port)}, ["/usr/bin/python3", "main.py"])
+                seen = {"status": res.status, "stdout": res.stdout, "stderr": res.stderr[-500:]}
+            except Exception as exc:
+                seen = {"status": "raised " + type(exc).__name__, "stdout": "", "stderr": str(exc)}
+            out[name] = out.get(name, []) + [seen]
         print(json.dumps(out))
 
     asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3].split(",")))
@@ -114,17 +127,18 @@ def test_bwrap_without_root_isolates_limits_and_leaves_nothing(home: Path) -> No
     assert nobody_processes() == []
     listener = Listener()
     try:
-        out = as_nobody(home, "bwrap", listener.port, ["inside", "fork bomb", "daemon"])
+        out = as_nobody(home, "bwrap", listener.port, ["inside", "fork bomb", "daemon", "locked", "locked"])
     finally:
         listener.close()
     assert out["describe"]["isolation"] == "bwrap" and out["describe"]["user"] == f"uid {NOBODY} (not root)"
-    assert out["inside"]["status"] == "ok", out["inside"]
-    seen = json.loads(out["inside"]["stdout"])
+    assert out["inside"][0]["status"] == "ok", out["inside"]
+    seen = json.loads(out["inside"][0]["stdout"])
     assert seen["uid"] == NOBODY and seen["cwd"] == "/sandbox" and seen["files"] == ["main.py", "out.txt"]
     assert seen["pid"] <= 3 and seen["net"] == "refused" and "OPENAI_API_KEY" not in seen["env"]
     assert listener.accepted == 0
-    assert out["fork bomb"]["status"] in ("timeout", "cpu_limit"), out["fork bomb"]
-    assert out["daemon"]["status"] == "ok"
+    assert out["fork bomb"][0]["status"] in ("timeout", "cpu_limit"), out["fork bomb"]
+    assert out["daemon"][0]["status"] == "ok"
+    assert [r["status"] for r in out["locked"]] == ["ok", "ok"]
     assert nobody_processes() == []  # the daemon and the bomb's processes died with their sandbox
     assert not any((home / f"orchestra-sandbox-{NOBODY}").rglob("box-*"))
     assert not (home / "out.txt").exists()
@@ -133,13 +147,17 @@ def test_bwrap_without_root_isolates_limits_and_leaves_nothing(home: Path) -> No
 def test_none_without_root_limits_the_program_and_runs_it_as_the_user(home: Path) -> None:
     listener = Listener()
     try:
-        out = as_nobody(home, "none", listener.port, ["inside", "fork bomb"])
+        out = as_nobody(home, "none", listener.port, ["locked", "inside", "fork bomb", "locked", "locked"])
     finally:
         listener.close()
     assert out["describe"]["isolation"] == "none" and out["describe"]["network_isolated"] is False
-    seen = json.loads(out["inside"]["stdout"])
+    seen = json.loads(out["inside"][0]["stdout"])
     assert seen["uid"] == NOBODY and seen["net"] == "reached the host" and "OPENAI_API_KEY" not in seen["env"]
     assert seen["cwd"].startswith(str(home / f"orchestra-sandbox-{NOBODY}")) and seen["files"] == ["main.py", "out.txt"]
-    assert out["fork bomb"]["status"] in ("timeout", "cpu_limit"), out["fork bomb"]
+    assert out["fork bomb"][0]["status"] in ("timeout", "cpu_limit"), out["fork bomb"]
+    # A program that locks its folder (read-only, unreadable subfolders) as the same user: the
+    # folder is still removed, and the next program in that slot still starts.
+    assert [r["status"] for r in out["locked"]] == ["ok"] * 3, out["locked"]
+    assert out["inside"][0]["status"] == "ok", out["inside"]
     assert nobody_processes() == []
     assert not any((home / f"orchestra-sandbox-{NOBODY}").rglob("box-*"))
