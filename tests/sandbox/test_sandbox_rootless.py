@@ -78,7 +78,8 @@ DRIVER = textwrap.dedent("""
         out = {"describe": sandbox.describe()}
         for name in names:
             try:
-                res = await sandbox.run({"main.py": PROGRAMS[name].replace("PORT", port)}, ["/usr/bin/python3", "main.py"])
+                program = PROGRAMS[name].replace("PORT", port)
+                res = await sandbox.run({"main.py": program}, ["/usr/bin/python3", "main.py"])
                 seen = {"status": res.status, "stdout": res.stdout, "stderr": res.stderr[-500:]}
             except Exception as exc:
                 seen = {"status": "raised " + type(exc).__name__, "stdout": "", "stderr": str(exc)}
