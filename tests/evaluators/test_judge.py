@@ -225,3 +225,44 @@ def test_reading_a_grade_takes_linear_time_whatever_the_reply() -> None:
     assert parse_rating("Rating:" + " " * 300_000 + "x") is None
     assert parse_rating("RATING = [ [ 7") == 7.0 and parse_rating("rating: [[ 4.5") == 4.5
     assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(prompt_template=5), "prompt_template must be a string, got int"),
+    (dict(prompt_template="{question"), "prompt_template: "),
+    (dict(max_out_len=0), "max_out_len must be an integer >= 1, got 0"),
+    (dict(max_samples=0), "max_samples must be an integer >= 1, got 0"),
+    (dict(answer_prefix="  "), "answer_prefix must be a non-empty string, got '  '"),
+])
+def test_more_bad_judge_settings(server: Any, bad: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        JudgeEvaluator(**{"judge": judge_cfg(server), **bad})
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("evaluator, fragment", [
+    ("mode='pairwise'", "mode='pairwise' needs the baseline answers: set the dataset's reader_cfg.output_column"),
+    ("reference=True", "mode='single' with reference needs the reference answers"),
+    ("max_out_len=-1", "max_out_len must be an integer >= 1, got -1"),
+])
+def test_a_judge_config_that_cannot_work_is_one_line_before_the_run(tmp_path: Path, evaluator: str,
+                                                                    fragment: str) -> None:
+    """Checked while the config is validated (``JudgeEvaluator.check_config``): exit 2, one line."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "Why?"}\n')
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from orchestra.datasets import JsonlDataset\n"
+        "from orchestra.evaluators.judge import JudgeEvaluator\n"
+        "from orchestra.models import DeterministicModel, OpenAIAPI\n"
+        "models = [dict(type=DeterministicModel, abbr='m')]\n"
+        "_judge = dict(type=OpenAIAPI, path='judge-model', base_url='http://127.0.0.1:9/v1', key_env=None)\n"
+        f"datasets = [dict(type=JsonlDataset, abbr='t', path={str(data)!r},\n"
+        "                 reader_cfg=dict(input_columns=['question']), infer_cfg=dict(prompt_template='{question}'),\n"
+        f"                 eval_cfg=dict(evaluator=dict(type=JudgeEvaluator, judge=_judge, {evaluator})))]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n")
+    res = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert fragment in lines[0] and "eval_cfg.evaluator" in lines[0], lines[0]
