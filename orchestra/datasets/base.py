@@ -26,7 +26,7 @@ from orchestra.errors import ConfigError
 from orchestra.fileio import stable_hash
 from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.registry import DATASETS
-from orchestra.requests import Message, Prompt, Sample
+from orchestra.requests import Message, Prompt, Sample, prompt_text
 
 
 def parse_range(test_range: Any, where: str) -> tuple[int | None, int | None]:
@@ -81,7 +81,8 @@ class BaseDataset(abc.ABC):
         reader_cfg: ``input_columns``, ``output_column``, optional ``test_range``.
         infer_cfg: ``prompt_template`` (string or chat messages), ``inferencer``, and
             optional ``fewshot`` (``dict(k=N)``: the first N rows before ``test_range``
-            become worked examples, shown with ``fewshot_template``).
+            become worked examples: each row's prompt and its answer, or ``fewshot_template``
+            filled with the row, which may use the ``output_column``).
         eval_cfg: ``evaluator`` (a name such as ``'accuracy'`` or a dict with ``type``).
     """
 
@@ -150,17 +151,40 @@ class BaseDataset(abc.ABC):
             )
         allowed = set(self.reader_cfg.get("input_columns", [])) or cols
         allowed |= {"choice"}
+        answer = self.reader_cfg.get("output_column")
         for key in ("prompt_template", "fewshot_template"):
             try:
                 used = template_fields(self.infer_cfg.get(key, ""))
             except ValueError as exc:
                 raise ConfigError(f"{where}: infer_cfg.{key}: {exc} (write {{{{ and }}}} for a brace)") from None
-            unknown = sorted(used - allowed)
+            # A worked example shows its answer: the few-shot template may use the output column.
+            unknown = sorted(used - allowed - ({answer} if key == "fewshot_template" and answer else set()))
             if unknown:
                 raise ConfigError(
                     f"{where}: infer_cfg.{key} uses unknown field {{{unknown[0]}}}; "
                     f"input_columns are: {', '.join(sorted(allowed - {'choice'}))}"
                 )
+        self._check_fewshot(where)
+
+    def _check_fewshot(self, where: str) -> None:
+        """Raise ``ConfigError`` now (while planning) for a ``fewshot`` setting that would fail
+        every infer task of the dataset."""
+        few = self.infer_cfg.get("fewshot")
+        if not few:
+            return
+        k = few.get("k", 0)
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ConfigError(f"{where}: infer_cfg.fewshot.k={k!r} is not valid; give an integer >= 0")
+        if few.get("source", "head") != "head":
+            raise ConfigError(f"{where}: infer_cfg.fewshot.source={few['source']!r} is not valid; valid: 'head' "
+                              "(the rows before reader_cfg.test_range)")
+        if not isinstance(few.get("separator", ""), str):
+            raise ConfigError(f"{where}: infer_cfg.fewshot.separator={few['separator']!r} is not valid; give a string")
+        lo, _ = parse_range(self.reader_cfg.get("test_range"), f"{where}: reader_cfg")
+        if k and (lo is None or 0 <= lo < k):
+            raise ConfigError(f"{where}: infer_cfg.fewshot k={k} takes its examples from the rows before "
+                              f"reader_cfg.test_range, which starts at row {lo or 0}; start it at row {k} or "
+                              f"later (test_range='[{k}:]')")
 
     def score(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
         """Score predictions with the dataset's own scorer (metrics, details, extra result
@@ -184,15 +208,39 @@ class BaseDataset(abc.ABC):
                 f"dataset {self.abbr}: infer_cfg.fewshot k={k} needs {k} rows before test_range, "
                 f"found {len(pool)}"
             )
-        tmpl = self.infer_cfg.get("fewshot_template") or self.infer_cfg["prompt_template"]
+        if k == 0:
+            return ""
+        own = self.infer_cfg.get("fewshot_template")
+        examples = []
+        for row in pool[:k]:
+            if own:
+                examples.append(prompt_text(fill_prompt(own, row)))
+            else:  # the prompt, answered as the model would continue it
+                prompt = fill_prompt(self._prompt_template(), row)
+                examples.append(prompt_text(prompt) + self._worked_answer(row, prompt))
         sep = few.get("separator", "\n\n")
-        return sep.join(str(fill_prompt(tmpl, r)) for r in pool[:k]) + sep
+        return sep.join(examples) + sep
+
+    def _worked_answer(self, row: dict[str, Any], prompt: Prompt) -> str:
+        """The answer of a worked example: for ``loglik``, the continuation of the gold choice
+        (when the gold is its index), else a space and the gold."""
+        gold = self.gold(row)
+        inf = self.inferencer
+        if inf["type"] == "loglik" and isinstance(gold, int) and not isinstance(gold, bool):
+            kind = get_inferencer("loglik", f"dataset {self.abbr}: infer_cfg.inferencer.type")
+            request = kind.build(inf, 0, row, prompt, gold, f"dataset {self.abbr}").loglik
+            if request is not None and 0 <= gold < len(request.continuations):
+                return request.continuations[gold]
+        return "" if gold is None else f" {gold}"
+
+    def _prompt_template(self) -> Any:
+        default = " ".join("{" + c + "}" for c in self.reader_cfg.get("input_columns", []))
+        return self.infer_cfg.get("prompt_template", default)
 
     def build_samples(self, start: int, end: int) -> list[Sample]:
         """Samples for rows ``[start, end)`` of :meth:`rows` (ids are row indices)."""
         rows = self.rows()
-        default = " ".join("{" + c + "}" for c in self.reader_cfg.get("input_columns", []))
-        template = self.infer_cfg.get("prompt_template", default)
+        template = self._prompt_template()
         prefix = self._fewshot_prefix()
         inf = self.inferencer
         where = f"dataset {self.abbr}"

@@ -78,7 +78,7 @@ def file_digest(path: str) -> str | None:
         if stamp in _DIGESTS:
             return _DIGESTS[stamp]
     digest = _stored().get(stamp)
-    if digest is None:
+    if not isinstance(digest, str):  # unknown (or not a digest: a hand-edited cache)
         h = hashlib.sha256()
         try:
             with open(path, "rb") as f:

@@ -20,13 +20,15 @@ class JsonlDataset(BaseDataset):
     """
 
     def load_rows(self) -> list[dict[str, Any]]:
-        if not os.path.isfile(self.path):
-            raise ConfigError(f"dataset {self.abbr}: path {self.path!r} does not exist")
-        return shared_rows(self.path, "jsonl", self._read)
+        path = os.path.expanduser(self.path)
+        if not os.path.isfile(path):
+            what = "is not a file" if os.path.exists(path) else "does not exist"
+            raise ConfigError(f"dataset {self.abbr}: path {self.path!r} {what}")
+        return shared_rows(path, "jsonl", self._read)
 
     def _read(self) -> list[dict[str, Any]]:
         rows = []
-        with open(self.path, "rb") as f:
+        with open(os.path.expanduser(self.path), "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 try:
                     line = raw.decode("utf-8")
@@ -39,6 +41,9 @@ class JsonlDataset(BaseDataset):
                     row = json.loads(line)
                 except ValueError as exc:
                     raise ConfigError(f"{self.path}:{lineno}: not valid JSON: {exc}") from None
+                except RecursionError:  # valid JSON, but deeper than Python's parser goes
+                    raise ConfigError(f"{self.path}:{lineno}: not valid JSON here: nested too deeply for Python's "
+                                      "JSON parser") from None
                 if not isinstance(row, dict):
                     raise ConfigError(f"{self.path}:{lineno}: a row must be a JSON object")
                 if may_hold_surrogates(line):  # "\ud800" alone: U+FFFD, or no prompt or output could be written

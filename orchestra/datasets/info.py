@@ -66,6 +66,17 @@ def _count(rows: list[dict[str, Any]], inf: dict[str, Any]) -> dict[str, Any]:
     return {"num_rows": len(rows), "columns": sorted(common), "partial": partial, "num_choices": choices}
 
 
+def _usable(facts: Any) -> bool:
+    """Whether a size-cache entry has the shape :func:`_count` writes."""
+    if not isinstance(facts, dict):
+        return False
+    rows, columns, partial = facts.get("num_rows"), facts.get("columns"), facts.get("partial", {})
+    return (isinstance(rows, int) and not isinstance(rows, bool) and rows >= 0
+            and isinstance(columns, list) and all(isinstance(c, str) for c in columns)
+            and isinstance(partial, dict) and all(isinstance(v, int) for v in partial.values())
+            and isinstance(facts.get("num_choices"), (int, float)))
+
+
 def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = True) -> list[DatasetInfo]:
     """Facts about every dataset; reads only those the cache does not know."""
     path = os.path.join(cache_dir(), "dataset_info.json")
@@ -82,8 +93,9 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = Tr
         try:
             ds = build_dataset(cfg)
             key = ds.content_key()
-            facts = cache.get(key)
-            if facts is None:
+            if _usable(cache.get(key)):
+                facts: dict[str, Any] = cache[key]
+            else:  # unknown, or left by another version or a hand edit: read again
                 facts = _probe(ds)
                 fresh[key] = facts
         except ConfigError as exc:

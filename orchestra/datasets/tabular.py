@@ -6,6 +6,7 @@ pyarrow is imported only when rows are read.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import glob
 import json
@@ -18,6 +19,8 @@ from orchestra.errors import ConfigError
 
 ARROW_SUFFIXES = (".arrow", ".feather", ".ipc", ".parquet")
 COLUMN_TYPES = ("str", "int", "float", "bool", "json")
+#: The largest CSV cell read (Python's default, 128 KiB, refused a long context as an error).
+CSV_FIELD_LIMIT = 2**31 - 1
 
 
 def arrow_files(path: str) -> list[str]:
@@ -136,6 +139,14 @@ class CsvDataset(BaseDataset):
         column_types: dict | None = None,
     ) -> None:
         super().__init__(abbr, path, reader_cfg, infer_cfg, eval_cfg)
+        if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '"\r\n':
+            raise ConfigError(f"dataset {abbr}: delimiter={delimiter!r} is not valid; give one character other "
+                              "than a quote or a line break (',', ';', '\\t', '|')")
+        try:
+            codecs.lookup(encoding)
+        except (LookupError, TypeError):
+            raise ConfigError(f"dataset {abbr}: encoding={encoding!r} is not a known text encoding; "
+                              "give one such as 'utf-8-sig', 'utf-8', 'latin-1' or 'cp1252'") from None
         self.delimiter = delimiter
         self.encoding = encoding
         self.column_types = dict(column_types or {})
@@ -158,6 +169,7 @@ class CsvDataset(BaseDataset):
         path = os.path.expanduser(self.path)
         if not os.path.isfile(path):
             raise ConfigError(f"{where}: {self.path} does not exist")
+        csv.field_size_limit(max(csv.field_size_limit(), CSV_FIELD_LIMIT))
         with open(path, newline="", encoding=self.encoding) as fh:
             reader = csv.DictReader(fh, delimiter=self.delimiter)
             header = reader.fieldnames or []
@@ -175,7 +187,7 @@ class CsvDataset(BaseDataset):
                 for col, kind in self.column_types.items():
                     try:
                         row[col] = _convert(raw[col] or "", kind)
-                    except ValueError as exc:
+                    except (ValueError, RecursionError) as exc:  # json: too deeply nested
                         raise ConfigError(
                             f"{where}: {self.path} line {line_no}, column {col!r}: cannot read as {kind} ({exc})"
                         ) from None

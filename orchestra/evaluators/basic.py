@@ -39,13 +39,11 @@ class BaseEvaluator(abc.ABC):
     def score(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]]]:
         details = []
         sums: dict[str, float] = {}
-        counted = 0
         for rec in records:
             if rec.get("error") is not None:
                 verdict: dict[str, Any] = {"error": rec["error"]}
             else:
                 verdict = self.judge(rec)
-                counted += 1
             details.append({"id": rec["id"], "gold": rec.get("gold"), "prediction": rec.get("prediction"), **verdict})
             for key, value in verdict.items():
                 if isinstance(value, bool):

@@ -187,7 +187,7 @@ class CodeExecEvaluator(HeavyEvaluator):
         """How many programs ended how (``ok``, ``failed``, ``timeout``, ``not_text``, ...)."""
         seen: Counter[str] = Counter()
         for v in verdicts.values():
-            for r in v.get("results", [v]):
+            for r in v.get("results") or [v]:  # n=0: the verdict itself says not_text
                 if "status" in r:
                     seen[str(r["status"])] += 1
                 elif "prediction_error" in r:

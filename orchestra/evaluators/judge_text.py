@@ -76,7 +76,8 @@ FIELDS = {
     "pairwise": {"question", "answer_a", "answer_b", "conversation_a", "conversation_b", "turn"},
 }
 _RATING = re.compile(r"\[\[\s*(\d+(?:\.\d+)?)\s*\]\]")
-_RATING_LOOSE = re.compile(r"rating\s*[:=]\s*\[*\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+# One class for the gap after the colon: ``\s*\[*\s*`` took time quadratic in a run of spaces.
+_RATING_LOOSE = re.compile(r"rating\s*[:=][\s\[]*(\d+(?:\.\d+)?)", re.IGNORECASE)
 _LEAD_NUMBER = re.compile(r"\s*(\d+(?:\.\d+)?)(?![\d.])")
 _LEAD_CHOICE = re.compile(r"\s*([ABC])\b")
 _PAIR = re.compile(r"\[\[\s*(A|B|C|tie)\s*\]\]", re.IGNORECASE)

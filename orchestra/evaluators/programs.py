@@ -37,23 +37,29 @@ DRIVER_NAME = "orchestra_driver.py"
 #: the name of the program (solution and tests) in the sandbox
 PROGRAM_NAME = "main.py"
 _DRIVER_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sandbox_driver.py")
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.S)
+_TAG = re.compile(r"[ \t]*([A-Za-z0-9_+-]*)")
 _PYTHON_TAGS = ("python", "py", "python3", "")
 
 
-def _parses(code: str) -> bool:
+def parse(code: str) -> ast.Module | None:
+    """The syntax tree of ``code``, or None when it does not parse: a syntax error, a NUL
+    byte, or nesting too deep for the parser (``MemoryError`` / ``RecursionError`` on a
+    completion such as a hundred thousand ``-`` signs, which must fail as a program, not
+    stop the scoring)."""
     try:
-        ast.parse(code)
-    except (SyntaxError, ValueError):
-        return False
-    return True
+        return ast.parse(code)
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        return None
+
+
+def _parses(code: str) -> bool:
+    return parse(code) is not None
 
 
 def defines(code: str, name: str) -> bool:
     """Whether ``code`` defines function ``name`` at its top level (syntax errors: a regex)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse(code)
+    if tree is None:
         return re.search(rf"^(async\s+)?def\s+{re.escape(name)}\s*\(", code, re.M) is not None
     return any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name == name for n in tree.body)
 
@@ -65,6 +71,26 @@ def _is_code(text: str) -> bool:
     return _parses(text) and re.search(r"^(async\s+def|def|class|import|from)\b", text, re.M) is not None
 
 
+def fenced_blocks(text: str, start: int = 0) -> list[tuple[str, str]]:
+    """``(tag, body)`` of each fenced block of ``text`` from ``start``: a fence opens at a
+    ```` ``` ```` followed by the rest of its line (the tag is that line's first word, lower-cased)
+    and runs to the next ```` ``` ```` or the end.  One pass over the text (a regular expression
+    took time quadratic in a completion of many fences or a long fence line)."""
+    blocks: list[tuple[str, str]] = []
+    pos = start
+    while True:
+        opening = text.find("```", pos)
+        line_end = text.find("\n", opening) if opening >= 0 else -1
+        if line_end < 0:
+            return blocks
+        tag = _TAG.match(text, opening + 3, line_end)
+        closing = text.find("```", line_end + 1)
+        blocks.append(((tag.group(1) if tag else "").lower(), text[line_end + 1:closing if closing >= 0 else None]))
+        if closing < 0:
+            return blocks
+        pos = closing + 3
+
+
 def extract_code(text: str, entry_point: str | None = None) -> str:
     """Rules 1 and 2: the code in a completion."""
     text = text.replace("\r\n", "\n").replace("\r", "\n")
@@ -74,7 +100,7 @@ def extract_code(text: str, entry_point: str | None = None) -> str:
     head = text[:first]
     if head.strip() and _is_code(head):
         return head
-    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(text[first:])]
+    blocks = fenced_blocks(text, first)
     if not blocks:
         return head
     if entry_point:
@@ -105,9 +131,8 @@ def _is_driver(node: ast.stmt) -> bool:
 def strip_driver_code(code: str) -> str:
     """Rule 3: drop top-level asserts, calls of plain functions and the ``__main__`` block
     (code that does not parse is returned as it is: running it reports the syntax error)."""
-    try:
-        tree = ast.parse(code)
-    except (SyntaxError, ValueError):
+    tree = parse(code)
+    if tree is None:
         return code
     lines = code.split("\n")
     drop: set[int] = set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -35,8 +36,8 @@ class SandboxLimits:
             value = getattr(self, name)
             if value is None and name == "cpu_s":
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise ValueError(f"{name} must be a number > 0, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a number > 0 and finite, got {value!r}")
         for name in ("mem_mb", "max_processes", "max_output_bytes", "disk_mb", "max_open_files"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

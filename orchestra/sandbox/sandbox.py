@@ -66,6 +66,28 @@ def _make_open_dirs(path: str) -> None:
         os.chmod(folder, 0o711)  # whatever the umask
 
 
+def remove_tree(path: str) -> None:
+    """Remove a slot folder, whatever its program did to it.  Without root, a program under
+    ``none`` runs as our own user in that folder and may make its folders read-only or
+    unreadable, which stopped ``rmtree`` (and then every later run of the slot); each folder is
+    made ours to change and the removal is tried again.  A link swapped in meanwhile could only
+    point at a file of our own user, which that program could change itself.  As root nothing
+    stops ``rmtree``, so nothing is changed."""
+    shutil.rmtree(path, ignore_errors=True)
+    if not os.path.lexists(path) or os.geteuid() == 0:
+        return
+    stack = [path]
+    while stack:
+        folder = stack.pop()
+        try:
+            os.chmod(folder, 0o700)
+            with os.scandir(folder) as entries:
+                stack.extend(e.path for e in entries if e.is_dir(follow_symlinks=False))
+        except OSError:
+            continue
+    shutil.rmtree(path, ignore_errors=True)
+
+
 class IsolationUnavailable(UserError):
     """The isolation asked for cannot work on this host (one line: which, and why)."""
 
@@ -247,7 +269,7 @@ class Sandbox:
         return count_tasks(os.getuid()) + self.limits.max_processes
 
     def _prepare(self, slot_dir: str, files: Mapping[str, str], uid: int | None, method: Isolation) -> None:
-        shutil.rmtree(slot_dir, ignore_errors=True)
+        remove_tree(slot_dir)
         os.mkdir(slot_dir, 0o711)
         src, work = os.path.join(slot_dir, "src"), os.path.join(slot_dir, "work")
         os.mkdir(src, 0o755)
@@ -331,7 +353,7 @@ class Sandbox:
             )
         finally:
             self.running -= 1
-            shutil.rmtree(slot_dir, ignore_errors=True)
+            remove_tree(slot_dir)
             scope.release(slot)
 
     def snapshot(self) -> dict[str, Any]:

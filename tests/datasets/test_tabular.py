@@ -8,6 +8,7 @@ import pytest
 
 from orchestra.datasets.tabular import ArrowDataset, CsvDataset
 from orchestra.errors import ConfigError
+from tests.helpers import jsonl, run_cli, run_dirs
 
 pa = pytest.importorskip("pyarrow")
 
@@ -104,3 +105,64 @@ def test_csv_errors_name_file_line_and_column(tmp_path: Path) -> None:
         CsvDataset(abbr="c", path=str(path), reader_cfg=READER, infer_cfg={}, column_types=dict(x="int")).all_rows()
     with pytest.raises(ConfigError, match="does not exist"):
         CsvDataset(abbr="c", path=str(tmp_path / "none.csv"), reader_cfg=READER, infer_cfg={}).all_rows()
+
+
+def write_csv_config(tmp_path: Path, data: Path, **csv_kw: str) -> Path:
+    """A config that evaluates the demo model on one CsvDataset (``csv_kw``: its options)."""
+    opts = "".join(f", {k}={v!r}" for k, v in csv_kw.items())
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from orchestra.datasets import CsvDataset\n"
+        "from orchestra.models import DeterministicModel\n"
+        "models = [dict(type=DeterministicModel, abbr='m')]\n"
+        f"datasets = [dict(type=CsvDataset, abbr='t', path={str(data)!r}{opts},\n"
+        "                 reader_cfg=dict(input_columns=['question'], output_column='label'),\n"
+        "                 infer_cfg=dict(prompt_template='{question}'),\n"
+        "                 eval_cfg=dict(evaluator='exact_match'))]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n"
+    )
+    return cfg
+
+
+def test_csv_cell_larger_than_the_csv_modules_default_limit_is_read(tmp_path: Path) -> None:
+    """A long cell (a whole source file as context, say) is data like any other: Python's csv
+    module refuses fields over 128 KiB by default, which ended the run with a traceback."""
+    long_question = "Explain this code:\n" + "x = 1\n" * 40000  # 240 KB in one quoted cell
+    path = tmp_path / "long.csv"
+    path.write_text('question,label\n"' + long_question + '",1\nshort,2\n', encoding="utf-8")
+    ds = CsvDataset(abbr="c", path=str(path), reader_cfg=READER, infer_cfg={})
+    assert ds.all_rows() == [{"question": long_question, "label": "1"}, {"question": "short", "label": "2"}]
+    res = run_cli(write_csv_config(tmp_path, path), timeout=240)
+    assert res.returncode == 0, res.stderr[-2000:]
+    run = run_dirs(tmp_path / "out")[-1]
+    records = [r for r in jsonl(run / "predictions" / "m" / "t.jsonl") if "id" in r]
+    assert [(r["id"], r["prompt"]) for r in records] == [(0, long_question), (1, "short")]
+
+
+@pytest.mark.parametrize(("option", "value", "fragment"), [
+    ("delimiter", "||", "delimiter='||' is not valid; give one character"),
+    ("delimiter", "", "delimiter='' is not valid; give one character"),
+    ("delimiter", '"', "delimiter='\"' is not valid"),
+    ("encoding", "utf-9", "encoding='utf-9' is not a known text encoding"),
+])
+def test_bad_csv_option_is_one_line_naming_dataset_and_value(tmp_path: Path, option: str, value: str,
+                                                             fragment: str) -> None:
+    """A CSV option Python's csv module or codecs refuse: exit 2 with one line, not a traceback."""
+    path = tmp_path / "d.csv"
+    path.write_text("question,label\nq,1\n")
+    res = run_cli(write_csv_config(tmp_path, path, **{option: value}), "--dry-run")
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-2000:]
+    assert fragment in lines[0] and "datasets[0]" in lines[0], lines[0]
+
+
+def test_a_json_cell_nested_too_deeply_names_line_and_column(tmp_path: Path) -> None:
+    """A ``json`` cell 100,000 lists deep: Python's parser raises ``RecursionError``, which
+    escaped as a traceback; now a ConfigError naming the file, line and column."""
+    path = tmp_path / "d.csv"
+    path.write_text('question,choices\nq,"[1]"\nq,"' + "[" * 100_000 + "]" * 100_000 + '"\n')
+    ds = CsvDataset(abbr="c", path=str(path), reader_cfg=READER, infer_cfg={}, column_types=dict(choices="json"))
+    with pytest.raises(ConfigError) as exc:
+        ds.all_rows()
+    assert str(path) in str(exc.value) and "line 3, column 'choices': cannot read as json" in str(exc.value)

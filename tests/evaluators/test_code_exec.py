@@ -3,6 +3,7 @@ bad input, several samples per problem."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import textwrap
@@ -185,3 +186,97 @@ def test_a_program_that_exits_before_its_tests_fails() -> None:
     completion = "import sys\n\ndef f():\n    return 1\n\nsys.exit(0)\n"
     _, details = CodeExecEvaluator().score(records([completion], [tests]))
     assert details[0]["status"] == "left_early" and details[0]["passed"] is False
+
+
+def test_a_completion_too_deep_to_parse_is_a_failed_program_not_a_failed_task(tmp_path: Path) -> None:
+    """A model that answers with 100,000 nested unary minus signs: Python's parser gives up with
+    ``MemoryError`` (``1+1+...`` with ``RecursionError``), which the post-processing took for a
+    scoring error, so the eval task failed on every retry and the dataset had no result."""
+    from tests.tasks.test_eval_heavy import only_run, orchestra, write_jsonl
+
+    deep = "-" * 100_000 + "1"
+    data = write_jsonl(tmp_path / "code.jsonl", [
+        {"question": "Say 1", "tests": {"prompt": "answer = ", "entry_point": None, "test": "assert answer == 1\n"}},
+        {"question": f"Say {deep}", "tests": {"prompt": "", "entry_point": None, "test": "assert True\n"}},
+    ])
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from orchestra.datasets import JsonlDataset\n"
+        "from orchestra.models import DeterministicModel\n"
+        "models = [dict(type=DeterministicModel, abbr='det')]\n"
+        f"datasets = [dict(type=JsonlDataset, abbr='code', path={str(data)!r},\n"
+        "                 reader_cfg=dict(input_columns=['question'], output_column='tests'),\n"
+        "                 infer_cfg=dict(prompt_template='{question}',\n"
+        "                                inferencer=dict(type='gen', max_out_len=200000)),\n"
+        "                 eval_cfg=dict(evaluator=dict(type='code_exec', isolation='bwrap')))]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n")
+    res = orchestra(cfg)
+    run = only_run(tmp_path)
+    assert res.returncode == 0, (res.stderr[-2000:], [p.read_text()[-2000:] for p in (run / "logs/eval").glob("*")])
+    details = [json.loads(line) for line in (run / "results/det/code.details.jsonl").read_text().splitlines()]
+    assert details[1]["prediction"] == deep
+    assert [d["passed"] for d in details] == [True, False] and "error" not in details[1]
+    assert json.loads((run / "results/det/code.json").read_text())["metrics"] == {"pass@1": 0.5}
+    assert sandbox_processes() == []
+
+
+@pytest.mark.parametrize(("setting", "fragment"), [
+    ("timeout_s=float('inf')", "timeout_s must be a number > 0 and finite, got inf"),
+    ("cpu_s=float('nan')", "cpu_s must be a number > 0 and finite, got nan"),
+    ("isolation='docker'", "isolation: 'docker' is not valid; valid: auto, bwrap, unshare, none"),
+    ("k=[1, 0]", "k must be an integer >= 1 or a list of them, got [1, 0]"),
+    ("python='python3'", "python must be an absolute path, got 'python3'"),
+])
+def test_a_code_exec_setting_that_cannot_work_is_one_line_before_the_run(tmp_path: Path, setting: str,
+                                                                         fragment: str) -> None:
+    """``timeout_s=float('inf')`` (no limit, one might think) passed the check and then failed
+    every task of the run (its spec cannot be written); now it is refused with one line."""
+    from tests.tasks.test_eval_heavy import code_config, orchestra
+
+    rows = [{"question": "q", "tests": {"prompt": "", "entry_point": None, "test": "assert True\n"}}]
+    res = orchestra(code_config(tmp_path, rows, evaluator=f"dict(type='code_exec', {setting})"), "--dry-run")
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert fragment in lines[0] and "eval_cfg.evaluator" in lines[0], lines[0]
+
+
+def test_a_failed_prediction_and_an_empty_list_count_as_failed_samples() -> None:
+    """Inference failed for a sample (its record carries ``error``), or ``gen`` with ``n`` gave
+    no completion at all: each is a failed sample in pass@k and in the status counts, not an
+    error of the scoring."""
+    tests = {"prompt": "", "entry_point": "f", "test": "assert f() == 1\n"}
+    records = [{"id": 0, "prediction": None, "error": "model timed out", "gold": tests},
+               {"id": 1, "prediction": [], "gold": tests},
+               {"id": 2, "prediction": "def f():\n    return 1\n", "gold": tests}]
+    ev = CodeExecEvaluator()
+    metrics, details = ev.score(records)
+    assert details[0]["prediction_error"] == "model timed out" and "error" not in details[0]
+    assert details[1]["status"] == "not_text" and details[1]["n"] == 0
+    assert details[2]["passed"] is True
+    assert math.isclose(metrics["pass@1"], 1 / 3)
+    verdicts = {d["id"]: {k: v for k, v in d.items() if k not in ("id", "gold", "prediction")} for d in details}
+    assert ev.statuses(verdicts) == {"prediction_error": 1, "not_text": 1, "ok": 1}
+    assert all(math.isnan(v) for v in ev.aggregate([], {}).values())
+
+
+def test_floods_of_output_and_self_inflicted_signals_are_failed_programs() -> None:
+    """A completion that prints 50 MB (terminal escape sequences included) on stdout or stderr is
+    killed at ``max_output_bytes`` and scored ``output_limit``, with at most the last 2,000
+    characters of its stderr kept; one that kills itself with a signal is ``killed``."""
+    tests = {"prompt": "", "entry_point": "f", "test": "assert f() == 1\n"}
+    flood = "\x1b]0;pwned\x07\x1b[2J" + "A" * 1000 + "\n"
+    right = "def f():\n    return 1\n"
+    completions = {
+        "stdout flood": f"import sys\nfor _ in range(50000):\n    sys.stdout.write({flood!r})\n{right}",
+        "stderr flood": f"import sys\nfor _ in range(50000):\n    sys.stderr.write({flood!r})\n{right}",
+        "segfault": "import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\ndef f():\n    return 1\n",
+        "right": "def f():\n    return 1\n",
+    }
+    ev = CodeExecEvaluator(isolation="bwrap", max_output_bytes=64 * 1024, timeout_s=20)
+    metrics, details = ev.score(records(list(completions.values()), [tests] * len(completions)))
+    outcome = {name: (d["passed"], d["status"]) for name, d in zip(completions, details)}
+    assert outcome == {"stdout flood": (False, "output_limit"), "stderr flood": (False, "output_limit"),
+                       "segfault": (False, "killed"), "right": (True, "ok")}
+    assert len(details[1]["stderr"]) <= 2000 and details[1]["duration_s"] < 15
+    assert metrics["pass@1"] == 0.25
+    assert sandbox_processes() == []

@@ -4,11 +4,19 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import pytest
 
 from orchestra.evaluators.code import pass_at_k
-from orchestra.evaluators.programs import DRIVER_NAME, build_program, build_solution, extract_code, sandbox_files
+from orchestra.evaluators.programs import (
+    DRIVER_NAME,
+    build_program,
+    build_solution,
+    extract_code,
+    fenced_blocks,
+    sandbox_files,
+)
 
 PROMPT = 'from typing import List\n\n\ndef add(xs: List[int]) -> int:\n    """Sum of xs."""\n'
 
@@ -88,3 +96,33 @@ def test_pass_at_k_refuses_impossible_counts() -> None:
         pass_at_k(3, 4, 1)
     with pytest.raises(ValueError):
         pass_at_k(3, 1, 4)
+
+
+@pytest.mark.parametrize("code", ["-" * 100_000 + "1", "1" + "+1" * 100_000, "x = " + "not " * 100_000 + "1"])
+@pytest.mark.parametrize(("prompt", "entry"), [("", None), ("", "f"), ("def f():\n", "f")])
+def test_code_too_deep_for_the_parser_is_kept_as_it_is(code: str, prompt: str, entry: str | None) -> None:
+    """The parser's MemoryError / RecursionError on hostile nesting is "does not parse", never an
+    exception out of the post-processing (the program then fails in the sandbox)."""
+    for completion in (code, f"```python\n{code}\n```"):
+        program = build_program(completion, "assert True\n", prompt, entry)
+        assert code in program and program.endswith("assert True\n")
+
+
+@pytest.mark.parametrize("completion", [
+    "Here:\n```\n" + "```" * 100_000,  # 100,000 fences on one line
+    "```" + " " * 300_000,  # a fence line of 300,000 spaces
+    "```" + "python" * 50_000 + "\ndef f():\n    return 1\n```",  # a 300 KB tag
+])
+def test_hostile_fences_take_linear_time(completion: str) -> None:
+    """Post-processing runs on the eval task's event loop: the fence regular expression took
+    time quadratic in these (about 75 s for the first, at 300 KB), stalling every sample."""
+    started = time.monotonic()
+    build_program(completion, "assert True\n", "", "f")
+    assert time.monotonic() - started < 2.0
+
+
+def test_fenced_blocks_read_tags_bodies_and_unclosed_fences() -> None:
+    text = "intro\n```Python extra words\nA\n```\nmid\n```\nB\n```js\n"
+    assert fenced_blocks(text) == [("python", "A\n"), ("", "B\n"), ]
+    assert fenced_blocks("```py\nopen to the end") == [("py", "open to the end")]
+    assert fenced_blocks("``` no line after the fence") == [] and fenced_blocks("no fence") == []

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 from typing import Any
 
@@ -194,3 +195,74 @@ def test_chat_prompts_neutralise_look_alikes_in_the_answer(server: Any) -> None:
     lines = prompt.split("\n")
     assert lines.count("[End of the answer]") == 1 and "\\[End of the answer]" in lines
     assert lines.index("\\[End of the answer]") < lines.index("[End of the answer]")
+
+
+def test_pairwise_verdicts_that_do_not_parse_are_counted_never_scored(server: Any) -> None:
+    """A judge reply without [[A]]/[[B]]/[[C]] in either position: no outcome, counted in
+    ``judge_unparsed``; the parsed sample alone makes the win rate."""
+    ev = JudgeEvaluator(judge=judge_cfg(server), mode="pairwise", prompt_template="Which? [[{answer_a}]]")
+    metrics, details = ev.score([rec(0, "maybe", gold="B"), rec(1, "A", gold="B")])
+    assert details[0]["turns"][0]["outcome"] is None and details[0]["turns"][0]["unparsed"] is True
+    assert details[0]["turns"][0]["verdicts"] == [None, "B"]
+    assert details[1]["turns"][0]["outcome"] == "win"
+    assert metrics["win_rate"] == 1.0 and metrics["judge_unparsed"] == 1.0 and metrics["answers_missing"] == 0.0
+
+
+def test_a_baseline_that_is_not_text_is_a_scoring_error_not_a_loss(server: Any) -> None:
+    """Pairwise needs the dataset's answer as text: a number there is an ``error`` (the task
+    fails and says so), never a verdict against the model."""
+    ev = JudgeEvaluator(judge=judge_cfg(server), mode="pairwise", prompt_template="Which? [[{answer_a}]]")
+    _, details = ev.score([rec(0, "A", gold=42), rec(1, "A", gold="B")])
+    assert "needs the dataset's answer as text per turn; gold is 42" in details[0]["error"]
+    assert "turns" not in details[0] and details[1]["turns"][0]["outcome"] == "win"
+    assert server.stats()["requests"] == 2  # only the valid sample reached the judge
+
+
+def test_reading_a_grade_takes_linear_time_whatever_the_reply() -> None:
+    """``Rating:`` then 300,000 spaces (a judge quoting a hostile answer, or an endpoint that
+    ignores max_tokens) took minutes in the loose grade pattern, on the eval task's event loop."""
+    started = time.monotonic()
+    assert parse_rating("Rating:" + " " * 300_000 + "x") is None
+    assert parse_rating("RATING = [ [ 7") == 7.0 and parse_rating("rating: [[ 4.5") == 4.5
+    assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(prompt_template=5), "prompt_template must be a string, got int"),
+    (dict(prompt_template="{question"), "prompt_template: "),
+    (dict(max_out_len=0), "max_out_len must be an integer >= 1, got 0"),
+    (dict(max_samples=0), "max_samples must be an integer >= 1, got 0"),
+    (dict(answer_prefix="  "), "answer_prefix must be a non-empty string, got '  '"),
+])
+def test_more_bad_judge_settings(server: Any, bad: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        JudgeEvaluator(**{"judge": judge_cfg(server), **bad})
+    assert message in str(info.value)
+
+
+@pytest.mark.parametrize("evaluator, fragment", [
+    ("mode='pairwise'", "mode='pairwise' needs the baseline answers: set the dataset's reader_cfg.output_column"),
+    ("reference=True", "mode='single' with reference needs the reference answers"),
+    ("max_out_len=-1", "max_out_len must be an integer >= 1, got -1"),
+])
+def test_a_judge_config_that_cannot_work_is_one_line_before_the_run(tmp_path: Path, evaluator: str,
+                                                                    fragment: str) -> None:
+    """Checked while the config is validated (``JudgeEvaluator.check_config``): exit 2, one line."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"question": "Why?"}\n')
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from orchestra.datasets import JsonlDataset\n"
+        "from orchestra.evaluators.judge import JudgeEvaluator\n"
+        "from orchestra.models import DeterministicModel, OpenAIAPI\n"
+        "models = [dict(type=DeterministicModel, abbr='m')]\n"
+        "_judge = dict(type=OpenAIAPI, path='judge-model', base_url='http://127.0.0.1:9/v1', key_env=None)\n"
+        f"datasets = [dict(type=JsonlDataset, abbr='t', path={str(data)!r},\n"
+        "                 reader_cfg=dict(input_columns=['question']), infer_cfg=dict(prompt_template='{question}'),\n"
+        f"                 eval_cfg=dict(evaluator=dict(type=JudgeEvaluator, judge=_judge, {evaluator})))]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n")
+    res = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, capture_output=True, text=True,
+                         timeout=120)
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
+    assert fragment in lines[0] and "eval_cfg.evaluator" in lines[0], lines[0]

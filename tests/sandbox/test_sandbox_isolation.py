@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -319,3 +320,61 @@ def test_leftover_folders_of_a_killed_run_are_wiped(lock_dir: Path, nothing_left
     res = run(sandbox, "import os; print(os.listdir('.'))")
     assert res.stdout.strip() == "['main.py']" and not box.exists()
     assert sandbox_processes() == []
+
+
+def test_auto_falls_back_to_none_only_when_allowed_and_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+                                                                nothing_left: None) -> None:
+    """Neither bubblewrap nor unshare on PATH: ``auto`` with ``allow_unisolated=True`` runs the
+    program under ``none`` (limits and a slot user still apply) and describes itself as not
+    network isolated."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for name in ("setpriv", "prlimit"):
+        (tools / name).symlink_to(shutil.which(name) or f"/usr/bin/{name}")
+    monkeypatch.setenv("PATH", str(tools))
+    with pytest.raises(IsolationUnavailable):
+        asyncio.run(Sandbox("auto").start())
+    sandbox = Sandbox("auto", allow_unisolated=True)
+    res = run(sandbox, "import os; print(os.getuid())")
+    assert sandbox.method.name == "none" and res.ok and int(res.stdout) >= 1_900_000_000
+    assert sandbox.describe()["network_isolated"] is False and sandbox.snapshot()["sandboxes_started"] == 1
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    (dict(isolation="docker"), "isolation must be one of auto, bwrap, unshare, none; got 'docker'"),
+    (dict(isolation="none"), "set allow_unisolated=True to accept that"),
+    (dict(max_sandboxes=0), "max_sandboxes must be an integer within 1..256, got 0"),
+    (dict(max_sandboxes=True), "max_sandboxes must be an integer within 1..256, got True"),
+    (dict(uid_base=0), "uid_base must be an integer >= 1000"),
+    (dict(extra_paths=["opt/python"]), "extra_paths must be absolute folders, got 'opt/python'"),
+])
+def test_bad_sandbox_settings_are_refused(kwargs: dict, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        Sandbox(**kwargs)
+    assert message in str(info.value)
+
+
+def test_what_a_program_is_given_is_checked_before_anything_starts(nothing_left: None) -> None:
+    """File names that could leave the work folder, a relative program path and more input than
+    the start socket holds are refused before a slot is taken; a Sandbox not started says so."""
+    sandbox = Sandbox("bwrap")
+    with pytest.raises(RuntimeError, match="start"):
+        _ = sandbox.method
+
+    async def refused() -> list[str]:
+        await sandbox.start()
+        started = sandbox.started  # the trial run of start(), once per process
+        out = []
+        for files, argv, stdin in (({"../escape.py": ""}, [PY3], b""), ({".hidden": ""}, [PY3], b""),
+                                   ({"a/b.py": ""}, [PY3], b""), ({}, ["python3"], b""), ({}, [], b""),
+                                   ({}, [PY3], b"x" * 16385)):
+            with pytest.raises(ValueError) as info:
+                await sandbox.run(files, argv, stdin=stdin)
+            out.append(str(info.value))
+        assert sandbox.started == started and sandbox.running == 0
+        return out
+
+    messages = asyncio.run(refused())
+    assert sum("plain names" in m for m in messages) == 3
+    assert sum("argv[0] must be an absolute path" in m for m in messages) == 2
+    assert "stdin holds at most 16384 bytes" in messages[-1]
