@@ -118,7 +118,7 @@ def test_hostile_fences_take_linear_time(completion: str) -> None:
     time quadratic in these (about 75 s for the first, at 300 KB), stalling every sample."""
     started = time.monotonic()
     build_program(completion, "assert True\n", "", "f")
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 20.0  # quadratic took 75 s to minutes; linear takes milliseconds
 
 
 def test_fenced_blocks_read_tags_bodies_and_unclosed_fences() -> None:

@@ -224,7 +224,7 @@ def test_reading_a_grade_takes_linear_time_whatever_the_reply() -> None:
     started = time.monotonic()
     assert parse_rating("Rating:" + " " * 300_000 + "x") is None
     assert parse_rating("RATING = [ [ 7") == 7.0 and parse_rating("rating: [[ 4.5") == 4.5
-    assert time.monotonic() - started < 2.0
+    assert time.monotonic() - started < 20.0  # quadratic took 75 s to minutes; linear takes milliseconds
 
 
 @pytest.mark.parametrize("bad, message", [
