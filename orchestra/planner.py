@@ -45,8 +45,16 @@ def model_class(model: dict[str, Any]) -> type[BaseModel]:
     return cls
 
 
+#: part of the prediction hash of a dataset with few-shot examples: until this mark, they were
+#: the rows' prompts without their answers, so predictions made then are never reused by ``-r``
+FEWSHOT_FORMAT = "fewshot: prompt and answer"
+
+
 def dataset_key(info: DatasetInfo) -> str:
+    """The dataset's part of a prediction hash: its settings but its name and scoring, and its content."""
     cfg = {k: v for k, v in info.cfg.items() if k not in ("abbr", "eval_cfg")}
+    if (cfg.get("infer_cfg") or {}).get("fewshot"):
+        return stable_hash([cfg, info.content_key, FEWSHOT_FORMAT])
     return stable_hash([cfg, info.content_key])
 
 

@@ -86,3 +86,23 @@ def test_a_fewshot_setting_that_cannot_work_is_refused_before_the_run(tmp_path: 
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert fragment in lines[0] and "datasets[0]" in lines[0], lines[0]
+
+
+def test_predictions_made_with_answerless_examples_are_not_reused_by_resume() -> None:
+    """Predictions made before examples carried their answers hold other prompts: a few-shot
+    dataset's part of the prediction hash changed with the fix, so ``-r`` of such a run asks
+    again; a dataset without few-shot keeps the hash it had (its finished work is reused)."""
+    from orchestra.datasets.info import DatasetInfo
+    from orchestra.fileio import stable_hash
+    from orchestra.planner import dataset_key
+
+    def info(infer_cfg: dict[str, Any]) -> DatasetInfo:
+        cfg = {"abbr": "d", "path": "rows.jsonl", "infer_cfg": infer_cfg}
+        return DatasetInfo(cfg, "d", 5, "gen", 0.0, "content")
+
+    def before_the_fix(i: DatasetInfo) -> str:
+        return stable_hash([{k: v for k, v in i.cfg.items() if k != "abbr"}, i.content_key])
+
+    few, plain = info({"prompt_template": "Q", "fewshot": {"k": 2}}), info({"prompt_template": "Q"})
+    assert dataset_key(few) != before_the_fix(few)
+    assert dataset_key(plain) == before_the_fix(plain)
