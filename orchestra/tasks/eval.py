@@ -177,8 +177,17 @@ def run_task(spec: TaskSpec) -> None:
             for path in (ckpt, ckpt + ".lock"):
                 if os.path.exists(path):
                     os.unlink(path)
-        shown = ", ".join(f"{k}={v:.4f}" for k, v in metrics.items())
+        shown = ", ".join(f"{k}={_shown(v)}" for k, v in metrics.items())
         print(f"[{spec.task_id}] {unit.dataset_abbr}: {shown}", flush=True)
+
+
+def _shown(value: Any) -> str:
+    """A metric as the task log shows it: a number to four places, anything else (an evaluator
+    of the user's own may return a grade or a list) as its short text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return f"{value:.4f}"
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
 
 
 def main(argv: list[str] | None = None) -> int:

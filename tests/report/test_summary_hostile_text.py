@@ -86,6 +86,7 @@ work_dir = {str(tmp_path / 'out')!r}
     for args in ((), ("--mode", "viz")):
         res = orchestra(cfg, *args, env=env)
         assert "Traceback" not in res.stderr, res.stderr[-3000:]
+        assert res.returncode == 0, res.stderr[-3000:]  # the eval task printed every metric as a number
         (run,) = (tmp_path / "out").iterdir()
         md = (run / "summary" / "summary.md").read_text()
         assert "| rows | grade | B+ | B+ |" in md and "| rows | per_class | \\[0.5, 1.0\\] | \\[0.5, 1.0\\] |" in md, md
