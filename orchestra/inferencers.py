@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
+import string
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestra.errors import ConfigError
@@ -99,27 +100,60 @@ class GenInferencer(Inferencer):
                 "gold": sample.gold}
 
 
+def _named_fields(template: str) -> set[str]:
+    """The columns a ``str.format`` template names (``{tag}``, ``{tag.x}``, ``{tag[0]}`` name ``tag``);
+    ``ValueError`` for a broken template or a positional field (``{}``, ``{0}``)."""
+    names: set[str] = set()
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        name = field.split(".")[0].split("[")[0]
+        if not name or name.isdigit():
+            raise ValueError(f"positional field {{{field}}}: name a column or {{choice}}")
+        names.add(name)
+    return names
+
+
 class LoglikInferencer(Inferencer):
-    """Score every choice of a row as a continuation of its prompt; the prediction is the best."""
+    """Score every choice of a row as a continuation of its prompt; the prediction is the best.
+
+    ``continuation_template`` (default ``' {choice}'``) makes each continuation from the choice
+    and the row's columns; ``{choice}`` is the choice even where the row has a column of that name.
+    The columns it names are checked with the data before anything runs."""
 
     name = "loglik"
     keys = frozenset({"type", "choices_column", "choices", "continuation_template"})
+    default_template = " {choice}"
 
     def check(self, cfg: dict[str, Any], where: str) -> None:
         super().check(cfg, where)
         if not cfg.get("choices_column") and not cfg.get("choices"):
             raise ConfigError(f"{where}: loglik needs choices_column (a column) or choices (a list)")
+        template = cfg.get("continuation_template", self.default_template)
+        if not isinstance(template, str):
+            raise ConfigError(f"{where}.continuation_template: expected a string such as ' {{choice}}', "
+                              f"got {template!r}")
+        try:
+            _named_fields(template)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.continuation_template: {template!r}: {exc} "
+                              "(write {{ and }} for a brace)") from None
 
     def columns(self, cfg: dict[str, Any]) -> list[str]:
-        return [cfg["choices_column"]] if cfg.get("choices_column") else []
+        named = [cfg["choices_column"]] if cfg.get("choices_column") else []
+        try:
+            fields = _named_fields(str(cfg.get("continuation_template", self.default_template)))
+        except ValueError:  # check() reports it
+            fields = set()
+        return named + sorted(fields - {"choice", *named})
 
     def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
               where: str) -> Sample:
         choices = row[cfg["choices_column"]] if cfg.get("choices_column") else cfg.get("choices")
         if not choices:
             raise ConfigError(f"{where}: inferencer loglik needs choices_column or choices")
-        template = cfg.get("continuation_template", " {choice}")
-        continuations = tuple(template.format(choice=c, **row) for c in choices)
+        template = cfg.get("continuation_template", self.default_template)
+        continuations = tuple(template.format_map({**row, "choice": c}) for c in choices)
         return Sample(id=idx, kind=self.name, gold=gold, choices=tuple(str(c) for c in choices),
                       loglik=LoglikRequest(context=prompt, continuations=continuations))
 
