@@ -26,6 +26,16 @@ def _serializable_prompt(prompt: Any) -> Any:
     return prompt if isinstance(prompt, (str, list)) else str(prompt)
 
 
+#: what a list column that holds text most likely needs (a CSV cell is text unless typed)
+CSV_HINT = " (a CSV column: column_types=dict({column}='json') reads a cell such as [\"A\", \"B\"] as a list)"
+
+
+def _shown(value: Any) -> str:
+    """A row's value in an error line: its type and the start of its repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
+
+
 class Inferencer(abc.ABC):
     """One kind of inference work."""
 
@@ -129,6 +139,8 @@ class LoglikInferencer(Inferencer):
         super().check(cfg, where)
         if not cfg.get("choices_column") and not cfg.get("choices"):
             raise ConfigError(f"{where}: loglik needs choices_column (a column) or choices (a list)")
+        if not cfg.get("choices_column") and not isinstance(cfg["choices"], (list, tuple)):
+            raise ConfigError(f"{where}.choices: expected a list such as ['A', 'B'], got {cfg['choices']!r}")
         template = cfg.get("continuation_template", self.default_template)
         if not isinstance(template, str):
             raise ConfigError(f"{where}.continuation_template: expected a string such as ' {{choice}}', "
@@ -149,9 +161,13 @@ class LoglikInferencer(Inferencer):
 
     def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
               where: str) -> Sample:
-        choices = row[cfg["choices_column"]] if cfg.get("choices_column") else cfg.get("choices")
+        column = cfg.get("choices_column")
+        choices = row[column] if column else cfg.get("choices")
+        if not isinstance(choices, (list, tuple)):  # a text would be scored letter by letter
+            raise ConfigError(f"{where}: row {idx}: column {column!r} holds {_shown(choices)}, not a list of choices"
+                              f"{CSV_HINT.format(column=column) if isinstance(choices, str) else ''}")
         if not choices:
-            raise ConfigError(f"{where}: inferencer loglik needs choices_column or choices")
+            raise ConfigError(f"{where}: row {idx}: column {column!r} holds no choices")
         template = cfg.get("continuation_template", self.default_template)
         continuations = tuple(template.format_map({**row, "choice": c}) for c in choices)
         return Sample(id=idx, kind=self.name, gold=gold, choices=tuple(str(c) for c in choices),
@@ -184,7 +200,12 @@ class ChatInferencer(Inferencer):
 
     def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
               where: str) -> Sample:
-        turns = [str(t) for t in row[cfg["turns_column"]]]
+        column = cfg["turns_column"]
+        turns = row[column]
+        if not isinstance(turns, (list, tuple)):  # a text would be sent letter by letter
+            raise ConfigError(f"{where}: row {idx}: column {column!r} holds {_shown(turns)}, not a list of user turns"
+                              f"{CSV_HINT.format(column=column) if isinstance(turns, str) else ''}")
+        turns = [str(t) for t in turns]
         return Sample(id=idx, kind=self.name, gold=gold, turns=turns, chat_template=_gen_settings(cfg, ""))
 
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
