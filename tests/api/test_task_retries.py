@@ -13,6 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from orchestra.inference.checkpoint import Checkpoint
 from tests.api.test_api_pipeline import latest_run, orchestra, predictions, write_config, write_data
 
 
@@ -46,3 +47,33 @@ def test_a_retry_sends_only_what_failed_and_keeps_the_finished_dataset(server: A
     assert [preds[i]["prediction"] for i in range(12)] == expected
     meta = json.loads((run / "predictions" / "api" / "arith.jsonl").read_text().splitlines()[0])["_meta"]
     assert meta["count"] == 12 and meta["failed"] == 0
+
+
+def test_a_task_killed_between_its_last_sample_and_the_prediction_file_sends_nothing_again(
+        server: Any, tmp_path: Path) -> None:
+    """A SIGKILL after the last checkpoint line and before the sealed file was renamed into place
+    leaves the checkpoint whole and no prediction file.  The window is too short to hit with a
+    signal, so the test leaves that state with the checkpoint's own writer, from a finished run's
+    records: ``-r`` must seal the shard from the checkpoint without a request."""
+    data, expected = write_data(tmp_path, 10)
+    cfg = write_config(tmp_path, server.base_url, data)
+    res = orchestra(cfg, "--mode", "infer")
+    assert res.returncode == 0, res.stdout + res.stderr
+    run = latest_run(tmp_path)
+    output = run / "predictions" / "api" / "arith.jsonl"
+    lines = output.read_text().splitlines()
+    meta = json.loads(lines[0])["_meta"]
+    ckpt = Checkpoint(f"{output}.ckpt", meta["hash"])
+    for line in lines[1:]:
+        ckpt.append(json.loads(line))
+    ckpt.close()
+    output.unlink()
+    server.configure()  # counters back to zero
+    res = orchestra(cfg, "--mode", "infer", "-r", "latest")
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert server.stats()["per_prompt"] == {}
+    log = (run / "logs" / "infer" / "infer_api_arith.log").read_text()
+    assert log.count("arith: 10 samples, 10 from checkpoint, 0 to run") == 1, log
+    assert output.read_text().splitlines()[1:] == lines[1:]
+    assert not Path(f"{output}.ckpt").exists()
+    assert [predictions(run)[i]["prediction"] for i in range(10)] == expected
