@@ -9,13 +9,14 @@ summary of the whole run died with it.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from orchestra.tasks.spec import TaskSpec
+from orchestra.tasks.spec import TaskSpec, Unit
 from tests.tasks.test_eval_heavy import REPO, only_run, orchestra
 from tests.tasks.test_loglik_template import loglik_config
 
@@ -96,3 +97,43 @@ def test_the_task_scripts_usage_errors_are_one_line_and_exit_2(tmp_path: Path) -
         assert res.returncode == 2, res.stderr
         (line,) = res.stderr.strip().splitlines()
         assert line.startswith(f"{path}: cannot read task spec: ") and why in line, line
+
+
+DUMP_ON_A_FULL_DISK = r"""
+import os, resource, signal, sys
+from orchestra.tasks.spec import TaskSpec, Unit
+
+path = sys.argv[1]
+unit = Unit(dataset={'type': 'x', 'rows': 'r' * 50_000}, dataset_abbr='d', start=0, end=1, shard=None,
+            num_shards=1, output='/o.jsonl', hash='h', cost=1.0)
+spec = TaskSpec(stage='infer', task_id='t', run_dir='/r', model={}, model_abbr='m', units=(unit,))
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (10_000, resource.RLIM_INFINITY))
+try:
+    spec.dump(path)
+except OSError as exc:
+    print('refused:', exc.strerror)
+"""
+
+
+def test_a_spec_the_disk_refuses_leaves_the_old_one_and_no_temporary_file(tmp_path: Path) -> None:
+    folder = tmp_path / "tasks"
+    folder.mkdir()
+    spec = folder / "t.py"
+    spec.write_text("# the spec of an earlier run\n")
+    res = subprocess.run([sys.executable, "-c", DUMP_ON_A_FULL_DISK, str(spec)], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 0 and res.stdout.strip() == "refused: File too large", res.stdout + res.stderr
+    assert spec.read_text() == "# the spec of an earlier run\n"
+    assert os.listdir(folder) == ["t.py"]
+
+
+def test_a_spec_is_written_where_its_folder_was_removed(tmp_path: Path) -> None:
+    unit = Unit(dataset={"type": "x"}, dataset_abbr="d", start=0, end=3, shard=0, num_shards=2,
+                output=str(tmp_path / "p.jsonl"), hash="h", cost=1.5, inputs=(("a.jsonl", "h1"),))
+    spec = TaskSpec(stage="eval", task_id="t", run_dir=str(tmp_path), model={"abbr": "m"}, model_abbr="m",
+                    units=(unit,), task_cfg={"k": 1}, num_gpus=1, worker_key="w")
+    path = tmp_path / "gone" / "tasks" / "t.py"  # someone removed the run's tasks folder
+    spec.dump(str(path))
+    assert TaskSpec.load(str(path)) == spec
+    assert os.listdir(path.parent) == ["t.py"]
