@@ -137,3 +137,25 @@ def test_a_spec_is_written_where_its_folder_was_removed(tmp_path: Path) -> None:
     spec.dump(str(path))
     assert TaskSpec.load(str(path)) == spec
     assert os.listdir(path.parent) == ["t.py"]
+
+
+def test_an_eval_task_whose_predictions_changed_since_its_stage_was_gated_fails_in_one_line(
+        finished_run: tuple[Path, Path]) -> None:
+    _, run = finished_run
+    spec = run / "tasks" / "eval_det_pick.py"
+    predictions = run / "predictions" / "det" / "pick.jsonl"
+    kept = predictions.read_bytes()
+    try:
+        predictions.write_bytes(kept.replace(b'"hash": "', b'"hash": "0', 1))  # sealed for other settings
+        res = task_script("eval", spec)
+        assert res.returncode == 1, res.stdout + res.stderr
+        assert "Traceback" not in res.stderr, res.stderr
+        assert res.stderr.strip().splitlines() == [
+            "[eval_det_pick] FAILED: pick: predictions predictions/det/pick.jsonl are missing or from other "
+            "settings (did its infer task fail?)"], res.stderr
+        predictions.unlink()
+        res = task_script("eval", spec)
+        assert res.returncode == 1 and "are missing or from other settings" in res.stderr, res.stderr
+    finally:
+        predictions.write_bytes(kept)
+    assert task_script("eval", spec).returncode == 0

@@ -1,0 +1,24 @@
+"""``InferTask``'s options out of range: one config error line naming the key, exit 2, before
+anything runs (the real CLI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.tasks.test_eval_heavy import code_config, orchestra
+from tests.tasks.test_loglik_template import one_line_config_error
+
+
+@pytest.mark.parametrize(("option", "says"), [
+    ("max_samples=0", "infer.runner.task: max_samples must be >= 1, got 0"),
+    ("error_tolerance=1.5", "infer.runner.task: error_tolerance must be within [0, 1], got 1.5"),
+    ("error_tolerance=-0.1", "infer.runner.task: error_tolerance must be within [0, 1], got -0.1"),
+])
+def test_infer_task_options_out_of_range_are_one_line(tmp_path: Path, option: str, says: str) -> None:
+    cfg = code_config(tmp_path, [{"question": "q", "tests": {}}])
+    stage = f"infer = dict(runner=dict(type='LocalRunner', task=dict(type='InferTask', {option})))\n"
+    cfg.write_text(cfg.read_text() + stage)
+    line = one_line_config_error(tmp_path, orchestra(cfg))
+    assert line.endswith(f"cfg.py: {says}"), line
