@@ -232,6 +232,11 @@ class LmEvalInferencer(Inferencer):
     name = "lmeval"
     keys = frozenset({"type"})
 
+    def check(self, cfg: dict[str, Any], where: str) -> None:
+        others = ", ".join(k for k in INFERENCERS if k != self.name)
+        raise ConfigError(f"{where}.type: 'lmeval' is LmEvalDataset's own kind (it builds lm-eval's requests "
+                          f"itself, with no infer_cfg.inferencer); valid here: {others}")
+
     def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
               where: str) -> Sample:
         raise ConfigError(f"{where}: inferencer 'lmeval' is built by LmEvalDataset only")
