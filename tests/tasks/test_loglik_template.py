@@ -16,7 +16,7 @@ from typing import Any
 from tests.tasks.test_eval_heavy import only_run, orchestra, write_jsonl
 
 
-def loglik_config(tmp_path: Path, rows: list[dict[str, Any]], template: str | None) -> Path:
+def loglik_config(tmp_path: Path, rows: list[dict[str, Any]], template: str | int | None) -> Path:
     data = write_jsonl(tmp_path / "pick.jsonl", rows)
     extra = "" if template is None else f", continuation_template={template!r}"
     cfg = tmp_path / "cfg.py"
@@ -63,10 +63,10 @@ def test_a_column_named_choice_does_not_break_the_continuations(tmp_path: Path) 
 
 def test_the_template_may_use_other_columns_of_the_row(tmp_path: Path) -> None:
     rows = [{"q": f"w{i}", "choices": ["x", "y"], "label": i % 2, "tag": f"w{i}"} for i in range(4)]
-    res = orchestra(loglik_config(tmp_path, rows, " {choice}-{tag}"))
+    res = orchestra(loglik_config(tmp_path, rows, " {choice}-{tag}."))
     assert res.returncode == 0, res.stdout + res.stderr
     preds = predictions(only_run(tmp_path))
-    assert [p["continuations"] for p in preds] == [[f" x-w{i}", f" y-w{i}"] for i in range(4)]
+    assert [p["continuations"] for p in preds] == [[f" x-w{i}.", f" y-w{i}."] for i in range(4)]
 
 
 def test_a_field_that_is_no_column_is_a_config_error_before_anything_runs(tmp_path: Path) -> None:
@@ -84,6 +84,6 @@ def test_a_column_some_row_lacks_is_named_with_that_row(tmp_path: Path) -> None:
 
 def test_a_broken_template_is_a_config_error_naming_the_key(tmp_path: Path) -> None:
     rows = [{"q": f"w{i}", "choices": ["x", f"w{i}"], "label": 1} for i in range(4)]
-    for template in (" {choice", " {}", " {0}"):
+    for template in (" {choice", " {}", " {0}", 5):
         line = one_line_config_error(tmp_path, orchestra(loglik_config(tmp_path, rows, template)))
         assert "continuation_template" in line and "cfg.py" in line, (template, line)

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from tests.tasks.test_eval_heavy import only_run, orchestra, write_jsonl
-from tests.tasks.test_loglik_template import one_line_config_error, predictions
+from tests.tasks.test_loglik_template import loglik_config, one_line_config_error, predictions
 
 
 def csv_config(tmp_path: Path, typed: bool) -> Path:
@@ -105,3 +105,11 @@ work_dir = {str(tmp_path / 'out')!r}
 """)
     line = one_line_config_error(tmp_path, orchestra(cfg))
     assert "infer_cfg.inferencer.choices: expected a list such as ['A', 'B'], got 'AB'" in line, line
+
+
+def test_a_row_without_choices_fails_in_one_line(tmp_path: Path) -> None:
+    rows = [{"q": f"w{i}", "choices": [] if i == 2 else ["x", f"w{i}"], "label": 1} for i in range(4)]
+    res = orchestra(loglik_config(tmp_path, rows, None))
+    assert res.returncode == 1, res.stdout + res.stderr
+    line = task_failure(res, only_run(tmp_path), "infer_det_pick.log")
+    assert "dataset pick: row 2: column 'choices' holds no choices" in line, line

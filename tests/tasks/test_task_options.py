@@ -33,3 +33,10 @@ def test_the_lmeval_inferencer_named_in_a_config_is_one_line(tmp_path: Path) -> 
     assert line.endswith("datasets[0].infer_cfg.inferencer.type: 'lmeval' is LmEvalDataset's own kind (it "
                          "builds lm-eval's requests itself, with no infer_cfg.inferencer); valid here: gen, loglik, "
                          "chat"), line
+
+
+def test_a_chat_inferencer_without_its_turns_column_is_one_line(tmp_path: Path) -> None:
+    cfg = code_config(tmp_path, [{"question": "q", "tests": {}}])
+    cfg.write_text(cfg.read_text().replace("inferencer=dict(type='gen', max_out_len=16)", "inferencer='chat'"))
+    line = one_line_config_error(tmp_path, orchestra(cfg))
+    assert line.endswith("datasets[0].infer_cfg.inferencer: chat needs turns_column (a column of user turns)"), line

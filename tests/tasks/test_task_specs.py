@@ -27,7 +27,9 @@ DAMAGED = {
     "an unknown field": None,  # the real spec plus a field no TaskSpec has
     "a unit of the wrong types": None,  # the real spec with a unit whose start is text
     "an unknown stage": None,  # the real spec with stage 'bogus'
-    "nested beyond the parser": "SPEC = " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "inputs that are no pairs": None,  # the real spec with an input of three parts
+    "brackets beyond the tokenizer": "SPEC = " + "[" * 100_000 + "]" * 100_000 + "\n",
+    "operators beyond the parser": "SPEC = " + "-" * 100_000 + "1\n",
 }
 
 
@@ -39,6 +41,8 @@ def damaged_text(kind: str, real: str) -> str:
         return real.replace("SPEC = {", "SPEC = {'priority': 'high', ", 1)
     if kind == "a unit of the wrong types":
         return real.replace("'start': 0,", "'start': 'zero',", 1)
+    if kind == "inputs that are no pairs":
+        return real.replace("'inputs': ((", "'inputs': (('extra', ", 1)
     assert kind == "an unknown stage"
     return real.replace("'stage': 'eval'", "'stage': 'bogus'", 1)
 
@@ -68,9 +72,11 @@ def test_a_damaged_spec_is_one_line_from_the_task_and_the_summary_still_reads_th
     assert TaskSpec.load(str(spec)).units  # the real one reads
     results = run / "results" / "det" / "pick.json"
     kept = results.read_bytes()
+    damaged = damaged_text(kind, real)
+    assert damaged != real
     try:
         results.unlink()  # the summary reads the specs to say why a result is missing
-        spec.write_text(damaged_text(kind, real))
+        spec.write_text(damaged)
         res = task_script("eval", spec)
         assert res.returncode == 2, res.stdout + res.stderr
         assert "Traceback" not in res.stderr, res.stderr
