@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
+import math
 import string
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -24,6 +25,26 @@ if TYPE_CHECKING:
 
 def _serializable_prompt(prompt: Any) -> Any:
     return prompt if isinstance(prompt, (str, list)) else str(prompt)
+
+
+def _text(answer: Any, sample: Sample) -> str:
+    """A generation as recorded: text, or ``ValueError`` (the sample fails, nothing wrong is recorded)."""
+    if not isinstance(answer, str):
+        raise ValueError(f"sample {sample.id}: the model answered {type(answer).__name__}, not text")
+    return answer
+
+
+def _logliks(answer: Any, count: int, sample: Sample) -> list[float]:
+    """One log-likelihood per continuation, each a real number (``-inf`` included: a continuation
+    the model rules out), or ``ValueError``: a short list or a NaN would pick a wrong best choice."""
+    if not isinstance(answer, (list, tuple)) or len(answer) != count:
+        n = len(answer) if isinstance(answer, (list, tuple)) else type(answer).__name__
+        raise ValueError(f"sample {sample.id}: the model answered {n} log-likelihood(s) for {count} continuations")
+    for value in answer:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value == math.inf:
+            raise ValueError(f"sample {sample.id}: the model answered log-likelihood {value!r}, not a number "
+                             "below infinity")
+    return [float(v) for v in answer]
 
 
 #: what a list column that holds text most likely needs (a CSV cell is text unless typed)
@@ -100,12 +121,12 @@ class GenInferencer(Inferencer):
             raise ValueError(f"sample {sample.id}: kind 'gen' without a request")
         prediction: str | list[str]
         if sample.num_samples == 1:
-            prediction = await model.generate(sample.gen)
+            prediction = _text(await model.generate(sample.gen), sample)
         else:
             req = sample.gen
             reqs = [req if req.seed is None else dataclasses.replace(req, seed=req.seed + i)
                     for i in range(sample.num_samples)]
-            prediction = list(await asyncio.gather(*(model.generate(r) for r in reqs)))
+            prediction = [_text(a, sample) for a in await asyncio.gather(*(model.generate(r) for r in reqs))]
         return {"id": sample.id, "prompt": _serializable_prompt(sample.gen.prompt), "prediction": prediction,
                 "gold": sample.gold}
 
@@ -176,7 +197,7 @@ class LoglikInferencer(Inferencer):
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
         if sample.loglik is None:
             raise ValueError(f"sample {sample.id}: kind 'loglik' without a request")
-        lls = await model.loglikelihood(sample.loglik)
+        lls = _logliks(await model.loglikelihood(sample.loglik), len(sample.loglik.continuations), sample)
         best = max(range(len(lls)), key=lls.__getitem__)
         return {"id": sample.id, "prompt": _serializable_prompt(sample.loglik.context),
                 "continuations": list(sample.loglik.continuations), "choices": list(sample.choices), "logliks": lls,
@@ -216,7 +237,7 @@ class ChatInferencer(Inferencer):
             messages.append({"role": "user", "content": turn})
             req = GenRequest(prompt=list(messages), max_out_len=settings.max_out_len, stop=settings.stop,
                              temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed)
-            reply = await model.generate(req)
+            reply = _text(await model.generate(req), sample)
             messages.append({"role": "assistant", "content": reply})
             replies.append(reply)
         return {"id": sample.id, "turns": sample.turns, "prediction": replies, "gold": sample.gold}
@@ -264,17 +285,17 @@ class LmEvalInferencer(Inferencer):
                 slots.append((-1, 0))
             elif kind == "loglikelihood_rolling":
                 slots.append((len(jobs), 0))
-                jobs.append(model.loglikelihood(LoglikRequest(context="", continuations=(args[0],))))
+                jobs.append(_checked_logliks(model, LoglikRequest(context="", continuations=(args[0],)), sample))
             elif kind == "generate_until":
                 slots.append((len(jobs), -1))
-                jobs.append(model.generate(self._gen(args)))
+                jobs.append(_checked_text(model, self._gen(args), sample))
             else:
                 raise ValueError(f"sample {sample.id}: lm-eval request type {kind!r} is not supported")
         for ctx, members in contexts.items():
             conts = tuple(sample.calls[i]["args"][1] for i in members)
             for pos, i in enumerate(members):
                 slots[i] = (len(jobs), pos)
-            jobs.append(model.loglikelihood(LoglikRequest(context=ctx, continuations=conts)))
+            jobs.append(_checked_logliks(model, LoglikRequest(context=ctx, continuations=conts), sample))
         answers = await asyncio.gather(*jobs)
         responses: list[Any] = []
         for call, (job, pos) in zip(sample.calls, slots, strict=True):
@@ -286,6 +307,14 @@ class LmEvalInferencer(Inferencer):
                 responses.append(answers[job][0])
         return {"id": sample.id, "gold": sample.gold, "calls": sample.calls, "responses": responses,
                 "prediction": responses}
+
+
+async def _checked_logliks(model: BaseModel, request: LoglikRequest, sample: Sample) -> list[float]:
+    return _logliks(await model.loglikelihood(request), len(request.continuations), sample)
+
+
+async def _checked_text(model: BaseModel, request: GenRequest, sample: Sample) -> str:
+    return _text(await model.generate(request), sample)
 
 
 INFERENCERS: dict[str, Inferencer] = {
