@@ -13,6 +13,7 @@ import abc
 import asyncio
 import dataclasses
 import math
+import numbers
 import string
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -41,7 +42,7 @@ def _logliks(answer: Any, count: int, sample: Sample) -> list[float]:
         n = len(answer) if isinstance(answer, (list, tuple)) else type(answer).__name__
         raise ValueError(f"sample {sample.id}: the model answered {n} log-likelihood(s) for {count} continuations")
     for value in answer:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value == math.inf:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or value == math.inf:
             raise ValueError(f"sample {sample.id}: the model answered log-likelihood {value!r}, not a number "
                              "below infinity")
     return [float(v) for v in answer]

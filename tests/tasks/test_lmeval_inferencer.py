@@ -10,6 +10,7 @@ import math
 import re
 from typing import Any
 
+import numpy
 import pytest
 
 from orchestra.inferencers import INFERENCERS
@@ -78,6 +79,8 @@ class Bent(DeterministicModel):
             return [o[:-1] for o in out]
         if self.bend == "nan":
             return [[math.nan for _ in o] for o in out]
+        if self.bend == "numpy":  # a user's model may hand back numpy's floats: numbers all the same
+            return [[numpy.float32(v) for v in o] for o in out]
         return out
 
     def generate_batch(self, requests: list[GenRequest]) -> list[str]:
@@ -93,3 +96,9 @@ def test_an_answer_of_the_wrong_shape_is_the_samples_error(bend: str, says: str)
     with pytest.raises(ValueError) as err:  # the first of the document's requests to fail
         run(Bent(bend, abbr="det"), CALLS)
     assert re.fullmatch(says, str(err.value)), str(err.value)
+
+
+def test_numpy_floats_are_log_likelihoods_too() -> None:
+    record = run(Bent("numpy", abbr="det"), CALLS)
+    assert record["responses"] == [[0.0, False], [-3.0, False], -9.0, "5", [-4.0, False]]
+    assert all(type(r[0]) is float for r in record["responses"] if isinstance(r, list))
