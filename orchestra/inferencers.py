@@ -12,6 +12,9 @@ from __future__ import annotations
 import abc
 import asyncio
 import dataclasses
+import math
+import numbers
+import string
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from orchestra.errors import ConfigError
@@ -23,6 +26,36 @@ if TYPE_CHECKING:
 
 def _serializable_prompt(prompt: Any) -> Any:
     return prompt if isinstance(prompt, (str, list)) else str(prompt)
+
+
+def _text(answer: Any, sample: Sample) -> str:
+    """A generation as recorded: text, or ``ValueError`` (the sample fails, nothing wrong is recorded)."""
+    if not isinstance(answer, str):
+        raise ValueError(f"sample {sample.id}: the model answered {type(answer).__name__}, not text")
+    return answer
+
+
+def _logliks(answer: Any, count: int, sample: Sample) -> list[float]:
+    """One log-likelihood per continuation, each a real number (``-inf`` included: a continuation
+    the model rules out), or ``ValueError``: a short list or a NaN would pick a wrong best choice."""
+    if not isinstance(answer, (list, tuple)) or len(answer) != count:
+        n = len(answer) if isinstance(answer, (list, tuple)) else type(answer).__name__
+        raise ValueError(f"sample {sample.id}: the model answered {n} log-likelihood(s) for {count} continuations")
+    for value in answer:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value) or value == math.inf:
+            raise ValueError(f"sample {sample.id}: the model answered log-likelihood {value!r}, not a number "
+                             "below infinity")
+    return [float(v) for v in answer]
+
+
+#: what a list column that holds text most likely needs (a CSV cell is text unless typed)
+CSV_HINT = " (a CSV column: column_types=dict({column}='json') reads a cell such as [\"A\", \"B\"] as a list)"
+
+
+def _shown(value: Any) -> str:
+    """A row's value in an error line: its type and the start of its repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text[:60]}{'...' if len(text) > 60 else ''}"
 
 
 class Inferencer(abc.ABC):
@@ -89,44 +122,83 @@ class GenInferencer(Inferencer):
             raise ValueError(f"sample {sample.id}: kind 'gen' without a request")
         prediction: str | list[str]
         if sample.num_samples == 1:
-            prediction = await model.generate(sample.gen)
+            prediction = _text(await model.generate(sample.gen), sample)
         else:
             req = sample.gen
             reqs = [req if req.seed is None else dataclasses.replace(req, seed=req.seed + i)
                     for i in range(sample.num_samples)]
-            prediction = list(await asyncio.gather(*(model.generate(r) for r in reqs)))
+            prediction = [_text(a, sample) for a in await asyncio.gather(*(model.generate(r) for r in reqs))]
         return {"id": sample.id, "prompt": _serializable_prompt(sample.gen.prompt), "prediction": prediction,
                 "gold": sample.gold}
 
 
+def _named_fields(template: str) -> set[str]:
+    """The columns a ``str.format`` template names (``{tag}``, ``{tag.x}``, ``{tag[0]}`` name ``tag``);
+    ``ValueError`` for a broken template or a positional field (``{}``, ``{0}``)."""
+    names: set[str] = set()
+    for _, field, _, _ in string.Formatter().parse(template):
+        if field is None:
+            continue
+        name = field.split(".")[0].split("[")[0]
+        if not name or name.isdigit():
+            raise ValueError(f"positional field {{{field}}}: name a column or {{choice}}")
+        names.add(name)
+    return names
+
+
 class LoglikInferencer(Inferencer):
-    """Score every choice of a row as a continuation of its prompt; the prediction is the best."""
+    """Score every choice of a row as a continuation of its prompt; the prediction is the best.
+
+    ``continuation_template`` (default ``' {choice}'``) makes each continuation from the choice
+    and the row's columns; ``{choice}`` is the choice even where the row has a column of that name.
+    The columns it names are checked with the data before anything runs."""
 
     name = "loglik"
     keys = frozenset({"type", "choices_column", "choices", "continuation_template"})
+    default_template = " {choice}"
 
     def check(self, cfg: dict[str, Any], where: str) -> None:
         super().check(cfg, where)
         if not cfg.get("choices_column") and not cfg.get("choices"):
             raise ConfigError(f"{where}: loglik needs choices_column (a column) or choices (a list)")
+        if not cfg.get("choices_column") and not isinstance(cfg["choices"], (list, tuple)):
+            raise ConfigError(f"{where}.choices: expected a list such as ['A', 'B'], got {cfg['choices']!r}")
+        template = cfg.get("continuation_template", self.default_template)
+        if not isinstance(template, str):
+            raise ConfigError(f"{where}.continuation_template: expected a string such as ' {{choice}}', "
+                              f"got {template!r}")
+        try:
+            _named_fields(template)
+        except ValueError as exc:
+            raise ConfigError(f"{where}.continuation_template: {template!r}: {exc} "
+                              "(write {{ and }} for a brace)") from None
 
     def columns(self, cfg: dict[str, Any]) -> list[str]:
-        return [cfg["choices_column"]] if cfg.get("choices_column") else []
+        named = [cfg["choices_column"]] if cfg.get("choices_column") else []
+        try:
+            fields = _named_fields(str(cfg.get("continuation_template", self.default_template)))
+        except ValueError:  # check() reports it
+            fields = set()
+        return named + sorted(fields - {"choice", *named})
 
     def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
               where: str) -> Sample:
-        choices = row[cfg["choices_column"]] if cfg.get("choices_column") else cfg.get("choices")
+        column = cfg.get("choices_column")
+        choices = row[column] if column else cfg.get("choices")
+        if not isinstance(choices, (list, tuple)):  # a text would be scored letter by letter
+            raise ConfigError(f"{where}: row {idx}: column {column!r} holds {_shown(choices)}, not a list of choices"
+                              f"{CSV_HINT.format(column=column) if isinstance(choices, str) else ''}")
         if not choices:
-            raise ConfigError(f"{where}: inferencer loglik needs choices_column or choices")
-        template = cfg.get("continuation_template", " {choice}")
-        continuations = tuple(template.format(choice=c, **row) for c in choices)
+            raise ConfigError(f"{where}: row {idx}: column {column!r} holds no choices")
+        template = cfg.get("continuation_template", self.default_template)
+        continuations = tuple(template.format_map({**row, "choice": c}) for c in choices)
         return Sample(id=idx, kind=self.name, gold=gold, choices=tuple(str(c) for c in choices),
                       loglik=LoglikRequest(context=prompt, continuations=continuations))
 
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
         if sample.loglik is None:
             raise ValueError(f"sample {sample.id}: kind 'loglik' without a request")
-        lls = await model.loglikelihood(sample.loglik)
+        lls = _logliks(await model.loglikelihood(sample.loglik), len(sample.loglik.continuations), sample)
         best = max(range(len(lls)), key=lls.__getitem__)
         return {"id": sample.id, "prompt": _serializable_prompt(sample.loglik.context),
                 "continuations": list(sample.loglik.continuations), "choices": list(sample.choices), "logliks": lls,
@@ -150,7 +222,12 @@ class ChatInferencer(Inferencer):
 
     def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
               where: str) -> Sample:
-        turns = [str(t) for t in row[cfg["turns_column"]]]
+        column = cfg["turns_column"]
+        turns = row[column]
+        if not isinstance(turns, (list, tuple)):  # a text would be sent letter by letter
+            raise ConfigError(f"{where}: row {idx}: column {column!r} holds {_shown(turns)}, not a list of user turns"
+                              f"{CSV_HINT.format(column=column) if isinstance(turns, str) else ''}")
+        turns = [str(t) for t in turns]
         return Sample(id=idx, kind=self.name, gold=gold, turns=turns, chat_template=_gen_settings(cfg, ""))
 
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
@@ -161,7 +238,7 @@ class ChatInferencer(Inferencer):
             messages.append({"role": "user", "content": turn})
             req = GenRequest(prompt=list(messages), max_out_len=settings.max_out_len, stop=settings.stop,
                              temperature=settings.temperature, top_p=settings.top_p, seed=settings.seed)
-            reply = await model.generate(req)
+            reply = _text(await model.generate(req), sample)
             messages.append({"role": "assistant", "content": reply})
             replies.append(reply)
         return {"id": sample.id, "turns": sample.turns, "prediction": replies, "gold": sample.gold}
@@ -176,6 +253,11 @@ class LmEvalInferencer(Inferencer):
 
     name = "lmeval"
     keys = frozenset({"type"})
+
+    def check(self, cfg: dict[str, Any], where: str) -> None:
+        others = ", ".join(k for k in INFERENCERS if k != self.name)
+        raise ConfigError(f"{where}.type: 'lmeval' is LmEvalDataset's own kind (it builds lm-eval's requests "
+                          f"itself, with no infer_cfg.inferencer); valid here: {others}")
 
     def build(self, cfg: dict[str, Any], idx: int, row: dict[str, Any], prompt: Prompt, gold: Any,
               where: str) -> Sample:
@@ -204,17 +286,17 @@ class LmEvalInferencer(Inferencer):
                 slots.append((-1, 0))
             elif kind == "loglikelihood_rolling":
                 slots.append((len(jobs), 0))
-                jobs.append(model.loglikelihood(LoglikRequest(context="", continuations=(args[0],))))
+                jobs.append(_checked_logliks(model, LoglikRequest(context="", continuations=(args[0],)), sample))
             elif kind == "generate_until":
                 slots.append((len(jobs), -1))
-                jobs.append(model.generate(self._gen(args)))
+                jobs.append(_checked_text(model, self._gen(args), sample))
             else:
                 raise ValueError(f"sample {sample.id}: lm-eval request type {kind!r} is not supported")
         for ctx, members in contexts.items():
             conts = tuple(sample.calls[i]["args"][1] for i in members)
             for pos, i in enumerate(members):
                 slots[i] = (len(jobs), pos)
-            jobs.append(model.loglikelihood(LoglikRequest(context=ctx, continuations=conts)))
+            jobs.append(_checked_logliks(model, LoglikRequest(context=ctx, continuations=conts), sample))
         answers = await asyncio.gather(*jobs)
         responses: list[Any] = []
         for call, (job, pos) in zip(sample.calls, slots, strict=True):
@@ -226,6 +308,14 @@ class LmEvalInferencer(Inferencer):
                 responses.append(answers[job][0])
         return {"id": sample.id, "gold": sample.gold, "calls": sample.calls, "responses": responses,
                 "prediction": responses}
+
+
+async def _checked_logliks(model: BaseModel, request: LoglikRequest, sample: Sample) -> list[float]:
+    return _logliks(await model.loglikelihood(request), len(request.continuations), sample)
+
+
+async def _checked_text(model: BaseModel, request: GenRequest, sample: Sample) -> str:
+    return _text(await model.generate(request), sample)
 
 
 INFERENCERS: dict[str, Inferencer] = {

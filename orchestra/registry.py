@@ -34,11 +34,18 @@ class Registry:
     def resolve(self, spec: Any, where: str) -> type:
         """Return the class ``spec`` names; a ``ConfigError`` naming ``where`` if there is none."""
         if isinstance(spec, type):
+            if _unimportable(dotted_name(spec)) or import_dotted(dotted_name(spec)) is not spec:
+                raise ConfigError(f"{where}: {self.kind} type {dotted_name(spec)!r} {NOT_BY_NAME}")
             return spec
         if not isinstance(spec, str) or not spec:
             raise ConfigError(f"{where}: type must be a class or a name, got {spec!r}")
         target = self._entries.get(spec, spec)
-        cls = import_dotted(target)
+        if _unimportable(target):
+            raise ConfigError(f"{where}: {self.kind} type {spec!r} {NOT_BY_NAME}")
+        try:
+            cls = import_dotted(target)
+        except ImportError as exc:  # the module exists, but something it imports is not installed
+            raise ConfigError(f"{where}: {self.kind} type {spec!r} cannot be imported: {exc}") from None
         if cls is None or not isinstance(cls, type):
             raise ConfigError(
                 f"{where}: unknown {self.kind} type {spec!r}; valid: {', '.join(self.names())} "
@@ -54,28 +61,42 @@ class Registry:
         return cls
 
 
+#: why a class of the script being run (``__main__``) or of a function's body cannot be a ``type``
+NOT_BY_NAME = ("cannot be imported by the task processes, which import a type by its name (a class defined in the "
+               "script being run or inside a function); define it in a module on PYTHONPATH and import it from there")
+
+
+def _unimportable(path: str) -> bool:
+    """Whether a dotted path names a class no other process can import: one of the script being
+    run (``__main__``: another process's ``__main__`` is another script) or of a function's body."""
+    return path.startswith("__main__.") or path.startswith("__main__:") or "<locals>" in path
+
+
 def import_dotted(path: str) -> Any:
-    """Import ``'pkg.mod.Name'`` or ``'pkg.mod:Name'``; ``None`` if it does not exist."""
+    """Import ``'pkg.mod.Name'``, ``'pkg.mod.Outer.Inner'`` (a nested class: the longest prefix
+    that is a module is imported) or ``'pkg.mod:Name'``; ``None`` if it does not exist."""
     if ":" in path:
         mod_name, _, attr = path.partition(":")
+        splits = [(mod_name, attr)] if mod_name else []
     else:
-        mod_name, _, attr = path.rpartition(".")
-    if not mod_name:
-        return None
-    try:
-        module = importlib.import_module(mod_name)
-    except ModuleNotFoundError as exc:
-        # Only "the named module does not exist" means unknown; a missing dependency of an
-        # existing module is a real error and must surface.
-        if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
-            return None
-        raise
-    obj: Any = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
+        parts = path.split(".")
+        splits = [(".".join(parts[:i]), ".".join(parts[i:])) for i in range(len(parts) - 1, 0, -1)]
+    for mod_name, attr in splits:
+        try:
+            module = importlib.import_module(mod_name)
+        except ModuleNotFoundError as exc:
+            # Only "the named module does not exist" means "try a shorter one"; a missing
+            # dependency of an existing module is a real error and must surface.
+            if exc.name and (mod_name == exc.name or mod_name.startswith(exc.name + ".")):
+                continue
+            raise
+        obj: Any = module
+        for part in attr.split("."):
+            obj = getattr(obj, part, None)
+            if obj is None:
+                return None
+        return obj
+    return None
 
 
 def dotted_name(cls: type) -> str:

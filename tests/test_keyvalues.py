@@ -118,3 +118,14 @@ def test_dict_with_double_star_is_refused_not_dropped(tmp_path: Path, value: str
     path.write_text(f"x = {value}\n")
     with pytest.raises(ValueError, match=r"s.cfg:1: the value of 'x' is not a plain value"):
         read_key_values(str(path), "aliyun config")
+
+
+@pytest.mark.parametrize("value", ["-" * 100_000 + "1", "1+" * 100_000 + "1"])
+def test_an_expression_too_deep_for_the_parser_is_one_line(tmp_path: Path, value: str) -> None:
+    """Brackets stop at the tokenizer's limit (a syntax error); a long chain of operators reaches
+    the parser's recursion limit instead, which ``ast.parse`` raises as RecursionError."""
+    path = tmp_path / "deep.cfg"
+    path.write_text(f"x = {value}\n")
+    with pytest.raises(ValueError) as info:
+        read_key_values(str(path), "aliyun config")
+    assert str(info.value) == f"{path}: nested too deeply to read"

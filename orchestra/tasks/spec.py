@@ -15,7 +15,7 @@ import json
 import os
 import pprint
 import threading
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from orchestra.fileio import read_sealed_jsonl
@@ -118,12 +118,65 @@ class TaskSpec:
 
     @classmethod
     def load(cls, path: str) -> TaskSpec:
+        """The spec in the file at ``path``; ``ValueError`` (one line, without the path: callers name
+        it) for a file that is not one, whatever it holds: the run folder's files may have been
+        edited since they were written."""
         with open(path, encoding="utf-8") as f:
             text = f.read()
         _, sep, literal = text.partition("SPEC = ")
         if not sep:
-            raise ValueError(f"{path}: not an orchestra task spec (no 'SPEC = ')")
-        return cls.from_dict(ast.literal_eval(literal))
+            raise ValueError("not an orchestra task spec (no 'SPEC = ')")
+        try:
+            data = ast.literal_eval(literal)
+        except (RecursionError, MemoryError):
+            raise ValueError("nested too deeply to read") from None
+        problem = _shape_problem(data)
+        if problem:
+            raise ValueError(f"not an orchestra task spec ({problem})")
+        return cls.from_dict(data)
+
+
+#: the type every field of a spec file must have (``bool`` is refused where a number is meant)
+_SPEC_TYPES: dict[str, tuple[type, ...]] = {
+    "stage": (str,), "task_id": (str,), "run_dir": (str,), "model": (dict,), "model_abbr": (str,),
+    "units": (list, tuple), "task_cfg": (dict,), "num_gpus": (int,), "num_procs": (int,), "worker_key": (str,)}
+_UNIT_TYPES: dict[str, tuple[type, ...]] = {
+    "dataset": (dict,), "dataset_abbr": (str,), "start": (int,), "end": (int,), "shard": (int, type(None)),
+    "num_shards": (int,), "output": (str,), "hash": (str,), "cost": (int, float), "inputs": (list, tuple)}
+STAGES = ("infer", "eval")
+
+
+def _fields_problem(data: Any, cls: type, types: dict[str, tuple[type, ...]], where: str) -> str | None:
+    """What keeps ``data`` from being the fields of ``cls``, or None."""
+    if not isinstance(data, dict):
+        return f"{where}: expected a dict, got {type(data).__name__}"
+    required = [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    unknown = sorted(str(k) for k in data if k not in types)
+    missing = [k for k in required if k not in data]
+    if unknown or missing:
+        return f"{where}: " + "; ".join([*(f"unknown field {k!r}" for k in unknown[:1]),
+                                         *(f"missing field {k!r}" for k in missing[:1])])
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, types[key]):
+            return f"{where}.{key}: {type(value).__name__} is not {' or '.join(t.__name__ for t in types[key])}"
+    return None
+
+
+def _shape_problem(data: Any) -> str | None:
+    """Why ``data`` is not a task spec's dict (fields, their types, stage, units), or None."""
+    problem = _fields_problem(data, TaskSpec, _SPEC_TYPES, "SPEC")
+    if problem:
+        return problem
+    if data["stage"] not in STAGES:
+        return f"SPEC.stage: {data['stage']!r} is not one of {', '.join(STAGES)}"
+    for i, unit in enumerate(data["units"]):
+        problem = _fields_problem(unit, Unit, _UNIT_TYPES, f"SPEC.units[{i}]")
+        if problem:
+            return problem
+        for inp in unit.get("inputs", ()):
+            if not (isinstance(inp, (list, tuple)) and len(inp) == 2 and all(isinstance(x, str) for x in inp)):
+                return f"SPEC.units[{i}].inputs: {inp!r} is not a (prediction file, hash) pair"
+    return None
 
 
 def output_hash(path: str) -> str | None:

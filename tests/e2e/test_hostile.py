@@ -42,6 +42,24 @@ def test_truncated_prediction_file_is_redone_and_scored(tmp_path: Path) -> None:
     assert json.loads((run / "results/det/arith.json").read_text())["metrics"]["numeric_match"] == 1.0
 
 
+def test_damaged_results_files_are_scored_again_and_nothing_else_runs(tmp_path: Path) -> None:
+    """A results file carries its hash in a JSON document; one cut short, one that is JSON but no
+    document with keys, and one that is not text at all carry none, so -r scores them again
+    (without running inference again) and the table shows the scores."""
+    cfg = write_config(tmp_path)
+    assert orchestra(cfg).returncode == 0
+    (run,) = run_dirs(tmp_path)
+    for damage in (lambda b: b[: len(b) // 2], lambda b: b"[1, 2]\n", lambda b: b"\xff\xfe" + b):
+        for name in ("arith", "pick"):
+            path = run / "results" / "det" / f"{name}.json"
+            path.write_bytes(damage(path.read_bytes()))
+        res = orchestra(cfg, "-r")
+        assert res.returncode == 0, res.stderr
+        assert sorted(started_since_last_run(run)) == ["eval_det_arith", "eval_det_pick"]
+        assert json.loads((run / "results/det/arith.json").read_text())["metrics"]["numeric_match"] == 1.0
+        assert json.loads((run / "results/det/pick.json").read_text())["metrics"]["accuracy"] == 1.0
+
+
 # -- 2. a torn line in events.jsonl ----------------------------------------------------------------
 
 
