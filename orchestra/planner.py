@@ -98,7 +98,7 @@ def _dataset_plans(infos: list[DatasetInfo], infer: BasePartitioner) -> list[_Da
         eval_cfg = info.cfg.get("eval_cfg") or {}
         needs = evaluator_resources(eval_cfg)
         out.append(_DatasetPlan(info, _json(dataset_key(info)), infer.split(info), infer.row_cost(info),
-                                _json(evaluator_identity(info.cfg.get("eval_cfg", {}))),
+                                _json(evaluator_identity(info.cfg.get("eval_cfg") or {})),
                                 {k: needs[k] for k in ("num_gpus", "num_procs")}, safe_name(info.abbr)))
     return out
 

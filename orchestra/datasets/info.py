@@ -52,7 +52,8 @@ def _count(rows: list[dict[str, Any]], inf: dict[str, Any]) -> dict[str, Any]:
     if inf.get("type") == "loglik":
         col = inf.get("choices_column")
         if col and rows and col in rows[0]:
-            choices = sum(len(r[col]) for r in rows) / len(rows)
+            # an estimate of cost: a cell that is not a list counts one (its task says what is wrong)
+            choices = sum(len(r[col]) if isinstance(r[col], (list, tuple)) else 1 for r in rows) / len(rows)
         else:
             choices = float(len(inf.get("choices") or [])) or 1.0
     # Columns every row has; a column some row lacks is remembered with that row, so a

@@ -149,7 +149,7 @@ def run_task(spec: TaskSpec) -> None:
     paths = RunPaths(spec.run_dir)
     for unit in spec.units:
         records = _load_records(spec, unit)
-        evaluator_cfg = unit.dataset.get("eval_cfg", {}).get("evaluator", "accuracy")
+        evaluator_cfg = (unit.dataset.get("eval_cfg") or {}).get("evaluator", "accuracy")
         evaluator = build_evaluator(evaluator_cfg)
         extra: dict[str, Any] = {}
         own = _own_score(unit, records)

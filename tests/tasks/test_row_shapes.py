@@ -11,6 +11,7 @@ naming the row and the column (and the ``column_types`` fix for a CSV).
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from tests.tasks.test_eval_heavy import only_run, orchestra, write_jsonl
@@ -113,3 +114,36 @@ def test_a_row_without_choices_fails_in_one_line(tmp_path: Path) -> None:
     assert res.returncode == 1, res.stdout + res.stderr
     line = task_failure(res, only_run(tmp_path), "infer_det_pick.log")
     assert "dataset pick: row 2: column 'choices' holds no choices" in line, line
+
+
+def test_a_choices_cell_that_is_a_number_fails_its_task_in_one_line_not_the_plan(tmp_path: Path) -> None:
+    """Planning estimates each row's cost from its choices: a number there was a TypeError
+    traceback before any task ran; now the task says what is wrong with the row."""
+    rows = [{"q": f"w{i}", "choices": 7 if i == 1 else ["x", f"w{i}"], "label": 1} for i in range(3)]
+    own_cache = {**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}  # sizes counted afresh
+    res = orchestra(loglik_config(tmp_path, rows, None), env=own_cache)
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stdout + res.stderr
+    line = task_failure(res, only_run(tmp_path), "infer_det_pick.log")
+    assert "dataset pick: row 1: column 'choices' holds int" in line, line
+
+
+def test_eval_cfg_none_scores_with_the_default_evaluator(tmp_path: Path) -> None:
+    """``eval_cfg=None`` is the dataset classes' own default; written out in a config it was an
+    AttributeError traceback at planning."""
+    data = write_jsonl(tmp_path / "rows.jsonl", [{"q": "w0", "answer": "w0"}])
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(f"""
+from orchestra.datasets import JsonlDataset
+from orchestra.models import DeterministicModel
+
+models = [dict(type=DeterministicModel, abbr='det')]
+datasets = [dict(type=JsonlDataset, abbr='rows', path={str(data)!r},
+                 reader_cfg=dict(input_columns=['q'], output_column='answer'),
+                 infer_cfg=dict(prompt_template='{{q}}', inferencer=dict(type='gen', max_out_len=8)),
+                 eval_cfg=None)]
+work_dir = {str(tmp_path / 'out')!r}
+""")
+    res = orchestra(cfg)
+    assert res.returncode == 0, res.stdout + res.stderr
+    metrics = json.loads((only_run(tmp_path) / "results" / "det" / "rows.json").read_text())["metrics"]
+    assert set(metrics) >= {"accuracy"}, metrics
