@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -114,20 +115,35 @@ def read_jsonl(path: str) -> list[Any]:
     return out
 
 
-def append_line(path: str, line: bytes) -> None:
-    """Append one whole line with a single ``write`` (lines of several processes never mix).
+def append_line(path: str, line: bytes, *, sync: bool = False, mode: int = 0o666) -> None:
+    """Append one whole line with a single ``write`` (lines of several processes never mix);
+    ``sync``: fsync it before returning.  ``mode``: of a new file, before the umask.
 
     If the file does not end with a newline (an earlier append was torn), a newline goes
-    first, so the torn bytes stay alone on their line instead of spoiling this one.
+    first, so the torn bytes stay alone on their line instead of spoiling this one.  A write
+    the disk cuts short raises ``OSError`` naming the file (see :func:`write_whole`).
     """
-    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)  # the umask decides
+    fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, mode)
     try:
         size = os.fstat(fd).st_size
         if size and os.pread(fd, 1, size - 1) != b"\n":
             line = b"\n" + line
-        os.write(fd, line)
+        write_whole(fd, line, path)
+        if sync:
+            os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def write_whole(fd: int, data: bytes, path: str) -> None:
+    """One ``write`` of ``data``; a short one (a full disk, a file size limit: the error itself
+    comes only with the next write) raises ``OSError`` naming ``path``, so that a caller never
+    takes a torn line for a recorded one.  The rest is not written after it: another process's
+    line may already follow."""
+    written = os.write(fd, data)
+    if written != len(data):
+        raise OSError(errno.ENOSPC, f"only {written} of {len(data)} bytes written (disk full or file size "
+                      "limit reached)", path)
 
 
 def write_sealed_jsonl(path: str, meta: dict[str, Any], records: Iterable[Any]) -> None:

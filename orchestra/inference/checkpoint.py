@@ -29,7 +29,7 @@ import threading
 from typing import Any
 
 from orchestra.errors import TaskFailedError
-from orchestra.fileio import encodable, write_sealed_jsonl
+from orchestra.fileio import encodable, write_sealed_jsonl, write_whole
 
 
 class _Syncer:
@@ -169,7 +169,7 @@ class Checkpoint:
         except UnicodeEncodeError:  # a lone surrogate from a model or a row: U+FFFD, not a lost task
             record = encodable(record)
             line = (json.dumps(record, ensure_ascii=False) + "\n").encode("utf-8")
-        os.write(fd, line)
+        write_whole(fd, line, self.path)  # a torn line raises: the sample is not taken as recorded
         self.records[int(record["id"])] = record
         if self.fsync_interval_s <= 0:
             os.fdatasync(fd)

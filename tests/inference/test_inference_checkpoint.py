@@ -134,3 +134,34 @@ def test_lines_that_are_json_but_not_records_are_skipped_not_fatal(tmp_path: Any
     listed = tmp_path / "r.ckpt"
     listed.write_text('["_meta"]\n{"id": 0, "prediction": "a"}\n')
     assert Checkpoint(str(listed), "h").done_ids() == set()
+
+
+def test_a_sample_line_the_disk_tears_is_an_error_not_a_recorded_sample(tmp_path: Any) -> None:
+    """A full disk cuts a checkpoint line short without an error: the sample was counted as
+    safe and the next line was appended after the torn bytes.  Now the append raises naming the
+    file; the next open drops the torn tail, so the samples before it are kept."""
+    import subprocess
+    import sys
+
+    path = tmp_path / "ck.jsonl"
+    script = (
+        "import os, resource, sys\n"
+        "from orchestra.inference.checkpoint import Checkpoint\n"
+        "ck = Checkpoint(sys.argv[1], 'h', fsync_interval_s=0)\n"
+        "ck.append({'id': 0, 'prediction': 'kept'})\n"
+        "room = os.path.getsize(sys.argv[1]) + 10\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (room, room))\n"
+        "try:\n"
+        "    ck.append({'id': 1, 'prediction': 'x' * 100})\n"
+        "except OSError as exc:\n"
+        "    print('refused:', exc, sorted(ck.records))\n"
+        "else:\n"
+        "    print('taken as recorded', sorted(ck.records))\n"
+    )
+    res = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("refused:") and str(path) in res.stdout and res.stdout.rstrip().endswith("[0]")
+    again = Checkpoint(str(path), "h")
+    again.append({"id": 2, "prediction": "after"})
+    again.close()
+    assert sorted(Checkpoint(str(path), "h").records) == [0, 2]

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestra.fileio import read_jsonl, stable_hash
+from orchestra.fileio import append_line, read_jsonl, stable_hash
 from orchestra.tasks.spec import TaskSpec
 
 #: states after which a job needs nothing more from anyone
@@ -73,13 +73,8 @@ class Ledger:
         """Append ``{ts, state, name, ...}`` and fsync it before returning."""
         line = json.dumps({"ts": round(time.time(), 3), "state": state, "name": name, **fields},
                           ensure_ascii=False, default=str) + "\n"
-        with self._lock:
-            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-            try:
-                os.write(fd, line.encode("utf-8"))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        with self._lock:  # a torn earlier line (a full disk) never spoils this one; a torn one raises
+            append_line(self.path, line.encode("utf-8"), sync=True, mode=0o644)
 
     def record_anyway(self, state: str, name: str, what: str, **fields: Any) -> None:
         """``record``, for a line that must not hold up what follows it (a stop goes out even when

@@ -40,3 +40,38 @@ def test_triage_adopts_the_latest_alive_job_of_the_same_spec_and_stops_the_rest(
     assert [r.name for r in adopt] == ["a2"]  # one per task, its latest attempt
     # an older attempt, another spec, no answer, a job being stopped: each is stopped
     assert sorted(r.name for r in stop) == ["a1", "b1", "d1", "e1", "f1"]
+
+
+FULL_DISK_WRITER = """
+import os, resource, sys
+from orchestra.runners.core.ledger import Ledger
+ledger = Ledger(sys.argv[1])
+ledger.record("submitted", "job-a", job_id="1")
+room = os.path.getsize(ledger.path) + 20  # the next line is torn 20 bytes in, as on a full disk
+resource.setrlimit(resource.RLIMIT_FSIZE, (room, room))
+try:
+    ledger.record("submitting", "job-b", task_id="t" * 60, stage="infer")
+except OSError as exc:
+    print("refused:", exc)
+else:
+    print("taken as recorded")
+"""
+
+
+def test_a_line_the_disk_tears_raises_and_never_spoils_the_next_record(tmp_path: Path) -> None:
+    """A full disk cuts a ledger line short without an error (the error comes with the next
+    write): the record was taken as made, so the job it guards was submitted unrecorded, and the
+    next line, appended after the torn bytes, was lost too (after a SIGKILL, ``-r`` knew
+    neither job).  Now the torn record raises, and the next one is a line of its own."""
+    import subprocess
+    import sys
+
+    folder = tmp_path / "slurm"
+    res = subprocess.run([sys.executable, "-c", FULL_DISK_WRITER, str(folder)], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.startswith("refused:") and str(folder / "jobs.jsonl") in res.stdout, res.stdout
+    ledger = Ledger(str(folder))  # the disk has room again
+    ledger.record("submitted", "job-c", job_id="3")
+    jobs = ledger.jobs()
+    assert jobs["job-a"].job_id == "1" and jobs["job-c"].job_id == "3" and "job-b" not in jobs
