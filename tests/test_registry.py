@@ -9,6 +9,7 @@ import sys
 from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,22 +80,28 @@ def test_a_name_is_registered_once() -> None:
         reg.register("A", "collections.Counter")
 
 
-def test_the_cli_says_in_one_line_which_dependency_of_a_users_model_is_missing(tmp_path: Path) -> None:
-    (tmp_path / "regtest_user_model.py").write_text(
-        "import regtest_missing_dependency\nfrom orchestra.models.fake import DeterministicModel\n\n\n"
-        "class Model(DeterministicModel):\n    pass\n")
+def run_users_model(tmp_path: Path, module: str, source: str, cls: str) -> tuple[Path, Any]:
+    """Run the CLI on a config whose model is ``<module>.<cls>`` from the user's own module
+    (``source``, importable from ``tmp_path``), over two rows; the config path and the result."""
+    (tmp_path / f"{module}.py").write_text(source)
     data = tmp_path / "d.jsonl"
-    data.write_text('{"q": "What is 1 + 1?", "a": "2"}\n')
+    data.write_text('{"q": "What is 1 + 1?", "a": "2"}\n{"q": "What is 2 + 5?", "a": "7"}\n')
     cfg = tmp_path / "cfg.py"
     cfg.write_text(f"""
-models = [dict(type='regtest_user_model.Model', abbr='m')]
+models = [dict(type='{module}.{cls}', abbr='m')]
 datasets = [dict(type='JsonlDataset', abbr='d', path={str(data)!r}, reader_cfg=dict(input_columns=['q'],
                  output_column='a'), infer_cfg=dict(prompt_template='{{q}}'), eval_cfg=dict(evaluator='numeric_match'))]
 work_dir = {str(tmp_path / 'out')!r}
 """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "run.py", str(cfg)], cwd=REPO, capture_output=True, text=True,
-                         timeout=120, env=env)
+    return cfg, subprocess.run([sys.executable, "run.py", str(cfg)], cwd=REPO, capture_output=True, text=True,
+                               timeout=120, env=env)
+
+
+def test_the_cli_says_in_one_line_which_dependency_of_a_users_model_is_missing(tmp_path: Path) -> None:
+    cfg, res = run_users_model(tmp_path, "regtest_user_model", "import regtest_missing_dependency\n"
+                               "from orchestra.models.fake import DeterministicModel\n\n\n"
+                               "class Model(DeterministicModel):\n    pass\n", "Model")
     assert res.returncode == 2, res.stdout + res.stderr
     assert res.stderr.strip().splitlines() == [
         f"orchestra: error: {cfg}: models[0]: model type 'regtest_user_model.Model' cannot be imported: "
@@ -149,20 +156,7 @@ def test_a_class_of_the_script_being_run_is_refused_before_any_task_runs(tmp_pat
 def test_a_nested_class_of_a_users_module_runs_in_the_task_processes(tmp_path: Path) -> None:
     """A dotted path whose last two parts are classes: the task process imports the module and
     walks to the class (it used to look for a module ``regtest_nested.Outer`` and find none)."""
-    (tmp_path / "regtest_nested.py").write_text(
-        "from orchestra.models.fake import DeterministicModel\n\n\n"
-        "class Outer:\n    class Inner(DeterministicModel):\n        pass\n")
-    data = tmp_path / "d.jsonl"
-    data.write_text('{"q": "What is 1 + 1?", "a": "2"}\n{"q": "What is 2 + 5?", "a": "7"}\n')
-    cfg = tmp_path / "cfg.py"
-    cfg.write_text(f"""
-models = [dict(type='regtest_nested.Outer.Inner', abbr='m')]
-datasets = [dict(type='JsonlDataset', abbr='d', path={str(data)!r}, reader_cfg=dict(input_columns=['q'],
-                 output_column='a'), infer_cfg=dict(prompt_template='{{q}}'), eval_cfg=dict(evaluator='numeric_match'))]
-work_dir = {str(tmp_path / 'out')!r}
-""")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
-    res = subprocess.run([sys.executable, "run.py", str(cfg)], cwd=REPO, capture_output=True, text=True,
-                         timeout=120, env=env)
+    _, res = run_users_model(tmp_path, "regtest_nested", "from orchestra.models.fake import DeterministicModel\n\n\n"
+                             "class Outer:\n    class Inner(DeterministicModel):\n        pass\n", "Outer.Inner")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "d        numeric_match  1.0000" in res.stdout, res.stdout

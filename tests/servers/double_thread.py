@@ -7,6 +7,7 @@ class starts it, reads and changes that state on the server's loop, and stops it
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import dataclasses
 import threading
@@ -94,7 +95,7 @@ class DoubleThread:
         self.stop()
 
 
-class AppServer:
+class AppServer(abc.ABC):
     """Base of a test's own small server: a subclass adds its routes in :meth:`routes` and calls
     :meth:`serve` from its ``__init__`` (once its state is set); ``port``, ``base_url`` and
     :meth:`close` then work, the app running in a :class:`DoubleThread`."""
@@ -102,8 +103,9 @@ class AppServer:
     port: int
     base_url: str
 
+    @abc.abstractmethod
     def routes(self, app: web.Application) -> None:
-        raise NotImplementedError
+        """Add the server's routes to ``app`` (every subclass has its own)."""
 
     def serve(self, name: str) -> None:
         self.app = web.Application()
