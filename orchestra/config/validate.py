@@ -235,6 +235,18 @@ def _check_file_names(datasets: list[dict[str, Any]], source: str) -> None:
             )
 
 
+def _check_tolerance(infer: StageConfig, datasets: list[dict[str, Any]], source: str) -> None:
+    """``error_tolerance`` keeps failed samples for the eval task: each dataset must score them."""
+    tolerance = infer.task_cfg.get("error_tolerance", 0)
+    for i, d in enumerate(datasets if tolerance else ()):
+        cls = DATASETS.resolve(d["type"], f"{source}: datasets[{i}]")
+        if not getattr(cls, "scores_failed_samples", True):
+            raise ConfigError(
+                f"{source}: infer.runner.task.error_tolerance={tolerance!r}: datasets[{i}] ({d['abbr']!r}) is an "
+                f"{cls.__name__}, whose metrics cannot score a sample that failed in inference; use "
+                "error_tolerance=0 (the infer task's retry re-sends failed samples)")
+
+
 def _with_default_type(cfg: Any, default: dict[str, Any]) -> Any:
     """``cfg`` (a partitioner's or runner's dict) with the stage default's ``type`` when it names none."""
     if not cfg:
@@ -332,6 +344,7 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
     if not isinstance(work_dir, str) or not work_dir:
         raise ConfigError(f"{source}: work_dir must be a path string, got {work_dir!r}")
     stages = {name: _check_stage(name, raw.get(name), source) for name in ("infer", "eval")}
+    _check_tolerance(stages["infer"], datasets, source)
     abbrs = [d["abbr"] for d in datasets]
     for name, stage in stages.items():
         for abbr in getattr(stage.partitioner, "dataset_coef", {}):

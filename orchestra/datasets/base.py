@@ -86,6 +86,10 @@ class BaseDataset(abc.ABC):
         eval_cfg: ``evaluator`` (a name such as ``'accuracy'`` or a dict with ``type``).
     """
 
+    #: whether its scoring counts a sample that failed in inference (kept by ``InferTask``'s
+    #: ``error_tolerance``) as wrong; a dataset that cannot is a config error with a tolerance
+    scores_failed_samples = True
+
     def __init__(
         self,
         abbr: str,

@@ -66,6 +66,8 @@ class LmEvalDataset(BaseDataset):
             lm-eval's task defines prompts and scoring.
     """
 
+    scores_failed_samples = False  # lm-eval's metrics have no missing answer
+
     def __init__(
         self,
         abbr: str,

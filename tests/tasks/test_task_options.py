@@ -40,3 +40,21 @@ def test_a_chat_inferencer_without_its_turns_column_is_one_line(tmp_path: Path) 
     cfg.write_text(cfg.read_text().replace("inferencer=dict(type='gen', max_out_len=16)", "inferencer='chat'"))
     line = one_line_config_error(tmp_path, orchestra(cfg))
     assert line.endswith("datasets[0].infer_cfg.inferencer: chat needs turns_column (a column of user turns)"), line
+
+
+def test_error_tolerance_with_an_lmeval_dataset_is_one_line(tmp_path: Path) -> None:
+    """lm-eval's metrics cannot count a document without an answer: a sample kept as failed by
+    ``error_tolerance`` used to fail the eval task on every attempt, after the whole inference
+    had run.  It is a config error before anything runs; another dataset keeps the option."""
+    cfg = code_config(tmp_path, [{"question": "q", "tests": {}}])
+    stage = "infer = dict(runner=dict(type='LocalRunner', task=dict(type='InferTask', error_tolerance=0.05)))\n"
+    lmeval = ("datasets.append(dict(type='orchestra.datasets.LmEvalDataset', abbr='arc', task='arc_easy', "
+              "test_range='[0:4]'))\n")
+    cfg.write_text(cfg.read_text() + stage + lmeval)
+    line = one_line_config_error(tmp_path, orchestra(cfg, "--dry-run"))
+    assert line.endswith("cfg.py: infer.runner.task.error_tolerance=0.05: datasets[1] ('arc') is an "
+                         "LmEvalDataset, whose metrics cannot score a sample that failed in inference; "
+                         "use error_tolerance=0 (the infer task's retry re-sends failed samples)"), line
+    cfg.write_text(cfg.read_text().replace(lmeval, ""))
+    res = orchestra(cfg, "--dry-run")
+    assert res.returncode == 0, res.stdout + res.stderr
