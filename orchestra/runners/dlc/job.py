@@ -50,7 +50,8 @@ class DLCJob:
     next_check: float = 0.0  # monotonic: when a poll round next looks at it
     interval: float = 0.0
     exit_seen: bool = False  # the command's exit code file appeared: the job is ending, ask now
-    get_error_since: float | None = None
+    get_error_since: float | None = None  # monotonic: ``dlc get job`` has failed since
+    final_log_error_since: float | None = None  # monotonic: the read of its last log window has failed since
     cursor: LogCursor | None = None
     drain_at: float | None = None  # service clock: when the final log window is read again
     over: bool = False  # the service showed it over (or it was never created)

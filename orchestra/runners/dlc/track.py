@@ -27,6 +27,7 @@ from orchestra.runners.dlc.job import DLCJob, Timings, attempt_exit
 from orchestra.runners.dlc.logs import LogCursor, copy_final, copy_settled
 
 RESTOP_AFTER_S = 5.0
+FINAL_LOG_RETRY_S = 30.0  # the read of an ended job's last log window is tried again this long (lost_after_s if less)
 STOP_CONCURRENCY = 64  # stop (and confirm) calls in flight at once: a Ctrl-C on a big run ends fast
 _CONFIRM_POLL_S = 0.25
 
@@ -120,7 +121,15 @@ class Tracker:
         try:
             copy_final(cursor, self.client, h.job_id, info.pod_id, int(finished) + 2, lambda lines: self.log(h, lines))
         except DLCError as exc:
-            self.log(h, [f"===== dlc: could not read the job's log: {exc}"])
+            # The cursor did not move: the same window is read again at the next look, for a while
+            # (a transient failure of the log service must not cut the task's last lines off).
+            give_up_s = min(FINAL_LOG_RETRY_S, self.t.lost_after_s)
+            h.final_log_error_since = h.final_log_error_since or time.monotonic()
+            if time.monotonic() - h.final_log_error_since < give_up_s:
+                h.drain_at = h.drain_at or finished
+                h.next_check = time.monotonic() + min(self.t.poll_interval_s, 1.0)
+                return None
+            self.log(h, [f"===== dlc: could not read the job's log for {give_up_s:g} s: {exc}"])
         # No footer yet: lines may still be on their way into the log service.  Read again once
         # they have settled, and keep reading (each settle period, or each second) until the
         # footer shows or a second settle period has passed (a job killed before its footer).
