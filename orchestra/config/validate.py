@@ -20,7 +20,8 @@ from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
-TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep")
+# (``prices`` is taken out by orchestra.api before validation; it is here for the error message)
+TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep", "prices")
 STAGE_KEYS = ("partitioner", "runner")
 RUN_CFG_KEYS = ("num_gpus", "num_procs")
 # Keys of a dataset's sub-configs; a dataset class may widen them with class attributes of
