@@ -131,3 +131,32 @@ def test_the_judge_table_lists_exactly_judge_evaluator_s_arguments() -> None:
             break
         names.update(re.findall(r"`([A-Za-z_][A-Za-z_0-9]*)", line.split("|")[1]))
     assert names == _judge()
+
+
+def _signature_defaults(cls: type) -> dict[str, object]:
+    return {name: p.default for name, p in inspect.signature(cls.__init__).parameters.items()
+            if name != "self" and p.default is not inspect.Parameter.empty}
+
+
+@pytest.mark.parametrize("name", ["NaivePartitioner", "SizePartitioner", "NumWorkerPartitioner", "InferTask"])
+def test_the_user_guide_s_signatures_have_the_code_s_defaults(name: str) -> None:
+    """``SizePartitioner(max_task_size=40000, ...)`` in the user guide: every argument shown exists
+    with that default (``{}`` shown for a ``None`` that the class turns into an empty dict)."""
+    import ast
+
+    from orchestra.partitioners import NaivePartitioner, NumWorkerPartitioner, SizePartitioner
+    from orchestra.tasks import InferTask
+
+    cls = {c.__name__: c for c in (NaivePartitioner, SizePartitioner, NumWorkerPartitioner, InferTask)}[name]
+    text = (REPO / "docs/user-guide.md").read_text(encoding="utf-8")
+    shown = re.search(rf"`{name}\(([^`]*)\)`", text)
+    assert shown, f"docs/user-guide.md shows no `{name}(...)`"
+    call = ast.parse(f"f({shown.group(1)})", mode="eval").body
+    assert isinstance(call, ast.Call)
+    defaults = _signature_defaults(cls)
+    for kw in call.keywords:
+        assert kw.arg in defaults, f"{name}: the user guide shows {kw.arg!r}, which {name} does not take"
+        doc_value = ast.literal_eval(kw.value)
+        code_value = defaults[kw.arg]
+        assert doc_value == code_value or (doc_value == {} and code_value is None), \
+            f"{name}.{kw.arg}: the user guide says {doc_value!r}, the code {code_value!r}"
