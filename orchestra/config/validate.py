@@ -237,7 +237,7 @@ def _check_file_names(datasets: list[dict[str, Any]], source: str) -> None:
 
 
 def _with_default_type(cfg: Any, default: dict[str, Any]) -> Any:
-    """``cfg`` (a partitioner's or runner's dict) with the stage default's ``type`` when it names none."""
+    """``cfg`` (a partitioner's, runner's or task's dict) with the stage default's ``type`` when it names none."""
     if not cfg:
         return default
     if isinstance(cfg, dict) and "type" not in cfg:
@@ -267,7 +267,8 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     if not runner_cfg.get("type"):
         raise ConfigError(f"{where}.runner: missing required key 'type'; valid: {', '.join(RUNNERS.names())}")
     runner_cls = RUNNERS.resolve(runner_cfg.pop("type"), f"{where}.runner")
-    task_cfg = runner_cfg.pop("task", None) or DEFAULT_STAGES[name]["runner"]["task"]
+    # the same for the runner's task: ``infer.runner.task.max_samples=8`` is the stage's own task
+    task_cfg = _with_default_type(runner_cfg.pop("task", None), DEFAULT_STAGES[name]["runner"]["task"])
     if not isinstance(task_cfg, dict) or "type" not in task_cfg:
         raise ConfigError(f"{where}.runner.task: expected dict(type=InferTask|EvalTask), got {task_cfg!r}")
     task_cls = TASKS.resolve(task_cfg["type"], f"{where}.runner.task")
