@@ -206,20 +206,29 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
             check(ev, cfg, ev_where)
         if model_keys:
             resolved["eval_cfg"] = {**cfg["eval_cfg"], "evaluator": ev}
-    path = cfg.get("path")
-    if isinstance(path, str) and path and not os.path.isabs(path):
-        # Relative data paths: from where orchestra runs (as OpenCompass users expect), else
-        # from the config file's folder or a folder above it (so `configs/data/x.jsonl` is
-        # found from anywhere).  Made absolute once, so tasks never depend on a cwd.
-        ancestors, folder = [], config_dir
-        while folder and folder not in ancestors:
-            ancestors.append(folder)
-            folder = os.path.dirname(folder)
-        for candidate in (path, *(os.path.join(a, path) for a in ancestors)):
-            if os.path.exists(candidate):
-                resolved["path"] = os.path.abspath(candidate)
-                break
+    for key in getattr(cls, "path_keys", ("path",)):  # `path`, an lm-eval task's `include_path`
+        value = cfg.get(key)
+        if isinstance(value, str):
+            resolved[key] = _found(value, config_dir)
+        elif isinstance(value, (list, tuple)):
+            resolved[key] = [_found(v, config_dir) if isinstance(v, str) else v for v in value]
     return resolved
+
+
+def _found(path: str, config_dir: str) -> str:
+    """A relative data path from where orchestra runs (as OpenCompass users expect), else from
+    the config file's folder or a folder above it (so `configs/data/x.jsonl` is found from
+    anywhere); made absolute once, so tasks never depend on a cwd.  Unchanged when not found."""
+    if not path or os.path.isabs(path):
+        return path
+    ancestors, folder = [], config_dir
+    while folder and folder not in ancestors:
+        ancestors.append(folder)
+        folder = os.path.dirname(folder)
+    for candidate in (path, *(os.path.join(a, path) for a in ancestors)):
+        if os.path.exists(candidate):
+            return os.path.abspath(candidate)
+    return path
 
 
 def _check_file_names(datasets: list[dict[str, Any]], source: str) -> None:

@@ -86,6 +86,10 @@ class BaseDataset(abc.ABC):
         eval_cfg: ``evaluator`` (a name such as ``'accuracy'`` or a dict with ``type``).
     """
 
+    #: arguments that name files or folders: a relative one is looked up from the working
+    #: folder, then from the config file's folder and those above it (config validation)
+    path_keys: tuple[str, ...] = ("path",)
+
     def __init__(
         self,
         abbr: str,

@@ -66,6 +66,8 @@ class LmEvalDataset(BaseDataset):
             lm-eval's task defines prompts and scoring.
     """
 
+    path_keys = ("path", "include_path")
+
     def __init__(
         self,
         abbr: str,
