@@ -4,7 +4,7 @@
 #   python run.py configs/eval_llama.py
 #
 # Subsets keep the run within ~5 minutes on 2 cores; widen them with e.g.
-#   --cfg-options datasets.0.reader_cfg.test_range='[0:570]'
+#   --cfg-options "datasets.0.reader_cfg.test_range='[0:570]'"
 # Any local Llama checkpoint on a GPU box (see docs/models.md):
 #   --cfg-options models.0.path=/ckpt/llama models.0.torch_dtype=bfloat16 models.0.device=cuda \
 #                 models.0.run_cfg.num_gpus=1 models.0.batch_size=32

@@ -77,12 +77,17 @@ def _yaml(text: str, path: str) -> Any:
         raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
 
 
+#: how a ``key = value`` file is written, for its errors (an unquoted ``image = repo/name:1`` is the
+#: usual mistake of someone who expects shell-style lines)
+_FORMAT = "each line is NAME = a Python literal: quote text, as in name = 'value'; or use a .json or .yaml file"
+
+
 def python_literals(text: str, path: str, what: str) -> dict[str, Any]:
     """``NAME = literal`` assignments of a Python-looking text (a docstring allowed), by name."""
     try:
         tree = ast.parse(text, path)
     except SyntaxError as exc:
-        raise ValueError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+        raise ValueError(f"{path}:{exc.lineno}: syntax error: {exc.msg} ({_FORMAT})") from None
     except (RecursionError, MemoryError):
         raise ValueError(f"{path}: nested too deeply to read") from None
     out: dict[str, Any] = {}
@@ -95,7 +100,7 @@ def python_literals(text: str, path: str, what: str) -> dict[str, Any]:
             out[node.targets[0].id] = _literal(node.value)
         except (ValueError, TypeError, SyntaxError, RecursionError):
             raise ValueError(f"{path}:{node.lineno}: the value of {node.targets[0].id!r} is not a plain value "
-                             "(a string, number, bool, None, list or dict)") from None
+                             f"(a string, number, bool, None, list or dict; {_FORMAT})") from None
     return out
 
 

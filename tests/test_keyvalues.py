@@ -36,7 +36,8 @@ def test_code_is_refused_and_never_run(tmp_path: Path) -> None:
     with pytest.raises(ValueError) as info:
         read_key_values(str(path), "example config")
     assert str(info.value) == (f"{path}:2: the value of 'y' is not a plain value "
-                               "(a string, number, bool, None, list or dict)")
+                               "(a string, number, bool, None, list or dict; each line is NAME = a Python "
+                               "literal: quote text, as in name = 'value'; or use a .json or .yaml file)")
     path.write_text(f"import os\nos.system('touch {marker}')\n")
     with pytest.raises(ValueError, match=r":1: only 'key = value' lines are allowed in an example config"):
         read_key_values(str(path), "example config")

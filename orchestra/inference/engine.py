@@ -25,8 +25,9 @@ from orchestra.requests import Sample
 
 #: request counters of ``ModelStats`` reported as deltas over one engine run
 _COUNTERS = ("done", "rate_limited", "retries", "errors")
-#: token counters a model may keep in ``ModelStats.extra`` (OpenAI usage names), also deltas
-_TOKENS = ("prompt_tokens", "completion_tokens")
+#: counters a model may keep in ``ModelStats.extra``, also deltas: tokens (OpenAI usage names)
+#: and ``oom_splits``, passes HFCausalLM split after running out of memory (docs/models.md)
+_TOKENS = ("prompt_tokens", "completion_tokens", "oom_splits")
 
 
 async def run_sample(model: BaseModel, sample: Sample) -> dict[str, Any]:
@@ -89,8 +90,9 @@ class Engine:
         Keys: ``samples_total``, ``samples_done`` (checkpointed ones included),
         ``samples_failed``, ``samples_running``, ``in_flight``, ``requests_done``,
         ``rate_limited``, ``retries``, ``errors``, ``elapsed_s``, ``samples_resumed`` (from
-        checkpoints), ``rate_limit_rps`` when the model paces its requests, and
-        ``prompt_tokens`` / ``completion_tokens`` when the model counts tokens.
+        checkpoints), ``rate_limit_rps`` when the model paces its requests,
+        ``prompt_tokens`` / ``completion_tokens`` when the model counts tokens, and
+        ``oom_splits`` once a local model split a pass that ran out of memory.
         """
         stats = self.model.stats.as_dict()
         snap: dict[str, Any] = {
