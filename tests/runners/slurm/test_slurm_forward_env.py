@@ -1,20 +1,24 @@
 """SlurmRunner(forward_env=[...]) on the real local cluster: the job gets the variable; its value is in
-no process's argv while the job runs, in no file of the run folder and in nothing the CLI printed."""
+no process's argv while the job runs, in no file of the run folder, in nothing the CLI printed, and
+in nothing slurmctld keeps of the jobs (its StateSaveLocation, where it saves a batch job's
+environment, and what ``scontrol`` shows of them)."""
 
 from __future__ import annotations
 
 import hashlib
+import secrets
+import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from slurm_helpers import run_cli, run_dirs, write_config
+from slurm_helpers import job_prefix, run_cli, run_dirs, write_config
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
 
 pytestmark = pytest.mark.slurm
-SECRET = "hf_sl0rm-S3CRET-91be07"
+SECRET = f"hf_sl0rm-S3CRET-{secrets.token_hex(6)}"  # unique: slurmctld keeps the jobs of earlier runs
 
 
 @pytest.mark.parametrize("launcher", ["srun", "sbatch"])
@@ -41,6 +45,31 @@ def test_forwarded_variable_reaches_the_job_and_nothing_else(slurm_cluster: Slur
     assert any(p.suffix == ".log" for p in files)
     for path in files:
         assert SECRET.encode() not in path.read_bytes(), path
+    assert not (run / "slurm" / "private").exists() or not any((run / "slurm" / "private").iterdir())
+    saved = slurm_saved_files(slurm_cluster.conf)
+    assert saved, "slurmctld saved nothing: the check below would prove nothing"
+    # before the private file: each sbatch job's saved 'environment' held it
+    assert [p for p in saved if SECRET.encode() in p.read_bytes()] == []
+    for job in run_job_ids(run):
+        shown = subprocess.run(["scontrol", "show", "job", "-d", job], capture_output=True, text=True, check=True)
+        script = subprocess.run(["scontrol", "write", "batch_script", job, "-"], capture_output=True, text=True,
+                                check=False)
+        assert (SECRET in shown.stdout + script.stdout + script.stderr) is False
+
+
+def slurm_saved_files(conf: Path) -> list[Path]:
+    """The files of slurmctld's StateSaveLocation (jobs it still holds: batch scripts, environments)."""
+    line = next(x for x in conf.read_text().splitlines() if x.startswith("StateSaveLocation="))
+    return [p for p in Path(line.split("=", 1)[1].strip()).rglob("*") if p.is_file()]
+
+
+def run_job_ids(run: Path) -> list[str]:
+    """The ids of the Slurm jobs of this run folder that Slurm still knows."""
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-o", "%i|%j"], capture_output=True, text=True,
+                         check=True).stdout
+    ids = [line.split("|")[0] for line in out.splitlines() if line.split("|")[-1].startswith(job_prefix(run))]
+    assert ids, "no job of the run is known to Slurm"
+    return ids
 
 
 def test_forward_env_and_an_export_option_exclude_each_other(monkeypatch: pytest.MonkeyPatch) -> None:
