@@ -191,7 +191,8 @@ def sweep(kind: str, debug: bool) -> list[tuple[str, str, str]]:
         save = state_save_location()
         tmp_hits = [h for h in files_with(Path("/tmp"), canary.encode(), start)
                     if not h[0].startswith(str(folder / "out")) and not (save and h[0].startswith(f"{save}/"))]
-        rows.append(("other files under /tmp (changed during the run; not Slurm's state)", str(len(tmp_hits)), _readable(tmp_hits)))
+        rows.append(("other files under /tmp (changed during the run; not Slurm's state)", str(len(tmp_hits)),
+                     _readable(tmp_hits)))
         for path, readable in run_hits + tmp_hits:
             print(f"  [{kind}] hit: {path} (others may read: {readable})", file=sys.stderr)
         if kind in ("srun", "sbatch"):
@@ -219,7 +220,7 @@ def main() -> None:
     parser.add_argument("runners", nargs="+", choices=sorted(RUNNERS))
     parser.add_argument("--debug", action="store_true", help="run the CLI with --debug")
     args = parser.parse_args()
-    print(f"| runner | place | canary hits | readable by other users |\n|---|---|---|---|")
+    print("| runner | place | canary hits | readable by other users |\n|---|---|---|---|")
     for kind in args.runners:
         for place, hits, readable in sweep(kind, args.debug):
             print(f"| {kind} | {place} | {hits} | {readable} |", flush=True)
