@@ -44,13 +44,35 @@ RUNNERS = {
 
 
 class _Stub(BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint that answers '7' and echoes nothing of the request."""
+    """An OpenAI-compatible endpoint.  ``mode``: ``plain`` answers '7'; ``echo`` is a hostile
+    operator that puts the request's Authorization header in a 500 body, then in the answer;
+    ``redirect`` sends every request on to ``_Stub.other`` (another origin) with a 307."""
+
+    mode = "plain"
+    other = ""
+    keys_seen: list[str] = []  # noqa: RUF012 - one list for the process: what Authorization headers came
 
     def do_POST(self) -> None:  # noqa: N802 - the http.server name
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        body = json.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [
-            {"index": 0, "message": {"role": "assistant", "content": "7"}, "finish_reason": "stop"}]}).encode()
-        self.send_response(200)
+        auth = self.headers.get("Authorization", "")
+        _Stub.keys_seen.append(f"{self.server.server_address[1]} {auth}")
+        if _Stub.mode == "redirect" and self.server.server_address[1] != int(_Stub.other or 0):
+            self.send_response(307)
+            self.send_header("Location", f"http://127.0.0.1:{_Stub.other}{self.path}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        content = "7"
+        if _Stub.mode == "echo":
+            if len(_Stub.keys_seen) % 2:
+                return self._send(500, json.dumps({"error": {"message": f"bad header {auth}",
+                                                             "headers": dict(self.headers.items())}}).encode())
+            content = f"your key: {auth}"
+        self._send(200, json.dumps({"id": "x", "object": "chat.completion", "model": "m", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}]}).encode())
+
+    def _send(self, status: int, body: bytes) -> None:
+        self.send_response(status)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
@@ -161,11 +183,14 @@ def state_save_location() -> Path | None:
     return None
 
 
-def sweep(kind: str, debug: bool) -> list[tuple[str, str, str]]:
+def sweep(kind: str, debug: bool, endpoint: str) -> list[tuple[str, str, str]]:
     """One run with ``kind``'s runner; the table rows ``(place, hits, readable by others)``."""
     canary = f"orc-canary-{secrets.token_hex(8)}"
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    other = ThreadingHTTPServer(("127.0.0.1", 0), _Stub)
+    _Stub.mode, _Stub.other, _Stub.keys_seen = endpoint, str(other.server_address[1]), []
+    for srv in (server, other):
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
     rows: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="orc-canary-") as tmp:
         folder = Path(tmp)
@@ -181,6 +206,11 @@ def sweep(kind: str, debug: bool) -> list[tuple[str, str, str]]:
         stop.set()
         sampler.join()
         server.shutdown()
+        other.shutdown()
+        rows.append(("requests to the endpoint with the API key", str(sum(
+            f"{server.server_address[1]} Bearer {canary}-api" == k for k in _Stub.keys_seen)), "-"))
+        rows.append(("requests to another origin (a redirect) with the key", str(sum(
+            k.startswith(f"{other.server_address[1]} ") and canary in k for k in _Stub.keys_seen)), "-"))
         rows.append(("exit code of the run", str(res.returncode), "-"))
         if res.returncode != 0:
             print(res.stderr[-3000:], file=sys.stderr)
@@ -219,11 +249,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("runners", nargs="+", choices=sorted(RUNNERS))
     parser.add_argument("--debug", action="store_true", help="run the CLI with --debug")
+    parser.add_argument("--endpoint", choices=("plain", "echo", "redirect"), default="plain",
+                        help="how the API model's endpoint behaves (echo, redirect: hostile)")
     args = parser.parse_args()
-    print("| runner | place | canary hits | readable by other users |\n|---|---|---|---|")
+    print("| runner | endpoint | place | canary hits | readable by other users |\n|---|---|---|---|---|")
     for kind in args.runners:
-        for place, hits, readable in sweep(kind, args.debug):
-            print(f"| {kind} | {place} | {hits} | {readable} |", flush=True)
+        for place, hits, readable in sweep(kind, args.debug, args.endpoint):
+            print(f"| {kind} | {args.endpoint} | {place} | {hits} | {readable} |", flush=True)
 
 
 if __name__ == "__main__":
