@@ -10,8 +10,12 @@ import re
 from typing import Any
 
 from orchestra.errors import ConfigError
-from orchestra.secretnames import secret_key
+from orchestra.secretnames import secret_assignment, secret_key
 
+#: config keys whose value is a dict of environment variables (``server=dict(env=...)``, Ray's
+#: ``runtime_env=dict(env_vars=...)``): their names follow environment conventions (``AWS_SECRET_ACCESS_KEY``),
+#: so they are checked with the variable vocabulary, not the config-key one
+ENV_DICT_KEYS = ("env", "env_vars")
 URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.IGNORECASE)
 
 
@@ -26,6 +30,8 @@ def check_secrets(obj: Any, where: str, top: bool = True) -> None:
                     f"{key_where}: secrets do not belong in a config; put it in an environment "
                     "variable and give its name (e.g. key_env='OPENAI_API_KEY')"
                 )
+            if k in ENV_DICT_KEYS and isinstance(v, dict):
+                _check_env_dict(v, key_where)
             check_secrets(v, key_where, top=False)
     elif isinstance(obj, list):
         for i, v in enumerate(obj):
@@ -35,3 +41,14 @@ def check_secrets(obj: Any, where: str, top: bool = True) -> None:
             f"{where}: a URL with a user and password in it; credentials do not belong in a config (it is "
             "saved in the run folder and in task specs): give the key through an environment variable (key_env)"
         )
+
+
+def _check_env_dict(env: dict[Any, Any], where: str) -> None:
+    """Refuse a secret-looking variable given with a value in clear (never repeating the value)."""
+    for name, value in env.items():
+        if isinstance(name, str) and isinstance(value, str) and secret_assignment(name, value):
+            raise ConfigError(
+                f"{where}.{name}: looks like a secret given in clear; secrets do not belong in a config (it is "
+                f"saved in the run folder and in task specs): export {name} where you start orchestra and "
+                f"pass it by name (a runner's forward_env=['{name}'], a model's key_env)"
+            )
