@@ -82,7 +82,8 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
 NO_WORK_DIR_FLAG = {"work_dir_not_string.py": ("work_dir must be a path string, got 42", None)}
 # These also run without --dry-run (the real path that would write a run folder).
 ALSO_FOR_REAL = ["unknown_top_level_key.py", "negative_max_num_workers.py", "prompt_unknown_field.py",
-                 "secret_in_config.py", "secret_in_server_env.py", "size_partitioner_zero.py", "bad_key.yaml", "evaluator_unknown_key.py"]
+                 "secret_in_config.py", "secret_in_server_env.py", "size_partitioner_zero.py", "bad_key.yaml",
+                 "evaluator_unknown_key.py"]
 
 
 class Result(NamedTuple):
