@@ -2,7 +2,8 @@
 
 Runs ``python run.py`` on a small config (a deterministic model on one dataset, an OpenAI-compatible
 model against a local stub server with ``key_env``) with the runner named on the command line and
-``forward_env=['ORC_CANARY_TOKEN']``, the canary in that variable and in the API key variable.
+``forward_env=['ORC_CANARY_TOKEN']``, the canary in that variable and (with ``-api``) in the
+API key variable, which only the model names (``key_env``).
 While it runs, ``ps -eo args`` is sampled; afterwards the canary is searched for in:
 
 * the run folder (every file) and what the CLI printed (also with ``--debug``);
@@ -34,7 +35,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-FORWARD = "forward_env=['ORC_CANARY_TOKEN', 'ORC_CANARY_API_KEY']"  # LocalRunner's tasks inherit everything
+FORWARD = "forward_env=['ORC_CANARY_TOKEN']"  # the API key: key_env only; LocalRunner forwards nothing
 RUNNERS = {
     "local": "type=LocalRunner, max_num_workers=2",
     "srun": f"type=SlurmRunner, launcher='srun', partition='debug', poll_interval_s=0.2, {FORWARD}",

@@ -18,6 +18,7 @@ with one vocabulary of secret words (token, key, secret, password, passwd, crede
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 #: a config key whose value would be a secret (matched case-insensitively against the whole key)
 SECRET_KEY = re.compile(r"(^|_)(api_?key|token|secret|password)$", re.IGNORECASE)
@@ -37,3 +38,8 @@ def secret_assignment(name: str, value: str) -> bool:
     """Whether ``NAME=value`` gives a secret in clear: a secret-looking variable name with a value
     that is more than empty or a ``$VAR`` reference (a reference to the container's own variable)."""
     return SECRET_VARIABLE.search(name) is not None and not (value == "" or VARIABLE_REFERENCE.fullmatch(value))
+
+
+def secret_variables(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` (e.g. an environment's) that say they hold a secret, sorted."""
+    return sorted(n for n in names if SECRET_VARIABLE.search(n))

@@ -19,6 +19,7 @@ from orchestra.runners.core.contract import Session
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.naming import job_name, run_tag
 from orchestra.runners.core.run import RunContext
+from orchestra.runners.core.shell import ENV_NAME
 from orchestra.runners.slurm.common import (
     LAUNCHERS,
     SlurmLauncher,
@@ -26,6 +27,7 @@ from orchestra.runners.slurm.common import (
     job_header,
     time_limit_minutes,
 )
+from orchestra.secretnames import secret_variables
 from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec
 
@@ -71,9 +73,11 @@ class SlurmRunner(BaseRunner):
             ``--export=ALL`` made explicit.  ``launcher='sbatch'``: in a private file of the run
             folder (``<run>/slurm/private/<stage>.env``, 0600 in a 0700 folder, deleted when the
             launch ends) that the job sources, and taken out of sbatch's environment, since
-            slurmctld stores a batch job's environment with the job.  Variables not named here
-            follow the cluster's export setting (by default every variable reaches the job, and
-            for sbatch is stored with it): name every secret here.
+            slurmctld stores a batch job's environment with the job.  Other variables follow the
+            cluster's export setting (by default every variable reaches the job); with sbatch and
+            that default, the variables whose names say they hold a secret (``*_API_KEY``,
+            ``*TOKEN``, ``*SECRET*``, ``*PASSWORD``, ``*CREDENTIALS``) go through the private
+            file too (``private_variables``).
         infra_retry: attempts per task that may end for the cluster's sake (preempted, its node
             failed or did not boot) and be retried without spending ``retry``.
         submit_wait_s: with ``launcher='sbatch'``, how long jobs wait while the cluster refuses to
@@ -191,10 +195,11 @@ class SlurmRunner(BaseRunner):
             from orchestra.runners.slurm.recover import recover
 
             ledger = Ledger(ctx.paths.slurm_dir)
+            private = self.private_variables()
             env_file = (os.path.join(ctx.paths.slurm_dir, "private", f"{tasks[0].stage}.env")
-                        if self.forward_env and tasks else None)
+                        if private and tasks else None)
             batch = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, {},
-                                   ctx.events, self.submit_wait_s, forward_env=self.forward_env if env_file else (),
+                                   ctx.events, self.submit_wait_s, forward_env=private if env_file else (),
                                    env_file=env_file)
             try:  # the launcher first: its close() cancels what -r kept for adoption if a later step fails
                 if unfit is None:
@@ -208,6 +213,16 @@ class SlurmRunner(BaseRunner):
 
             launcher = SrunLauncher(self.options, self._tag, unfit)
         return launcher
+
+    def private_variables(self) -> tuple[str, ...]:
+        """The variables a batch job gets through the private file rather than from Slurm (which
+        stores a batch job's environment): ``forward_env``, and, while Slurm would export every
+        variable anyway (no ``--export`` in ``extra_args``, no ``SBATCH_EXPORT``), every variable
+        of ours whose name says it holds a secret (``OPENAI_API_KEY``, ``HF_TOKEN``, ...)."""
+        exported_all = "SBATCH_EXPORT" not in os.environ and not any(
+            a == "--export" or a.startswith("--export=") for a in self.options.extra_args)
+        found = [n for n in secret_variables(os.environ) if ENV_NAME.fullmatch(n)] if exported_all else []
+        return (*self.forward_env, *(n for n in found if n not in self.forward_env))
 
     def _check_tools(self) -> str | None:
         needed = ["srun" if self.launcher == "srun" else "sbatch", "squeue", "scancel"]
