@@ -16,10 +16,10 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestra.envfile import remove_env_file, write_env_file
 from orchestra.events import EventLog
 from orchestra.fileio import atomic_write_text
 from orchestra.runners.core.contract import Exit, Job
-from orchestra.runners.core.envfile import remove_env_file, write_env_file
 from orchestra.runners.core.ledger import JobRecord, Ledger, spec_digest
 from orchestra.runners.core.refused import SUBMIT_BACKOFF_S, SUBMIT_WAIT_S, RefusedQueue, Waiting
 from orchestra.runners.core.run import log_size, note
@@ -66,7 +66,7 @@ class SbatchLauncher(SlurmLauncher):
         submit_wait_s: how long jobs the cluster keeps refusing for now wait before they end.
         submit_backoff_s: the waits after 1, 2, ... such refusals in a row (then the last, again).
         forward_env: variables every job gets by name: their values are written to ``env_file``
-            (``core.envfile``: 0600 in a 0700 folder) that the job script sources, and taken out
+            (``orchestra.envfile``: 0600 in a 0700 folder) that the job script sources, and taken out
             of sbatch's own environment, so that Slurm never stores them with the job (slurmctld
             saves the environment of every batch job it holds); the file is deleted on ``close``.
         env_file: where (``<run>/slurm/private/<stage>.env``); needed with ``forward_env``.

@@ -19,7 +19,6 @@ from orchestra.runners.core.contract import Session
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.naming import job_name, run_tag
 from orchestra.runners.core.run import RunContext
-from orchestra.runners.core.shell import ENV_NAME
 from orchestra.runners.slurm.common import (
     LAUNCHERS,
     SlurmLauncher,
@@ -221,7 +220,7 @@ class SlurmRunner(BaseRunner):
         of ours whose name says it holds a secret (``OPENAI_API_KEY``, ``HF_TOKEN``, ...)."""
         exported_all = "SBATCH_EXPORT" not in os.environ and not any(
             a == "--export" or a.startswith("--export=") for a in self.options.extra_args)
-        found = [n for n in secret_variables(os.environ) if ENV_NAME.fullmatch(n)] if exported_all else []
+        found = secret_variables(os.environ) if exported_all else []
         return (*self.forward_env, *(n for n in found if n not in self.forward_env))
 
     def _check_tools(self) -> str | None:

@@ -13,9 +13,9 @@ import re
 import shlex
 from collections.abc import Mapping, Sequence
 
+from orchestra.envfile import source_lines
 from orchestra.runners.core.cli import CallError, CallTimeout, call
 from orchestra.runners.core.contract import Job
-from orchestra.runners.core.envfile import source_lines
 from orchestra.runners.core.run import read_log
 from orchestra.runners.core.shell import NOW, RC, exports, printf, task_lines
 from orchestra.runners.slurm.common import job_header
@@ -136,7 +136,7 @@ def job_script(jobs: list[Job], sbatch_args: Sequence[str] = (), env_file: str |
     """The batch script that runs array index ``i`` (0 for a single job) as ``jobs[i]``'s command.
 
     ``sbatch_args`` are recorded in a comment (they are passed on sbatch's command line).
-    ``env_file``: the private file of ``forward_env``'s values (``core.envfile``) the job sources
+    ``env_file``: the private file of ``forward_env``'s values (``orchestra.envfile``) the job sources
     first (it exits 97 naming the file when it cannot read it).
     """
     lines = ["#!/bin/bash", f"# submitted by orchestra: sbatch {shlex.join(sbatch_args)} <this script>"]
