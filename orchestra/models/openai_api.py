@@ -176,7 +176,7 @@ class OpenAIAPI(BaseModel):
         if self._batcher is None:
             http = self._batch_http_class()(self.base_url, self._client, lambda: (self._proxy, self._proxy_auth),
                                             self.policy, self._explain, self.scope_name)
-            self._batcher = OpenAIBatcher(self.batch_options, http, self.policy, self.stats, self.path)
+            self._batcher = OpenAIBatcher(self.batch_options, http, self.policy, self.stats, self.path, self._scrub)
         self._batcher.bind(RunPaths(run_dir).batch_ledger(self.abbr), os.path.basename(os.path.abspath(run_dir)),
                            task_id, emit)
 
