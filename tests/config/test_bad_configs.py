@@ -72,6 +72,7 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "secret_in_server_env.py": ("looks like a secret given in clear", "models[0].server.env.AWS_SECRET_ACCESS_KEY"),
     "secret_in_ray_env_vars.py": ("looks like a secret given in clear",
                                   "infer.runner.runtime_env.env_vars.AWS_SECRET_ACCESS_KEY"),
+    "secret_in_base_url.py": ("a URL with a key in its query;", "models[0].base_url"),  # accepted before
     "raises_at_import.py": ("ZeroDivisionError: division by zero", "raises_at_import.py:10"),
     "bad_key.yaml": ("unknown key 'batch_sise' for DeterministicModel", "models[0]"),
     "not_a_config.txt": ("unsupported config type '.txt'", None),
@@ -256,7 +257,8 @@ def test_a_work_dir_that_cannot_be_a_folder_is_one_line(env: dict[str, str], tmp
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
 
 
-@pytest.mark.parametrize("name", ["secret_in_config.py", "secret_in_server_env.py", "secret_in_ray_env_vars.py"])
+@pytest.mark.parametrize("name", ["secret_in_config.py", "secret_in_server_env.py", "secret_in_ray_env_vars.py",
+                                  "secret_in_base_url.py"])
 def test_a_refused_secret_is_never_repeated(name: str, results: dict[tuple[str, ...], Result], work: Path) -> None:
     res = results[(rel(name), "--dry-run", "-w", str(work / "dry"))]
     assert res.rc == 2 and "not-real" not in res.stdout + res.stderr and "not-a-real" not in res.stderr
