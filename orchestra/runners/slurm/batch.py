@@ -65,7 +65,8 @@ class SbatchLauncher(SlurmLauncher):
         events: the run's event log (``slurm_adopted``, ``slurm_submit_refused``).
         submit_wait_s: how long jobs the cluster keeps refusing for now wait before they end.
         submit_backoff_s: the waits after 1, 2, ... such refusals in a row (then the last, again).
-        forward_env: variables every job gets by name: their values are written to ``env_file``
+        forward_env: variables every job gets privately (``SlurmRunner.private_variables``: its
+            ``forward_env`` and secret-looking variables): their values are written to ``env_file``
             (``orchestra.envfile``: 0600 in a 0700 folder) that the job script sources, and taken out
             of sbatch's own environment, so that Slurm never stores them with the job (slurmctld
             saves the environment of every batch job it holds); the file is deleted on ``close``.
