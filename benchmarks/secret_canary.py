@@ -195,6 +195,7 @@ def sweep(kind: str, debug: bool, endpoint: str) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     with tempfile.TemporaryDirectory(prefix="orc-canary-") as tmp:
         folder = Path(tmp)
+        folder.chmod(0o755)  # as a work dir usually is: "readable by other users" then tells the run's own modes
         cfg = write_config(folder, RUNNERS[kind], server.server_address[1])
         env = {**os.environ, "ORC_CANARY_TOKEN": canary, "ORC_CANARY_API_KEY": canary + "-api",
                "RAY_AUTH_MODE": "disabled"}
