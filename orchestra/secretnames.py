@@ -18,12 +18,15 @@ with one vocabulary of secret words (token, key, secret, password, passwd, crede
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 
 #: a config key whose value would be a secret (matched case-insensitively against the whole key)
 SECRET_KEY = re.compile(r"(^|_)(api_?key|token|secret|password)$", re.IGNORECASE)
 #: an environment variable name that says it holds a secret
 SECRET_VARIABLE = re.compile(r"(?:^|_)(?:[A-Z]*TOKEN|[A-Z]*KEY|SECRET|PASSWORD|PASSWD|CREDENTIALS?)S?(?:_|$)",
                              re.IGNORECASE)
+#: a valid environment variable name (a shell identifier): what may be written unquoted in ``export NAME=``
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 #: a value that only refers to another variable (``$NAME`` or ``${NAME}``): it holds no secret itself
 VARIABLE_REFERENCE = re.compile(r"\$(?:\{[A-Za-z_][A-Za-z0-9_]*\}|[A-Za-z_][A-Za-z0-9_]*)")
 
@@ -37,3 +40,9 @@ def secret_assignment(name: str, value: str) -> bool:
     """Whether ``NAME=value`` gives a secret in clear: a secret-looking variable name with a value
     that is more than empty or a ``$VAR`` reference (a reference to the container's own variable)."""
     return SECRET_VARIABLE.search(name) is not None and not (value == "" or VARIABLE_REFERENCE.fullmatch(value))
+
+
+def secret_variables(names: Iterable[str]) -> list[str]:
+    """The names among ``names`` (e.g. an environment's) that say they hold a secret and are valid
+    variable names, sorted."""
+    return sorted(n for n in names if SECRET_VARIABLE.search(n) and ENV_NAME.fullmatch(n))

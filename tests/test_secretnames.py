@@ -45,3 +45,11 @@ def test_an_assignment_is_a_secret_unless_it_refers_to_a_variable() -> None:
     assert not secret_assignment("HF_TOKEN", "${HF_TOKEN_IN_IMAGE}")
     assert not secret_assignment("HF_TOKEN", "")
     assert not secret_assignment("HF_HOME", "/data/hf")
+
+
+def test_secret_variables_picks_the_names_that_say_secret() -> None:
+    from orchestra.secretnames import secret_variables
+
+    env = ["PATH", "HOME", "OPENAI_API_KEY", "HF_TOKEN", "TOKENIZERS_PARALLELISM", "AWS_SECRET_ACCESS_KEY",
+           "SLURM_CONF", "DB_PASSWORD", "KEYTAB_DIR", "PYTHONHASHSEED"]
+    assert secret_variables(env) == ["AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "HF_TOKEN", "OPENAI_API_KEY"]

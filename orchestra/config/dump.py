@@ -6,13 +6,16 @@ import pprint
 from typing import Any
 
 from orchestra.config.load import to_plain
-from orchestra.secretnames import secret_key
+from orchestra.config.secrets import ENV_DICT_KEYS
+from orchestra.secretnames import secret_assignment, secret_key
 
 
-def redact(obj: Any) -> Any:
-    """A copy with secret-looking values replaced (defence in depth for dumps and logs)."""
+def redact(obj: Any, env: bool = False) -> Any:
+    """A copy with secret-looking values replaced (defence in depth for dumps and logs); ``env``:
+    ``obj`` is a dict of environment variables (``ENV_DICT_KEYS``), whose names say more."""
     if isinstance(obj, dict):
-        return {k: ("<redacted>" if secret_key(k) else redact(v)) for k, v in obj.items()}
+        return {k: ("<redacted>" if secret_key(k) or (env and isinstance(v, str) and secret_assignment(str(k), v))
+                    else redact(v, k in ENV_DICT_KEYS)) for k, v in obj.items()}
     if isinstance(obj, list):
         return [redact(v) for v in obj]
     return obj

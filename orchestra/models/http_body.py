@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from orchestra.errors import ModelError
@@ -42,6 +43,17 @@ def scrub_key(text: str, key: str) -> str:
         if form != form.lower():  # percent-escapes may come back in lower case
             text = text.replace(form.lower() if "%" in form else form, "***")
     return text
+
+
+def scrub_fields(value: Any, scrub: Callable[[str], str]) -> Any:
+    """``value`` (an event's fields: strings in dicts and lists) with ``scrub`` applied to every string."""
+    if isinstance(value, str):
+        return scrub(value)
+    if isinstance(value, dict):
+        return {k: scrub_fields(v, scrub) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [scrub_fields(v, scrub) for v in value]
+    return value
 
 
 def text_parts(parts: list[Any], abbr: str) -> str:

@@ -176,7 +176,7 @@ class OpenAIAPI(BaseModel):
         if self._batcher is None:
             http = self._batch_http_class()(self.base_url, self._client, lambda: (self._proxy, self._proxy_auth),
                                             self.policy, self._explain, self.scope_name)
-            self._batcher = OpenAIBatcher(self.batch_options, http, self.policy, self.stats, self.path)
+            self._batcher = OpenAIBatcher(self.batch_options, http, self.policy, self.stats, self.path, self._scrub)
         self._batcher.bind(RunPaths(run_dir).batch_ledger(self.abbr), os.path.basename(os.path.abspath(run_dir)),
                            task_id, emit)
 
@@ -196,7 +196,8 @@ class OpenAIAPI(BaseModel):
         return self._key
 
     def _scrub(self, text: str) -> str:
-        """Never let the key into an error message (some servers echo what they were sent)."""
+        """Never let the key into an error message or an answer (some servers echo what they were
+        sent, and an answer goes to predictions, results and the report)."""
         return scrub_key(text, self._secret().value)
 
     def _client(self, socket_path: str = "") -> Any:
@@ -363,7 +364,8 @@ class OpenAIAPI(BaseModel):
             text = text_parts(text, self.abbr)
         if text is not None and not isinstance(text, str):  # a list would pass for num_samples answers
             raise ModelError(f"model {self.abbr}: the answer's text is {type(text).__name__}, not text")
-        return encodable(text or "")  # a lone surrogate (a pair cut at max_tokens) becomes U+FFFD
+        # a lone surrogate (a pair cut at max_tokens) becomes U+FFFD; an echoed key becomes ***
+        return self._scrub(encodable(text or ""))
 
     async def loglikelihood(self, request: LoglikRequest) -> list[float]:
         """Sum of the log-probabilities of each continuation's tokens, from ``echo`` logprobs.

@@ -29,6 +29,7 @@ from orchestra.models.base import ModelStats
 from orchestra.models.batch_ledger import FINAL, BatchLedger, BatchRecord
 from orchestra.models.batch_rows import BatchOptions, custom_id
 from orchestra.models.batch_spool import BatchSpool
+from orchestra.models.http_body import scrub_fields
 from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.models.openai_batch_submit import Batch, BatchSubmitter, Req
 
@@ -37,7 +38,8 @@ class OpenAIBatcher(BatchSubmitter):
     """Sends one model's requests through the Batch API (see the module docstring)."""
 
     def __init__(self, options: BatchOptions, http: BatchHTTP, policy: RetryPolicy, stats: ModelStats,
-                 model_name: str) -> None:
+                 model_name: str, scrub: Callable[[str], str] = str) -> None:
+        self.scrub = scrub  # the model's: the key out of every row error and event field
         self.options = options
         self.http = http
         self.policy = policy
@@ -67,7 +69,8 @@ class OpenAIBatcher(BatchSubmitter):
     def bind(self, ledger_path: str, run_id: str, task_id: str, emit: Callable[..., None]) -> None:
         """Record batches in ``ledger_path`` for task ``task_id`` of run ``run_id``."""
         self.ledger = BatchLedger(ledger_path)
-        self.run_id, self.task_id, self._emit = run_id, task_id, emit
+        self.run_id, self.task_id = run_id, task_id
+        self._emit = lambda event, **f: emit(event, **scrub_fields(f, self.scrub))
         if self.spool is not None:
             self.spool.close()
         self.spool = BatchSpool(ledger_path[:-len(".jsonl")] + ".spool", task_id)
@@ -233,7 +236,7 @@ class OpenAIBatcher(BatchSubmitter):
         self.stats.errors += 1
         for fut in req.futures:
             if not fut.done():
-                fut.set_exception(ModelError(text))
+                fut.set_exception(ModelError(self.scrub(text)))  # a provider may echo the key in a row
 
     def _retry_or_fail(self, cid: str, reason: str) -> None:
         req = self._reqs.get(cid)

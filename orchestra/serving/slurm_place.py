@@ -11,7 +11,10 @@ second).  The servers' ledger records every job id before it is relied on, so a 
 orchestrator of the run folder cancels what a crashed one left (:func:`cancel_stale`).
 
 The key: the job gets the *path* of the run's key file (0600, in a 0700 folder of this user
-under the temp folder) in its environment, never the key.  The nodes must see that folder: one
+under the temp folder) in its environment, never the key.  The orchestrator's variables whose
+names say secret (``HF_TOKEN``, ...) reach the job through a private file of the run folder
+(``orchestra.envfile``), deleted when the replica stops, not through Slurm, which stores a batch job's
+environment.  The nodes must see that folder: one
 machine, or ``TMPDIR`` on a filesystem the nodes share (docs/serving.md).
 """
 
@@ -26,6 +29,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from orchestra import envfile
+from orchestra.secretnames import secret_variables
 from orchestra.serving.agent import check_placed, own_status, write_spec
 from orchestra.serving.presets import KEY_FILE_ENV
 from orchestra.serving.replica import Replica
@@ -70,10 +75,12 @@ def output_arg(path: str) -> str:
     return "--output=/dev/null" if "\\" in path else f"--output={path.replace('%', '%%')}"
 
 
-def batch_script(argv: list[str], log_path: str) -> str:
+def batch_script(argv: list[str], log_path: str, env_file: str = "") -> str:
     """The job's script: ``exec`` of ``argv`` (quoted for ``sh``: spaces, quotes, newlines, ``$``
-    in a path are plain characters), its output appended to ``log_path`` by the shell itself."""
-    return f"#!/bin/sh\nexec {shlex.join(argv)} >>{shlex.quote(log_path)} 2>&1\n"
+    in a path are plain characters), its output appended to ``log_path`` by the shell itself;
+    ``env_file`` (``orchestra.envfile``) sourced first."""
+    lines = envfile.source_lines(env_file, "the replica's private variables; deleted when it stops") if env_file else []
+    return "\n".join(["#!/bin/sh", *lines, f"exec {shlex.join(argv)} >>{shlex.quote(log_path)} 2>&1"]) + "\n"
 
 
 def cancel(job: str, wait_s: float = 20.0) -> bool:
@@ -135,6 +142,7 @@ class SlurmReplica(Replica):
     servers_dir: str = ""
     looked: float = 0.0
     gone: int | None = None  # the job's end, once seen (1: it ended without telling its code)
+    env_file: str = ""  # the private file of the job's secret-looking variables ("" when none)
 
     @property
     def status_path(self) -> str:
@@ -153,10 +161,17 @@ class SlurmReplica(Replica):
         agent = [sys.executable, "-m", "orchestra.serving.agent", "--spec", spec_path, "--name", self.served_name,
                  "--index", str(self.index), "--log", self.log_path, "--status", self.status_path,
                  "--heartbeat", os.path.join(self.servers_dir, "heartbeat"), "--owner-host", socket.gethostname()]
-        script = batch_script(agent, self.log_path)
+        # slurmctld stores a batch job's environment: secret-looking variables (HF_TOKEN for the
+        # weights, ...) go through a private file the script sources, never through Slurm.
+        private = secret_variables(os.environ)
+        self.env_file = os.path.join(folder, "private", f"replica-{self.index}.env") if private else ""
+        if self.env_file:
+            envfile.write_env_file(self.env_file, private)
+        script = batch_script(agent, self.log_path, self.env_file)
         argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", output_arg(self.log_path),
                 "--open-mode=append", "--nodes=1", "--ntasks=1", "--export=ALL", *self.job_args]
-        code, out, err = _client(argv, script, {**os.environ, KEY_FILE_ENV: key_file})
+        env = {k: v for k, v in os.environ.items() if k not in private}
+        code, out, err = _client(argv, script, {**env, KEY_FILE_ENV: key_file})
         job = out.strip().split(";")[0]
         if code != 0 or not job.isdigit():
             raise OSError(f"sbatch refused the replica's job: {(err or out).strip()[-300:]}")
@@ -200,6 +215,8 @@ class SlurmReplica(Replica):
     def stop(self, grace_s: float = 5.0) -> None:
         if self.job and not cancel(self.job):
             print(f"orchestra: replica job {self.job} still listed by squeue after scancel", file=sys.stderr)
+        if self.env_file:
+            envfile.remove_env_file(self.env_file)
         self.state = "stopped"
 
     def forget(self) -> int | None:

@@ -67,6 +67,12 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
     "template_unknown_field.py": ("unknown field {numa_node}; valid:", "infer.runner.template"),
     "infer_task_on_eval.py": ("InferTask runs the infer stage, not eval", "eval.runner.task"),
     "secret_in_config.py": ("secrets do not belong in a config", "models[0].api_key"),
+    # before: accepted, and saved in the run's config.py and every task spec (the key names did not
+    # end in a config-key secret word)
+    "secret_in_server_env.py": ("looks like a secret given in clear", "models[0].server.env.AWS_SECRET_ACCESS_KEY"),
+    "secret_in_ray_env_vars.py": ("looks like a secret given in clear",
+                                  "infer.runner.runtime_env.env_vars.AWS_SECRET_ACCESS_KEY"),
+    "secret_in_base_url.py": ("a URL with a key in its query;", "models[0].base_url"),  # accepted before
     "raises_at_import.py": ("ZeroDivisionError: division by zero", "raises_at_import.py:10"),
     "bad_key.yaml": ("unknown key 'batch_sise' for DeterministicModel", "models[0]"),
     "not_a_config.txt": ("unsupported config type '.txt'", None),
@@ -77,7 +83,8 @@ EXPECTED: dict[str, tuple[str, str | None]] = {
 NO_WORK_DIR_FLAG = {"work_dir_not_string.py": ("work_dir must be a path string, got 42", None)}
 # These also run without --dry-run (the real path that would write a run folder).
 ALSO_FOR_REAL = ["unknown_top_level_key.py", "negative_max_num_workers.py", "prompt_unknown_field.py",
-                 "secret_in_config.py", "size_partitioner_zero.py", "bad_key.yaml", "evaluator_unknown_key.py"]
+                 "secret_in_config.py", "secret_in_server_env.py", "size_partitioner_zero.py", "bad_key.yaml",
+                 "evaluator_unknown_key.py"]
 
 
 class Result(NamedTuple):
@@ -248,3 +255,21 @@ def test_a_work_dir_that_cannot_be_a_folder_is_one_line(env: dict[str, str], tmp
     assert res.stderr == (f"orchestra: error: {afile / 'runs'}: Not a directory (check that the folder exists, is "
                           "writable and its disk has room; --debug shows the traceback)\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]
+
+
+@pytest.mark.parametrize("name", ["secret_in_config.py", "secret_in_server_env.py", "secret_in_ray_env_vars.py",
+                                  "secret_in_base_url.py"])
+def test_a_refused_secret_is_never_repeated(name: str, results: dict[tuple[str, ...], Result], work: Path) -> None:
+    res = results[(rel(name), "--dry-run", "-w", str(work / "dry"))]
+    assert res.rc == 2 and "not-real" not in res.stdout + res.stderr and "not-a-real" not in res.stderr
+
+
+def test_dumped_env_dicts_redact_secret_looking_variables() -> None:
+    """Defence in depth behind the check: the dump redacts what the check refuses."""
+    from orchestra.config.dump import redact
+
+    cfg = {"server": {"env": {"AWS_SECRET_ACCESS_KEY": "v1", "HF_HOME": "/h", "AWS_SESSION_KEY": "$OTHER"}},
+           "runtime_env": {"env_vars": {"ANTHROPIC_KEY": "v2"}}, "sort_key": "kept"}
+    assert redact(cfg) == {"server": {"env": {"AWS_SECRET_ACCESS_KEY": "<redacted>", "HF_HOME": "/h",
+                                              "AWS_SESSION_KEY": "$OTHER"}},
+                           "runtime_env": {"env_vars": {"ANTHROPIC_KEY": "<redacted>"}}, "sort_key": "kept"}

@@ -120,12 +120,15 @@ class HostileBatches(AppServer):
         self._count("content")
         bid = request.match_info["fid"][len("out-"):]
         bad = self._once("bad_rows")
+        echo = request.headers.get("Authorization", "") if "echo_key" in self.hostile else ""
         lines = [b"[1, 2]", b'"a string"', b'{"custom_id": "elsewhere", "response": "x", "error": "y"}'] if bad else []
         for raw in self.files[self.batches[bid]["input_file_id"]].splitlines():
             row = json.loads(raw)
             prompt = row["body"]["messages"][-1]["content"]
-            body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": f"re:{prompt}"}}]}
+            body = {"choices": [{"index": 0, "message": {"role": "assistant", "content": f"re:{prompt}{echo}"}}]}
             response: Any = "oops" if bad and prompt == "q3" else {"status_code": 200, "body": body}
+            if echo and prompt == "q2":  # a row that fails, its message holding the key this call came with
+                response = {"status_code": 400, "body": {"error": {"message": f"bad request from {echo}"}}}
             lines.append(json.dumps({"custom_id": row["custom_id"], "response": response, "error": None}).encode())
         return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
 
@@ -142,15 +145,22 @@ class HostileBatches(AppServer):
 
 
 def _ask(server: HostileBatches, run_dir: Path, prompts: list[str],
-         cls: type[OpenAIAPI] = OpenAIAPI) -> tuple[list[Any], list[str]]:
-    """Every prompt through one batch-mode model bound to ``run_dir``: answers (or errors), events."""
+         cls: type[OpenAIAPI] = OpenAIAPI, key_env: str | None = None,
+         fields: list[dict[str, Any]] | None = None) -> tuple[list[Any], list[str]]:
+    """Every prompt through one batch-mode model bound to ``run_dir``: answers (or errors), events
+    (and each event's fields in ``fields``)."""
     seen: list[str] = []
 
+    def emit(event: str, **more: Any) -> None:
+        seen.append(event)
+        if fields is not None:
+            fields.append(more)
+
     async def main() -> list[Any]:
-        model = cls(abbr="m", path="test-model", base_url=server.base_url, key_env=None, max_retries=2,
+        model = cls(abbr="m", path="test-model", base_url=server.base_url, key_env=key_env, max_retries=2,
                     batch=dict(size=50, poll_s=0.05, flush_s=0.05, cancel_wait_s=0.5))
         model.policy = type(model.policy)(max_retries=2, timeout_s=20, attempt_timeout_s=5, backoff_base_s=0.05)
-        model.bind_task(str(run_dir), "task-0", lambda event, **fields: seen.append(event))
+        model.bind_task(str(run_dir), "task-0", emit)
 
         async def one(i: int, prompt: str) -> str:
             current_sample.set(SampleTag(i))
@@ -257,3 +267,21 @@ def test_an_anthropic_poll_answer_without_its_id_is_read_by_the_id_asked_for(tmp
         server.close()
     assert answers == [f"re:{p}" for p in PROMPTS], answers
     assert not server.hostile and server.calls["create"] == 1
+
+
+def test_a_key_the_provider_echoes_in_batch_rows_is_replaced(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A provider whose output file repeats the key it was fetched with, in an answer and in a failed row's
+    message: the answer, the row's error and every event field hold ``***`` instead (before: the failed
+    row's ModelError, which goes to the task log and the summary, held the key)."""
+    key = "sk-batch-echo-3c9e1f0a7b"
+    monkeypatch.setenv("ORC_BATCH_ECHO_KEY", key)
+    server = HostileBatches({"echo_key"})
+    fields: list[dict[str, Any]] = []
+    try:
+        answers, _ = _ask(server, tmp_path / "run", PROMPTS, key_env="ORC_BATCH_ECHO_KEY", fields=fields)
+    finally:
+        server.close()
+    assert answers[1] == "re:q1Bearer ***"
+    assert isinstance(answers[2], ModelError) and "bad request from Bearer ***" in str(answers[2])
+    assert all(key not in str(a) for a in answers) and key not in json.dumps(fields, default=str)
+    assert [p for p in (tmp_path / "run").rglob("*") if p.is_file() and key.encode() in p.read_bytes()] == []

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import time
@@ -32,6 +33,25 @@ def slurm_config(tmp_path: Path, server: dict[str, Any], rows: int, out_len: int
     return cfg
 
 
+def agents_holding(name: str, value: str, run: Path) -> int:
+    """How many node agents of this run have ``name=value`` in their environment (root reads any /proc)."""
+    count = 0
+    for proc_dir in Path("/proc").glob("[0-9]*"):
+        try:
+            argv = (proc_dir / "cmdline").read_bytes().split(b"\0")
+            if b"orchestra.serving.agent" in argv and any(str(run).encode() in a for a in argv):
+                count += f"{name}={value}".encode() in (proc_dir / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+    return count
+
+
+def state_files(conf: Path) -> list[Path]:
+    """The files of slurmctld's StateSaveLocation (the jobs it holds: scripts, environments)."""
+    line = next(x for x in conf.read_text().splitlines() if x.startswith("StateSaveLocation="))
+    return [p for p in Path(line.split("=", 1)[1].strip()).rglob("*") if p.is_file()]
+
+
 def replica_jobs(run: Path) -> dict[str, str]:
     """The run's replica jobs from its ledger: ``{job id: job name}``."""
     return {r["slurm_job"]: r["job_name"] for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"}
@@ -51,8 +71,12 @@ def alive_jobs(jobs: dict[str, str]) -> list[str]:
 
 @pytest.mark.parametrize("launcher", ["srun", "sbatch"])
 def test_two_replica_jobs_serve_one_run_and_refuse_requests_without_the_key(
-        tmp_path: Path, slurm_cluster: SlurmCluster, launcher: str) -> None:  # noqa: F811
-    """The task reaches the replicas by address with the key, as an srun step or a batch job."""
+        tmp_path: Path, slurm_cluster: SlurmCluster, launcher: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The task reaches the replicas by address with the key, as an srun step or a batch job.  A secret of
+    the orchestrator's environment (``HF_TOKEN``-like) reaches each replica's agent, but not Slurm's
+    saved state of its batch job (before: the replica jobs' saved 'environment' held it)."""
+    canary = f"hf_replica-{secrets.token_hex(6)}"
+    monkeypatch.setenv("ORC_REPLICA_HF_TOKEN", canary)
     proc = start_cli(slurm_config(tmp_path, llama(replicas=2), rows=24, launcher=launcher), new_session=True)
     try:
         run = the_run(tmp_path)
@@ -62,6 +86,9 @@ def test_two_replica_jobs_serve_one_run_and_refuse_requests_without_the_key(
                           "two ready replicas")
         jobs = replica_jobs(run)
         assert len(jobs) == 2 and sorted(job_states(jobs).values()) == ["RUNNING", "RUNNING"]
+        assert agents_holding("ORC_REPLICA_HF_TOKEN", canary, run) == 2
+        saved = [p for p in state_files(slurm_cluster.conf) if canary.encode() in p.read_bytes()]
+        assert saved == []
         started = jsonl(run / "servers/ledger.jsonl")[0]
         key = Path(started["key_file"]).read_text().strip()
         body = {"model": "smollm2", "prompt": "Question: What is 2+3?\nAnswer:", "max_tokens": 2}

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import IO
 
 
@@ -31,15 +31,19 @@ class CallTimeout(RuntimeError):
 
 
 def call(argv: Sequence[str], timeout_s: float, abort: threading.Event | None = None,
-         abort_grace_s: float = 2.0, stop_on: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:
+         abort_grace_s: float = 2.0, stop_on: Sequence[str] = (),
+         env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` to its end (stdin closed, output captured); ``CallError`` / ``CallTimeout``.
+
+    ``env``: the client's whole environment (None: ours).
 
     ``stop_on``: once a line of the client's stderr holds one of these (e.g. a client about to sleep
     and ask again by itself), its group is killed at once and the call returns what it printed
     (``returncode`` then is -9, unless it had ended)."""
     try:
         proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL,
-                                text=True, errors="replace", start_new_session=True)
+                                text=True, errors="replace", start_new_session=True,
+                                env=None if env is None else dict(env))
     except OSError as exc:
         raise CallError(f"cannot run {argv[0]}: {exc}") from None
     if stop_on:

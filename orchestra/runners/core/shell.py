@@ -11,13 +11,12 @@ whole of it.  Every value is quoted here, at the edge; shell expressions (``"$or
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from collections.abc import Mapping, Sequence
 
-from orchestra.secretnames import VARIABLE_REFERENCE
+from orchestra.secretnames import ENV_NAME, VARIABLE_REFERENCE
 
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+__all__ = ["ENV_NAME", "NOW", "RC", "exports", "header", "printf", "shell_value", "task_lines"]
 #: the shell variable that holds the task's exit code after it ran (a footer's argument)
 RC = '"$orc_rc"'
 #: a shell expression of now, in seconds since the epoch (``?`` where the shell cannot tell)

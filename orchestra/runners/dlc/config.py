@@ -10,7 +10,7 @@ task needs in the one shell string DLC runs: the Python environment (bashrc + co
 That string is in the ``dlc submit`` argv, the task logs and the run's config.py, so a secret
 never goes there: ``extra_envs`` refuses secret-looking names (``orchestra.secretnames``), and
 ``DLCRunner(forward_env=[...])`` passes variables by name through a private file
-(``core.envfile``) that the command sources.
+(``orchestra.envfile``) that the command sources.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from orchestra import envfile
 from orchestra.keyvalues import read_key_values
-from orchestra.runners.core import envfile, shell
+from orchestra.runners.core import shell
 from orchestra.secretnames import secret_assignment
 
 REQUIRED = ("workspace_id", "resource_id", "worker_image")

@@ -16,11 +16,11 @@ import shutil
 from collections.abc import Sequence
 from typing import Any
 
+from orchestra.envfile import write_env_file
 from orchestra.paths import RunPaths
 from orchestra.runners.core import checks
 from orchestra.runners.core.command import Command, fill_template, forward_env_names
 from orchestra.runners.core.contract import Session
-from orchestra.runners.core.envfile import write_env_file
 from orchestra.runners.core.ledger import spec_digest
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.run import RunContext
@@ -61,7 +61,7 @@ class DLCRunner(BaseRunner):
         forward_env: names of environment variables of the orchestrator that every container
             gets (e.g. ``['HF_TOKEN']``): their values go into a 0600 file in the run folder that
             the job's command sources, never into the ``dlc submit`` argv, config.py or the logs
-            (``core.envfile``, at :func:`env_file_path`); the file is deleted when the launch ends.
+            (``orchestra.envfile``, at :func:`env_file_path`); the file is deleted when the launch ends.
     """
 
     #: managed servers need a place that holds GPUs for the whole stage and an address the tasks reach:

@@ -19,9 +19,9 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import TYPE_CHECKING, Any
 
+from orchestra.envfile import remove_env_file
 from orchestra.paths import RunPaths
 from orchestra.runners.core.contract import Exit, Job, NoResources, Session
-from orchestra.runners.core.envfile import remove_env_file
 from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, spec_digest
 from orchestra.runners.core.recovery import recover_left
 from orchestra.runners.core.run import RunContext

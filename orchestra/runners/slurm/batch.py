@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestra.envfile import remove_env_file, write_env_file
 from orchestra.events import EventLog
 from orchestra.fileio import atomic_write_text
 from orchestra.runners.core.contract import Exit, Job
@@ -64,13 +65,27 @@ class SbatchLauncher(SlurmLauncher):
         events: the run's event log (``slurm_adopted``, ``slurm_submit_refused``).
         submit_wait_s: how long jobs the cluster keeps refusing for now wait before they end.
         submit_backoff_s: the waits after 1, 2, ... such refusals in a row (then the last, again).
+        forward_env: variables every job gets privately (``SlurmRunner.private_variables``: its
+            ``forward_env`` and secret-looking variables): their values are written to ``env_file``
+            (``orchestra.envfile``: 0600 in a 0700 folder) that the job script sources, and taken out
+            of sbatch's own environment, so that Slurm never stores them with the job (slurmctld
+            saves the environment of every batch job it holds); the file is deleted on ``close``.
+        env_file: where (``<run>/slurm/private/<stage>.env``); needed with ``forward_env``.
     """
 
     def __init__(self, options: SlurmOptions, tag: str, folder: str, array: bool = True,
                  unfit: str | None = None, ledger: Ledger | None = None,
                  adopt: dict[str, JobRecord] | None = None, events: EventLog | None = None,
                  submit_wait_s: float = SUBMIT_WAIT_S,
-                 submit_backoff_s: Sequence[float] = SUBMIT_BACKOFF_S) -> None:
+                 submit_backoff_s: Sequence[float] = SUBMIT_BACKOFF_S, forward_env: Sequence[str] = (),
+                 env_file: str | None = None) -> None:
+        if forward_env and not env_file:
+            raise ValueError("forward_env needs an env_file")
+        self.env_file = env_file if forward_env else None
+        if self.env_file:  # before any job exists: every one sources it
+            write_env_file(self.env_file, forward_env)
+        hidden = set(forward_env)
+        self.sbatch_env = {k: v for k, v in os.environ.items() if k not in hidden} if hidden else None
         super().__init__(options, tag, unfit, footer_code)
         self.ledger = ledger
         self.adopt = dict(adopt or {})
@@ -136,8 +151,8 @@ class SbatchLauncher(SlurmLauncher):
             self._record("submitting", job, task_id=job.task.task_id, stage=job.task.stage, attempt=job.attempt,
                          digest=spec_digest(job.task))
         try:
-            atomic_write_text(pending, job_script(jobs, args))
-            job_id, _ = submit_batch(["sbatch", *args, pending])
+            atomic_write_text(pending, job_script(jobs, args, self.env_file))
+            job_id, _ = submit_batch(["sbatch", *args, pending], env=self.sbatch_env)
         except (SbatchError, OSError, ValueError) as exc:
             message = " ".join(str(exc).split())[:500]
             for job in jobs:
@@ -205,7 +220,11 @@ class SbatchLauncher(SlurmLauncher):
             cancel_records(leftover + list(self.adopt.values()), self.ledger, self.options.cancel_timeout_s,
                            "the launch ended")
         finally:
-            super().close()
+            try:
+                super().close()
+            finally:
+                if self.env_file:  # every job of this launch is over or cancelled
+                    remove_env_file(self.env_file)
         self.adopt.clear()
         self.waiting.groups.clear()
 

@@ -26,6 +26,7 @@ from orchestra.runners.slurm.common import (
     job_header,
     time_limit_minutes,
 )
+from orchestra.secretnames import secret_variables
 from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec
 
@@ -66,11 +67,16 @@ class SlurmRunner(BaseRunner):
             own srun line (launcher='srun' only; keep ``--job-name`` out of it); any other
             (``'apptainer exec img.sif {task_cmd}'``) runs inside the job.
         forward_env: names of the orchestrator's environment variables the job must get (e.g.
-            ``['HF_TOKEN']``).  Their values travel the way Slurm propagates an environment: in
-            srun's/sbatch's own environment, with ``--export=ALL`` made explicit, never in argv,
-            the job script or the logs.  Each must be set when the runner is built.  Without
-            ``forward_env`` Slurm's default still applies: with the cluster's default export
-            setting every variable of the orchestrator reaches the job.
+            ``['HF_TOKEN']``); each must be set when the runner is built.  Never in argv, the job
+            script or the logs.  ``launcher='srun'``: in srun's own environment, with
+            ``--export=ALL`` made explicit.  ``launcher='sbatch'``: in a private file of the run
+            folder (``<run>/slurm/private/<stage>.env``, 0600 in a 0700 folder, deleted when the
+            launch ends) that the job sources, and taken out of sbatch's environment, since
+            slurmctld stores a batch job's environment with the job.  Other variables follow the
+            cluster's export setting (by default every variable reaches the job); with sbatch and
+            that default, the variables whose names say they hold a secret (``*_API_KEY``,
+            ``*TOKEN``, ``*SECRET*``, ``*PASSWORD``, ``*CREDENTIALS``) go through the private
+            file too (``private_variables``).
         infra_retry: attempts per task that may end for the cluster's sake (preempted, its node
             failed or did not boot) and be retried without spending ``retry``.
         submit_wait_s: with ``launcher='sbatch'``, how long jobs wait while the cluster refuses to
@@ -110,14 +116,14 @@ class SlurmRunner(BaseRunner):
             raise ValueError(f"submit_wait_s must be a number of seconds > 0, got {submit_wait_s!r}")
         self.submit_wait_s = float(submit_wait_s)
         self.forward_env = forward_env_names(forward_env)
-        if self.forward_env:
-            extra = shlex.split(extra_args) if isinstance(extra_args, str) else list(extra_args or [])
-            if any(a == "--export" or a.startswith("--export=") for a in extra):
-                raise ValueError("forward_env needs Slurm to propagate the environment (--export=ALL): leave "
-                                 "--export out of extra_args")
-            extra_args = [*extra, "--export=ALL"]  # whatever SLURM_EXPORT_ENV/SBATCH_EXPORT say
         if launcher not in LAUNCHERS:
             raise ValueError(f"launcher must be one of {', '.join(map(repr, LAUNCHERS))}, got {launcher!r}")
+        if self.forward_env and launcher == "srun":  # sbatch: a private file (SbatchLauncher)
+            extra = shlex.split(extra_args) if isinstance(extra_args, str) else list(extra_args or [])
+            if any(a == "--export" or a.startswith("--export=") for a in extra):
+                raise ValueError("forward_env with launcher='srun' needs Slurm to propagate the environment "
+                                 "(--export=ALL): leave --export out of extra_args")
+            extra_args = [*extra, "--export=ALL"]  # whatever SLURM_EXPORT_ENV/SBATCH_EXPORT say
         if poll_interval_s is None:
             poll_interval_s = 0.1 if launcher == "srun" else 1.0
         super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template,
@@ -188,8 +194,12 @@ class SlurmRunner(BaseRunner):
             from orchestra.runners.slurm.recover import recover
 
             ledger = Ledger(ctx.paths.slurm_dir)
+            private = self.private_variables()
+            env_file = (os.path.join(ctx.paths.slurm_dir, "private", f"{tasks[0].stage}.env")
+                        if private and tasks else None)
             batch = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, {},
-                                   ctx.events, self.submit_wait_s)
+                                   ctx.events, self.submit_wait_s, forward_env=private if env_file else (),
+                                   env_file=env_file)
             try:  # the launcher first: its close() cancels what -r kept for adoption if a later step fails
                 if unfit is None:
                     recover(ledger, tasks, self.options.cancel_timeout_s, batch.adopt)
@@ -202,6 +212,16 @@ class SlurmRunner(BaseRunner):
 
             launcher = SrunLauncher(self.options, self._tag, unfit)
         return launcher
+
+    def private_variables(self) -> tuple[str, ...]:
+        """The variables a batch job gets through the private file rather than from Slurm (which
+        stores a batch job's environment): ``forward_env``, and, while Slurm would export every
+        variable anyway (no ``--export`` in ``extra_args``, no ``SBATCH_EXPORT``), every variable
+        of ours whose name says it holds a secret (``OPENAI_API_KEY``, ``HF_TOKEN``, ...)."""
+        exported_all = "SBATCH_EXPORT" not in os.environ and not any(
+            a == "--export" or a.startswith("--export=") for a in self.options.extra_args)
+        found = secret_variables(os.environ) if exported_all else []
+        return (*self.forward_env, *(n for n in found if n not in self.forward_env))
 
     def _check_tools(self) -> str | None:
         needed = ["srun" if self.launcher == "srun" else "sbatch", "squeue", "scancel"]

@@ -11,8 +11,9 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
+from orchestra.envfile import source_lines
 from orchestra.runners.core.cli import CallError, CallTimeout, call
 from orchestra.runners.core.contract import Job
 from orchestra.runners.core.run import read_log
@@ -107,8 +108,11 @@ def refusal(stderr: str) -> SbatchRefused:
     return SbatchRefused(reason, any(marker in reason for marker in SBATCH_TRANSIENT))
 
 
-def submit_batch(argv: list[str], timeout_s: float = SLURM_CALL_TIMEOUT_S) -> tuple[str, str | None]:
+def submit_batch(argv: list[str], timeout_s: float = SLURM_CALL_TIMEOUT_S,
+                 env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
     """Run ``sbatch --parsable ...`` (argv) and return the job id (and cluster) it printed.
+
+    ``env``: sbatch's whole environment (None: ours); Slurm saves what it exports with the job.
 
     Raises ``SbatchRefused`` when sbatch says the cluster did not take the job; when its stderr says
     it is about to sleep and ask again (the controller refused it for now), sbatch is killed at
@@ -117,7 +121,7 @@ def submit_batch(argv: list[str], timeout_s: float = SLURM_CALL_TIMEOUT_S) -> tu
     whether a job was created is unknown), or answers something that is not a job id.
     """
     try:
-        res = call(argv, timeout_s, stop_on=SBATCH_RETRYING)
+        res = call(argv, timeout_s, stop_on=SBATCH_RETRYING, env=env)
     except CallError as exc:
         raise SbatchError(str(exc)) from None
     except CallTimeout:
@@ -128,13 +132,17 @@ def submit_batch(argv: list[str], timeout_s: float = SLURM_CALL_TIMEOUT_S) -> tu
     raise refusal(res.stderr or res.stdout or f"exit code {res.returncode}")
 
 
-def job_script(jobs: list[Job], sbatch_args: Sequence[str] = ()) -> str:
+def job_script(jobs: list[Job], sbatch_args: Sequence[str] = (), env_file: str | None = None) -> str:
     """The batch script that runs array index ``i`` (0 for a single job) as ``jobs[i]``'s command.
 
     ``sbatch_args`` are recorded in a comment (they are passed on sbatch's command line).
+    ``env_file``: the private file of ``forward_env``'s values (``orchestra.envfile``) the job sources
+    first (it exits 97 naming the file when it cannot read it).
     """
-    lines = ["#!/bin/bash", f"# submitted by orchestra: sbatch {shlex.join(sbatch_args)} <this script>",
-             'case "${SLURM_ARRAY_TASK_ID:-0}" in']
+    lines = ["#!/bin/bash", f"# submitted by orchestra: sbatch {shlex.join(sbatch_args)} <this script>"]
+    if env_file:
+        lines += source_lines(env_file, "forward_env; the orchestrator deletes it when the launch ends")
+    lines.append('case "${SLURM_ARRAY_TASK_ID:-0}" in')
     for i, job in enumerate(jobs):
         lines.append(f"  {i})")
         lines += [f"    {line}" for line in exports(job.command.env)]

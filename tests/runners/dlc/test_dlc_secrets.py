@@ -50,7 +50,7 @@ def test_forward_env_reaches_the_container_and_nothing_else(double: Double, tmp_
 def test_env_file_is_private_and_sourced_by_path(tmp_path: Path) -> None:
     """The file the container sources: 0600 in a 0700 folder, written whole; the command names its
     path, never the value."""
-    from orchestra.runners.core.envfile import remove_env_file, write_env_file
+    from orchestra.envfile import remove_env_file, write_env_file
     from orchestra.runners.dlc.config import AliyunConfig, container_command
     from orchestra.runners.dlc.runner import env_file_path
 

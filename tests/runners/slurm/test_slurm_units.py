@@ -227,3 +227,29 @@ def test_slurm_modules_import_one_way() -> None:
             other = module.removeprefix("orchestra.runners.slurm.")
             if other in level:
                 assert level[other] > i, f"{name} imports {module}, which is not below it"
+
+
+def test_the_batch_script_sources_the_private_file_first_and_exits_97_without_it(tmp_path: Path) -> None:
+    """The job script of ``launcher='sbatch'`` run by a real bash, outside Slurm: the private file's
+    variable reaches the task (its argv prints it), and a file that cannot be read ends the job with
+    97 and one line naming it, before the task runs."""
+    from orchestra.envfile import write_env_file
+    from orchestra.runners.core.command import Command
+    from orchestra.runners.core.contract import Job
+    from orchestra.runners.slurm.script import job_script
+
+    task = TaskSpec(stage="infer", task_id="t0", run_dir=str(tmp_path), model={}, model_abbr="m", units=())
+    log = tmp_path / "t0.log"
+    job = Job(task, 1, Command(("bash", "-c", 'echo "got:$ORC_UNIT_API_KEY"'), {}), str(log), {})
+    env_file = tmp_path / "slurm" / "private" / "infer.env"
+    write_env_file(str(env_file), ["ORC_UNIT_API_KEY"], {"ORC_UNIT_API_KEY": "v a'l$ue"})
+    script = tmp_path / "job.sh"
+    script.write_text(job_script([job], ["--parsable"], str(env_file)))
+    assert "v a'l$ue" not in script.read_text()
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "got:v a'l$ue" in log.read_text()
+    env_file.unlink()
+    log.unlink()
+    res = subprocess.run(["bash", str(script)], capture_output=True, text=True, timeout=30, check=False)
+    assert res.returncode == 97 and str(env_file) in res.stderr and not log.exists()

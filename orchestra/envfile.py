@@ -23,7 +23,7 @@ import stat
 from collections.abc import Mapping, Sequence
 
 from orchestra.privdir import UnsafeFolderError, folder_problem
-from orchestra.runners.core.shell import ENV_NAME
+from orchestra.secretnames import ENV_NAME
 
 
 def write_env_file(path: str, names: Sequence[str], environ: Mapping[str, str] | None = None) -> None:
