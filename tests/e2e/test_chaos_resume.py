@@ -145,7 +145,9 @@ def reference(server: Any, tmp_path_factory: pytest.TempPathFactory) -> Referenc
 
 
 def kill_points(ref: Reference) -> list[Point]:
-    return chaos_kill_points(ref.times, KILLS, SEED)
+    """The seeded points, then one more: the run's last event, ``run_finished`` (the summary and
+    the report are being built)."""
+    return [*chaos_kill_points(ref.times, KILLS, SEED), Point(len(ref.times), 0.0)]
 
 
 def check_finished(ref: Reference, work: Path, server: Any, kills: list[Kill], proc: subprocess.Popen[str]
@@ -182,6 +184,7 @@ def scenarios() -> list[list[tuple[str, int | Point]]]:
     out.append([("node", 4), ("node", Point(6, 0.1))])  # killed twice in a row: the resume dies too
     out.append([("sigint", 6)])
     out.append([("orchestrator", 2), ("sigint", Point(5, 0.2))])
+    out.append([("node", KILLS)])  # while the summary and the report are built
     return out
 
 
