@@ -312,7 +312,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     """Run the stages of ``mode`` in the locked run folder ``paths``, then the epilogue."""
     from orchestra.config import dump_config
     from orchestra.events import EventLog
-    from orchestra.planner import make_plan
+    from orchestra.planner import clear_leftovers, make_plan
     from orchestra.runners.base import RunContext
     from orchestra.runners.core.host import HostCapacity
     from orchestra.stages import StopOnSignals, run_stages
@@ -328,6 +328,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     ctx = RunContext(paths, events, host=HostCapacity())
     with StopOnSignals(ctx.stop) as signals:
         made = make_plan(cfg, prep.infos, paths)
+        clear_leftovers(made, paths)  # what writers killed with an earlier orchestrator left
         events.emit("run_started", mode=mode, pid=os.getpid(),
                     tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
         stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]

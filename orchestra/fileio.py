@@ -60,6 +60,42 @@ def _create_temp(folder: str, name: str) -> tuple[int, str]:
     raise FileExistsError(f"no free temporary name for {name} in {folder}")
 
 
+#: the name of an atomic write's temporary file: ``.tmp-`` eight hex digits, the target's name
+_TEMP_NAME = re.compile(r"\.tmp-[0-9a-f]{8}(.+)")
+
+
+def temp_target(path: str) -> str | None:
+    """The file that ``path``, an atomic write's temporary file, was to become (None: not one)."""
+    found = _TEMP_NAME.fullmatch(os.path.basename(path))
+    return os.path.join(os.path.dirname(path), found.group(1)) if found else None
+
+
+def remove_stale_temps(targets: Iterable[str]) -> list[str]:
+    """Remove the temporary files that atomic writes of ``targets`` left behind (a writer killed
+    between its write and its rename); one listing per folder.  Only for targets that nobody
+    else writes now: the caller holds their writer's lock, or they are finished.  Returns the
+    removed paths."""
+    by_folder: dict[str, set[str]] = {}
+    for target in targets:
+        by_folder.setdefault(os.path.dirname(os.path.abspath(target)), set()).add(os.path.basename(target))
+    removed = []
+    for folder, names in by_folder.items():
+        try:
+            entries = os.listdir(folder)
+        except FileNotFoundError:
+            continue
+        for entry in entries:
+            found = _TEMP_NAME.fullmatch(entry)
+            if found and found.group(1) in names:
+                path = os.path.join(folder, entry)
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    continue
+                removed.append(path)
+    return removed
+
+
 def atomic_write_bytes(path: str, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old file or the whole new one.
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.config import RunConfig
 from orchestra.datasets.info import DatasetInfo
 from orchestra.evaluators import evaluator_identity, evaluator_resources
-from orchestra.fileio import stable_hash
+from orchestra.fileio import stable_hash, temp_target
 from orchestra.models.base import BaseModel
 from orchestra.partitioners.base import BasePartitioner
 from orchestra.paths import RunPaths, safe_name
@@ -36,6 +37,9 @@ class Plan:
     #: infer units another unit with the same hash already makes (sweep variants whose
     #: predictions cannot differ): (model abbr, unit, the output they share)
     shared: list[tuple[str, Unit, str]] = field(default_factory=list)
+    #: what the writing of reused outputs left when its writer was killed (a checkpoint and its
+    #: lock once the output was sealed, a temporary file of an atomic write): nobody writes them again
+    leftovers: list[str] = field(default_factory=list)
 
 
 def model_class(model: dict[str, Any]) -> type[BaseModel]:
@@ -171,6 +175,11 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
     datasets = _dataset_plans(infos, infer_stage.partitioner)
     eval_needs = {d.info.abbr: d.eval_needs for d in datasets}
     existing = _existing_outputs(paths)
+    temps: dict[str, list[str]] = {}  # target -> the temporary files of its killed writes
+    for path in existing:
+        target = temp_target(path)
+        if target is not None:
+            temps.setdefault(target, []).append(path)
     names: dict[str, str] = {}  # unit name -> its file-safe form, for task ids
     for model in cfg.models:
         abbr = model["abbr"]
@@ -223,6 +232,7 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                     plan.all_units[stage].append((abbr, unit))
                     if unit.output in existing and output_done(unit.output, unit.hash):
                         plan.reused[stage].append(unit)
+                        plan.leftovers += _leftovers(stage, unit, paths, existing, temps)
                     else:
                         todo[stage].append(unit)
         for stage, st in (("infer", infer_stage), ("eval", eval_stage)):
@@ -230,6 +240,42 @@ def make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Plan
                 plan.tasks[stage] += _pack(stage, st.partitioner, model, todo[stage], paths, st.task_cfg, eval_needs,
                                            names)
     return plan
+
+
+def _leftovers(stage: str, unit: Unit, paths: RunPaths, existing: set[str], temps: dict[str, list[str]]
+               ) -> list[str]:
+    """What the writing of the finished output of ``unit`` left when its writer was killed."""
+    if stage == "infer":  # killed after sealing, before dropping the checkpoint
+        ckpt = paths.checkpoint(unit.output)
+        found = [p for p in (ckpt, ckpt + ".lock") if p in existing]
+        return found + temps.get(unit.output, [])
+    details = unit.output[: -len(".json")] + ".details.jsonl"  # RunPaths.details beside RunPaths.results
+    return temps.get(unit.output, []) + temps.get(details, [])
+
+
+#: the temporary file of a task spec (``TaskSpec.dump``) or of an atomic write
+_ORCHESTRATOR_TEMP = re.compile(r"(.+\.tmp-\d+-\d+|\.tmp-[0-9a-f]{8}.+)")
+
+
+def clear_leftovers(plan: Plan, paths: RunPaths) -> list[str]:
+    """Remove what killed writers left in the run folder before any task starts: ``plan.leftovers``
+    (of outputs finished already) and the temporary files of the folders that only the
+    orchestrator writes (task specs, the summary).  For the orchestrator that holds the run
+    folder's lock; returns the removed paths."""
+    removed = []
+    found = list(plan.leftovers)
+    for folder in (os.path.dirname(paths.task_spec("x")), paths.summary_dir):
+        try:
+            found += [os.path.join(folder, n) for n in os.listdir(folder) if _ORCHESTRATOR_TEMP.fullmatch(n)]
+        except FileNotFoundError:
+            continue
+    for path in found:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            continue
+        removed.append(path)
+    return removed
 
 
 def _existing_outputs(paths: RunPaths) -> set[str]:

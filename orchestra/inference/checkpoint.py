@@ -22,6 +22,7 @@ attempt still running) fails fast instead of interleaving its lines.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -192,5 +193,5 @@ class Checkpoint:
         records = [self.records[i] for i in sorted(self.records)]
         write_sealed_jsonl(output, {**meta, "hash": self.hash}, records)
         for path in (self.path, self.path + ".lock"):
-            if os.path.exists(path):
+            with contextlib.suppress(FileNotFoundError):  # -r clears those of a sealed shard too
                 os.unlink(path)

@@ -16,6 +16,7 @@ one ``asyncio.run`` per task can keep using the same scopes.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -195,8 +196,9 @@ class HostSlots:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError:
                 live += 1  # held: its process is alive
-            else:
-                os.unlink(path)  # left behind by a dead process
+            else:  # left behind by a dead process; another live member may be clearing it too
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(path)
             finally:
                 os.close(fd)
         self._members = max(1, live)

@@ -27,7 +27,7 @@ from orchestra.errors import TaskFailedError
 from orchestra.evaluators import HeavyEvaluator, build_evaluator
 from orchestra.evaluators.heavy import details_of, run_verdicts
 from orchestra.events import EventLog
-from orchestra.fileio import atomic_write_json, atomic_write_jsonl, read_sealed_jsonl
+from orchestra.fileio import atomic_write_json, atomic_write_jsonl, read_sealed_jsonl, remove_stale_temps
 from orchestra.inference.checkpoint import Checkpoint
 from orchestra.paths import RunPaths
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
@@ -159,6 +159,8 @@ def run_task(spec: TaskSpec) -> None:
             metrics, details, extra = _run_heavy(spec, unit, evaluator, records, paths)
         else:
             metrics, details = evaluator.score(records)
+        # one attempt of a task at a time: a temporary file of these outputs is an earlier, killed one's
+        remove_stale_temps([paths.details(spec.model_abbr, unit.dataset_abbr), unit.output])
         atomic_write_jsonl(paths.details(spec.model_abbr, unit.dataset_abbr), details)
         atomic_write_json(
             unit.output,

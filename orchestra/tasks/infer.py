@@ -25,6 +25,7 @@ from typing import Any
 from orchestra.datasets.base import build_dataset
 from orchestra.errors import TaskFailedError
 from orchestra.events import EventLog
+from orchestra.fileio import remove_stale_temps
 from orchestra.inference.checkpoint import Checkpoint
 from orchestra.inference.engine import Engine, SampleJob
 from orchestra.models.registry_cache import get_model
@@ -92,6 +93,7 @@ async def _run_units(spec: TaskSpec) -> None:
                   f"checkpoint, {len(todo)} to run", flush=True)
             runs.append(_UnitRun(unit, ckpt, len(samples)))
             jobs.extend(SampleJob(s, ckpt.append) for s in todo)
+        remove_stale_temps(run.unit.output for run in runs)  # an earlier attempt killed as it wrote; ours: the locks
 
         last_log = time.monotonic()
 

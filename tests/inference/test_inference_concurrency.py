@@ -167,3 +167,28 @@ def test_the_default_slot_folder_is_private_and_a_planted_link_is_refused(tmp_pa
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "UnsafeFolderError" in res.stdout and "symbolic link" in res.stdout, res.stdout
     assert len(res.stdout.strip().splitlines()) == 1 and list(theirs.iterdir()) == []
+
+
+def test_two_members_clearing_one_dead_member_at_once(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two tasks started after a SIGKILL both clear the dead task's member file: the one that
+    found it gone as it unlinked it failed a sample with FileNotFoundError (found by the chaos test)."""
+    import fcntl
+
+    from orchestra.limits import concurrency as module
+
+    a = HostSlots("t-dead-member", 4, lock_dir=str(tmp_path))
+    b = HostSlots("t-dead-member", 4, lock_dir=str(tmp_path))
+    dead = os.path.join(a.dir, "members", "999999-deadbeef")
+    os.close(os.open(dead, os.O_WRONLY | os.O_CREAT, 0o600))  # nobody holds its lock: its process died
+    real_flock = fcntl.flock
+    raced: list[int] = []
+
+    def flock_after_the_other(fd: int, op: int) -> None:
+        if not raced and os.readlink(f"/proc/self/fd/{fd}") == dead:
+            raced.append(fd)
+            a._count_members(force=True)  # the other member clears it between our open and our lock
+        real_flock(fd, op)
+
+    monkeypatch.setattr(module.fcntl, "flock", flock_after_the_other)
+    b._count_members(force=True)
+    assert raced and not os.path.exists(dead) and b.fair_share() == 4

@@ -13,13 +13,22 @@ _PR_SET_PDEATHSIG = 1
 
 
 def die_with_parent(sig: signal.Signals) -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets ``sig`` when the orchestrator dies, even by SIGKILL."""
+    """A ``preexec_fn``: the child gets ``sig`` when the orchestrator dies, even by SIGKILL.
+
+    Call it in the process that starts the child, right before the start: the child compares its
+    parent with this process, since an orchestrator that died between the fork and the ``prctl``
+    never sends the signal (the child, adopted by another, would run on outside every ledger).
+    """
+    parent = os.getpid()
 
     def setup() -> None:
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig)
         except (OSError, AttributeError):
-            pass  # not Linux: Ctrl-C and SIGTERM still clean up; only SIGKILL of us would not
+            return  # not Linux: Ctrl-C and SIGTERM still clean up; only SIGKILL of us would not
+        if os.getppid() != parent:  # the orchestrator died before the prctl: die as it would have made us
+            os.kill(os.getpid(), sig)
+            os._exit(128 + int(sig))  # a handler the child inherited caught it: end all the same
 
     return setup
 

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from orchestra.runners.core.proc import describe_status, reap_group, signal_name, start_group
+from tests.helpers import born, gone_within, still_alive, wait_for
 
 
 def _raw_status(code: str) -> int:
@@ -37,3 +38,37 @@ def test_reap_group_reports_once_ended_and_again_after(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait()
+
+
+_SLOW_START = """
+import os, subprocess, sys, time
+from orchestra.runners.core.proc import die_with_parent
+import signal
+setup = die_with_parent(signal.SIGKILL)
+def slow_setup():
+    with open(sys.argv[1] + ".tmp", "w") as f:
+        f.write(str(os.getpid()))
+    os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+    time.sleep(1.0)  # the orchestrator is SIGKILLed here, between the fork and the prctl
+    setup()
+subprocess.Popen(["sleep", "30"], preexec_fn=slow_setup, start_new_session=True).wait()
+"""
+
+
+def test_a_child_whose_parent_died_before_the_prctl_dies_too(tmp_path: Path) -> None:
+    """The parent-death signal is set after the fork: a SIGKILL of the orchestrator in between
+    left the task running, adopted by init, holding its checkpoint's lock (found by the chaos test)."""
+    marker = tmp_path / "child"
+    parent = subprocess.Popen([sys.executable, "-c", _SLOW_START, str(marker)])
+    started: dict[int, int | None] = {}
+    try:
+        wait_for(marker.exists, 30, "the child's start")
+        started = born([int(marker.read_text())])
+        parent.kill()
+        parent.wait()
+        assert gone_within(next(iter(started)), 5), "the child outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+        for pid in still_alive(started):
+            os.kill(pid, signal.SIGKILL)
