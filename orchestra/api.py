@@ -202,6 +202,9 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
     from orchestra.summary.costs import check_prices
 
     check_temp_folders()  # a shared temp folder another user planted: one line now, not failed tasks
+    from orchestra.summary.progress import line_interval_s
+
+    line_interval_s()  # a bad ORCHESTRA_PROGRESS_INTERVAL_S: one line now, not when the first stage starts
 
     prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], source)
     infos = dataset_infos(cfg.datasets, source, write_cache=write_cache)
