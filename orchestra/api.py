@@ -331,9 +331,13 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     ctx = RunContext(paths, events, host=HostCapacity())
     with StopOnSignals(ctx.stop) as signals:
         made = make_plan(cfg, prep.infos, paths)
+        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
+        # a runner's own check of what it reaches (a Ray head's address), before any stage says a
+        # word; only for a stage with tasks (``-r`` of a finished run needs no cluster)
+        for runner in {id(prep.runners[s]): prep.runners[s] for s in stages if made.tasks[s] and not debug}.values():
+            getattr(runner, "preflight", lambda: None)()
         events.emit("run_started", mode=mode, pid=os.getpid(),
                     tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
-        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
         results = run_stages(cfg, prep.runners, made, ctx, stages, debug, quiet)
     interrupted = ctx.stop.is_set()
     events.emit("run_finished", interrupted=interrupted,
