@@ -202,6 +202,9 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
     from orchestra.summary.costs import check_prices
 
     check_temp_folders()  # a shared temp folder another user planted: one line now, not failed tasks
+    from orchestra.summary.progress import line_interval_s
+
+    line_interval_s()  # a bad ORCHESTRA_PROGRESS_INTERVAL_S: one line now, not when the first stage starts
 
     prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], source)
     infos = dataset_infos(cfg.datasets, source, write_cache=write_cache)
@@ -329,9 +332,13 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     with StopOnSignals(ctx.stop) as signals:
         made = make_plan(cfg, prep.infos, paths)
         clear_leftovers(made, paths)  # what writers killed with an earlier orchestrator left
+        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
+        # a runner's own check of what it reaches (a Ray head's address), before any stage says a
+        # word; only for a stage with tasks (``-r`` of a finished run needs no cluster)
+        for runner in {id(prep.runners[s]): prep.runners[s] for s in stages if made.tasks[s] and not debug}.values():
+            getattr(runner, "preflight", lambda: None)()
         events.emit("run_started", mode=mode, pid=os.getpid(),
                     tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
-        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
         results = run_stages(cfg, prep.runners, made, ctx, stages, debug, quiet)
     interrupted = ctx.stop.is_set()
     events.emit("run_finished", interrupted=interrupted,

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestra.config.relpaths import found as found_path
 from orchestra.config.schema import build_component, check_kwargs
 from orchestra.config.secrets import check_secrets
 from orchestra.config.sweep import SweepInfo, expand_sweep
@@ -209,26 +210,10 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
     for key in getattr(cls, "path_keys", ("path",)):  # `path`, an lm-eval task's `include_path`
         value = cfg.get(key)
         if isinstance(value, str):
-            resolved[key] = _found(value, config_dir)
+            resolved[key] = found_path(value, config_dir)
         elif isinstance(value, (list, tuple)):
-            resolved[key] = [_found(v, config_dir) if isinstance(v, str) else v for v in value]
+            resolved[key] = [found_path(v, config_dir) if isinstance(v, str) else v for v in value]
     return resolved
-
-
-def _found(path: str, config_dir: str) -> str:
-    """A relative data path from where orchestra runs (as OpenCompass users expect), else from
-    the config file's folder or a folder above it (so `configs/data/x.jsonl` is found from
-    anywhere); made absolute once, so tasks never depend on a cwd.  Unchanged when not found."""
-    if not path or os.path.isabs(path):
-        return path
-    ancestors, folder = [], config_dir
-    while folder and folder not in ancestors:
-        ancestors.append(folder)
-        folder = os.path.dirname(folder)
-    for candidate in (path, *(os.path.join(a, path) for a in ancestors)):
-        if os.path.exists(candidate):
-            return os.path.abspath(candidate)
-    return path
 
 
 def _check_file_names(datasets: list[dict[str, Any]], source: str) -> None:

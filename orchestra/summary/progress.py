@@ -11,6 +11,7 @@ every event once more, so the last display shows the final counts exactly.
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -18,6 +19,7 @@ from collections import deque
 from collections.abc import Iterable
 from typing import IO, Any
 
+from orchestra.errors import UserError
 from orchestra.models.base import BatchedModel
 from orchestra.registry import MODELS
 from orchestra.tasks.spec import TaskSpec
@@ -46,12 +48,20 @@ def api_model_abbrs(models: Iterable[dict[str, Any]]) -> set[str]:
 
 
 def line_interval_s() -> float:
-    """Seconds between progress lines when stderr is not a terminal."""
+    """Seconds between progress lines when stderr is not a terminal (at least 0.1): the value of
+    ``ORCHESTRA_PROGRESS_INTERVAL_S``, else 30.  A value that is not a positive number of seconds
+    is a :class:`UserError` (``orchestra.api`` asks before a run, so it is one line and exit 2)."""
     raw = os.environ.get("ORCHESTRA_PROGRESS_INTERVAL_S", "")
-    try:
-        return max(0.1, float(raw)) if raw else DEFAULT_LINE_INTERVAL_S
-    except ValueError:
+    if not raw:
         return DEFAULT_LINE_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise UserError(f"ORCHESTRA_PROGRESS_INTERVAL_S={raw!r}: expected a positive number of seconds between "
+                        "progress lines, such as 30 (unset: 30)")
+    return max(0.1, value)
 
 
 def _duration(seconds: float) -> str:

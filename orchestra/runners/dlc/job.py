@@ -52,6 +52,7 @@ class DLCJob:
     exit_seen: bool = False  # the command's exit code file appeared: the job is ending, ask now
     get_error_since: float | None = None  # monotonic: ``dlc get job`` has failed since
     final_log_error_since: float | None = None  # monotonic: the read of its last log window has failed since
+    final_log_given_up: bool = False  # that read was given up on (and the log says so)
     cursor: LogCursor | None = None
     drain_at: float | None = None  # service clock: when the final log window is read again
     over: bool = False  # the service showed it over (or it was never created)

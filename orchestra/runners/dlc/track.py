@@ -129,7 +129,9 @@ class Tracker:
                 h.drain_at = h.drain_at or finished
                 h.next_check = time.monotonic() + min(self.t.poll_interval_s, 1.0)
                 return None
-            self.log(h, [f"===== dlc: could not read the job's log for {give_up_s:g} s: {exc}"])
+            if not h.final_log_given_up:  # the drain's further looks fail the same way: said once
+                h.final_log_given_up = True
+                self.log(h, [f"===== dlc: could not read the job's log for {give_up_s:g} s: {exc}"])
         # No footer yet: lines may still be on their way into the log service.  Read again once
         # they have settled, and keep reading (each settle period, or each second) until the
         # footer shows or a second settle period has passed (a job killed before its footer).

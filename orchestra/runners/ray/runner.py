@@ -99,10 +99,15 @@ class RayRunner(BaseRunner):
         self.idle_timeout_s = idle_timeout_s
 
     # -- connecting ---------------------------------------------------------------------------------
-    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
+    def preflight(self) -> None:
+        """Refuse (:class:`UserError`) a cluster address where no Ray head answers; ``orchestra.api``
+        asks before a run folder is made and a stage starts, so the error is the run's only line."""
         unreachable = self._unreachable()
         if unreachable:
             raise UserError(f"RayRunner could not connect to the Ray cluster at {self.address}: {unreachable}")
+
+    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
+        self.preflight()  # asked again: the head may have gone since
         try:  # the modules that import ray
             from orchestra.runners.ray.backend import RaySession
             from orchestra.runners.ray.pool import RayPool, recover

@@ -180,6 +180,19 @@ def test_a_log_service_that_keeps_failing_ends_the_attempt_on_its_exit_code(doub
                                                                          "succeeded), task exit code 0"), lines
 
 
+def test_a_log_service_that_keeps_failing_is_reported_once_however_long_the_drain(double: Double,
+                                                                                   tmp_path: Path) -> None:
+    """Regression: once the final window had been given up on, each further look of the drain (one
+    a second until two settle periods have passed) wrote the same 'could not read' line again."""
+    double.faults(logs_failed_after_end=10_000)
+    runner = dlc_runner(tmp_path, retry=0, infra_retry=0, lost_after_s=1.0, log_settle_s=4.0)
+    res = run_cli(double.state, write_config(tmp_path, runner, tasks=1))
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = (only_run(tmp_path) / "logs/infer/infer_det_rows.log").read_text().splitlines()
+    assert len([line for line in lines if line.startswith("===== dlc: could not read the job's log")]) == 1, lines
+    assert lines[-1].endswith("task exit code 0"), lines
+
+
 def test_a_job_stuck_in_the_queue_is_stopped_and_resubmitted(double: Double, tmp_path: Path) -> None:
     double.faults(rules=[{"match": "rows_1", "times": 1, "queue_s": 3600}])
     cfg = write_config(tmp_path, dlc_runner(tmp_path, queue_timeout_s=1.0), tasks=2)

@@ -116,12 +116,18 @@ def test_dry_run_shows_each_task_and_connects_to_nothing(tmp_path: Path) -> None
     assert "-m orchestra.tasks.infer" in res.stdout
 
 
-def test_unreachable_cluster_is_one_line_at_once(tmp_path: Path) -> None:
-    cfg = write_config(tmp_path, "type=RayRunner, address='127.0.0.1:9'")  # nothing listens on port 9
-    res = run_cli(cfg, "--mode", "infer", timeout=60)  # Ray alone would retry for minutes
+@pytest.mark.parametrize("mode", ["infer", "all"])
+def test_unreachable_cluster_is_one_line_at_once(tmp_path: Path, mode: str) -> None:
+    """Only that line (the stage headers and progress lines of both stages were printed before it,
+    the eval stage's from its own thread), and no task started."""
+    address = "type=RayRunner, address='127.0.0.1:9'"  # nothing listens on port 9
+    cfg = write_config(tmp_path, address, eval_runner=f"dict({address}, task=dict(type=EvalTask))")
+    res = run_cli(cfg, "--mode", mode, "-w", tmp_path / "out", timeout=60)  # Ray alone would retry for minutes
     assert res.returncode == 2, res.stderr[-2000:]
-    assert ("orchestra: error: RayRunner could not connect to the Ray cluster at 127.0.0.1:9: Connection refused\n"
-            in res.stderr), res.stderr
+    assert res.stderr == ("orchestra: error: RayRunner could not connect to the Ray cluster at 127.0.0.1:9: "
+                          "Connection refused\n"), res.stderr
+    (run,) = (tmp_path / "out").iterdir()
+    assert not (run / "logs").exists() or not any((run / "logs").rglob("*.log"))
 
 
 @pytest.mark.slow
