@@ -90,6 +90,28 @@ def test_ctrl_c_of_an_sbatch_run_deletes_the_private_file(slurm_cluster: SlurmCl
     assert list(private.iterdir()) == [] and squeue_jobs(job_prefix(run)) == []
 
 
+def test_the_private_file_a_sigkilled_launch_left_is_deleted_by_the_next_one(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL leaves <run>/slurm/private/<stage>.env; the -r that follows deleted it only if it had
+    secret-looking variables to write again (before: without them it stayed, a secret at rest)."""
+    from orchestra.secretnames import secret_variables
+
+    for name in secret_variables(os.environ):
+        monkeypatch.delenv(name)
+    cfg = write_config(tmp_path, "type=SlurmRunner, launcher='sbatch', partition='debug', poll_interval_s=0.2",
+                       gpu=False, datasets=("pick",))
+    assert run_cli(cfg).returncode == 0
+    (run,) = run_dirs(tmp_path)
+    private = run / "slurm" / "private"
+    private.mkdir(mode=0o700, exist_ok=True)
+    (private / "infer.env").write_text(f"export ORC_OLD_TOKEN={UNNAMED}\n")
+    os.chmod(private / "infer.env", 0o600)
+    (run / "predictions" / "det" / "pick.jsonl").unlink()  # -r has an infer task to launch
+    again = run_cli(cfg, "-r")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (run / "predictions" / "det" / "pick.jsonl").exists() and list(private.iterdir()) == []
+
+
 def slurm_saved_files(conf: Path) -> list[Path]:
     """The files of slurmctld's StateSaveLocation (jobs it still holds: batch scripts, environments)."""
     line = next(x for x in conf.read_text().splitlines() if x.startswith("StateSaveLocation="))
