@@ -46,8 +46,8 @@ def write_env_file(path: str, names: Sequence[str], environ: Mapping[str, str] |
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     try:
         os.fchmod(fd, 0o600)  # an earlier leftover may have other bits
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:  # a value's bytes as they were (os.environ: surrogate escapes)
+            f.write(text.encode("utf-8", "surrogateescape"))
             f.flush()
             os.fsync(f.fileno())
     except BaseException:

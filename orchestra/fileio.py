@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import fcntl
 import hashlib
 import json
 import os
 import re
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 # A UTF-16 surrogate code point on its own: valid in JSON (``"\ud83d"``) and in a Python
@@ -94,6 +96,31 @@ def remove_stale_temps(targets: Iterable[str]) -> list[str]:
                     continue
                 removed.append(path)
     return removed
+
+
+@contextlib.contextmanager
+def writers_lock(path: str, exclusive: bool = False) -> Iterator[bool]:
+    """Hold the lock file ``path`` (made if missing, 0600): shared, by each process that writes
+    files in its folder (waits only while one holds it exclusively, for an instant); or
+    ``exclusive``, never waiting, by who clears the temporary files of killed writers there:
+    True when taken, False while a writer is at work (its temporary files are not stale).  Where
+    the lock cannot be had at all (a file system without locks), True: as if nobody held it."""
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError:
+        yield True  # the writes themselves will say what is wrong with the folder
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB if exclusive else fcntl.LOCK_SH)
+        except BlockingIOError:
+            yield False
+            return
+        except OSError:  # ENOLCK, EOPNOTSUPP: no locks here
+            pass
+        yield True
+    finally:
+        os.close(fd)
 
 
 def atomic_write_bytes(path: str, data: bytes) -> None:

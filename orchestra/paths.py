@@ -70,6 +70,12 @@ class RunPaths:
         return os.path.join(self.root, "summary")
 
     @property
+    def summary_lock(self) -> str:
+        """Held (shared) by whoever writes ``summary/`` (a run's end, ``--mode viz``, which takes
+        no run lock): -r clears the temporary files there only when nobody holds it."""
+        return os.path.join(self.summary_dir, ".writers.lock")
+
+    @property
     def slurm_dir(self) -> str:
         """Batch job scripts and Slurm's own job output (``SlurmRunner(launcher='sbatch')``)."""
         return os.path.join(self.root, "slurm")

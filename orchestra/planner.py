@@ -19,7 +19,7 @@ from typing import Any
 from orchestra.config import RunConfig
 from orchestra.datasets.info import DatasetInfo
 from orchestra.evaluators import evaluator_identity, evaluator_resources
-from orchestra.fileio import stable_hash, temp_target
+from orchestra.fileio import stable_hash, temp_target, writers_lock
 from orchestra.models.base import BaseModel
 from orchestra.partitioners.base import BasePartitioner
 from orchestra.paths import RunPaths, safe_name
@@ -262,14 +262,26 @@ def clear_leftovers(plan: Plan, paths: RunPaths) -> list[str]:
     (of outputs finished already) and the temporary files of the folders that only the
     orchestrator writes (task specs, the summary).  For the orchestrator that holds the run
     folder's lock; returns the removed paths."""
+    removed = _unlink(list(plan.leftovers) + _temps(os.path.dirname(paths.task_spec("x"))))
+    if os.path.isdir(paths.summary_dir):
+        with writers_lock(paths.summary_lock, exclusive=True) as alone:
+            if alone:  # else a --mode viz (no run lock) is writing: its temporary files are live
+                removed += _unlink(_temps(paths.summary_dir))
+    return removed
+
+
+def _temps(folder: str) -> list[str]:
+    """The temporary files in ``folder`` (none if it is missing)."""
+    try:
+        return [os.path.join(folder, n) for n in os.listdir(folder) if _ORCHESTRATOR_TEMP.fullmatch(n)]
+    except FileNotFoundError:
+        return []
+
+
+def _unlink(paths: list[str]) -> list[str]:
+    """Remove ``paths``; those removed (one already gone is skipped)."""
     removed = []
-    found = list(plan.leftovers)
-    for folder in (os.path.dirname(paths.task_spec("x")), paths.summary_dir):
-        try:
-            found += [os.path.join(folder, n) for n in os.listdir(folder) if _ORCHESTRATOR_TEMP.fullmatch(n)]
-        except FileNotFoundError:
-            continue
-    for path in found:
+    for path in paths:
         try:
             os.unlink(path)
         except FileNotFoundError:

@@ -17,6 +17,7 @@ with one vocabulary of secret words (token, key, secret, password, passwd, crede
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable
 
@@ -36,10 +37,22 @@ def secret_key(key: object) -> bool:
     return SECRET_KEY.search(str(key)) is not None
 
 
+#: a value that is a count, a size or a switch (``MAX_TOKENS=4096``, ``PAD_TOKEN_ID=0``, ``NUM_KEYS=3``):
+#: never an API key or a token; a password or a secret may still be all digits, so not for those names
+PLAIN_SETTING = re.compile(r"-?[0-9]{1,9}(?:\.[0-9]+)?|true|false|yes|no|on|off", re.IGNORECASE)
+_PASSWORD_LIKE = re.compile(r"SECRET|PASSW", re.IGNORECASE)
+
+
 def secret_assignment(name: str, value: str) -> bool:
     """Whether ``NAME=value`` gives a secret in clear: a secret-looking variable name with a value
-    that is more than empty or a ``$VAR`` reference (a reference to the container's own variable)."""
-    return SECRET_VARIABLE.search(name) is not None and not (value == "" or VARIABLE_REFERENCE.fullmatch(value))
+    that is more than empty or a ``$VAR`` reference (a reference to the container's own variable),
+    a path of an existing file or folder (``GOOGLE_APPLICATION_CREDENTIALS=/etc/gcp.json``: where
+    a secret is, not the secret), or, unless the name says password or secret, a number or a switch."""
+    if SECRET_VARIABLE.search(name) is None or value == "" or VARIABLE_REFERENCE.fullmatch(value):
+        return False
+    if os.path.isabs(value) and os.path.exists(value):
+        return False
+    return not (PLAIN_SETTING.fullmatch(value) and not _PASSWORD_LIKE.search(name))
 
 
 def secret_variables(names: Iterable[str]) -> list[str]:

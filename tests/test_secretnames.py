@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from orchestra.config.dump import redact
 from orchestra.secretnames import SECRET_KEY, SECRET_VARIABLE, secret_assignment, secret_key
@@ -45,6 +46,21 @@ def test_an_assignment_is_a_secret_unless_it_refers_to_a_variable() -> None:
     assert not secret_assignment("HF_TOKEN", "${HF_TOKEN_IN_IMAGE}")
     assert not secret_assignment("HF_TOKEN", "")
     assert not secret_assignment("HF_HOME", "/data/hf")
+
+
+def test_counts_switches_and_paths_under_a_secret_word_are_no_secret(tmp_path: Any) -> None:
+    """A server's or a Ray job's harmless settings were refused as secrets given in clear (exit 2):
+    ``MAX_TOKENS=4096``, ``PAD_TOKEN_ID=0``, ``GOOGLE_APPLICATION_CREDENTIALS=<a path>``."""
+    creds = tmp_path / "gcp.json"
+    creds.write_text("{}")
+    for name, value in [("MAX_TOKENS", "4096"), ("PAD_TOKEN_ID", "0"), ("NUM_KEYS", "3"), ("USE_KEY_CACHE", "true"),
+                        ("GOOGLE_APPLICATION_CREDENTIALS", str(creds)), ("SSH_KEY_PATH", str(tmp_path))]:
+        assert not secret_assignment(name, value), name
+    # still secrets: a key, a numeric password, a path-like value that is no file here (base64 has '/')
+    for name, value in [("HF_TOKEN", "hf_abc"), ("DB_PASSWORD", "12345678"), ("APP_SECRET", "1"),
+                        ("AWS_SECRET_ACCESS_KEY", "/AbCd+efGH/ijkl"), ("API_KEY", "1234567890"),
+                        ("GOOGLE_APPLICATION_CREDENTIALS", str(tmp_path / "missing.json"))]:
+        assert secret_assignment(name, value), name
 
 
 def test_secret_variables_picks_the_names_that_say_secret() -> None:

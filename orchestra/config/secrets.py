@@ -17,6 +17,7 @@ from orchestra.secretnames import secret_assignment, secret_key
 #: so they are checked with the variable vocabulary, not the config-key one
 ENV_DICT_KEYS = ("env", "env_vars")
 #: the query of a URL in a text, and query parameter names that carry a key besides the config-key ones
+#: (and any ``*_signature``: a presigned URL's, ``X-Amz-Signature``, ``X-Goog-Signature``, grants access)
 URL_QUERY = re.compile(r"[a-z][a-z0-9+.-]*://[^\s?#]*\?([^\s#]+)", re.IGNORECASE)
 QUERY_KEYS = ("key", "sig", "signature", "access_token")
 URL_CREDENTIALS = re.compile(r"[a-z][a-z0-9+.-]*://[^/@\s:]+:[^/@\s]+@", re.IGNORECASE)
@@ -52,8 +53,8 @@ def _secret_query(text: str) -> bool:
     for m in URL_QUERY.finditer(text):
         for pair in m.group(1).split("&"):
             name, eq, value = pair.partition("=")
-            name = name.replace("-", "_")
-            if eq and value and (secret_key(name) or name.lower() in QUERY_KEYS):
+            name = name.replace("-", "_").lower()
+            if eq and value and (secret_key(name) or name in QUERY_KEYS or name.endswith("_signature")):
                 return True
     return False
 

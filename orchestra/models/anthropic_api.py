@@ -101,7 +101,7 @@ class AnthropicAPI(OpenAIAPI):
         texts = [b.get("text", "") for b in content if isinstance(b, dict) and b.get("type") == "text"]
         if not all(isinstance(t, str) for t in texts):  # str() of a list would look like an answer
             raise ModelError(f"model {self.abbr}: a text block of the answer is not text")
-        return self._scrub("".join(texts))  # an endpoint may echo the key it was sent
+        return self._scrub_answer("".join(texts))  # an endpoint may echo the key it was sent
 
     async def loglikelihood(self, request: LoglikRequest) -> list[float]:
         raise ModelError(f"model {self.abbr}: Anthropic's Messages API gives no log-probabilities; "

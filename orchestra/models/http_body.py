@@ -45,6 +45,18 @@ def scrub_key(text: str, key: str) -> str:
     return text
 
 
+#: the shortest key scrubbed from answers: a placeholder key of a local server (``EMPTY``, ``1``,
+#: ``dummy``) is also a word or a number the model may answer with, and replacing it by ``***``
+#: would change the answer and its score; a real provider's key is 30 characters or more
+ANSWER_SCRUB_MIN = 16
+
+
+def scrub_answer(text: str, key: str) -> str:
+    """``text``, a model's answer, with ``key`` scrubbed (:func:`scrub_key`) if it is long enough
+    to be a secret (``ANSWER_SCRUB_MIN``); a shorter one is left, as it may be an ordinary word."""
+    return scrub_key(text, key) if len(key) >= ANSWER_SCRUB_MIN else text
+
+
 def scrub_fields(value: Any, scrub: Callable[[str], str]) -> Any:
     """``value`` (an event's fields: strings in dicts and lists) with ``scrub`` applied to every string."""
     if isinstance(value, str):

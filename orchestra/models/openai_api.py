@@ -35,7 +35,7 @@ from orchestra.limits.retry import (
 from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
 from orchestra.models.echo_logprobs import BadEcho, continuation_logprob
-from orchestra.models.http_body import MAX_BODY_BYTES, read_capped, scrub_key, text_parts
+from orchestra.models.http_body import MAX_BODY_BYTES, read_capped, scrub_answer, scrub_key, text_parts
 from orchestra.models.http_session import Secret, env_proxy, open_session
 from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
@@ -199,6 +199,11 @@ class OpenAIAPI(BaseModel):
         """Never let the key into an error message or an answer (some servers echo what they were
         sent, and an answer goes to predictions, results and the report)."""
         return scrub_key(text, self._secret().value)
+
+    def _scrub_answer(self, text: str) -> str:
+        """An answer with an echoed key replaced by ``***``, unless the key is short enough to be
+        an ordinary word of an answer (``EMPTY``, ``1``: a local server's placeholder key)."""
+        return scrub_answer(text, self._secret().value)
 
     def _client(self, socket_path: str = "") -> Any:
         """The session for the endpoint, or for the managed replica on the Unix socket ``socket_path``."""
@@ -365,7 +370,7 @@ class OpenAIAPI(BaseModel):
         if text is not None and not isinstance(text, str):  # a list would pass for num_samples answers
             raise ModelError(f"model {self.abbr}: the answer's text is {type(text).__name__}, not text")
         # a lone surrogate (a pair cut at max_tokens) becomes U+FFFD; an echoed key becomes ***
-        return self._scrub(encodable(text or ""))
+        return self._scrub_answer(encodable(text or ""))
 
     async def loglikelihood(self, request: LoglikRequest) -> list[float]:
         """Sum of the log-probabilities of each continuation's tokens, from ``echo`` logprobs.

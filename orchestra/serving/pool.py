@@ -99,9 +99,10 @@ def reap(servers_dir: str) -> list[int]:
     for name, rec in live.items():
         pid, born = rec.get("pid"), rec.get("start_time")
         if isinstance(rec.get("slurm_job"), str):  # a replica's Slurm job: cancelled if still ours and alive
-            from orchestra.serving.slurm_place import cancel_stale
+            from orchestra.serving.slurm_place import cancel_stale, remove_private_files
 
             cancel_stale(rec["slurm_job"], str(rec.get("job_name", "")))
+            remove_private_files(servers_dir)  # their secrets, at rest in the run folder otherwise
         # The ledger is in the run folder: a line names a process to kill only if it still is
         # the same process (start time) and is a replica's watchdog of this user.
         elif isinstance(pid, int) and born is not None and start_time(pid) == born and _is_watchdog(pid):

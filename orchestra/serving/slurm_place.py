@@ -20,6 +20,7 @@ machine, or ``TMPDIR`` on a filesystem the nodes share (docs/serving.md).
 
 from __future__ import annotations
 
+import glob
 import os
 import pwd
 import shlex
@@ -107,6 +108,15 @@ def cancel_stale(job: str, name: str) -> None:
     if found[1] != pwd.getpwuid(os.geteuid()).pw_name:
         return
     cancel(job)
+
+
+def remove_private_files(servers_dir: str) -> None:
+    """Delete the private files of secret-looking variables (``<model>/private/replica-<i>.env``)
+    that a SIGKILLed orchestrator's replica jobs left in ``servers_dir``: for the orchestrator that
+    holds the run lock, before it starts replicas (those jobs are cancelled, or run on with what
+    they read at their start)."""
+    for path in glob.glob(os.path.join(glob.escape(servers_dir), "*", "private", "replica-*.env")):
+        envfile.remove_env_file(path)
 
 
 @dataclass

@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestra.fileio import writers_lock
 from orchestra.paths import RunPaths
 from orchestra.summary.logs import with_excerpt
 from orchestra.summary.table import Summary, build_summary, render_text, write_summary
@@ -33,6 +34,14 @@ def epilogue(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: d
     """Build and write the summary of ``paths`` (``cfg``: the validated config, ``made``: its plan),
     print it, name each task of ``results`` (``TaskResult``) that did not end done, then write the
     report; the last lines name the run folder and the report."""
+    os.makedirs(paths.summary_dir, exist_ok=True)
+    with writers_lock(paths.summary_lock):  # a -r starting now leaves our temporary files alone
+        return _write(paths, cfg, made, results, prices, trace, quiet, debug)
+
+
+def _write(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: dict[str, Any], trace: str | None,
+           quiet: bool, debug: bool) -> Ending:
+    """The epilogue's work, under the summary folder's writers lock."""
     summary = build_summary(paths, [m["abbr"] for m in cfg.models], made.all_units["eval"])
     write_summary(summary, paths)
     say(render_text(summary), quiet=quiet)

@@ -221,3 +221,19 @@ def test_a_loopback_replica_address_held_by_another_user_never_gets_the_key(tmp_
         fake.kill()
     out = fake.communicate(timeout=10)[0]
     assert "the-key" not in out, out
+
+
+def test_reap_deletes_the_private_files_a_killed_orchestrators_replica_jobs_left(
+        tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
+    """A replica job's secret-looking variables wait in servers/<model>/private/replica-<i>.env until
+    the replica stops; after a SIGKILL the -r's reap cancels the job and (before: not) the file goes too."""
+    servers = tmp_path / "servers"
+    private = servers / "m" / "private"
+    private.mkdir(parents=True, mode=0o700)
+    left = private / "replica-0.env"
+    left.write_text("export HF_TOKEN=hf_left_behind\n")
+    record = {"ts": 1.0, "state": "started", "name": "m/0", "slurm_job": "999999999",
+              "job_name": f"orc-serve-{tmp_path.name[-8:]}-m-0", "log": str(servers / "m" / "replica-0.log")}
+    (servers / "ledger.jsonl").write_text(json.dumps(record) + "\n")
+    reap(str(servers))
+    assert not left.exists()

@@ -70,7 +70,8 @@ class SbatchLauncher(SlurmLauncher):
             (``orchestra.envfile``: 0600 in a 0700 folder) that the job script sources, and taken out
             of sbatch's own environment, so that Slurm never stores them with the job (slurmctld
             saves the environment of every batch job it holds); the file is deleted on ``close``.
-        env_file: where (``<run>/slurm/private/<stage>.env``); needed with ``forward_env``.
+        env_file: where (``<run>/slurm/private/<stage>.env``); needed with ``forward_env``; deleted on
+            ``close`` also without it (the file a SIGKILLed launch of the stage left).
     """
 
     def __init__(self, options: SlurmOptions, tag: str, folder: str, array: bool = True,
@@ -82,6 +83,7 @@ class SbatchLauncher(SlurmLauncher):
         if forward_env and not env_file:
             raise ValueError("forward_env needs an env_file")
         self.env_file = env_file if forward_env else None
+        self.old_env_file = env_file  # deleted on close even unwritten: a SIGKILLed launch's, whose jobs are over then
         if self.env_file:  # before any job exists: every one sources it
             write_env_file(self.env_file, forward_env)
         hidden = set(forward_env)
@@ -223,8 +225,8 @@ class SbatchLauncher(SlurmLauncher):
             try:
                 super().close()
             finally:
-                if self.env_file:  # every job of this launch is over or cancelled
-                    remove_env_file(self.env_file)
+                if self.old_env_file:  # every job of this launch (and adopted ones) is over or cancelled
+                    remove_env_file(self.old_env_file)
         self.adopt.clear()
         self.waiting.groups.clear()
 

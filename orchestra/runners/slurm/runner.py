@@ -195,8 +195,7 @@ class SlurmRunner(BaseRunner):
 
             ledger = Ledger(ctx.paths.slurm_dir)
             private = self.private_variables()
-            env_file = (os.path.join(ctx.paths.slurm_dir, "private", f"{tasks[0].stage}.env")
-                        if private and tasks else None)
+            env_file = os.path.join(ctx.paths.slurm_dir, "private", f"{tasks[0].stage}.env") if tasks else None
             batch = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, {},
                                    ctx.events, self.submit_wait_s, forward_env=private if env_file else (),
                                    env_file=env_file)

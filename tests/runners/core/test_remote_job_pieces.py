@@ -44,6 +44,28 @@ def test_env_file_is_private_replaces_an_open_one_and_is_sourced_by_path(tmp_pat
     assert res.stderr.strip() == f"orchestra: cannot read {path} (who deletes it)"
 
 
+def test_env_file_values_come_back_byte_for_byte_and_never_run(tmp_path: Path) -> None:
+    """Values are data whatever they hold: quotes, newlines, ``$()``, backticks, a byte that is not
+    UTF-8 (os.environ holds it as a surrogate escape: the whole write failed with UnicodeEncodeError,
+    and a secret-looking variable is written unasked, so one such variable broke every sbatch launch),
+    a large value, many variables."""
+    marker = tmp_path / "ran"
+    values = {
+        "A_TOKEN": f"x'y\"z\n$(touch {marker})`touch {marker}`;${{HOME}} \\",
+        "B_KEY": os.fsdecode(b"caf\xe9\xff-bytes"),
+        "C_SECRET": "v" * 1_000_000,
+        **{f"V_{i}": f"value {i}\n" for i in range(500)},
+    }
+    path = tmp_path / "private" / "s.env"
+    write_env_file(str(path), list(values), values)
+    for name in ("A_TOKEN", "B_KEY", "C_SECRET", "V_0", "V_499"):
+        value = values[name]
+        script = "; ".join([*source_lines(str(path), "test"), f'printf %s "${name}"'])
+        out = subprocess.run(["bash", "-c", script], capture_output=True, check=True)
+        assert out.stdout == os.fsencode(value), name
+    assert not marker.exists()
+
+
 def test_env_file_never_writes_through_a_planted_link(tmp_path: Path) -> None:
     target = tmp_path / "victim"
     target.write_text("keep")

@@ -6,13 +6,16 @@ environment, and what ``scontrol`` shows of them)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import secrets
+import signal
 import subprocess
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
-from slurm_helpers import job_prefix, run_cli, run_dirs, write_config
+from helpers import wait_for
+from slurm_helpers import job_prefix, run_cli, run_dirs, squeue_jobs, start_cli, write_config
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
@@ -61,6 +64,52 @@ def test_forwarded_variable_reaches_the_job_and_nothing_else(slurm_cluster: Slur
                                 check=False)
         seen_by_scontrol = shown.stdout + script.stdout + script.stderr
         assert (SECRET in seen_by_scontrol or UNNAMED in seen_by_scontrol) is False
+
+
+def test_ctrl_c_of_an_sbatch_run_deletes_the_private_file(slurm_cluster: SlurmCluster, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """While the jobs run, the secret is in <run>/slurm/private/<stage>.env (0600 in 0700); Ctrl-C
+    cancels them and deletes the file, leaving no secret at rest in the run folder."""
+    monkeypatch.setenv("ORC_UNNAMED_API_KEY", UNNAMED)
+    runner = "type=SlurmRunner, launcher='sbatch', partition='debug', poll_interval_s=0.2"
+    cfg = write_config(tmp_path, runner, gpu=False, datasets=("pick",), model=", hang=True")
+    proc = start_cli(cfg)
+    try:
+        run = wait_for(lambda: (run_dirs(tmp_path) or [None])[0], 30, "the run folder")
+        wait_for(lambda: [j for j in squeue_jobs(job_prefix(run)) if j[2] == "RUNNING"], 60, "a running job")
+        private = run / "slurm" / "private"
+        assert sorted(p.name for p in private.iterdir()) == ["eval.env", "infer.env"]  # eval waits beside
+        assert os.stat(private).st_mode & 0o777 == 0o700 and os.stat(private / "infer.env").st_mode & 0o777 == 0o600
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130
+    assert list(private.iterdir()) == [] and squeue_jobs(job_prefix(run)) == []
+
+
+def test_the_private_file_a_sigkilled_launch_left_is_deleted_by_the_next_one(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGKILL leaves <run>/slurm/private/<stage>.env; the -r that follows deleted it only if it had
+    secret-looking variables to write again (before: without them it stayed, a secret at rest)."""
+    from orchestra.secretnames import secret_variables
+
+    for name in secret_variables(os.environ):
+        monkeypatch.delenv(name)
+    cfg = write_config(tmp_path, "type=SlurmRunner, launcher='sbatch', partition='debug', poll_interval_s=0.2",
+                       gpu=False, datasets=("pick",))
+    assert run_cli(cfg).returncode == 0
+    (run,) = run_dirs(tmp_path)
+    private = run / "slurm" / "private"
+    private.mkdir(mode=0o700, exist_ok=True)
+    (private / "infer.env").write_text(f"export ORC_OLD_TOKEN={UNNAMED}\n")
+    os.chmod(private / "infer.env", 0o600)
+    (run / "predictions" / "det" / "pick.jsonl").unlink()  # -r has an infer task to launch
+    again = run_cli(cfg, "-r")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert (run / "predictions" / "det" / "pick.jsonl").exists() and list(private.iterdir()) == []
 
 
 def slurm_saved_files(conf: Path) -> list[Path]:
