@@ -90,6 +90,12 @@ class BaseRunner(abc.ABC):
         """Start one launch of ``tasks`` (connect, check tools, adopt what an earlier orchestrator
         of this run folder left running); the session the loop drives."""
 
+    def settle_left(self, ctx: RunContext, stage: str) -> None:
+        """Sort out what an earlier orchestrator of this run folder left of ``stage`` when this run
+        launches none of its tasks (every output reused): ``open`` never runs then, so a backend
+        whose jobs outlive the orchestrator records the ones over and stops the others here.
+        Nothing by default: a local task dies with its orchestrator."""
+
     def log_attempt(self, job: Job, text: str) -> None:
         """Append the loop's own lines (attempt header, failure reason) to the task's log."""
         os.makedirs(os.path.dirname(job.log_path), exist_ok=True)

@@ -20,11 +20,13 @@ from orchestra.tasks.spec import TaskSpec
 
 
 def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float,
-            adopt: dict[str, JobRecord]) -> None:
+            adopt: dict[str, JobRecord], stage: str | None = None) -> None:
     """Adopt or cancel the jobs of this launch's stage that the ledger shows possibly alive and no
     launch of this process handles (``core.recovery``); the adopted ones go into ``adopt`` (by task
-    id, the launcher's: its ``close`` cancels any no attempt took) before any cancel."""
-    if not tasks:
+    id, the launcher's: its ``close`` cancels any no attempt took) before any cancel.  With no
+    ``tasks``, the jobs of ``stage`` (a stage this run launches nothing of) are recorded or cancelled."""
+    stage = tasks[0].stage if tasks else stage
+    if stage is None:
         return
     states: dict[str, SlurmJobState] = {}
 
@@ -37,7 +39,7 @@ def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float,
                 for r in known}
 
     recover_left(
-        ledger, tasks[0].stage, tasks, see,
+        ledger, stage, tasks, see,
         interrupted=lambda records: _cancel_unknown(records, ledger, cancel_timeout_s),
         ended=lambda rec: ledger.record("ended", rec.name, job_id=rec.job_id, slurm_state=states[rec.job_id].state),
         keep=lambda records: adopt.update({rec.task_id: rec for rec in records}),

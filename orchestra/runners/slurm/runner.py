@@ -213,6 +213,15 @@ class SlurmRunner(BaseRunner):
             launcher = SrunLauncher(self.options, self._tag, unfit)
         return launcher
 
+    def settle_left(self, ctx: RunContext, stage: str) -> None:
+        """sbatch jobs outlive their orchestrator: those an earlier one left of ``stage``, whose
+        outputs this run reuses, are recorded as ended or cancelled (``recover``, no task to adopt)."""
+        if self.launcher == "sbatch" and self._check_tools() is None:
+            from orchestra.runners.core.ledger import Ledger
+            from orchestra.runners.slurm.recover import recover
+
+            recover(Ledger(ctx.paths.slurm_dir), [], self.options.cancel_timeout_s, {}, stage)
+
     def private_variables(self) -> tuple[str, ...]:
         """The variables a batch job gets through the private file rather than from Slurm (which
         stores a batch job's environment): ``forward_env``, and, while Slurm would export every
