@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,11 +116,13 @@ def sealed_outputs(run: Path) -> dict[str, tuple[int, int]]:
             for p in paths if not p.name.startswith(".")}
 
 
-def kill_at(proc: subprocess.Popen[str], work: Path, point: Point, how: str) -> Kill | None:
-    """Kill the run ``how`` at ``point`` (None: it ended by itself first)."""
-    target = event_count(work) + point.events
+def kill_at(proc: subprocess.Popen[str], work: Path, point: Point, how: str,
+            count: Callable[[Path], int] = event_count) -> Kill | None:
+    """Kill the run ``how`` at ``point`` (None: it ended by itself first); ``count`` tells the
+    lines ``point.events`` counts (the event log's, or e.g. a cluster ledger's)."""
+    target = count(work) + point.events
     deadline = time.monotonic() + 60
-    while event_count(work) < target:
+    while count(work) < target:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.communicate()
             return None

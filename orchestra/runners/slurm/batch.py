@@ -39,6 +39,30 @@ from orchestra.runners.slurm.state import exit_of
 from orchestra.runners.slurm.watch import LOST
 from orchestra.tasks.spec import TaskSpec
 
+#: a script on its way to sbatch is named ``submit-<orchestrator pid>-<token>.sh`` until sbatch took it
+PENDING = "submit-"
+
+
+def clear_pending(folder: str) -> list[str]:
+    """Remove the scripts (and their temporary files) that sbatch calls of an earlier orchestrator of
+    this run folder, killed before sbatch took them, left; one of this process's may be in use."""
+    mine, removed = f"{PENDING}{os.getpid()}-", []
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if not (name.startswith((PENDING, ".tmp-")) and PENDING in name and name.endswith(".sh")):
+            continue
+        if name[name.index(PENDING):].startswith(mine):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except FileNotFoundError:
+            continue
+    return removed
+
 MAX_ARRAY_SIZE = 1000  # Slurm's default MaxArraySize is 1001
 
 
@@ -143,13 +167,14 @@ class SbatchLauncher(SlurmLauncher):
     def _send(self, jobs: list[Job], waited: Waiting | None = None) -> dict[Job, Exit]:
         """Submit ``jobs`` (one array, or one job); the failures of a permanent refusal, else ``{}``
         (a refusal for now puts them first in ``waiting``)."""
-        first = jobs[0]
-        name = first.handle.name if len(jobs) == 1 else f"orc-{self.tag}-{first.task.stage}"
+        first, token = jobs[0], uuid.uuid4().hex[:12]
+        # an array's name is its own (-r finds an array whose sbatch call a SIGKILL cut short by it)
+        name = first.handle.name if len(jobs) == 1 else f"orc-{self.tag}-{first.task.stage}-{token[:8]}"
         args = self.sbatch_args(first.task, name, len(jobs))
-        pending = os.path.join(self.folder, f"submit-{uuid.uuid4().hex[:12]}.sh")
+        pending = os.path.join(self.folder, f"{PENDING}{os.getpid()}-{token}.sh")
         for job in jobs:  # recorded before the call: a SIGKILL inside it leaves a trace
             self._record("submitting", job, task_id=job.task.task_id, stage=job.task.stage, attempt=job.attempt,
-                         digest=spec_digest(job.task))
+                         digest=spec_digest(job.task), **({"submitted_as": name} if len(jobs) > 1 else {}))
         try:
             atomic_write_text(pending, job_script(jobs, args, self.env_file))
             job_id, _ = submit_batch(["sbatch", *args, pending], env=self.sbatch_env)

@@ -190,10 +190,11 @@ class SlurmRunner(BaseRunner):
         launcher: SlurmLauncher
         if self.launcher == "sbatch":
             from orchestra.runners.core.ledger import Ledger
-            from orchestra.runners.slurm.batch import SbatchLauncher
+            from orchestra.runners.slurm.batch import SbatchLauncher, clear_pending
             from orchestra.runners.slurm.recover import recover
 
             ledger = Ledger(ctx.paths.slurm_dir)
+            clear_pending(ctx.paths.slurm_dir)  # scripts of sbatch calls a SIGKILL cut short
             private = self.private_variables()
             env_file = (os.path.join(ctx.paths.slurm_dir, "private", f"{tasks[0].stage}.env")
                         if private and tasks else None)
@@ -218,8 +219,10 @@ class SlurmRunner(BaseRunner):
         outputs this run reuses, are recorded as ended or cancelled (``recover``, no task to adopt)."""
         if self.launcher == "sbatch" and self._check_tools() is None:
             from orchestra.runners.core.ledger import Ledger
+            from orchestra.runners.slurm.batch import clear_pending
             from orchestra.runners.slurm.recover import recover
 
+            clear_pending(ctx.paths.slurm_dir)
             recover(Ledger(ctx.paths.slurm_dir), [], self.options.cancel_timeout_s, {}, stage)
 
     def private_variables(self) -> tuple[str, ...]:

@@ -287,3 +287,31 @@ def test_resume_that_reuses_a_whole_stage_still_cancels_the_jobs_left_of_it(slur
         assert all(rec.state in OVER for rec in Ledger(str(run / "slurm")).jobs().values())
     finally:
         subprocess.run(["scancel", job_id], timeout=30, check=False)
+
+
+def test_an_array_whose_sbatch_call_was_killed_is_found_by_its_name_and_cancelled(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A SIGKILL inside the sbatch call of a job array (found by tests/e2e/test_chaos_cluster.py): the
+    ledger has the ``submitting`` lines of its jobs, each with the array's name, and Slurm the array.
+    ``recover`` finds the array by that name and cancels it, each element recorded for its own job.
+    Before: it looked for the jobs' own names, found none, left the array running, and the resumed
+    attempts failed on the checkpoints the array's tasks were still writing."""
+    tag = uuid.uuid4().hex[:8]
+    array = f"orc-{tag}-infer-{uuid.uuid4().hex[:8]}"
+    names = [f"orc-{tag}-infer_m_t{i}-a1" for i in range(2)]
+    ledger = Ledger(str(tmp_path / "slurm"))
+    for i, name in enumerate(names):
+        ledger.record("submitting", name, task_id=f"infer_m_t{i}", stage="infer", attempt=1, digest="d",
+                      submitted_as=array)
+    job_id = subprocess.run(["sbatch", "--parsable", f"--job-name={array}", "--partition=debug", "--array=0-1",
+                             f"--output={tmp_path}/%A_%a.out", "--wrap", "sleep 300"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    try:
+        spec = TaskSpec(stage="infer", task_id="other", run_dir="", model={"abbr": "m"}, model_abbr="m", units=())
+        recover(ledger, [spec], 30, kept := {})
+        assert kept == {}
+        assert squeue_jobs(array) == [], "the array is still in squeue"
+        for i, name in enumerate(names):
+            assert states(ledger, name)[1:] == [("stop_sent", f"{job_id}_{i}"), ("stopped", f"{job_id}_{i}")]
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
