@@ -46,7 +46,7 @@ PENDING = "submit-"
 def clear_pending(folder: str) -> list[str]:
     """Remove the scripts (and their temporary files) that sbatch calls of an earlier orchestrator of
     this run folder, killed before sbatch took them, left; one of this process's may be in use."""
-    mine, removed = f"{PENDING}{os.getpid()}-", []
+    mine, removed = f"{PENDING}{os.getpid()}-", list[str]()
     try:
         names = os.listdir(folder)
     except FileNotFoundError:
