@@ -53,16 +53,9 @@ class BaseRunner(abc.ABC):
     #: costs nothing (local processes); one that asks a scheduler keeps one poll per interval
     refill_at_once: bool = False
 
-    def __init__(
-        self,
-        max_num_workers: int = 4,
-        retry: int = 0,
-        retry_backoff_s: float = 1.0,
-        timeout_s: float | None = None,
-        poll_interval_s: float = 0.05,
-        template: str | list[str] | None = None,
-        infra_retry: int = 0,
-    ) -> None:
+    def __init__(self, max_num_workers: int = 4, retry: int = 0, retry_backoff_s: float = 1.0,
+                 timeout_s: float | None = None, poll_interval_s: float = 0.05,
+                 template: str | list[str] | None = None, infra_retry: int = 0) -> None:
         checks.count("max_num_workers", max_num_workers, 1)
         checks.count("retry", retry, 0)
         checks.count("infra_retry", infra_retry, 0)
