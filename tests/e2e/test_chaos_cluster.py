@@ -161,7 +161,8 @@ def kill_and_resume(backend: Backend, ref: Reference, work: Path, point: Point, 
 
 def check_no_resubmission(seen: Seen, ledger: list[dict[str, Any]], finds_by_name: bool) -> dict[str, str]:
     """No task whose job was alive at the kill is submitted again after it; what became of each
-    such job in the resume (``adopted`` or ``ended``).  A job whose submission the kill cut short
+    such job in the resume (``adopted``, ``ended``, or ``stopped`` when its task's output was sealed
+    already).  A job whose submission the kill cut short
     (the ledger has its name, not its id) is not adoptable: with ``finds_by_name`` (Slurm) it must
     be found and cancelled, else (DLC) recorded ``submit_unknown``, which the run warns about."""
     task_of = {r["name"]: r["task_id"] for r in ledger if "task_id" in r}
@@ -184,8 +185,9 @@ def check_no_resubmission(seen: Seen, ledger: list[dict[str, Any]], finds_by_nam
         again = [r["name"] for r in later if r["state"] == "submitting"]
         assert not again, f"task {task_of[name]} (job {job_id} alive at the kill at {seen.point}) submitted " \
                           f"again: {again}"
-        fate[job_id] = next((r["state"] for r in later if r["name"] == name and r["state"] in ("adopted", "ended")),
-                            "?")
+        # adopted; or over; or cancelled as not needed, its task's output sealed already (not submitted again)
+        fate[job_id] = next((r["state"] for r in later if r["name"] == name and r["state"] in
+                             ("adopted", "ended", "stopped")), "?")
         assert fate[job_id] != "?", f"job {job_id} alive at the kill at {seen.point}: {[r['state'] for r in later]}"
     return fate
 
