@@ -134,7 +134,8 @@ def run_stages(cfg: Any, runners: dict[str, Any], made: Any, ctx: RunContext, st
             if ctx.stop.is_set():
                 break
             tasks = made.tasks[stage]
-            if not tasks:
+            if not tasks:  # all reused; jobs a killed orchestrator left of it are still sorted out
+                runners[stage].settle_left(ctx, stage)
                 continue
             say(f"[{stage}] {len(tasks)} task(s), {len(made.reused[stage])} output(s) reused", file=sys.stderr,
                 quiet=quiet)

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -115,11 +116,13 @@ def sealed_outputs(run: Path) -> dict[str, tuple[int, int]]:
             for p in paths if not p.name.startswith(".")}
 
 
-def kill_at(proc: subprocess.Popen[str], work: Path, point: Point, how: str) -> Kill | None:
-    """Kill the run ``how`` at ``point`` (None: it ended by itself first)."""
-    target = event_count(work) + point.events
+def kill_at(proc: subprocess.Popen[str], work: Path, point: Point, how: str,
+            count: Callable[[Path], int] = event_count) -> Kill | None:
+    """Kill the run ``how`` at ``point`` (None: it ended by itself first); ``count`` tells the
+    lines ``point.events`` counts (the event log's, or e.g. a cluster ledger's)."""
+    target = count(work) + point.events
     deadline = time.monotonic() + 60
-    while event_count(work) < target:
+    while count(work) < target:
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.communicate()
             return None
@@ -180,13 +183,17 @@ def kill_points(times: list[float], n: int, seed: int) -> list[Point]:
     return points
 
 
-def after_kill(kill: Kill, work: Path) -> Kill:
-    """Check that the run's processes all ended; note what the run folder held."""
+def after_kill(kill: Kill, work: Path, jobs_outlive: bool = False) -> Kill:
+    """Check that the run's processes all ended (with ``jobs_outlive``, as cluster jobs do the
+    orchestrator they outlive: only the orchestrator); note what the run folder held."""
+    if jobs_outlive:
+        orchestrator = next(iter(kill.pids))
+        kill.pids = {orchestrator: kill.pids[orchestrator]}
+    left = lambda: still_alive(kill.pids) + ([] if jobs_outlive else run_processes(work))  # noqa: E731
     deadline = time.monotonic() + 10
-    while (still_alive(kill.pids) or run_processes(work)) and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert not still_alive(kill.pids) and not run_processes(work), \
-        f"{kill.how} kill at {kill.point} left {still_alive(kill.pids)} {run_processes(work)} running"
+    assert not left(), f"{kill.how} kill at {kill.point} left {left()} running"
     kill.done = finished_prompts(the_run(work))
     kill.sealed = sealed_outputs(the_run(work))
     return kill

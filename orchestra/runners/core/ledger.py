@@ -57,6 +57,7 @@ class JobRecord:
     digest: str = ""  # the task spec's content hash: an adopted job must run the same spec
     job_id: str = ""
     namespace: str = ""  # where the backend finds the job by its name (a Ray actor's namespace)
+    submitted_as: str = ""  # the name the submission call gave, when not ``name`` (a Slurm array's)
     state: str = ""
     ts: float = 0.0
 
@@ -107,7 +108,7 @@ class Ledger:
             if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
                 continue
             job = out.setdefault(rec["name"], JobRecord(rec["name"]))
-            for key in ("task_id", "stage", "digest", "job_id", "namespace"):
+            for key in ("task_id", "stage", "digest", "job_id", "namespace", "submitted_as"):
                 if rec.get(key):
                     setattr(job, key, str(rec[key]))
             for key in ("attempt", "seq"):

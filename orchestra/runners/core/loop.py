@@ -53,16 +53,9 @@ class BaseRunner(abc.ABC):
     #: costs nothing (local processes); one that asks a scheduler keeps one poll per interval
     refill_at_once: bool = False
 
-    def __init__(
-        self,
-        max_num_workers: int = 4,
-        retry: int = 0,
-        retry_backoff_s: float = 1.0,
-        timeout_s: float | None = None,
-        poll_interval_s: float = 0.05,
-        template: str | list[str] | None = None,
-        infra_retry: int = 0,
-    ) -> None:
+    def __init__(self, max_num_workers: int = 4, retry: int = 0, retry_backoff_s: float = 1.0,
+                 timeout_s: float | None = None, poll_interval_s: float = 0.05,
+                 template: str | list[str] | None = None, infra_retry: int = 0) -> None:
         checks.count("max_num_workers", max_num_workers, 1)
         checks.count("retry", retry, 0)
         checks.count("infra_retry", infra_retry, 0)
@@ -89,6 +82,12 @@ class BaseRunner(abc.ABC):
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         """Start one launch of ``tasks`` (connect, check tools, adopt what an earlier orchestrator
         of this run folder left running); the session the loop drives."""
+
+    def settle_left(self, ctx: RunContext, stage: str) -> None:
+        """Sort out what an earlier orchestrator of this run folder left of ``stage`` when this run
+        launches none of its tasks (every output reused): ``open`` never runs then, so a backend
+        whose jobs outlive the orchestrator records the ones over and stops the others here.
+        Nothing by default: a local task dies with its orchestrator."""
 
     def log_attempt(self, job: Job, text: str) -> None:
         """Append the loop's own lines (attempt header, failure reason) to the task's log."""

@@ -150,6 +150,12 @@ class DLCRunner(BaseRunner):
             raise
         return session
 
+    def settle_left(self, ctx: RunContext, stage: str) -> None:
+        """DLC jobs outlive their orchestrator: those an earlier one left, whose outputs this run
+        reuses, are recorded as ended or stopped (a launch of no task: its ``open`` and ``close``
+        look at what no launch of this process took, of every stage)."""
+        self.open(ctx, []).close()
+
     def _check_tools(self) -> str | None:
         if shutil.which(self.dlc_bin) is None:
             return (f"{self.dlc_bin!r} not found or not executable: DLCRunner needs Alibaba's dlc client "

@@ -26,6 +26,7 @@ from orchestra.runners.core.run import log_size, note
 from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions
 from orchestra.runners.slurm.recover import cancel_records
 from orchestra.runners.slurm.script import (
+    PENDING,
     SbatchError,
     SbatchRefused,
     footer_code,
@@ -145,13 +146,14 @@ class SbatchLauncher(SlurmLauncher):
     def _send(self, jobs: list[Job], waited: Waiting | None = None) -> dict[Job, Exit]:
         """Submit ``jobs`` (one array, or one job); the failures of a permanent refusal, else ``{}``
         (a refusal for now puts them first in ``waiting``)."""
-        first = jobs[0]
-        name = first.handle.name if len(jobs) == 1 else f"orc-{self.tag}-{first.task.stage}"
+        first, token = jobs[0], uuid.uuid4().hex[:12]
+        # an array's name is its own (-r finds an array whose sbatch call a SIGKILL cut short by it)
+        name = first.handle.name if len(jobs) == 1 else f"orc-{self.tag}-{first.task.stage}-{token[:8]}"
         args = self.sbatch_args(first.task, name, len(jobs))
-        pending = os.path.join(self.folder, f"submit-{uuid.uuid4().hex[:12]}.sh")
+        pending = os.path.join(self.folder, f"{PENDING}{os.getpid()}-{token}.sh")
         for job in jobs:  # recorded before the call: a SIGKILL inside it leaves a trace
             self._record("submitting", job, task_id=job.task.task_id, stage=job.task.stage, attempt=job.attempt,
-                         digest=spec_digest(job.task))
+                         digest=spec_digest(job.task), **({"submitted_as": name} if len(jobs) > 1 else {}))
         try:
             atomic_write_text(pending, job_script(jobs, args, self.env_file))
             job_id, _ = submit_batch(["sbatch", *args, pending], env=self.sbatch_env)

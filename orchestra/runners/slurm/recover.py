@@ -20,11 +20,13 @@ from orchestra.tasks.spec import TaskSpec
 
 
 def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float,
-            adopt: dict[str, JobRecord]) -> None:
+            adopt: dict[str, JobRecord], stage: str | None = None) -> None:
     """Adopt or cancel the jobs of this launch's stage that the ledger shows possibly alive and no
     launch of this process handles (``core.recovery``); the adopted ones go into ``adopt`` (by task
-    id, the launcher's: its ``close`` cancels any no attempt took) before any cancel."""
-    if not tasks:
+    id, the launcher's: its ``close`` cancels any no attempt took) before any cancel.  With no
+    ``tasks``, the jobs of ``stage`` (a stage this run launches nothing of) are recorded or cancelled."""
+    stage = tasks[0].stage if tasks else stage
+    if stage is None:
         return
     states: dict[str, SlurmJobState] = {}
 
@@ -37,7 +39,7 @@ def recover(ledger: Ledger, tasks: Sequence[TaskSpec], cancel_timeout_s: float,
                 for r in known}
 
     recover_left(
-        ledger, tasks[0].stage, tasks, see,
+        ledger, stage, tasks, see,
         interrupted=lambda records: _cancel_unknown(records, ledger, cancel_timeout_s),
         ended=lambda rec: ledger.record("ended", rec.name, job_id=rec.job_id, slurm_state=states[rec.job_id].state),
         keep=lambda records: adopt.update({rec.task_id: rec for rec in records}),
@@ -63,14 +65,16 @@ def cancel_records(records: Sequence[JobRecord], ledger: Ledger | None, timeout_
 
 
 def _cancel_unknown(records: list[JobRecord], ledger: Ledger, timeout_s: float) -> None:
-    """Jobs whose sbatch call was interrupted before its answer was read: looked for by name (single
-    jobs; an array is named by its stage) and cancelled like any other (``cancel_records``: a cancel
-    squeue does not confirm stays ``stop_unconfirmed``, for the next ``-r``).  When squeue cannot be
-    asked, nothing is recorded: the ledger still says ``submitting`` and the next ``-r`` looks again."""
+    """Jobs whose sbatch call was interrupted before its answer was read: looked for by the name the
+    call gave (a job's own, or its array's, recorded as ``submitted_as``) and cancelled like any
+    other (``cancel_records``: a cancel squeue does not confirm stays ``stop_unconfirmed``, for the
+    next ``-r``).  When squeue cannot be asked, nothing is recorded: the ledger still says
+    ``submitting`` and the next ``-r`` looks again."""
     if not records:
         return
+    asked = {rec.name: rec.submitted_as or rec.name for rec in records}
     try:
-        found = squeue_by_name(r.name for r in records)
+        found = squeue_by_name(asked.values())
     except SlurmCommandError as exc:
         print(f"orchestra: warning: the sbatch submission(s) of {', '.join(r.name for r in records)} were "
               f"interrupted before their job id was known and squeue cannot say whether they exist ({exc}): "
@@ -80,10 +84,18 @@ def _cancel_unknown(records: list[JobRecord], ledger: Ledger, timeout_s: float) 
     ids: dict[str, list[str]] = {}
     for job_id, (name, _) in sorted(found.items()):
         ids.setdefault(name, []).append(job_id)
+    stop: list[JobRecord] = []
     for rec in records:
-        if rec.name not in ids:  # squeue answered and has no job of that name
+        of_call = ids.get(asked[rec.name], [])
+        if not of_call:  # squeue answered and has no job of that name
             ledger.record("submit_unknown", rec.name, job_id="")
             print(f"orchestra: warning: the sbatch submission of {rec.name} was interrupted before its job id was "
-                  "known; if it was a job array, cancel it with scancel --name", file=sys.stderr)
-    cancel_records([JobRecord(rec.name, job_id=job_id) for rec in records for job_id in ids.get(rec.name, ())],
-                   ledger, timeout_s, "its sbatch call was interrupted before the job id was read")
+                  "known, and Slurm has no job of that name", file=sys.stderr)
+        elif rec.submitted_as:  # an array: its element for this job is the one at its place in the call
+            mine = [r.name for r in records if r.submitted_as == rec.submitted_as]
+            element = f"_{mine.index(rec.name)}"
+            stop += [JobRecord(rec.name, job_id=j) for j in of_call if j.endswith(element)] or \
+                [JobRecord(rec.name, job_id=j) for j in of_call if rec.name == mine[0]]
+        else:
+            stop += [JobRecord(rec.name, job_id=job_id) for job_id in of_call]
+    cancel_records(stop, ledger, timeout_s, "its sbatch call was interrupted before the job id was read")

@@ -192,8 +192,10 @@ class SlurmRunner(BaseRunner):
             from orchestra.runners.core.ledger import Ledger
             from orchestra.runners.slurm.batch import SbatchLauncher
             from orchestra.runners.slurm.recover import recover
+            from orchestra.runners.slurm.script import clear_pending
 
             ledger = Ledger(ctx.paths.slurm_dir)
+            clear_pending(ctx.paths.slurm_dir)  # scripts of sbatch calls a SIGKILL cut short
             private = self.private_variables()
             env_file = os.path.join(ctx.paths.slurm_dir, "private", f"{tasks[0].stage}.env") if tasks else None
             batch = SbatchLauncher(self.options, self._tag, ctx.paths.slurm_dir, self.array, unfit, ledger, {},
@@ -211,6 +213,17 @@ class SlurmRunner(BaseRunner):
 
             launcher = SrunLauncher(self.options, self._tag, unfit)
         return launcher
+
+    def settle_left(self, ctx: RunContext, stage: str) -> None:
+        """sbatch jobs outlive their orchestrator: those an earlier one left of ``stage``, whose
+        outputs this run reuses, are recorded as ended or cancelled (``recover``, no task to adopt)."""
+        if self.launcher == "sbatch" and self._check_tools() is None:
+            from orchestra.runners.core.ledger import Ledger
+            from orchestra.runners.slurm.recover import recover
+            from orchestra.runners.slurm.script import clear_pending
+
+            clear_pending(ctx.paths.slurm_dir)
+            recover(Ledger(ctx.paths.slurm_dir), [], self.options.cancel_timeout_s, {}, stage)
 
     def private_variables(self) -> tuple[str, ...]:
         """The variables a batch job gets through the private file rather than from Slurm (which

@@ -21,6 +21,31 @@ from orchestra.runners.core.shell import NOW, RC, exports, printf, task_lines
 from orchestra.runners.slurm.common import job_header
 from orchestra.runners.slurm.state import SLURM_CALL_TIMEOUT_S
 
+#: a script on its way to sbatch is named ``submit-<orchestrator pid>-<token>.sh`` until sbatch took it
+PENDING = "submit-"
+
+
+def clear_pending(folder: str) -> list[str]:
+    """Remove the scripts (and their temporary files) that sbatch calls of an earlier orchestrator of
+    this run folder, killed before sbatch took them, left; one of this process's may be in use."""
+    mine, removed = f"{PENDING}{os.getpid()}-", list[str]()
+    try:
+        names = os.listdir(folder)
+    except FileNotFoundError:
+        return removed
+    for name in names:
+        if not (name.startswith((PENDING, ".tmp-")) and PENDING in name and name.endswith(".sh")):
+            continue
+        if name[name.index(PENDING):].startswith(mine):
+            continue
+        try:
+            os.unlink(os.path.join(folder, name))
+            removed.append(name)
+        except FileNotFoundError:
+            continue
+    return removed
+
+
 _FOOTER = re.compile(r"===== slurm: job (\S+) ended with exit code (\d+)")
 
 

@@ -257,3 +257,61 @@ def test_an_error_in_resumes_cancels_still_cancels_the_job_kept_for_adoption(
 
 def ledger_lines(ledger: Ledger) -> list[dict]:
     return jsonl(Path(ledger.path))
+
+
+def test_resume_that_reuses_a_whole_stage_still_cancels_the_jobs_left_of_it(slurm_cluster: SlurmCluster,
+                                                                          tmp_path: Path) -> None:
+    """The orchestrator was killed after every infer output was sealed but before the ledger saw its
+    jobs end (found by tests/e2e/test_chaos_cluster.py).  ``-r`` reuses every infer output, so it
+    launches no infer task; the infer job still alive is cancelled and recorded all the same.
+    Before: a stage with nothing to launch was never looked at, its job stayed in squeue and its
+    ledger entry ``submitted`` for good."""
+    cfg = write_config(tmp_path, RUNNER, gpu=False, datasets=("pick",))
+    first = run_cli(cfg, "--mode", "infer")
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run,) = run_dirs(tmp_path)
+    prefix = job_prefix(run)
+    name = f"{prefix}infer_det_pick-a2"  # as if a retry's job were still running at the kill
+    led = Ledger(str(run / "slurm"))
+    led.record("submitting", name, task_id="infer_det_pick", stage="infer", attempt=2, digest="d")
+    job_id = subprocess.run(["sbatch", "--parsable", f"--job-name={name}", "--partition=debug",
+                             f"--output={tmp_path}/%j.out", "--wrap", "sleep 300"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    led.record("submitted", name, job_id=job_id)
+    try:
+        res = run_cli(cfg, "-r")
+        assert res.returncode == 0, res.stderr[-3000:]
+        assert "[infer]" not in res.stderr  # no infer task launched
+        assert squeue_jobs(prefix) == [], "the job left of the reused stage is still in squeue"
+        assert states(led, name)[-1] == ("stopped", job_id)
+        assert all(rec.state in OVER for rec in Ledger(str(run / "slurm")).jobs().values())
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
+
+
+def test_an_array_whose_sbatch_call_was_killed_is_found_by_its_name_and_cancelled(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """A SIGKILL inside the sbatch call of a job array (found by tests/e2e/test_chaos_cluster.py): the
+    ledger has the ``submitting`` lines of its jobs, each with the array's name, and Slurm the array.
+    ``recover`` finds the array by that name and cancels it, each element recorded for its own job.
+    Before: it looked for the jobs' own names, found none, left the array running, and the resumed
+    attempts failed on the checkpoints the array's tasks were still writing."""
+    tag = uuid.uuid4().hex[:8]
+    array = f"orc-{tag}-infer-{uuid.uuid4().hex[:8]}"
+    names = [f"orc-{tag}-infer_m_t{i}-a1" for i in range(2)]
+    ledger = Ledger(str(tmp_path / "slurm"))
+    for i, name in enumerate(names):
+        ledger.record("submitting", name, task_id=f"infer_m_t{i}", stage="infer", attempt=1, digest="d",
+                      submitted_as=array)
+    job_id = subprocess.run(["sbatch", "--parsable", f"--job-name={array}", "--partition=debug", "--array=0-1",
+                             f"--output={tmp_path}/%A_%a.out", "--wrap", "sleep 300"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    try:
+        spec = TaskSpec(stage="infer", task_id="other", run_dir="", model={"abbr": "m"}, model_abbr="m", units=())
+        recover(ledger, [spec], 30, kept := {})
+        assert kept == {}
+        assert squeue_jobs(array) == [], "the array is still in squeue"
+        for i, name in enumerate(names):
+            assert states(ledger, name)[1:] == [("stop_sent", f"{job_id}_{i}"), ("stopped", f"{job_id}_{i}")]
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
