@@ -75,3 +75,20 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
         yield cluster
     if started_here and os.environ.get("ORCHESTRA_SLURM_STOP") == "1":
         _script("stop", env, timeout_s=60)
+
+
+@pytest.fixture(autouse=True)
+def _no_job_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test that fails half-way (its orchestrator killed by the test's own clean-up) may leave
+    sbatch jobs of its run folder, some of them hanging on purpose: cancel every job whose batch
+    script lies under the test's tmp_path, so that they do not hold the cluster's CPUs for the
+    tests after it.  A passing test asserts on its own that it left none."""
+    yield
+    if "tmp_path" not in request.fixturenames or not os.environ.get("SLURM_CONF"):
+        return
+    folder = str(request.getfixturevalue("tmp_path"))
+    listed = subprocess.run(["squeue", "-h", "-o", "%i|%o"], capture_output=True, text=True, timeout=30, check=False)
+    rows = (line.partition("|") for line in listed.stdout.splitlines())
+    left = [job_id for job_id, _, script in rows if script.startswith(folder + os.sep)]
+    if left:
+        subprocess.run(["scancel", *left], capture_output=True, timeout=30, check=False)
