@@ -27,6 +27,7 @@ import fcntl
 import json
 import os
 import threading
+import time
 from typing import Any
 
 from orchestra.errors import TaskFailedError
@@ -72,6 +73,9 @@ class _Syncer:
 
 _SYNCER = _Syncer()
 
+#: how long a writer waits for the lock of a checkpoint another process still holds
+LOCK_WAIT_S = 30.0
+
 
 def _load_lines(path: str) -> tuple[list[dict[str, Any]], int]:
     """The valid JSON objects of a checkpoint file, and the byte length of its whole lines."""
@@ -114,13 +118,20 @@ class Checkpoint:
         folder = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(folder, exist_ok=True)
         lock_fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            os.close(lock_fd)
-            raise TaskFailedError(
-                f"{self.path} is being written by another process (an earlier attempt still running?)"
-            ) from None
+        # An earlier attempt may still be ending (a cluster job whose cancel raced its start, a
+        # process still being killed): wait for it a while, then fail as before.
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except OSError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    continue
+                os.close(lock_fd)
+                raise TaskFailedError(f"{self.path} is being written by another process (an earlier attempt "
+                                      f"still running {LOCK_WAIT_S:g} s later?)") from None
         self._lock_fd = lock_fd
 
     def _load(self) -> None:

@@ -84,8 +84,12 @@ async def _run_units(spec: TaskSpec) -> None:
                 print(f"[{spec.task_id}] {unit.name}: already done", flush=True)
                 continue
             samples = build_dataset(unit.dataset).build_samples(unit.start, unit.end)
-            ckpt = Checkpoint(paths.checkpoint(unit.output), unit.hash)
-            ckpt.open()  # the writer's lock, before anything is sent
+            ckpt = Checkpoint(paths.checkpoint(unit.output), unit.hash)  # the writer's lock (waits a while)
+            if output_done(unit.output, unit.hash):  # sealed by the earlier attempt whose end it waited for
+                ckpt.close()
+                print(f"[{spec.task_id}] {unit.name}: already done", flush=True)
+                continue
+            ckpt.open()  # before anything is sent
             done = ckpt.done_ids()
             todo = [s for s in samples if s.id not in done]
             already += len(samples) - len(todo)

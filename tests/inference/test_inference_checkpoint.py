@@ -56,7 +56,10 @@ def test_checkpoint_of_other_settings_is_discarded(tmp_path: Any) -> None:
     assert ck.done_ids() == set() and not path.exists()
 
 
-def test_one_writer_at_a_time(tmp_path: Any) -> None:
+def test_one_writer_at_a_time(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestra.inference import checkpoint
+
+    monkeypatch.setattr(checkpoint, "LOCK_WAIT_S", 0.3)  # the second writer's wait (see below) cut short
     path = str(tmp_path / "p.ckpt")
     first = Checkpoint(path, "h")
     first.append({"id": 0, "prediction": "a"})
@@ -165,3 +168,49 @@ def test_a_sample_line_the_disk_tears_is_an_error_not_a_recorded_sample(tmp_path
     again.append({"id": 2, "prediction": "after"})
     again.close()
     assert sorted(Checkpoint(str(path), "h").records) == [0, 2]
+
+
+def _hold_lock(lock: str, seconds: float) -> Any:
+    """Another process (an earlier attempt still ending) holding the checkpoint's writer lock."""
+    import subprocess
+    import sys
+    import time
+
+    code = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+            "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(float(sys.argv[2]))")
+    proc = subprocess.Popen([sys.executable, "-c", code, lock, str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline() == "held\n"
+    return proc, time.monotonic()
+
+
+def test_a_lock_an_ending_attempt_still_holds_is_waited_for(tmp_path: Any) -> None:
+    """Regression (seen in the Slurm chaos test): a job whose scancel raced its start kept running
+    for 3 s, and the resumed attempt failed at once with 'being written by another process'.
+    The writer now waits for the lock a while."""
+    import time
+
+    path = str(tmp_path / "p.jsonl.ckpt")
+    proc, t0 = _hold_lock(path + ".lock", 1.5)
+    try:
+        ckpt = Checkpoint(path, "h")
+        waited = time.monotonic() - t0
+        ckpt.close()
+    finally:
+        proc.kill()
+        proc.wait()
+    assert 1.0 <= waited < 10, waited
+
+
+def test_a_lock_held_past_the_wait_fails_the_task_with_one_line(tmp_path: Any,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestra.inference import checkpoint
+
+    monkeypatch.setattr(checkpoint, "LOCK_WAIT_S", 0.5)
+    path = str(tmp_path / "p.jsonl.ckpt")
+    proc, _ = _hold_lock(path + ".lock", 30)
+    try:
+        with pytest.raises(TaskFailedError, match="being written by another process .*still running 0.5 s later"):
+            Checkpoint(path, "h")
+    finally:
+        proc.kill()
+        proc.wait()
