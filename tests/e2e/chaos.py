@@ -127,7 +127,11 @@ def kill_at(proc: subprocess.Popen[str], work: Path, point: Point, how: str,
             proc.communicate()
             return None
         time.sleep(0.002)
-    time.sleep(point.delay_s)
+    # the delay after that line, or less when the run's next line comes first: a run faster than the
+    # reference (a loaded machine's timings vary) must not end before its kill
+    until = time.monotonic() + point.delay_s
+    while time.monotonic() < until and count(work) <= target:
+        time.sleep(0.002)
     if proc.poll() is not None:
         proc.communicate()
         return None
