@@ -5,7 +5,8 @@ local key, the task, the uploaded file and every ``custom_id`` it carries) befor
 call, ``created`` with the provider's batch id as soon as it is known, ``cancel_sent`` before a
 cancel, then ``ended`` (the final status) or ``cancelled``.  The same key is set in the batch's
 metadata, so a batch whose ``created`` line a SIGKILL cut off is found by listing the
-provider's batches (:meth:`BatchLedger.recover`) and adopted.
+provider's batches (:meth:`BatchLedger.recover`) and adopted (a message batch, which has no
+metadata, by its size and creation time).
 
 A later task on the same run folder (``-r``) folds the lines into one record per key
 (:meth:`BatchLedger.load`) and, for each request it needs, looks for a batch that already holds

@@ -113,6 +113,7 @@ class HostileBatches(AppServer):
         return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
 
     async def cancel(self, request: web.Request) -> web.Response:
+        self._count("cancel")
         batch = self.batches[request.match_info["bid"]]
         return web.json_response({**batch, "status": "cancelled"})
 
@@ -243,16 +244,19 @@ def test_anthropic_result_lines_that_are_not_results_answer_nothing(tmp_path: Pa
     assert out["d"] == ("ok", {"content": []})
 
 
-def test_a_batch_that_can_never_be_polled_is_given_up_and_its_rows_sent_again(tmp_path: Path) -> None:
+def test_a_batch_that_can_never_be_polled_is_given_up_and_cancelled(tmp_path: Path) -> None:
     """Every poll of the first batch fails (after its own retries): after ``max_retries`` failed
-    polls in a row the batch is given up and its rows go into a second batch, which answers."""
+    polls in a row the batch is given up and cancelled; the rows its cancel answer shows done
+    are kept (here all of them; rows it did not do go into a later batch:
+    test_batch_edges.py::test_a_batch_abandoned_after_failed_polls_is_cancelled_before_its_rows_go_again)."""
     server = HostileBatches({"poll_500"})
     try:
         answers, seen = _ask(server, tmp_path / "run", PROMPTS)
     finally:
         server.close()
     assert answers == [f"re:{p}" for p in PROMPTS], answers
-    assert server.calls["create"] == 2 and seen.count("batch_poll_failed") == 3  # max_retries=2: the third gives up
+    assert seen.count("batch_poll_failed") == 3  # max_retries=2: the third gives up
+    assert server.calls["cancel"] == 1 and server.calls["create"] == 1
 
 
 def test_an_anthropic_poll_answer_without_its_id_is_read_by_the_id_asked_for(tmp_path: Path) -> None:

@@ -70,8 +70,8 @@ def test_ledger_folds_lines_and_skips_a_torn_one(tmp_path: Path) -> None:
     assert (recs["k1"].state, recs["k1"].batch_id, recs["k1"].custom_ids) == ("created", "batch_1", ["a", "b"])
     assert recs["k2"].state == "submitting"
 
-    async def find(keys: set[str], since: float) -> dict[str, dict[str, Any]]:
-        assert keys == {"k2"}
+    async def find(wanted: list[BatchRecord], taken: set[str]) -> dict[str, dict[str, Any]]:
+        assert [r.key for r in wanted] == ["k2"] and taken == {"batch_1"}
         return {}
 
     recs = asyncio.run(ledger.recover("t", find))
