@@ -181,7 +181,8 @@ class OpenAIBatcher(BatchSubmitter):
             batch.status = status
             self._emit("batch_status", batch_id=batch.batch_id, status=status,
                        counts=obj.get("request_counts"))
-            if status not in self.http.statuses:
+            if status not in self.http.statuses and status not in batch.unknown:
+                batch.unknown.add(status)
                 self._unknown(batch, status)
         if status in FINAL:
             await self._finish(batch, obj)

@@ -53,6 +53,7 @@ class Batch:
     failures: int = 0  # polls in a row that failed (bounded by max_retries)
     read_failures: int = 0  # reads of its finished files that failed (a good poll does not reset it)
     t0: float = field(default_factory=time.time)  # when it was created (its window starts)
+    unknown: set[str] = field(default_factory=set)  # undocumented statuses it showed (each warned once)
 
 
 class BatchSubmitter(abc.ABC):

@@ -35,11 +35,12 @@ PROMPTS = [f"q{i}" for i in range(6)]
 
 class Edges(hostile.HostileBatches):  # type: ignore[name-defined,misc]
     """``out_404``: the output file of ``batch-0`` (``all``: of every batch) answers 404;
-    ``bad_lines``: every download of ``batch-0``'s output has q3's line not JSON and q4's nested
-    deeper than Python parses; ``status``: the status ``batch-0`` (``all``: every batch) shows
-    forever.  Counts downloads per file and cancels per batch."""
+    ``bad_lines``: every download of ``batch-0``'s output has q3's line cut (``cut``: not JSON)
+    and/or q4's nested deeper than Python parses (``deep``); ``status``: the status ``batch-0``
+    (``all``: every batch) shows forever.  Counts downloads per file and cancels per batch."""
 
-    def __init__(self, out_404: str = "", bad_lines: bool = False, status: str = "", which: str = "batch-0",
+    def __init__(self, out_404: str = "", bad_lines: frozenset[str] = frozenset(), status: str = "",
+                 which: str = "batch-0",
                  poll_500: bool = False) -> None:
         self.out_404, self.bad_lines, self.status, self.which = out_404, bad_lines, status, which
         self.downloads: dict[str, int] = {}
@@ -84,9 +85,9 @@ class Edges(hostile.HostileBatches):  # type: ignore[name-defined,misc]
         if self.bad_lines and bid == "batch-0":
             lines = []
             for raw in resp.body.splitlines():  # type: ignore[union-attr]
-                if b'"re:q3"' in raw:
+                if b'"re:q3"' in raw and "cut" in self.bad_lines:
                     raw = raw[:-5] + b" not json"
-                elif b'"re:q4"' in raw:
+                elif b'"re:q4"' in raw and "deep" in self.bad_lines:
                     raw = b"[" * 100_000 + b"]" * 100_000
                 lines.append(raw)
             return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
@@ -152,12 +153,14 @@ def test_output_files_that_are_never_readable_fail_each_sample_with_one_line(tmp
     assert server.calls["create"] == 3 and set(server.downloads.values()) == {3}, server.downloads
 
 
-def test_lines_not_json_or_nested_too_deep_send_only_their_own_requests_again(tmp_path: Path) -> None:
-    """Every download of the first output file has q3's line cut (not JSON) and q4's line nested
-    deeper than Python parses: the four good rows are kept from one download, and only q3 and q4
-    go into a second batch.  Before: the whole file failed to read every poll (forever), and the
-    deep line stopped batch mode with RecursionError for every request of the task."""
-    server = Edges(bad_lines=True)
+@pytest.mark.parametrize("bad", ["cut", "deep", "cut+deep"])
+def test_lines_not_json_or_nested_too_deep_send_only_their_own_requests_again(tmp_path: Path, bad: str) -> None:
+    """Every download of the first output file has q3's line cut (not JSON) and/or q4's line
+    nested deeper than Python parses: the good rows are kept from one download, and only the
+    spoiled lines' requests go into a second batch.  Before: a cut line failed the whole file
+    every poll (136 downloads in 10 s, forever), and a deep line stopped batch mode with
+    ``RecursionError`` for every request of the task."""
+    server = Edges(bad_lines=frozenset(bad.split("+")))
     try:
         answers = _ask(server, tmp_path / "run", PROMPTS, wait_s=20)
     finally:
@@ -165,7 +168,7 @@ def test_lines_not_json_or_nested_too_deep_send_only_their_own_requests_again(tm
     assert answers == [f"re:{p}" for p in PROMPTS], answers
     assert server.downloads == {"out-batch-0": 1, "out-batch-1": 1}
     second = [json.loads(line)["body"]["messages"][-1]["content"] for line in server.files["file-1"].splitlines()]
-    assert sorted(second) == ["q3", "q4"]
+    assert sorted(second) == [{"cut": "q3", "deep": "q4"}[b] for b in sorted(bad.split("+"))]
 
 
 # -- statuses that never end ----------------------------------------------------------------------

@@ -106,7 +106,7 @@ class HostileBatches(AppServer):
                 "content": [{"type": "text", "text": f"re:{r['params']['messages'][-1]['content']}"}]}}}).encode()
                 for r in self.batches[bid]["requests"]]
             return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
-        lines = [b"[]", b"null", b'{"custom_id": "a", "result": "done"}',
+        lines = [b"[]", b"null", b"not json", b"[" * 100_000, b'{"custom_id": "a", "result": "done"}',
                  b'{"custom_id": "b", "result": {"type": "errored", "error": "overloaded"}}',
                  b'{"custom_id": "c", "result": {"type": "errored", "error": {"error": {"type": "overloaded_error"}}}}',
                  b'{"custom_id": "d", "result": {"type": "succeeded", "message": {"content": []}}}']
@@ -218,7 +218,8 @@ def test_rows_that_stay_hostile_fail_alone_with_one_line(tmp_path: Path) -> None
 
 
 def test_anthropic_result_lines_that_are_not_results_answer_nothing(tmp_path: Path) -> None:
-    """Message Batches results: lines that are not objects are skipped, a ``result`` that is not an
+    """Message Batches results: lines that are not objects (or not JSON, or nested deeper than
+    Python parses) are skipped, a ``result`` that is not an
     object is a row to send again, an ``error`` that is not one a final failure; never a crash of
     the batcher."""
     import aiohttp
