@@ -164,9 +164,6 @@ def metric_text(value: Any, signed: bool = False) -> str:
     return text if len(text) <= 60 else text[:59] + "…"
 
 
-_cell = metric_text
-
-
 def md_cell(text: Any) -> str:
     """``text`` as one Markdown table cell (or list item): ``|`` and ``\\`` escaped, line breaks
     made spaces, so an abbr such as ``a|b`` can never add a column or shift the row.  Text from
