@@ -271,3 +271,19 @@ def test_other_bad_statistics_keys_are_one_line_exit_2(tmp_path: Path, planted: 
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].endswith(message), res.stderr
+
+
+def test_a_row_without_its_cluster_is_one_line_before_the_run(tmp_path: Path, planted: dict[str, Any]) -> None:
+    data = tmp_path / "plant.jsonl"
+    lines = (planted["cfg"].parent / "plant.jsonl").read_text().splitlines()
+    row = json.loads(lines[7])
+    del row["subject"]
+    lines[7] = json.dumps(row)
+    data.write_text("\n".join(lines) + "\n")
+    text = planted["cfg"].read_text().replace(str(planted["cfg"].parent / "plant.jsonl"), str(data))
+    cfg = tmp_path / "bad.py"
+    cfg.write_text(text)
+    res = run_cli(cfg, "--dry-run", env=planted["env"])
+    assert res.returncode == 2
+    err = res.stderr.strip().splitlines()
+    assert len(err) == 1 and "column 'subject' is missing from row 7" in err[0], res.stderr
