@@ -144,12 +144,25 @@ def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str
         metric_names: list[str] = []
         for metrics in by_dataset[dataset].values():
             metric_names += [m for m in metrics if m not in metric_names]
+        # lm-eval's `<metric>_stderr,<filter>` is shown as the ± of `<metric>,<filter>`, not as a row
+        metric_names = [m for m in metric_names if not _folded(summary, dataset, m)]
         for metric in metric_names or ["-"]:
             row: dict[str, Any] = {"dataset": dataset, "metric": metric}
             for model in models:
                 row[model] = by_dataset[dataset].get(model, {}).get(metric)
             summary.rows.append(row)
     return summary
+
+
+def _folded(summary: Summary, dataset: str, metric: str) -> bool:
+    """Whether ``metric`` is lm-eval's standard error of another metric of ``dataset`` that
+    carries it as its estimate (then the table shows it as that metric's ``±``)."""
+    name, sep, filt = metric.partition(",")
+    if not sep or not name.endswith("_stderr"):
+        return False
+    base = f"{name[:-len('_stderr')]},{filt}"
+    return any(d == dataset and m == base and e.get("method") == "lm-eval"
+               for (d, m, _), e in summary.estimates.items())
 
 
 def metric_text(value: Any, signed: bool = False) -> str:

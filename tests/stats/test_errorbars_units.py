@@ -89,3 +89,16 @@ def test_no_samples() -> None:
     ev = ExactMatchEvaluator()
     metrics, details = ev.score([])
     assert evaluator_estimates(DATASET, ev, [], metrics, details) == {}
+
+
+def test_lm_evals_stderr_rows_fold_into_the_plus_minus_of_their_metric() -> None:
+    from orchestra.summary.table import Summary, _folded, render_text
+
+    est = {"value": 0.5, "stderr": 0.035, "ci": [0.43, 0.57], "n": 200, "method": "lm-eval"}
+    summary = Summary(models=["m"], rows=[{"dataset": "arc", "metric": "acc,none", "m": 0.5}],
+                      estimates={("arc", "acc,none", "m"): est})
+    assert _folded(summary, "arc", "acc_stderr,none")
+    assert not _folded(summary, "arc", "acc_norm_stderr,none")  # its metric carries no lm-eval estimate here
+    assert not _folded(summary, "other", "acc_stderr,none") and not _folded(summary, "arc", "acc,none")
+    text = render_text(summary)
+    assert "0.500 ± 0.035" in text and "lm-eval's own: arc/acc,none" in text
