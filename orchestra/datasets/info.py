@@ -103,7 +103,8 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = Tr
             raise ConfigError(f"{here}: {exc}") from None
         if facts["num_rows"] == 0:  # not "column 'x' not in FILE; columns are:" with nothing after it
             raise ConfigError(f"{here}: {ds.path} holds no rows; put at least one row in it or drop the dataset")
-        for col in ds.needed_columns():
+        cluster = ds.eval_cfg.get("cluster_key")  # each row's cluster (docs/statistics.md)
+        for col in [*ds.needed_columns(), *([cluster] if isinstance(cluster, str) else [])]:
             row = facts.get("partial", {}).get(col)
             if row is not None:
                 raise ConfigError(f"{here}: column {col!r} is missing from row {row} of {ds.path} "
