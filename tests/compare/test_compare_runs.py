@@ -10,7 +10,7 @@ import json
 import math
 
 import pytest
-from conftest import A_OFF, B_OFF, HOSTILE, N, Runs, expected_scores, rows, shuffled
+from planted import A_OFF, B_OFF, HOSTILE, N, Runs, expected_scores, rows, shuffled
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
@@ -204,7 +204,7 @@ def test_dry_run_states_the_power_per_dataset(runs: Runs) -> None:
     import subprocess
     import sys
 
-    from conftest import REPO
+    from planted import REPO
 
     cfg = runs.config("plan", A_OFF, data=runs.root / "rows.jsonl")
     proc = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, env=runs.env,
