@@ -163,9 +163,17 @@ def _compare_pair(out: Comparison, run: int, sa: Scored, sb: Scored, changed: se
         a = [sa.samples[k].scores[metric] for k in keys]
         b = [sb.samples[k].scores[metric] for k in keys]
         out.tests.append(Test(sa.dataset, sa.model, sb.model, metric, run, stats.mean_estimate(a),
-                              stats.mean_estimate(b), stats.paired(b, a)))
+                              stats.mean_estimate(b), _power_stated(stats.paired(b, a))))
     if flips > 0:
         out.flips.extend(_flips(run, sa, sb, keys, flips))
+
+
+def _power_stated(p: stats.Paired) -> stats.Paired:
+    """``p`` without a smallest detectable difference where no sample is discordant: the
+    formula from the discordance would say 0, which no n samples can detect."""
+    if p.a_only == 0 and p.b_only == 0:
+        return dataclasses.replace(p, mde=None)
+    return p
 
 
 def _flips(run: int, sa: Scored, sb: Scored, keys: list[str], limit: int) -> list[Flip]:

@@ -110,6 +110,7 @@ def page(cmp: Comparison) -> str:
             f"<td><pre class=\"answer-a\">{_e(f.answer_a)}</pre></td><td><pre class=\"answer-b\">{_e(f.answer_b)}"
             f"</pre></td><td>{html.escape(score)}</td></tr>")
     tested = sum(1 for t in cmp.tests if t.paired.p_value is not None)
+    changed = "; --allow-changed: samples whose prompt changed are left out" if cmp.allow_changed else ""
     parts = [
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">",
         "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">",
@@ -117,7 +118,7 @@ def page(cmp: Comparison) -> str:
         "<h1>orchestra compare</h1>", f"<ul id=\"runs\">{runs}</ul>",
         f"<p class=\"note\">diff: the later run minus A over the samples both scored, aligned by sample key; "
         f"95% interval; p: McNemar's exact test for 0/1 scores, a paired t-test otherwise; p (Holm): Holm's "
-        f"correction over the {tested} test(s) shown{'; --allow-changed: samples whose prompt changed are left out' if cmp.allow_changed else ''}. "
+        f"correction over the {tested} test(s) shown{changed}. "
         "mde: the smallest difference these samples detect at 80% power and 5% significance.</p>",
         "<h2>Differences</h2>", forest_svg(cmp.tests, many),
         "<table id=\"tests\"><thead><tr>" + "".join(f"<th>{html.escape(c)}</th>" for c in cols)

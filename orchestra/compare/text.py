@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import textwrap
 from collections.abc import Iterator
 from typing import Any
 
@@ -14,6 +15,7 @@ from orchestra.compare.align import Comparison, Test
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 EXCERPT = 70
+WRAP = 110
 
 
 def escaped(text: Any, width: int | None = None) -> str:
@@ -78,14 +80,15 @@ def lines(cmp: Comparison) -> Iterator[str]:
         yield from _table(rows)
         tested = sum(1 for t in cmp.tests if t.paired.p_value is not None)
         yield ""
-        yield (f"diff: {later} minus A over the samples both scored, aligned by sample key; A and B: mean ± standard "
-               "error on those samples; p: McNemar's exact test for 0/1 scores, a paired t-test otherwise; "
-               f"p (Holm): Holm's correction over the {tested} test(s) shown; fixed/broken: samples right only "
-               f"in {later} / only in A.")
-        yield ("mde: the smallest difference these n samples detect at 80% power and 5% significance, from the "
-               "observed discordance; a smaller |diff| cannot be told from noise.")
-        for line in _power(cmp):
-            yield line
+        yield from textwrap.wrap(
+            f"diff: {later} minus A over the samples both scored, aligned by sample key; A and B: mean ± standard "
+            "error on those samples; p: McNemar's exact test for 0/1 scores, a paired t-test otherwise; "
+            f"p (Holm): Holm's correction over the {tested} test(s) shown; fixed/broken: samples right only "
+            f"in {later} / only in A (0/1 scores).", WRAP)
+        yield from textwrap.wrap(
+            "mde: the smallest difference these n samples detect at 80% power and 5% significance, from the "
+            "observed discordance; a smaller |diff| cannot be told from noise.", WRAP)
+        yield from _power(cmp)
     for (run, dataset, model), counts in sorted(cmp.left_out.items()):
         parts = []
         if counts["changed_prompt"]:
@@ -103,9 +106,9 @@ def lines(cmp: Comparison) -> Iterator[str]:
         yield ""
         yield "flips (samples whose score changed; answers and prompts escaped):"
         for f in cmp.flips:
-            scores = ", ".join(f"{escaped(m)} {f.scores_a.get(m, float('nan')):g} -> {f.scores_b.get(m, float('nan')):g}"
+            scores = ", ".join(f"{escaped(m)} {f.scores_a[m]:g} -> {f.scores_b[m]:g}"
                                for m in sorted(f.scores_a.keys() & f.scores_b.keys())
-                               if f.scores_a.get(m) != f.scores_b.get(m))
+                               if f.scores_a[m] != f.scores_b[m])
             yield (f"  {escaped(f.dataset)} / {escaped(f.model)}{' ' + run_label(f.run) if many else ''}  "
                    f"key {f.key}  id {f.id_a}{'' if f.id_b == f.id_a else '/' + str(f.id_b)}  {scores}")
             yield f"    prompt: {escaped(f.prompt, EXCERPT)}"
@@ -119,8 +122,8 @@ def _power(cmp: Comparison) -> Iterator[str]:
     for t in cmp.tests:
         seen.setdefault((t.run, t.dataset), []).append(t)
     for (run, dataset), tests in seen.items():
-        parts = [f"{escaped(t.metric)}{'' if len({x.model for x in tests}) == 1 else ' (' + escaped(t.model) + ')'}"
-                 f" {fmt(t.paired.mde)}" for t in tests if t.paired.mde is not None]
+        parts = [f"{escaped(t.metric)}{'' if len({x.model for x in tests}) == 1 else ' (' + escaped(t.model) + ')'} "
+                 + (fmt(t.paired.mde) if t.paired.mde is not None else "- (no sample discordant)") for t in tests]
         if parts:
             ns = sorted({t.paired.n for t in tests})
             yield (f"power: {escaped(dataset)}{' (' + run_label(run) + ')' if len(cmp.runs) > 2 else ''}: "

@@ -25,19 +25,29 @@ HOSTILE = "\x1b[H\x1b[J\x07<img src=x onerror=\"document.title='pwned'\">"  # no
 
 PLUGIN = '''
 import re
+import zlib
 
 from orchestra.evaluators.basic import BaseEvaluator, extract_number
 from orchestra.models.fake import DeterministicModel
 
-HOSTILE = %r
+HOSTILE = HOSTILE_TEXT
 
 
 class PlantedModel(DeterministicModel):
     """The deterministic model, off by a planted offset on chosen questions (``q<N>:``)."""
 
-    def __init__(self, abbr, off=(), **kwargs):
+    def __init__(self, abbr, off=(), flip_every=0, **kwargs):
         super().__init__(abbr, **kwargs)
         self.off = {int(q): int(d) for q, d in off}
+        self.flip_every = flip_every
+
+    def loglikelihood_batch(self, requests):
+        """Log-likelihoods reversed for contexts whose CRC-32 is a multiple of ``flip_every``."""
+        out = super().loglikelihood_batch(requests)
+        if self.flip_every:
+            out = [o[::-1] if zlib.crc32(str(r.context).encode()) % self.flip_every == 0 else o
+                   for r, o in zip(requests, out)]
+        return out
 
     def generate_batch(self, requests):
         out = super().generate_batch(requests)
@@ -60,7 +70,7 @@ class Closeness(BaseEvaluator):
         details = [{"id": r["id"], "gold": r.get("gold"), "prediction": r.get("prediction"), **self.judge(r)}
                    for r in records]
         return {"closeness": sum(d["closeness"] for d in details) / len(details)}, details
-''' % (HOSTILE,)
+'''.replace("HOSTILE_TEXT", repr(HOSTILE))
 
 #: question -> offset of each run's model (0: the hostile answer)
 A_OFF = {**{i: 1 for i in range(0, 30)}}
