@@ -32,13 +32,15 @@ class Test:
     a: stats.Estimate  # the baseline's mean over the aligned samples
     b: stats.Estimate  # the later run's
     paired: stats.Paired  # later minus baseline; a_only: fixed (right only in the later run)
+    note: str = ""  # samples left out of this test (not scored in one run)
 
     def to_json(self) -> dict[str, Any]:
         p = self.paired
         return {"dataset": self.dataset, "model": self.model, "model_b": self.model_b, "metric": self.metric,
                 "run": self.run, "n": p.n, "a": self.a.to_json(), "b": self.b.to_json(), "diff": p.diff,
                 "stderr": p.stderr, "ci": list(p.ci) if p.ci else None, "p_value": p.p_value, "p_holm": p.p_holm,
-                "test": p.test, "fixed": p.a_only, "broken": p.b_only, "mde": p.mde, "note": p.note}
+                "test": p.test, "fixed": p.a_only, "broken": p.b_only, "mde": p.mde,
+                "note": "; ".join(x for x in (self.note, p.note) if x)}
 
 
 @dataclass(frozen=True)
@@ -160,10 +162,16 @@ def _compare_pair(out: Comparison, run: int, sa: Scored, sb: Scored, changed: se
         if not keys:
             out.not_compared.append((run, sa.dataset, sa.model, metric, "no sample in common"))
             continue
-        a = [sa.samples[k].scores[metric] for k in keys]
-        b = [sb.samples[k].scores[metric] for k in keys]
+        scored = [k for k in keys if metric in sa.samples[k].scores and metric in sb.samples[k].scores]
+        if not scored:
+            out.not_compared.append((run, sa.dataset, sa.model, metric, "no sample scored in both runs"))
+            continue
+        a = [sa.samples[k].scores[metric] for k in scored]
+        b = [sb.samples[k].scores[metric] for k in scored]
+        unscored = len(keys) - len(scored)
+        note = f"{unscored} sample(s) not scored in one run left out" if unscored else ""
         out.tests.append(Test(sa.dataset, sa.model, sb.model, metric, run, stats.mean_estimate(a),
-                              stats.mean_estimate(b), _power_stated(stats.paired(b, a))))
+                              stats.mean_estimate(b), _power_stated(stats.paired(b, a)), note))
     if flips > 0:
         out.flips.extend(_flips(run, sa, sb, keys, flips))
 

@@ -128,7 +128,9 @@ def metric_scores(metric: str, rows: list[dict[str, Any]]) -> tuple[dict[str, fl
     A details row holds the score under the metric's name (``accuracy``: true or false), or,
     for lm-eval, under the name before the comma in rows of that filter (``acc,none``: ``acc`` in
     rows whose ``filter`` is ``none``); pass@k comes from each sample's ``n`` and ``num_passed``.
-    A sample that failed (a row with ``error`` and no score) scores 0, as in the metric.
+    A sample that failed (a row with ``error`` and no score) scores 0, as in the metric.  Where
+    the eval task wrote the per-sample scores (``scores``, a metric's score per details line;
+    None: not scored, left out of the mean), they are the ones used.
     """
     name, _, filt = metric.partition(",")
     pass_k = _PASS_AT.fullmatch(metric)
@@ -137,6 +139,13 @@ def metric_scores(metric: str, rows: list[dict[str, Any]]) -> tuple[dict[str, fl
     for row in rows:
         key = row.get("key")
         if not isinstance(key, str):
+            continue
+        given = row.get("scores")
+        if isinstance(given, dict) and metric in given:
+            seen = True
+            if given[metric] is not None:
+                value = _number(given[metric])
+                out[key] = math.nan if value is None else value
             continue
         if filt and row.get("filter") != filt:
             continue
@@ -155,7 +164,7 @@ def metric_scores(metric: str, rows: list[dict[str, Any]]) -> tuple[dict[str, fl
         if value is not None:
             seen = True
             out[key] = value
-    if not seen:
+    if not seen or not out:
         return {}, "no per-sample scores in the details"
     return out, ""
 
@@ -184,8 +193,8 @@ def _scored(root: str, model: str, dataset: str, metrics: dict[str, float], rows
         if nan:
             raise UserError(f"{root}: {dataset} / {model} / {metric}: {nan} sample score(s) are NaN or missing in "
                             f"{where}; a paired comparison needs a score for every sample")
-        mean = sum(scores.values()) / len(scores)
-        if len(scores) != len(out.samples) or not math.isclose(mean, value, rel_tol=1e-6, abs_tol=1e-9):
+        mean = math.fsum(scores.values()) / len(scores)
+        if not math.isclose(mean, value, rel_tol=1e-6, abs_tol=1e-9):
             out.no_scores[metric] = (f"the mean of its per-sample scores ({mean:.6g} over {len(scores)}) is not the "
                                      f"run's {value:.6g}: not a per-sample mean")
             continue

@@ -15,21 +15,23 @@ from typing import Any
 from orchestra.config.relpaths import found as found_path
 from orchestra.config.schema import build_component, check_kwargs
 from orchestra.config.secrets import check_secrets
+from orchestra.config.statkeys import check_cluster_key, check_summarizer
 from orchestra.config.sweep import SweepInfo, expand_sweep
+from orchestra.datasets.base import BaseDataset
 from orchestra.errors import ConfigError
 from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
 # (``prices`` is taken out by orchestra.api before validation; it is here for the error message)
-TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep", "prices")
+TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep", "prices", "summarizer")
 STAGE_KEYS = ("partitioner", "runner")
 RUN_CFG_KEYS = ("num_gpus", "num_procs")
 # Keys of a dataset's sub-configs; a dataset class may widen them with class attributes of
 # the same names in lower case (``reader_cfg_keys = (...)``).
 READER_CFG_KEYS = ("input_columns", "output_column", "test_range")
 INFER_CFG_KEYS = ("prompt_template", "inferencer", "fewshot", "fewshot_template")
-EVAL_CFG_KEYS = ("evaluator",)
+EVAL_CFG_KEYS = ("evaluator", "cluster_key")
 FEWSHOT_KEYS = ("k", "source", "separator")
 DEFAULT_STAGES: dict[str, dict[str, Any]] = {
     "infer": {
@@ -68,6 +70,7 @@ class RunConfig:
     work_dir: str
     resolved: dict[str, Any] = field(default_factory=dict)
     sweep: SweepInfo | None = None  # what a sweep expanded to (None: no sweep)
+    summarizer: dict[str, Any] = field(default_factory=dict)  # checked ``summarizer`` (config/statkeys.py)
 
 
 
@@ -190,6 +193,7 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
     inf = inferencer_cfg(raw_inf)
     kind = get_inferencer(inf.get("type", "gen"), f"{where}.infer_cfg.inferencer.type")
     kind.check(inf, f"{where}.infer_cfg.inferencer")
+    check_cluster_key(cfg, getattr(cls, "score", None) is not BaseDataset.score, where)
     evaluator = (cfg.get("eval_cfg") or {}).get("evaluator")
     resolved = {**cfg, "type": f"{cls.__module__}.{cls.__qualname__}"}
     if evaluator is not None:
@@ -358,6 +362,9 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
     }
     if sweep is not None:
         resolved["sweep"] = sweep.to_dict()
-    return RunConfig(source, models, datasets, stages, work_dir, resolved, sweep)
+    summarizer = check_summarizer(raw.get("summarizer"), [m["abbr"] for m in models], source)
+    if summarizer:
+        resolved["summarizer"] = summarizer
+    return RunConfig(source, models, datasets, stages, work_dir, resolved, sweep, summarizer)
 
 

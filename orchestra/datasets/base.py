@@ -83,7 +83,9 @@ class BaseDataset(abc.ABC):
             optional ``fewshot`` (``dict(k=N)``: the first N rows before ``test_range``
             become worked examples: each row's prompt and its answer, or ``fewshot_template``
             filled with the row, which may use the ``output_column``).
-        eval_cfg: ``evaluator`` (a name such as ``'accuracy'`` or a dict with ``type``).
+        eval_cfg: ``evaluator`` (a name such as ``'accuracy'`` or a dict with ``type``) and
+            optional ``cluster_key`` (a column whose equal values form a cluster: the metrics'
+            standard errors are then clustered, docs/statistics.md).
     """
 
     #: whether its scoring counts a sample that failed in inference (kept by ``InferTask``'s
@@ -156,6 +158,10 @@ class BaseDataset(abc.ABC):
             raise ConfigError(
                 f"{where}: column {missing[0]!r} not in {self.path}; columns are: {', '.join(sorted(cols))}"
             )
+        cluster = self.eval_cfg.get("cluster_key")
+        if isinstance(cluster, str) and cluster not in cols:
+            raise ConfigError(f"{where}: eval_cfg.cluster_key={cluster!r} is not a column of {self.path}; "
+                              f"columns are: {', '.join(sorted(cols))}")
         allowed = set(self.reader_cfg.get("input_columns", [])) or cols
         allowed |= {"choice"}
         answer = self.reader_cfg.get("output_column")

@@ -14,6 +14,8 @@ class BaseEvaluator(abc.ABC):
 
     #: constructor arguments that hold a model config (checked like ``models`` entries)
     model_keys: ClassVar[tuple[str, ...]] = ()
+    #: metrics that count things (unparsed answers, ...): shown without an interval
+    count_metrics: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def identity(cls, cfg: dict[str, Any]) -> Any:
@@ -52,6 +54,25 @@ class BaseEvaluator(abc.ABC):
         # Failed samples count as wrong: a metric never looks better because samples failed.
         metrics = {key: (total / n if n else math.nan) for key, total in sums.items() if key != "error"}
         return metrics, details
+
+    def sample_scores(self, records: list[dict[str, Any]], details: list[dict[str, Any]]
+                      ) -> dict[str, list[float | None]]:
+        """Each metric's per-sample scores, one per details line (None: not scored, left out
+        of the mean), for the metrics that are their mean; the eval task derives standard
+        errors and paired differences from them.  Here: a details key of the metric's name
+        holding a bool or a number; a line without it (a failed sample) scores 0, as
+        :meth:`score` counts it.  The eval task keeps a metric's scores only where their mean
+        equals the metric, so a key that merely shares a name does no harm."""
+        out: dict[str, list[float | None]] = {}
+        names = {k for d in details for k, v in d.items() if isinstance(v, (bool, int, float))} - {"id"}
+        for name in sorted(names):
+            out[name] = [float(d[name]) if isinstance(d.get(name), (bool, int, float)) else 0.0 for d in details]
+        return out
+
+    def metrics_of(self, records: list[dict[str, Any]], details: list[dict[str, Any]]) -> dict[str, float]:
+        """The metrics of a subset of ``records`` whose details are known (a bootstrap resample
+        of a metric that is not a per-sample mean): light evaluators judge them again."""
+        return self.score(records)[0]
 
 
 def normalize_text(text: Any) -> str:

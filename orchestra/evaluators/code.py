@@ -183,6 +183,15 @@ class CodeExecEvaluator(HeavyEvaluator):
         return {f"pass@{k}": sum(pass_at_k(n, c, k) for n, c in counts) / len(counts)
                 for k in self.k if k <= fewest}
 
+    def sample_scores(self, records: list[dict[str, Any]], details: list[dict[str, Any]]
+                      ) -> dict[str, list[float | None]]:
+        """pass@k of each sample (its mean over the samples is the metric)."""
+        counts = [(max(int(d.get("n", 0)), 1), int(d.get("num_passed", 0))) for d in details]
+        if not counts:
+            return {}
+        fewest = min(n for n, _ in counts)
+        return {f"pass@{k}": [pass_at_k(n, c, k) for n, c in counts] for k in self.k if k <= fewest}
+
     def statuses(self, verdicts: Mapping[int, Verdict]) -> dict[str, int]:
         """How many programs ended how (``ok``, ``failed``, ``timeout``, ``not_text``, ...)."""
         seen: Counter[str] = Counter()

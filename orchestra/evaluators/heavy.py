@@ -57,6 +57,11 @@ class HeavyEvaluator(BaseEvaluator):
     def aggregate(self, records: list[dict[str, Any]], verdicts: Mapping[int, Verdict]) -> dict[str, float]:
         """Metrics (the headline first) from every record's verdict."""
 
+    def metrics_of(self, records: list[dict[str, Any]], details: list[dict[str, Any]]) -> dict[str, float]:
+        """:meth:`aggregate` of ``records`` with their details as the verdicts (no sample is
+        judged again)."""
+        return self.aggregate(records, {int(d["id"]): d for d in details})
+
     def max_concurrency(self) -> int:
         """Samples scored at once by one task."""
         return 16

@@ -79,6 +79,7 @@ class JudgeEvaluator(HeavyEvaluator):
 
     speed_keys = frozenset({"max_samples"})
     model_keys = ("judge",)
+    count_metrics = frozenset({"position_inconsistent", "judge_unparsed", "answers_missing"})
 
     def __init__(
         self,
@@ -284,6 +285,40 @@ class JudgeEvaluator(HeavyEvaluator):
         swapped = {"A": "loss", "B": "win", "C": "tie"}[p2]  # ... and then assistant B
         out["outcome"] = as_model if as_model == swapped else "tie"
         out["consistent"] = as_model == swapped
+        return out
+
+    def _sample_turns(self, record: dict[str, Any], v: Mapping[str, Any]) -> list[float | None]:
+        """One sample's score per turn as :meth:`aggregate` counts it (None: unparsed, left out)."""
+        if "turns" not in v:  # no answer: the lowest grade, or a loss
+            return [1.0 if self.mode == "single" else 0.0] * len(self._turns(record)[0])
+        out: list[float | None] = []
+        for turn in v["turns"]:
+            if turn.get("unparsed"):
+                out.append(None)
+            elif self.mode == "single":
+                out.append(float(turn["rating"]))
+            else:
+                out.append({"win": 1.0, "tie": 0.5, "loss": 0.0}[turn["outcome"]])
+        return out
+
+    def sample_scores(self, records: list[dict[str, Any]], details: list[dict[str, Any]]
+                      ) -> dict[str, list[float | None]]:
+        """Per sample: the mean of its turns' scores (the metric when every sample has as many
+        scored turns), the tie share, and each turn's score."""
+        name = "judge_score" if self.mode == "single" else "win_rate"
+        turns = [self._sample_turns(rec, d) for rec, d in zip(records, details, strict=True)]
+
+        def mean(xs: list[float]) -> float | None:
+            return sum(xs) / len(xs) if xs else None
+
+        out: dict[str, list[float | None]] = {
+            name: [mean([x for x in t if x is not None]) for t in turns]}
+        if self.mode != "single":
+            out["tie_rate"] = [mean([float(x == 0.5) for x in t if x is not None]) for t in turns]
+        most = max((len(t) for t in turns), default=0)
+        if most > 1:
+            for k in range(most):
+                out[f"{name}_turn{k + 1}"] = [t[k] if k < len(t) else None for t in turns]
         return out
 
     def aggregate(self, records: list[dict[str, Any]], verdicts: Mapping[int, Verdict]) -> dict[str, float]:

@@ -1,4 +1,5 @@
-"""The end of every run, written once: the results table, a sweep's pivot, what failed, the report.
+"""The end of every run, written once: the results table, the paired differences between its
+models, a sweep's pivot, what failed, the report.
 
 ``orchestra.run`` calls it after its stages, ``orchestra.viz`` (``--mode viz``) on a finished run
 folder; both print the same lines in the same order and leave the same files in ``summary/``.
@@ -27,6 +28,7 @@ class Ending:
     pivot: Any = None
     report: str | None = None
     bad: list[Any] = field(default_factory=list)
+    comparison: Any = None  # paired differences against the baseline (summary/paired.py); None: one model
 
 
 def epilogue(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: dict[str, Any], trace: str | None,
@@ -45,6 +47,7 @@ def _write(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: dic
     summary = build_summary(paths, [m["abbr"] for m in cfg.models], made.all_units["eval"])
     write_summary(summary, paths)
     say(render_text(summary), quiet=quiet)
+    comparison = _comparison(paths, cfg, made, quiet)
     pivot = _pivot(cfg, summary, paths, quiet)
     bad = [r for r in results if r.state.value != "done"]
     for r in bad:
@@ -52,12 +55,12 @@ def _write(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: dic
         reason = with_excerpt(r.reason, r.log_path) if r.state.value == "failed" else r.reason
         say(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({reason}){log}", file=sys.stderr, quiet=quiet)
     say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
-    report = _report(paths, cfg, summary, made, prices, trace, quiet, debug)
-    return Ending(summary, pivot, report, bad)
+    report = _report(paths, cfg, summary, made, prices, trace, quiet, debug, comparison)
+    return Ending(summary, pivot, report, bad, comparison)
 
 
 def _report(paths: RunPaths, cfg: Any, summary: Summary, made: Any, prices: dict[str, Any], trace: str | None,
-            quiet: bool, debug: bool) -> str | None:
+            quiet: bool, debug: bool, comparison: Any = None) -> str | None:
     """Write the HTML report and the trace and name them on the last line; a report that
     cannot be written is a warning (the run's results and exit code stand)."""
     from orchestra.summary.costs import load_prices, save_prices
@@ -69,7 +72,8 @@ def _report(paths: RunPaths, cfg: Any, summary: Summary, made: Any, prices: dict
             save_prices(paths, prices)  # a later viz finds them: the saved config.py leaves them out
         else:
             prices = load_prices(paths)
-        files = write_report(paths, summary, made.all_units["eval"], api_model_abbrs(cfg.models), prices, trace)
+        files = write_report(paths, summary, made.all_units["eval"], api_model_abbrs(cfg.models), prices, trace,
+                             comparison)
     except Exception as exc:  # a bug here must not hide the run's own outcome
         if debug:
             raise
@@ -77,6 +81,22 @@ def _report(paths: RunPaths, cfg: Any, summary: Summary, made: Any, prices: dict
         return None
     say(f"report: {files.report}{f' (trace: {trace})' if trace else ''}", file=sys.stderr, quiet=quiet)
     return files.report
+
+
+def _comparison(paths: RunPaths, cfg: Any, made: Any, quiet: bool) -> Any:
+    """Each model against the baseline (``summarizer.baseline``, else the first model), written to
+    ``summary/comparison.json`` and printed; None for a run of one model."""
+    from orchestra.summary.paired import build_comparison, render_comparison, write_comparison
+
+    models = [m["abbr"] for m in cfg.models]
+    comparison = build_comparison(paths, models, made.all_units["eval"], getattr(cfg, "summarizer", {}).get("baseline"))
+    if comparison is None:
+        return None
+    write_comparison(comparison, paths)
+    text = render_comparison(comparison)
+    if text:
+        say(text, quiet=quiet)
+    return comparison
 
 
 def _pivot(cfg: Any, summary: Summary, paths: RunPaths, quiet: bool) -> Any:

@@ -5,6 +5,7 @@ sweep's reader wants the swept settings side by side instead.  Each variant carr
 labels (``{'temperature': 'temperature=0.7', 'prompt_template': 'cot'}``); a cell's column is
 the combination of its model's and its dataset's labels.  With a baseline
 (``sweep.baseline``), every other column of a row also gets its difference to the baseline.
+A cell shows its standard error where its result states one (``0.500 ± 0.035``).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ def build_pivot(summary: Summary, sweep: dict[str, Any]) -> Pivot:
     models = variants.get("models", {})
     datasets = variants.get("datasets", {})
     cells: dict[tuple[str, str, str], dict[str, Any]] = {}
+    errors: dict[tuple[str, str, str], dict[str, float]] = {}  # standard errors, where stated
     columns: list[str] = []
     labels_of: dict[str, dict[str, str]] = {}
     for row in summary.rows:
@@ -55,6 +57,9 @@ def build_pivot(summary: Summary, sweep: dict[str, Any]) -> Pivot:
                 columns.append(column)
                 labels_of[column] = labels
             cells.setdefault((mvar["base"], dvar["base"], row["metric"]), {})[column] = row.get(model)
+            est = summary.estimate(row, model)
+            if est is not None and est.get("stderr") is not None:
+                errors.setdefault((mvar["base"], dvar["base"], row["metric"]), {})[column] = est["stderr"]
     # Each column's baseline: the same settings with the baseline's values on its axes
     # (so a baseline over some axes compares like with like on the others).
     against = {c: _column({**labels_of[c], **chosen}, axes) for c in columns} if chosen else {}
@@ -65,11 +70,19 @@ def build_pivot(summary: Summary, sweep: dict[str, Any]) -> Pivot:
         for c in pivot.delta_columns:
             v, b = values.get(c), values.get(against[c])
             deltas[c] = v - b if isinstance(v, (int, float)) and isinstance(b, (int, float)) else None
-        pivot.rows.append({"model": model, "dataset": dataset, "metric": metric, "values": values, "deltas": deltas})
+        pivot.rows.append({"model": model, "dataset": dataset, "metric": metric, "values": values, "deltas": deltas,
+                           "stderr": errors.get((model, dataset, metric), {})})
     return pivot
 
 
 _cell = metric_text
+
+
+def _pm(value: Any, stderr: float | None) -> str:
+    """``0.500 ± 0.035`` where a standard error is stated, else the value as the table shows it."""
+    if isinstance(value, (int, float)) and stderr is not None:
+        return f"{value:.3f} ± {stderr:.3f}"
+    return _cell(value)
 
 
 def _table(pivot: Pivot) -> tuple[list[str], list[list[str]]]:
@@ -77,7 +90,8 @@ def _table(pivot: Pivot) -> tuple[list[str], list[list[str]]]:
     header += [f"Δ {c}" for c in pivot.delta_columns]
     body = []
     for row in pivot.rows:
-        cells = [row["model"], row["dataset"], row["metric"], *(_cell(row["values"].get(c)) for c in pivot.columns)]
+        cells = [row["model"], row["dataset"], row["metric"],
+                 *(_pm(row["values"].get(c), row.get("stderr", {}).get(c)) for c in pivot.columns)]
         cells += [_cell(row["deltas"].get(c), signed=True) for c in pivot.delta_columns]
         body.append(cells)
     return header, body

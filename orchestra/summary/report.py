@@ -92,16 +92,52 @@ def _results(summary: Summary, samples: SampleIndex) -> dict[str, Any]:
         cells = []
         for model, value in zip(summary.models, values):
             frac = max(value, 0.0) / scale if value is not None else 0.0
-            cells.append({"model": model, "value": value, "text": f"{value:.4f}" if value is not None else "-",
+            cells.append({"model": model, "value": value,
+                          "text": summary.cell(row, model) if value is not None else "-",
                           "pct": round(100 * frac, 1), "frac": frac,
                           "best": value is not None and len(finite) > 1 and value == best,
                           "why": missing.get((model, row["dataset"]), "" if value is not None else "no value"),
-                          "pair": pair_ids.get(f"{model}\u0000{row['dataset']}")})
+                          "pair": pair_ids.get(f"{model}\u0000{row['dataset']}"),
+                          **_interval(summary.estimate(row, model) if value is not None else None, scale)})
         rows.append({"dataset": row["dataset"], "metric": row["metric"], "cells": cells})
         if row["dataset"] not in seen:  # the first metric of a dataset is its headline
             seen.add(row["dataset"])
             charts.append({"dataset": row["dataset"], "metric": row["metric"], "bars": cells})
     return {"models": summary.models, "rows": rows, "charts": charts, "missing": summary.missing}
+
+
+def _interval(est: dict[str, Any] | None, scale: float) -> dict[str, Any]:
+    """A cell's 95% interval for drawing (``lo``/``hi``: fractions of the bar's scale, clipped
+    to it) and its words for the tooltip; empty without an interval."""
+    if est is None or not est.get("ci"):
+        return {"ci": None, "ci_text": est.get("note", "") if est else ""}
+    lo, hi = (float(x) for x in est["ci"])
+    method = {"clt": "standard error", "clustered": f"clustered standard error, {est.get('clusters')} clusters",
+              "bootstrap": "bootstrap", "lm-eval": "lm-eval's standard error"}.get(est["method"], est["method"])
+    return {"ci": [lo, hi], "lo": min(max(lo / scale, 0.0), 1.0), "hi": min(max(hi / scale, 0.0), 1.0),
+            "ci_text": f"95% interval [{lo:.3f}, {hi:.3f}], n = {est.get('n')} ({method})"}
+
+
+def _comparison(comparison: Any) -> dict[str, Any] | None:
+    """The paired differences for the page: rows with their interval placed on one axis
+    symmetric around 0 (``x0``, ``x1``, ``xd``: fractions of its width)."""
+    if comparison is None or not comparison.pairs:
+        return None
+    from orchestra.summary.paired import PAIR_HEADER, pair_cells
+
+    reach = max([abs(v) for p in comparison.pairs for v in (p["ci"] or [p["diff"] or 0.0])] + [1e-9]) * 1.1
+    rows = []
+
+    def pos(v: float) -> float:
+        return 0.5 + 0.5 * float(v) / reach
+
+    for p in comparison.pairs:
+        rows.append({"cells": pair_cells(p), "note": p.get("note", ""), "diff": p["diff"],
+                     "xd": pos(p["diff"]) if p["diff"] is not None else None,
+                     "x0": pos(p["ci"][0]) if p["ci"] else None, "x1": pos(p["ci"][1]) if p["ci"] else None,
+                     "significant": p["p_holm"] is not None and p["p_holm"] < 0.05})
+    return {"baseline": comparison.baseline, "tests": comparison.tests, "header": PAIR_HEADER, "rows": rows,
+            "reach": reach}
 
 
 def _failures(run: RunLog, report_dir: str) -> list[dict[str, Any]]:
@@ -203,7 +239,7 @@ def _overview(run: RunLog, summary: Summary, costs: dict[str, Any]) -> dict[str,
 
 def render_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str, Unit]], run: RunLog,
                   prices: dict[str, dict[str, Any]] | None = None,
-                  sample_budget_bytes: int = DEFAULT_BUDGET_BYTES) -> str:
+                  sample_budget_bytes: int = DEFAULT_BUDGET_BYTES, comparison: Any = None) -> str:
     """The report's HTML."""
     import jinja2
 
@@ -227,7 +263,8 @@ def render_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str,
     return env.get_template("report.html.j2").render(
         title=os.path.basename(paths.root.rstrip(os.sep)), root=paths.root, version=_version(),
         generated=time.strftime("%Y-%m-%d %H:%M:%S"), overview=overview,
-        results=_results(summary, samples), failures=_failures(run, report_dir), costs=costs,
+        results=_results(summary, samples), comparison=_comparison(comparison), legend=summary.legend(),
+        failures=_failures(run, report_dir), costs=costs,
         prices=prices or {}, samples=samples, css=css, js=js.replace("</", "<\\/"),
         timeline_json=script_json(timeline), timeline_details=pack_json(_finite(details)),
         pairs_json=script_json(list(samples.pairs.values())),
@@ -236,13 +273,13 @@ def render_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str,
 
 def write_report(paths: RunPaths, summary: Summary, eval_units: list[tuple[str, Unit]],
                  api_models: set[str] | None = None, prices: dict[str, dict[str, Any]] | None = None,
-                 trace_path: str | None = None) -> ReportFiles:
+                 trace_path: str | None = None, comparison: Any = None) -> ReportFiles:
     """Write ``summary/report.html`` and the Chrome trace (``summary/trace.json``, or
     ``trace_path`` as well when given) for the run in ``paths``."""
     run = read_run(paths, api_models or set())
     os.makedirs(paths.summary_dir, exist_ok=True)
     report = os.path.join(paths.summary_dir, "report.html")
-    atomic_write_text(report, render_report(paths, summary, eval_units, run, prices))
+    atomic_write_text(report, render_report(paths, summary, eval_units, run, prices, comparison=comparison))
     trace = os.path.join(paths.summary_dir, "trace.json")
     write_trace(run, paths, trace)
     if trace_path and os.path.abspath(trace_path) != trace:

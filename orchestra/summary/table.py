@@ -1,8 +1,10 @@
 """The results table: models x datasets, from a run folder's results and events.
 
-A cell is a metric, or ``-`` with the reason it is missing (which task failed, was
+A cell is a metric with its standard error (``0.500 ± 0.035``, where the result states one:
+docs/statistics.md), or ``-`` with the reason it is missing (which task failed, was
 cancelled or never ran, and its log file).  The same table goes to stdout and to
-``summary/summary.{csv,md,json}``; ``--mode viz`` rebuilds it from the folder alone.
+``summary/summary.{csv,md,json}`` (the numbers of every estimate: ``summary.json`` and
+``summary/estimates.csv``); ``--mode viz`` rebuilds it from the folder alone.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import Any
 from orchestra.events import iter_events
 from orchestra.fileio import atomic_write_json, atomic_write_text
 from orchestra.paths import RunPaths
+from orchestra.stats import Estimate, format_pm
 from orchestra.summary.logs import with_excerpt
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
 from orchestra.terminal import printable
@@ -29,6 +32,35 @@ class Summary:
     models: list[str]
     rows: list[dict[str, Any]] = field(default_factory=list)  # {"dataset", "metric", model: value|None}
     missing: list[dict[str, str]] = field(default_factory=list)  # {"model", "dataset", "reason"}
+    #: (dataset, metric, model) -> the metric's estimate (``Estimate.to_json()``: stderr, ci, n, method)
+    estimates: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+
+    def estimate(self, row: dict[str, Any], model: str) -> dict[str, Any] | None:
+        """The estimate of ``row``'s metric for ``model`` (None: the result has none)."""
+        return self.estimates.get((row["dataset"], row["metric"], model))
+
+    def cell(self, row: dict[str, Any], model: str) -> str:
+        """A table cell: ``0.500 ± 0.035`` (value ± standard error) where the result states a
+        standard error, else the value as :func:`metric_text` shows it."""
+        value, est = row.get(model), self.estimate(row, model)
+        if isinstance(value, (int, float)) and est is not None and est.get("stderr") is not None:
+            return format_pm(Estimate.from_json({**est, "value": value}))
+        return metric_text(value)
+
+    def legend(self) -> str:
+        """What the ``±`` of the table means, and which rows are not plain standard errors
+        ('' when no cell shows one)."""
+        shown = {(d, m): e["method"] for (d, m, _), e in self.estimates.items() if e.get("stderr") is not None}
+        if not shown:
+            return ""
+        words = {"clustered": "clustered", "bootstrap": "bootstrap", "lm-eval": "lm-eval's own"}
+        parts = []
+        for method, word in words.items():
+            rows = sorted({f"{d}/{m}" for (d, m), meth in shown.items() if meth == method})
+            if rows:
+                parts.append(f"{word}: {', '.join(rows)}")
+        return ("± is the standard error (95% intervals: summary/summary.json, the report)"
+                + (f"; {'; '.join(parts)}" if parts else ""))
 
 
 def _task_index(paths: RunPaths) -> dict[str, tuple[str, str]]:
@@ -90,7 +122,10 @@ def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str
             order.append(unit.dataset_abbr)
         if output_done(unit.output, unit.hash):
             with open(unit.output, encoding="utf-8") as f:
-                by_dataset[unit.dataset_abbr][model] = json.load(f)["metrics"]
+                result = json.load(f)
+            by_dataset[unit.dataset_abbr][model] = result["metrics"]
+            for metric, est in (result.get("estimates") or {}).items():
+                summary.estimates[(unit.dataset_abbr, metric, model)] = est
             continue
         if index is None:
             index, states = _task_index(paths), _last_states(paths)
@@ -149,7 +184,9 @@ def render_markdown(summary: Summary) -> str:
     header = ["dataset", "metric", *summary.models]
     lines = [md_row(header), "|" + "---|" * len(header)]
     for row in summary.rows:
-        lines.append(md_row([row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)]))
+        lines.append(md_row([row["dataset"], row["metric"], *(summary.cell(row, m) for m in summary.models)]))
+    if summary.legend():
+        lines += ["", md_cell(f"({summary.legend()})")]
     if summary.missing:
         lines.append("")
         lines.append("Missing results:")
@@ -160,11 +197,13 @@ def render_markdown(summary: Summary) -> str:
 
 def render_text(summary: Summary) -> str:
     header = ["dataset", "metric", *summary.models]
-    body = [[row["dataset"], row["metric"], *(_cell(row[m]) for m in summary.models)] for row in summary.rows]
+    body = [[row["dataset"], row["metric"], *(summary.cell(row, m) for m in summary.models)] for row in summary.rows]
     widths = [max(len(str(r[i])) for r in [header, *body]) for i in range(len(header))]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
     lines = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
     lines += [fmt.format(*r) for r in body]
+    if summary.legend():
+        lines.append(f"({summary.legend()})")
     for miss in summary.missing:
         lines.append(f"- {miss['model']} / {miss['dataset']}: {miss['reason']}")
     return "\n".join(lines) + "\n"
@@ -181,7 +220,23 @@ def write_summary(summary: Summary, paths: RunPaths) -> None:
     for row in summary.rows:
         writer.writerow([row["dataset"], row["metric"], *("-" if row[m] is None else row[m] for m in summary.models)])
     atomic_write_text(os.path.join(folder, "summary.csv"), buf.getvalue())
+    estimates = [{"dataset": d, "metric": m, "model": model, **est}
+                 for (d, m, model), est in summary.estimates.items()]
     atomic_write_json(
         os.path.join(folder, "summary.json"),
-        {"models": summary.models, "rows": summary.rows, "missing": summary.missing},
+        {"models": summary.models, "rows": summary.rows, "missing": summary.missing, "estimates": estimates},
     )
+    buf = io.StringIO()
+    writer = csv.writer(buf)
+    writer.writerow([*ESTIMATE_COLUMNS])
+    for e in estimates:
+        ci = e.get("ci") or [None, None]
+        writer.writerow(["" if v is None else v for v in (
+            e["dataset"], e["metric"], e["model"], e.get("value"), e.get("stderr"), ci[0], ci[1], e.get("n"),
+            e.get("method"), e.get("clusters"), e.get("note"))])
+    atomic_write_text(os.path.join(folder, "estimates.csv"), buf.getvalue())
+
+
+#: the columns of ``summary/estimates.csv``: one line per (dataset, metric, model)
+ESTIMATE_COLUMNS = ("dataset", "metric", "model", "value", "stderr", "ci_low", "ci_high", "n", "method", "clusters",
+                    "note")

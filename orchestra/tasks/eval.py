@@ -1,7 +1,8 @@
 """Eval task script: ``python -m orchestra.tasks.eval <run>/tasks/<task_id>.py``.
 
 Scores every shard's predictions of a dataset together and writes the dataset's results
-(metrics, with the content hash) and per-sample details.
+(metrics, their standard errors and intervals (:mod:`orchestra.tasks.errorbars`), with the
+content hash) and per-sample details.
 
 Heavy evaluators (sandboxed code, judge models) score samples concurrently; each verdict
 is appended to a checkpoint (``results/<model>/<dataset>.json.ckpt``) before it counts, so
@@ -31,6 +32,7 @@ from orchestra.events import EventLog
 from orchestra.fileio import atomic_write_json, atomic_write_jsonl, read_sealed_jsonl, remove_stale_temps
 from orchestra.inference.checkpoint import Checkpoint
 from orchestra.paths import RunPaths
+from orchestra.tasks.errorbars import evaluator_estimates, lmeval_estimates
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
 
 PROGRESS_INTERVAL_S = 2.0
@@ -160,6 +162,10 @@ def run_task(spec: TaskSpec) -> None:
             metrics, details, extra = _run_heavy(spec, unit, evaluator, records, paths)
         else:
             metrics, details = evaluator.score(records)
+        if own is not None:
+            estimates = lmeval_estimates(metrics, details, len(records))
+        else:
+            estimates = evaluator_estimates(unit.dataset, evaluator, records, metrics, details)
         details = _keyed(unit, records, details)
         # one attempt of a task at a time: a temporary file of these outputs is an earlier, killed one's
         remove_stale_temps([paths.details(spec.model_abbr, unit.dataset_abbr), unit.output])
@@ -171,6 +177,7 @@ def run_task(spec: TaskSpec) -> None:
                 "model": spec.model_abbr,
                 "dataset": unit.dataset_abbr,
                 "metrics": metrics,
+                "estimates": estimates,
                 "num_samples": len(records),
                 "num_failed_samples": len([r for r in records if r.get("error") is not None]),
                 **extra,

@@ -23,10 +23,15 @@ def test_report_shows_every_result_one_bar_per_attempt_and_the_failure(failed_ru
     cells = summary_cells(failed_run.run)
     assert {c[0] for c in cells} == {"arith", "pick"} and {c[2] for c in cells} == {"det", "det_flaky", "det_broken"}
     header = browser.eval("[...document.querySelectorAll('#results-table thead th')].map(t => t.innerText)")
+    estimates = {(e["dataset"], e["metric"], e["model"]): e
+                 for e in json.loads((failed_run.run / "summary" / "summary.json").read_text())["estimates"]}
     for dataset, metric, model, value in cells:
         assert dataset in table and metric in table and model in header
-        if value != "-":
-            assert f"{float(value):.4f}" in table, (dataset, metric, model, value)
+        if value != "-":  # with its standard error where the result states one (docs/statistics.md)
+            est = estimates[(dataset, metric, model)]
+            shown = (f"{float(value):.3f} ± {est['stderr']:.3f}" if est["stderr"] is not None
+                     else f"{float(value):.4f}")
+            assert shown in table, (dataset, metric, model, value)
     # the value sits in the right column: its cell's data-v equals summary.csv's number
     shown = browser.eval("""[...document.querySelectorAll('#results-table tbody tr')].map(tr =>
         [...tr.cells].map(td => td.dataset.v !== undefined ? td.dataset.v : td.innerText.trim()))""")
