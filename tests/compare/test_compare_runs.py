@@ -216,3 +216,18 @@ def test_dry_run_states_the_power_per_dataset(runs: Runs) -> None:
     assert "[power] the smallest difference each dataset's n samples can detect at 80% power and 5% significance" \
         in proc.stdout
     assert f"  near  n = {N}: {mde:.3f}" in proc.stdout and f"  sums  n = {N}: {mde:.3f}" in proc.stdout
+
+
+def test_docs_name_every_json_field(runs: Runs) -> None:
+    """docs/compare.md's ``--json`` table names every field the document has."""
+    import re
+
+    from planted import REPO
+
+    doc = _doc(runs, "--flips", "1")
+    page = (REPO / "docs" / "compare.md").read_text()
+    table = page.split("## `--json`", 1)[1].split("\n## ", 1)[0]
+    named = {part for name in re.findall(r"`([a-z_.\[\]]+)`", table) for part in name.replace("[]", "").split(".")}
+    fields = set(doc) | set(doc["holm"]) | {k for t in doc["tests"] for k in t} | set(doc["tests"][0]["a"]) \
+        | {k for x in doc["left_out"] for k in x} | {k for f in doc["flips"] for k in f}
+    assert fields - {"tests", "flips", "left_out", "not_compared"} <= named, fields - named
