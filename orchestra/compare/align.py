@@ -162,13 +162,13 @@ def _compare_pair(out: Comparison, run: int, sa: Scored, sb: Scored, changed: se
         if not keys:
             out.not_compared.append((run, sa.dataset, sa.model, metric, "no sample in common"))
             continue
-        scored = [k for k in keys if metric in sa.samples[k].scores and metric in sb.samples[k].scores]
-        if not scored:
+        both = [k for k in keys if metric in sa.samples[k].scores and metric in sb.samples[k].scores]
+        if not both:
             out.not_compared.append((run, sa.dataset, sa.model, metric, "no sample scored in both runs"))
             continue
-        a = [sa.samples[k].scores[metric] for k in scored]
-        b = [sb.samples[k].scores[metric] for k in scored]
-        unscored = len(keys) - len(scored)
+        a = [sa.samples[k].scores[metric] for k in both]
+        b = [sb.samples[k].scores[metric] for k in both]
+        unscored = len(keys) - len(both)
         note = f"{unscored} sample(s) not scored in one run left out" if unscored else ""
         out.tests.append(Test(sa.dataset, sa.model, sb.model, metric, run, stats.mean_estimate(a),
                               stats.mean_estimate(b), _power_stated(stats.paired(b, a)), note))
