@@ -69,7 +69,11 @@ def forest_svg(tests: list[Test], many: bool) -> str:
             out.append(f'<circle class="diff" cx="{_x(p.diff, lo, hi):.2f}" cy="{y}" r="4" fill="{colour}"/>')
         out.append("</g>")
     axis_y = height - _ROW_H / 2
-    for v in (lo + margin, 0.0, hi - margin):
+    ticks: list[float] = []
+    for v in (0.0, lo + margin, hi - margin):  # 0 always; the ends where they are not on top of it
+        if all(abs(_x(v, lo, hi) - _x(w, lo, hi)) > 50 for w in ticks):
+            ticks.append(v)
+    for v in ticks:
         out.append(f'<text class="tick" x="{_x(v, lo, hi):.2f}" y="{axis_y}" text-anchor="middle">{v:+.3f}</text>')
     out.append("</svg>")
     return "\n".join(out)
