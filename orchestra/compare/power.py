@@ -26,8 +26,9 @@ def dataset_sizes(units: Iterable[tuple[str, Any]]) -> dict[str, int]:
     return sizes
 
 
-def power_lines(units: Iterable[tuple[str, Any]]) -> Iterator[str]:
-    """The plan's power lines: one per dataset, with its n and its smallest detectable difference."""
+def power_lines(units: Iterable[tuple[str, Any]], limit: int | None = None) -> Iterator[str]:
+    """The plan's power lines: one per dataset, with its n and its smallest detectable difference
+    (the first ``limit`` datasets, then how many more)."""
     sizes = dataset_sizes(units)
     if not sizes:
         return
@@ -35,6 +36,11 @@ def power_lines(units: Iterable[tuple[str, Any]]) -> Iterator[str]:
            "significance, for scores near 0.5 (a paired comparison of two models detects smaller ones when "
            "they disagree on few samples: orchestra compare states it)")
     width = max(len(d) for d in sizes)
-    for dataset, n in sorted(sizes.items()):
-        if n > 0:
-            yield f"  {dataset.ljust(width)}  n = {n}: {stats.mde_single(0.5, n):.3f}"
+    shown = sorted(sizes.items())
+    if limit is not None and len(shown) > limit:
+        width = max(len(d) for d, _ in shown[:limit])
+    for k, (dataset, n) in enumerate(shown):
+        if limit is not None and k == limit:
+            yield f"  ... {len(shown) - k} more dataset(s) (--dry-run --list shows all)"
+            break
+        yield f"  {dataset.ljust(width)}  n = {n}: " + (f"{stats.mde_single(0.5, n):.3f}" if n > 0 else "no sample")
