@@ -23,8 +23,13 @@ import math
 import random
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, TypeVar
+
+from orchestra.tdist import betainc, t_quantile_975, t_two_sided_p
+
+__all__ = ["Estimate", "Paired", "Z_MDE", "betainc", "bootstrap_estimate", "clustered_stderr", "format_pm", "holm",
+           "mcnemar_exact", "mde_paired", "mde_single", "mean_estimate", "paired", "paired_bootstrap",
+           "paired_t_pvalue", "t_quantile_975", "t_two_sided_p"]  # with Student's t from orchestra/tdist.py
 
 T = TypeVar("T")
 
@@ -99,60 +104,6 @@ class Paired:
             "p_value": self.p_value, "p_holm": self.p_holm, "test": self.test, "n": self.n,
             "a_only": self.a_only, "b_only": self.b_only, "mde": self.mde, "note": self.note,
         }
-
-
-# --- special functions -------------------------------------------------------------------
-
-
-def _betacf(a: float, b: float, x: float) -> float:
-    """The continued fraction of the incomplete beta function (modified Lentz)."""
-    tiny = 1e-300
-    c, d = 1.0, 1.0 - (a + b) * x / (a + 1.0)
-    d = 1.0 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 500):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1.0 + num * d
-            d = 1.0 / (d if abs(d) > tiny else tiny)
-            c = 1.0 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1.0) < 1e-15:
-            break
-    return h
-
-
-def betainc(a: float, b: float, x: float) -> float:
-    """The regularized incomplete beta function I_x(a, b), for a, b > 0 and 0 <= x <= 1."""
-    if x <= 0.0:
-        return 0.0
-    if x >= 1.0:
-        return 1.0
-    log_front = math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x)
-    if x < (a + 1.0) / (a + b + 2.0):
-        return math.exp(log_front) * _betacf(a, b, x) / a
-    return 1.0 - math.exp(log_front) * _betacf(b, a, 1.0 - x) / b
-
-
-def t_two_sided_p(t: float, df: float) -> float:
-    """P(|T| >= |t|) for Student's t with ``df`` degrees of freedom: I_{df/(df+t²)}(df/2, 1/2)."""
-    if math.isinf(t):
-        return 0.0
-    return min(1.0, betainc(df / 2.0, 0.5, df / (df + t * t)))
-
-
-@lru_cache(maxsize=4096)
-def t_quantile_975(df: float) -> float:
-    """t(0.975, df): the half-width factor of a 95% interval (1.96 as df grows), by bisection."""
-    lo, hi = 0.0, 1e4
-    for _ in range(200):
-        mid = (lo + hi) / 2.0
-        if t_two_sided_p(mid, df) > 0.05:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2.0
 
 
 # --- single estimates --------------------------------------------------------------------
@@ -275,7 +226,6 @@ def _percentile(sorted_xs: Sequence[float], q: float) -> float:
     hi = min(lo + 1, len(sorted_xs) - 1)
     return sorted_xs[lo] + (sorted_xs[hi] - sorted_xs[lo]) * (pos - lo)
 
-
 # --- paired differences and tests --------------------------------------------------------
 
 
@@ -362,6 +312,48 @@ def paired(a: Sequence[float], b: Sequence[float], clusters: Sequence[Hashable] 
                   Z_MDE * se, dropped_note)
 
 
+def paired_bootstrap(items_a: Sequence[T], items_b: Sequence[T], statistic: Callable[[Sequence[T]], float], *,
+                     seed: int = 0, reps: int = 1000) -> Paired:
+    """A minus B for a metric that is not a per-sample mean (a corpus F1): ``items_a[i]`` and
+    ``items_b[i]`` are one item's records.  ``diff = statistic(a) - statistic(b)``; ``reps``
+    resamples of item indices with replacement (seeded), the same indices for both; ``stderr``
+    is the standard deviation of the resampled differences, ``ci`` their 2.5% and 97.5%
+    percentiles, and the p-value twice the share of resampled differences on the other side
+    of 0 (at most 1): ``test='paired-bootstrap'``.  Resamples without a finite difference are
+    skipped and counted in ``note``."""
+    if len(items_a) != len(items_b):
+        raise ValueError(f"paired items must have one length: {len(items_a)}, {len(items_b)}")
+    n = len(items_a)
+    diff = float(statistic(items_a)) - float(statistic(items_b)) if n else math.nan
+    if n < 2 or not math.isfinite(diff):
+        why = "no pairs" if n == 0 else "n = 1: no standard error, no test" if n == 1 else "no finite difference"
+        return Paired(diff, None, None, None, "none", n, None, None, None, why)
+    rng = random.Random(seed)
+    diffs: list[float] = []
+    for _ in range(reps):
+        idx = [rng.randrange(n) for _ in range(n)]
+        try:
+            d = float(statistic([items_a[i] for i in idx])) - float(statistic([items_b[i] for i in idx]))
+        except (ZeroDivisionError, ValueError):
+            continue
+        if math.isfinite(d):
+            diffs.append(d)
+    skipped = reps - len(diffs)
+    skip_note = f"{skipped} of {reps} resamples had no finite difference" if skipped else ""
+    if len(diffs) >= 2 and diff == 0 and min(diffs) == max(diffs) == 0:
+        return Paired(diff, 0.0, None, 1.0, "paired-bootstrap", n, None, None, None,
+                      _join("the two give the same value on every resample", skip_note))
+    if len(diffs) < 2 or min(diffs) == max(diffs):
+        return Paired(diff, None, None, None, "none", n, None, None, None,
+                      _join("every resample gives the same difference: no spread", skip_note))
+    diffs.sort()
+    below = sum(1 for d in diffs if d <= 0) / len(diffs)
+    above = sum(1 for d in diffs if d >= 0) / len(diffs)
+    se = _sd(diffs)
+    return Paired(diff, se, (_percentile(diffs, 0.025), _percentile(diffs, 0.975)), min(1.0, 2 * min(below, above)),
+                  "paired-bootstrap", n, None, None, Z_MDE * se, skip_note)
+
+
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
     """Holm's step-down adjusted p-values (the order of the input kept; None stays None and
     does not count as a test).  Sorted ascending, ``p_adj(k) = max_{j<=k} min(1, (m-j+1) p_(j))``
@@ -376,7 +368,6 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - k) * p))
         out[i] = running
     return out
-
 
 # --- power and formatting ----------------------------------------------------------------
 

@@ -59,6 +59,9 @@ class Summary:
             rows = sorted({f"{d}/{m}" for (d, m), meth in shown.items() if meth == method})
             if rows:
                 parts.append(f"{word}: {', '.join(rows)}")
+        if any(e.get("stderr") is None and e.get("value") is not None for e in self.estimates.values()):
+            parts.append("no ±: no standard error (every score equal, n < 2, or a count; the note in summary.json "
+                         "says which)")
         return ("± is the standard error (95% intervals: summary/summary.json, the report)"
                 + (f"; {'; '.join(parts)}" if parts else ""))
 

@@ -192,6 +192,28 @@ def test_every_sample_equals_lm_evals(both: dict[str, Any]) -> None:
     assert seen >= 6 * N + 57 + 3
 
 
+@pytest.mark.slow
+def test_the_bridges_stderr_is_lm_evals(both: dict[str, Any]) -> None:
+    """Each metric's estimate (results' ``estimates``, the table's ``±``) carries lm-eval's own
+    stderr, method ``lm-eval``, interval ± 1.96 stderr; a metric lm-eval gives none stays without."""
+    compared = 0
+    for abbr in _abbrs():
+        result, ref = both["ours"][abbr], both["ref"][abbr]
+        for key, est in result["estimates"].items():
+            name, _, filt = key.partition(",")
+            assert est["method"] == "lm-eval" and "_stderr" not in name, (abbr, key)
+            ref_se = ref.get(f"{name}_stderr,{filt}")
+            if not isinstance(ref_se, (int, float)):
+                assert est["stderr"] is None and est["ci"] is None, (abbr, key, est)
+                continue
+            assert est["stderr"] == pytest.approx(float(ref_se), rel=1e-4, abs=1e-6), (abbr, key)
+            lo, hi = est["ci"]
+            assert (lo + hi) / 2 == pytest.approx(est["value"]) and hi - lo == pytest.approx(2 * 1.96 * est["stderr"],
+                                                                                             rel=1e-3)
+            compared += 1
+    assert compared >= 6
+
+
 # --------------------------------------------------------------------------------------
 # settings that are wrong, and the orchestrator staying light
 

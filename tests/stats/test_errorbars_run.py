@@ -253,3 +253,21 @@ def test_a_cluster_key_that_is_no_column_is_one_line_exit_2(tmp_path: Path, plan
     last = res.stderr.strip().splitlines()[-1]
     assert "eval_cfg.cluster_key='topic' is not a column of" in last
     assert "columns are: answer, question, subject" in last
+
+
+@pytest.mark.parametrize("old,new,message", [
+    ("summarizer = dict(baseline='short')", "summarizer = dict(baseline='short', alpha=0.1)",
+     "summarizer: unknown key 'alpha'; valid keys: baseline"),
+    ("summarizer = dict(baseline='short')", "summarizer = 'short'",
+     "summarizer: expected a dict such as dict(baseline='full'), got 'short'"),
+    ("cluster_key='subject'", "cluster_key=3",
+     "datasets[1].eval_cfg.cluster_key: expected a column name such as 'subject', got 3"),
+])
+def test_other_bad_statistics_keys_are_one_line_exit_2(tmp_path: Path, planted: dict[str, Any], old: str, new: str,
+                                                       message: str) -> None:
+    cfg = tmp_path / "bad.py"
+    cfg.write_text(planted["cfg"].read_text().replace(old, new))
+    res = run_cli(cfg, "--dry-run", env=planted["env"])
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].endswith(message), res.stderr

@@ -159,6 +159,34 @@ def test_bootstrap_is_seeded_and_near_scipy() -> None:
     assert eb.stderr == pytest.approx(float(sps.sem(xs)), rel=0.1)
 
 
+def test_paired_bootstrap_of_a_ratio_metric_is_near_scipys_paired_bootstrap() -> None:
+    """A corpus-level ratio (sum of hits / sum of lengths) of two systems on the same items."""
+    rng = random.Random(4)
+    n = 200
+    lengths = [rng.randrange(1, 10) for _ in range(n)]
+    a = [(min(ln, int(ln * rng.uniform(0.5, 1.0) + 0.5)), ln) for ln in lengths]
+    b = [(max(0, h - (rng.random() < 0.3)), ln) for h, ln in a]
+
+    def ratio(items: list[tuple[int, int]]) -> float:
+        return sum(h for h, _ in items) / sum(ln for _, ln in items)
+
+    pr = stats.paired_bootstrap(a, b, ratio, seed=3, reps=2000)
+    assert pr == stats.paired_bootstrap(a, b, ratio, seed=3, reps=2000)
+    assert pr.test == "paired-bootstrap" and pr.diff == pytest.approx(ratio(a) - ratio(b))
+    ha, hb, ln = (np.asarray(x, dtype=float) for x in ([h for h, _ in a], [h for h, _ in b], lengths))
+    ref = sps.bootstrap((ha, hb, ln), lambda x, y, z: x.sum() / z.sum() - y.sum() / z.sum(), paired=True,
+                        vectorized=False, n_resamples=3000, method="percentile", random_state=np.random.default_rng(0))
+    assert pr.stderr == pytest.approx(ref.standard_error, rel=0.15)
+    assert pr.ci is not None and pr.ci[0] > 0 and pr.p_value is not None and pr.p_value < 0.01
+    same = stats.paired_bootstrap(a, a, ratio)
+    assert (same.diff, same.stderr, same.ci, same.p_value) == (0.0, 0.0, None, 1.0) and "same value" in same.note
+    shifted = stats.paired_bootstrap([(2, 2)] * 5, [(1, 2)] * 5, ratio)
+    assert shifted.stderr is None and shifted.p_value is None and "same difference" in shifted.note
+    assert stats.paired_bootstrap([], [], ratio).note == "no pairs"
+    with pytest.raises(ValueError, match="one length"):
+        stats.paired_bootstrap(a, b[:3], ratio)
+
+
 def test_mde_formulas() -> None:
     assert stats.mde_single(0.5, 100) == pytest.approx(2.8016 * 0.05, rel=1e-4)
     assert stats.mde_paired(0.2, 400) == pytest.approx(2.8016 * math.sqrt(0.2 / 400), rel=1e-4)
