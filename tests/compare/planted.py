@@ -110,12 +110,12 @@ class Runs:
     b: Path
 
     def config(self, name: str, off: dict[int, int], *, data: Path, near_template: str = "{q}\\nA:",
-               sums_evaluator: str = "numeric_match") -> Path:
+               sums_evaluator: str = "numeric_match", abbr: str = "planted") -> Path:
         cfg = self.root / f"{name}.py"
         cfg.write_text(f"""
 from orchestra.datasets import JsonlDataset
 
-models = [dict(type='planted_compare.PlantedModel', abbr='planted', off={sorted(off.items())!r})]
+models = [dict(type='planted_compare.PlantedModel', abbr={abbr!r}, off={sorted(off.items())!r})]
 _reader = dict(input_columns=['q'], output_column='answer')
 datasets = [
     dict(type=JsonlDataset, abbr='sums', path={str(data)!r}, reader_cfg=_reader,

@@ -231,3 +231,22 @@ def test_docs_name_every_json_field(runs: Runs) -> None:
     fields = set(doc) | set(doc["holm"]) | {k for t in doc["tests"] for k in t} | set(doc["tests"][0]["a"]) \
         | {k for x in doc["left_out"] for k in x} | {k for f in doc["flips"] for k in f}
     assert fields - {"tests", "flips", "left_out", "not_compared"} <= named, fields - named
+
+
+def test_one_model_each_meets_whatever_its_abbr(runs: Runs) -> None:
+    """Checkpoint A's run and checkpoint B's, each of one model under its own name."""
+    other = runs.make("other_abbr", B_OFF, data=runs.root / "shuffled.jsonl", abbr="ckpt-b")
+    proc = runs.compare(runs.a, other, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert {(t["model"], t["model_b"]) for t in doc["tests"]} == {("planted", "ckpt-b")}
+    assert [t["p_value"] for t in doc["tests"]] == pytest.approx([t["p_value"] for t in _doc(runs)["tests"]])
+    text = runs.compare(runs.a, other).stdout
+    assert "sums     planted -> ckpt-b  numeric_match" in text
+
+
+def test_help_and_usage_errors_are_short(runs: Runs) -> None:
+    proc = runs.compare("-h")
+    assert proc.returncode == 0 and "--allow-changed" in proc.stdout and "--flips N" in proc.stdout
+    _one_line_usage_error(runs.compare(), "the following arguments are required: RUN")
+    _one_line_usage_error(runs.compare(runs.a, runs.b, "--flips", "x"), "--flips: invalid int value")
