@@ -250,3 +250,25 @@ def test_help_and_usage_errors_are_short(runs: Runs) -> None:
     assert proc.returncode == 0 and "--allow-changed" in proc.stdout and "--flips N" in proc.stdout
     _one_line_usage_error(runs.compare(), "the following arguments are required: RUN")
     _one_line_usage_error(runs.compare(runs.a, runs.b, "--flips", "x"), "--flips: invalid int value")
+
+
+def test_samples_only_one_run_has_are_left_out_and_counted(runs: Runs) -> None:
+    """Run B on a data file that lost its first 50 rows and gained 10 new ones: 150 aligned."""
+    data = rows()
+    extra = [{"q": f"q{N + i}: What is {i} + {i}?", "answer": str(2 * i)} for i in range(10)]
+    (runs.root / "cut.jsonl").write_text("".join(json.dumps(r) + "\n" for r in shuffled(data[50:] + extra)))
+    cut = runs.make("cut", B_OFF, data=runs.root / "cut.jsonl")
+    proc = runs.compare(runs.a, cut, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    left = {x["dataset"]: x for x in doc["left_out"]}
+    assert left["sums"] == {"run": 1, "dataset": "sums", "model": "planted", "aligned": 150, "changed_prompt": 0,
+                            "only_a": 50, "only_b": 10}
+    a, _ = expected_scores(A_OFF)
+    b, _ = expected_scores(B_OFF)
+    t = _test(doc, "sums")
+    fixed = sum(1 for x, y in zip(a[50:], b[50:]) if y > x)
+    broken = sum(1 for x, y in zip(a[50:], b[50:]) if y < x)
+    assert (t["n"], t["fixed"], t["broken"]) == (150, fixed, broken) == (150, 0, 11)
+    assert t["p_value"] == pytest.approx(sps.binomtest(0, 11, 0.5).pvalue)
+    assert "left out: sums / planted: 50 only in A; 10 only in B" in runs.compare(runs.a, cut).stdout
