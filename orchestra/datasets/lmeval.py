@@ -165,6 +165,9 @@ class LmEvalDataset(BaseDataset):
             _PROBED[key] = json.loads(proc.stdout.strip().splitlines()[-1])
         return _PROBED[key]
 
+    def sample_keys(self) -> list[str] | None:
+        return None  # lm-eval's details carry them: its own hash of each document (lmeval_harness.score)
+
     def rows(self) -> list[dict[str, Any]]:
         return self.all_rows()  # test_range is applied per subtask by the probe
 

@@ -196,6 +196,22 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _doc_keys(task: str, logged: list[dict[str, Any]]) -> dict[int, str]:
+    """Each document's sample key (what ``orchestra compare`` aligns runs by): the task's name
+    and lm-eval's own hash of the document's content, ``~k`` appended to the k-th repeat of an
+    identical document (k >= 2)."""
+    first: dict[int, str] = {}
+    for s in logged:
+        first.setdefault(int(s["doc_id"]), str(s.get("doc_hash") or json.dumps(s.get("doc"), sort_keys=True))[:16])
+    seen: dict[str, int] = {}
+    keys: dict[int, str] = {}
+    for doc_id in sorted(first):
+        base = f"{task}:{first[doc_id]}"
+        seen[base] = seen.get(base, 0) + 1
+        keys[doc_id] = base if seen[base] == 1 else f"{base}~{seen[base]}"
+    return keys
+
+
 def score(settings: dict[str, Any], records: list[dict[str, Any]]
           ) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
     """lm-eval's metrics for orchestra's answers: the task's (or group's aggregate) metrics
@@ -217,8 +233,12 @@ def score(settings: dict[str, Any], records: list[dict[str, Any]]
     ids = {(r["gold"]["task"], int(r["gold"]["doc_id"])): int(r["id"]) for r in records}
     details: list[dict[str, Any]] = []
     for name, logged in sorted(results.get("samples", {}).items()):
-        for s in json.loads(json.dumps(logged, default=handle_non_serializable)):
-            row = {"id": ids.get((name, int(s["doc_id"]))), "task": name}
+        logged = json.loads(json.dumps(logged, default=handle_non_serializable))
+        keys = _doc_keys(name, logged)
+        for s in logged:
+            row = {"id": ids.get((name, int(s["doc_id"]))), "key": keys[int(s["doc_id"])], "task": name}
+            if "prompt_hash" in s:
+                row["prompt_sha"] = str(s["prompt_hash"])[:16]
             row.update({k: s[k] for k in ("doc_id", "filter", "target", "resps", "filtered_resps") if k in s})
             row.update({m: s[m] for m in s.get("metrics", []) if m in s})
             details.append(row)
