@@ -28,6 +28,11 @@ def persist_digests(enabled: bool) -> None:
     _PERSIST[0] = enabled
 
 
+def persisting() -> bool:
+    """Whether this process writes its caches (False under ``--dry-run``)."""
+    return _PERSIST[0]
+
+
 def cache_dir() -> str:
     """The per-machine cache folder (``ORCHESTRA_CACHE_DIR`` or ``~/.cache/orchestra``)."""
     return os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
