@@ -197,8 +197,14 @@ class Case(NamedTuple):
 
 
 def _cli(config: Path, cache: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", str(config), "--dry-run"], cwd=REPO, capture_output=True,
-                          text=True, timeout=180, env={**os.environ, "ORCHESTRA_CACHE_DIR": str(cache)})
+    """``run.py CONFIG --dry-run``; one that does not end in 180 s (an lm-eval task's probe with a
+    NaN setting, before: it was not refused first) is a result of its own, not the whole module's."""
+    argv = [sys.executable, "run.py", str(config), "--dry-run"]
+    try:
+        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=180,
+                              env={**os.environ, "ORCHESTRA_CACHE_DIR": str(cache)})
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(argv, -9, "", "did not end within 180 s")
 
 
 def _shown(key: str) -> str:
