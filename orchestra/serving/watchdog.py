@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import fcntl
 import os
 import signal
 import stat
@@ -99,8 +98,9 @@ class CappedLog:
     """The replica's log (our stdout, opened for appending), written whole or, once it would grow
     past :data:`LOG_MAX_BYTES`, cut: its head (up to :data:`LOG_HEAD_BYTES`, at a line end) stays,
     one :data:`CUT_LINE` replaces the middle, and the last :data:`LOG_TAIL_BYTES` (from a line
-    start) follow.  The size is read from the file each time, so the lines other writers append
-    (the watchdog's own, a cluster agent's) count too and land after the cut.  A log that is not
+    start) follow.  The size is read from the file (every few hundred writes, and at each one near
+    the cap), so the lines other writers append (a cluster agent's, a restart's header) count too
+    and land after the cut.  A log that is not
     a regular file (a pipe, a terminal) is written as it is.  One lock: the pump's thread and the
     main thread's lines never interleave with a cut."""
 
@@ -110,9 +110,8 @@ class CappedLog:
         try:
             st = os.fstat(fd)
             self.capped, self.known = stat.S_ISREG(st.st_mode), st.st_size
-            self.appends = bool(fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_APPEND)
         except OSError:
-            self.capped, self.known, self.appends = False, 0, True
+            self.capped, self.known = False, 0
         self.since = 0  # writes since the size was last read from the file
 
     def write(self, data: bytes) -> None:
@@ -129,8 +128,6 @@ class CappedLog:
                     if self.known + len(data) > LOG_MAX_BYTES:
                         self._cut()
                         self.known = os.fstat(self.fd).st_size
-                if not self.appends:  # after a cut, the end is not where the offset was
-                    os.lseek(self.fd, 0, os.SEEK_END)
                 self._write_all(data)
                 self.known, self.since = self.known + len(data), self.since + 1
             except OSError:
@@ -171,7 +168,7 @@ class CappedLog:
             start, tail = start + newline + 1, tail[newline + 1:]  # from a line's start
         cut = before + start - keep - old_line
         os.ftruncate(self.fd, keep)
-        os.lseek(self.fd, 0, os.SEEK_END)
+        os.lseek(self.fd, 0, os.SEEK_END)  # a log not opened for appending: write at the new end, not past it
         self._write_all(CUT_LINE % cut + tail)
 
 

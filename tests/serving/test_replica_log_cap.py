@@ -10,6 +10,7 @@ cut, and an unbroken tail ending with the last words and the watchdog's lines.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -76,3 +77,25 @@ def test_a_chatty_replicas_log_keeps_its_head_and_its_tail_under_the_cap(tmp_pat
         assert f"(log: {log})" in line, line[-300:]
         (ev,) = [e for e in events(run) if e["event"] == "server_exited"]
         assert f"(log: {log})" in ev["reason"]
+
+
+@pytest.mark.parametrize("flags", [os.O_APPEND, 0], ids=["appending", "not-appending"])
+def test_a_log_is_cut_at_line_starts_with_no_hole_however_it_was_opened(tmp_path: Path, flags: int) -> None:
+    """The watchdog's log as a file opened for appending (``>>``, the orchestrator's) or not:
+    after a cut the next line goes to the new end, never past it (a hole of NUL bytes)."""
+    from orchestra.serving.watchdog import CappedLog
+
+    path = tmp_path / "replica-0.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, 0o600)
+    try:
+        log = CappedLog(fd)
+        lines = 3 * LOG_MAX_BYTES // len(CHATTER_LINE)
+        for i in range(lines):
+            log.write(CHATTER_LINE.format(i).encode())
+    finally:
+        os.close(fd)
+    data = path.read_bytes()
+    assert len(data) <= LOG_MAX_BYTES and b"\0" not in data
+    kept = data.decode().splitlines()
+    assert sum("bytes of this log were cut out here" in ln for ln in kept) == 1
+    assert kept[0].startswith("chatter 000000 ") and kept[-1].startswith(f"chatter {lines - 1:06d} ")
