@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import os
 import stat
 from typing import Any
@@ -40,7 +41,38 @@ def read_key_values(path: str, what: str) -> dict[str, Any]:
         data = python_literals(text, path, what)
     if not isinstance(data, dict):
         raise ValueError(f"{path}: an {what} holds keys and values, got {type(data).__name__}")
-    return {str(k): v for k, v in data.items() if not str(k).startswith("_")}
+    out = {str(k): v for k, v in data.items() if not str(k).startswith("_")}
+    bad = non_finite(out)
+    if bad is not None:  # JSON's NaN/Infinity, YAML's .nan/.inf, a literal 1e999
+        raise ValueError(f"{path}: {bad[0]}: expected a finite number, got {bad[1]!r} ({NON_FINITE})")
+    return out
+
+
+#: why a NaN or an infinity is refused, for the errors that say so
+NON_FINITE = "NaN and infinity are refused in every setting; a limit that can be lifted takes None"
+
+
+def non_finite(value: Any) -> tuple[str, float] | None:
+    """The first float in ``value`` (dicts, lists and tuples, nested) that is NaN or infinite, with
+    where it is (``batch.poll_s``, ``k[2]``); None when every number is finite.
+
+    A setting is never NaN (every comparison with it is false, so a check such as ``poll_s > 0``
+    lets it through) and never infinite (a wait of ``inf`` seconds never ends): settings that can
+    mean "no limit" say so with None.
+    """
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:  # depth-first, in document order, without recursion (a config may nest deeply)
+        where, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return where, item
+        if isinstance(item, dict):
+            children = [(f"{where}.{k}" if where else str(k), v) for k, v in item.items()]
+        elif isinstance(item, (list, tuple)):
+            children = [(f"{where}[{i}]", v) for i, v in enumerate(item)]
+        else:
+            continue
+        stack.extend(reversed(children))
+    return None
 
 
 def _read_text(full: str, path: str, what: str) -> str:

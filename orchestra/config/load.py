@@ -9,6 +9,7 @@ import re
 from typing import Any
 
 from orchestra.errors import ConfigError
+from orchestra.keyvalues import NON_FINITE, non_finite
 
 
 def load_config(path: str, cfg_options: list[str] | None = None) -> dict[str, Any]:
@@ -104,6 +105,8 @@ def _check_data_file(path: str, seen: tuple[str, ...] = ()) -> None:
             _check_data_file(full, (*seen, os.path.normpath(path)))
 
 
+#: what ``float()`` reads as NaN or infinity (signs stripped, lower case)
+_NON_FINITE_WORDS = ("nan", "inf", "infinity")
 _KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.([A-Za-z_][A-Za-z0-9_]*|\d+))*")
 
 
@@ -113,7 +116,8 @@ def parse_override(item: str) -> tuple[str, Any]:
     The value is a Python literal when it reads as one (``4``, ``0.5``, ``True``, ``None``,
     ``'text'``, ``[1, 2]``, ``dict(...)`` is not: write ``{'a': 1}``); otherwise it is the text
     exactly as typed, spaces and commas included.  Text that starts like a literal (a quote,
-    ``[``, ``(`` or ``{``) but does not parse is an error, not silently a string.
+    ``[``, ``(`` or ``{``) but does not parse is an error, not silently a string.  No value is NaN
+    or infinite (``nan``, ``inf``, ``1e999``): no setting takes one.
     """
     key, eq, text = item.partition("=")
     if not eq:
@@ -121,14 +125,23 @@ def parse_override(item: str) -> tuple[str, Any]:
     if not _KEY.fullmatch(key):
         raise ConfigError(f"--cfg-options {item!r}: {key!r} is not a dotted key such as infer.runner.retry "
                           "or models.0.batch_size")
+    if text.strip().lower().lstrip("+-") in _NON_FINITE_WORDS:
+        # Python's float() reads these words, and a user who types them means a number: say that
+        # no setting takes one rather than pass on the text (quoted, it is the text)
+        raise ConfigError(f"--cfg-options {item!r}: expected a finite number ({NON_FINITE}); "
+                          f"quote it as '{text.strip()}' if you mean the text")
     try:
-        return key, ast.literal_eval(text)
+        value = ast.literal_eval(text)
     except (ValueError, SyntaxError, MemoryError, RecursionError) as exc:
         if text.lstrip()[:1] in ("'", '"', "[", "(", "{"):
             problem = exc.msg if isinstance(exc, SyntaxError) else "text inside it is not quoted"
             raise ConfigError(f"--cfg-options {item!r}: the value is not a valid Python literal ({problem}); "
                               "quote text as 'text'") from None
         return key, text
+    bad = non_finite(value)  # 1e999 is a literal, and it is infinity
+    if bad is not None:
+        raise ConfigError(f"--cfg-options {item!r}: expected a finite number, got {bad[1]!r} ({NON_FINITE})")
+    return key, value
 
 
 def apply_overrides(raw: dict[str, Any], overrides: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ import inspect
 from typing import Any
 
 from orchestra.errors import ConfigError
+from orchestra.keyvalues import NON_FINITE, non_finite
 from orchestra.registry import Registry
 
 
@@ -64,21 +65,35 @@ def _type_error(value: Any, annotation: Any) -> str | None:
     return None
 
 
+def _check_finite(value: Any, where: str, param: inspect.Parameter | None) -> None:
+    """Refuse a NaN or an infinity anywhere in one argument's value, nested dicts included
+    (``batch=dict(poll_s=nan)``, ``server=dict(startup_timeout_s=inf)``, ``generation_kwargs``,
+    ``aliyun_cfg``): this is the one place every component's settings pass through, so no key,
+    today's or tomorrow's, depends on its own range check to catch them (``nan > 0`` is False,
+    and ``inf > 0`` is True)."""
+    bad = non_finite(value)
+    if bad is None:
+        return
+    path, number = bad
+    sub = "" if not path else path if path.startswith("[") else f".{path}"
+    # a key whose own value may be None says so ("no limit", "the default"); a nested one is
+    # documented with its dict
+    none = " or None" if not path and param is not None and "None" in str(param.annotation) else ""
+    raise ConfigError(f"{where}{sub}: expected a finite number{none}, got {number!r} ({NON_FINITE})")
+
+
 def check_kwargs(cls: type, kwargs: dict[str, Any], where: str, extra: tuple[str, ...] = ()) -> None:
     """Raise ``ConfigError`` for unknown, missing or clearly mistyped constructor arguments."""
     params, open_ended = _signature_params(cls)
     valid = sorted([*params, *extra])
     for key, value in kwargs.items():
-        if key in extra:
-            continue
-        if key not in params:
-            if open_ended:
-                continue
+        if key not in params and key not in extra and not open_ended:
             raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__}; "
                               + (f"valid keys: {', '.join(valid)}" if valid else "it takes no keys"))
-        problem = _type_error(value, params[key].annotation)
+        problem = _type_error(value, params[key].annotation) if key in params and key not in extra else None
         if problem:
             raise ConfigError(f"{where}.{key}: {problem}")
+        _check_finite(value, f"{where}.{key}", params.get(key))
     for name, p in params.items():
         if p.default is p.empty and name not in kwargs:
             raise ConfigError(f"{where}: missing required key {name!r} for {cls.__name__}")

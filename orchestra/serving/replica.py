@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 from orchestra.serving.presets import HOST, launch
 from orchestra.serving.spec import ServerSpec
-from orchestra.serving.watchdog import group_members
+from orchestra.serving.watchdog import CappedLog, group_members
 
 _PR_SET_PDEATHSIG = 1
 #: the longest path a Unix socket can be bound to on Linux (``sun_path`` holds 108 bytes with its NUL)
@@ -234,9 +234,10 @@ class Replica:
         fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.fchmod(fd, 0o600)  # the server's own words stay private (the key is scrubbed, not all else)
         with os.fdopen(fd, "ab") as log:
-            log.write(f"===== orchestra: replica {self.index} of {self.served_name} on {self.where} at "
-                      f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {' '.join(how.argv)}\n".encode())
-            log.flush()
+            # capped as the watchdog caps what follows (a restart's header lands after a cut)
+            CappedLog(fd).write(f"===== orchestra: replica {self.index} of {self.served_name} on {self.where} at "
+                                f"{time.strftime('%Y-%m-%d %H:%M:%S')}\n===== command: {' '.join(how.argv)}\n"
+                                .encode())
             self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          env={**os.environ, **how.env}, start_new_session=True,
                                          preexec_fn=_watched_by_us)

@@ -7,6 +7,7 @@ a spec into the argv of one replica.
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -160,8 +161,9 @@ def parse_server(cfg: Any) -> ServerSpec:
     if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
         raise ConfigError(f"server.env must be a dict of strings, got {env!r}")
     timeout = cfg.get("startup_timeout_s", 0.0)
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout < 0:
-        raise ConfigError(f"server.startup_timeout_s must be a number of seconds > 0, got {timeout!r}")
+    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or not math.isfinite(timeout) or timeout < 0:
+        raise ConfigError("server.startup_timeout_s must be a number of seconds, finite, >= 0 (0: the engine's "
+                          f"default), got {timeout!r}")
     for key in ("python", "executable"):
         if key in cfg and (not isinstance(cfg[key], str) or not cfg[key]):
             raise ConfigError(f"server.{key} must be a command name or path, got {cfg[key]!r}")

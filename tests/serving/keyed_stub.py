@@ -1,6 +1,7 @@
 """A small OpenAI-compatible server for tests of managed ``command`` servers (stdlib only).
 
     python tests/serving/keyed_stub.py PORT|SOCKET [--fail] [--exit-after-print] [--tell PATH] [--slow S]
+        [--warm S] [--chatter MB]
 
 It takes its key from ``ORCHESTRA_SERVER_KEY`` and, like SGLang, prints its arguments, the key
 among them, when it starts.  ``/health`` answers 200; ``/v1/models`` and ``/v1/completions``
@@ -8,6 +9,8 @@ demand the key (401 otherwise).  Completions answer ``3`` (``--fail``: every com
 400, so the task fails for good).  ``--exit-after-print``: exit 3 right after printing.
 ``--tell PATH``: write the key to PATH (outside the run folder), so a test knows what to look for.
 An absolute path instead of a port: listen on that Unix socket (as ``vllm serve --uds``).
+``--chatter MB``: right after printing its arguments, print MB MiB of numbered lines
+(``chatter 000000 yyy...``), then ``last words: ...`` (a chatty server, and where a crash's cause is).
 ``--slow S``: each completion takes S seconds.  ``--warm S``: for its first S seconds ``/health``
 answers 503 and ``/v1/models`` 503 even with the key (a server still loading its weights).
 """
@@ -84,11 +87,26 @@ class UnixHTTPServer(StubServer):
         self.server_name, self.server_port = "localhost", 0
 
 
+#: one chatter line: its number, then filler up to 1 KiB
+CHATTER_LINE = "chatter {:06d} " + "y" * 1008 + "\n"
+
+
+def chatter(size: int) -> None:
+    """Print ``size`` bytes of numbered lines, then the last words (with the key, as a crash's
+    traceback may quote it)."""
+    out = sys.stdout
+    for i in range(size // len(CHATTER_LINE)):
+        out.write(CHATTER_LINE.format(i))
+    print(f"last words: the weights did not fit (key {KEY})", flush=True)
+
+
 def main() -> None:
     if "--tell" in sys.argv:
         with open(sys.argv[sys.argv.index("--tell") + 1], "w", encoding="utf-8") as fh:
             fh.write(KEY)
     print(f"server_args: port={sys.argv[1]} api_key={KEY} served_model_name=m", flush=True)
+    if "--chatter" in sys.argv:
+        chatter(int(float(sys.argv[sys.argv.index("--chatter") + 1]) * (1 << 20)))
     if "--exit-after-print" in sys.argv:
         sys.exit(3)
     if sys.argv[1].startswith("/"):

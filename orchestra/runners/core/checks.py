@@ -6,6 +6,8 @@ what it got (the config layer turns that into one line naming the file and key, 
 
 from __future__ import annotations
 
+import math
+
 
 def count(name: str, value: object, low: int) -> int:
     """An integer (not a bool) of at least ``low``: ``max_num_workers``, ``retry``, ``cli_concurrency``."""
@@ -15,9 +17,11 @@ def count(name: str, value: object, low: int) -> int:
 
 
 def amount(name: str, value: object, *, zero: bool = False) -> float:
-    """A number above 0 (``zero``: at least 0), e.g. seconds or GB."""
+    """A finite number above 0 (``zero``: at least 0), e.g. seconds or GB (no limit is None, never inf)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (value == 0 and not zero):
         raise ValueError(f"{name} must be {'>=' if zero else '>'} 0, got {value!r}")
+    if not math.isfinite(value):  # nan passes ``< 0``; a limit that can be lifted takes None
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
     return value
 
 
