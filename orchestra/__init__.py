@@ -2,12 +2,14 @@
 
 ``orchestra.run(config, ...)`` and ``orchestra.plan(config, ...)`` are the Python API
 (:mod:`orchestra.api`); ``python run.py CONFIG`` is the same through the command line.
+``orchestra.compare([run_a, run_b, ...])`` compares run folders sample by sample
+(:mod:`orchestra.compare`; ``orchestra compare RUN_A RUN_B`` on the command line).
 """
 
 from typing import Any
 
 __version__ = "0.1.0"
-__all__ = ["plan", "run"]
+__all__ = ["compare", "plan", "run"]
 
 
 def __getattr__(name: str) -> Any:
@@ -15,4 +17,8 @@ def __getattr__(name: str) -> Any:
         from orchestra import api
 
         return getattr(api, name)
+    if name == "compare":  # the package, callable as its compare() function
+        import importlib
+
+        return importlib.import_module("orchestra.compare")
     raise AttributeError(f"module 'orchestra' has no attribute {name!r}")

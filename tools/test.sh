@@ -19,4 +19,4 @@ bash tools/slurm_cluster.sh start
 . .venv/bin/activate
 ruff check orchestra tests benchmarks tools
 mypy orchestra
-python -m pytest -q "$@"
+python -m pytest -q --durations=30 "$@"

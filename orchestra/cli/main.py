@@ -1,5 +1,8 @@
 """``orchestra CONFIG`` / ``python run.py CONFIG``: plan, run and summarise an evaluation.
 
+``orchestra compare RUN_A RUN_B ...`` (also ``python run.py compare ...``) compares run folders
+(:mod:`orchestra.cli.compare`).
+
 A thin wrapper on :mod:`orchestra.api`: flags become config edits, then ``api.plan`` or
 ``api.run`` does the work.  Exit codes: 0 every task done; 1 some task failed, was skipped or
 cancelled (the summary names each with its log), or a write failed; 2 bad config or usage;
@@ -31,7 +34,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="orchestra", description="Evaluate language models from one config file.")
+    p = _Parser(prog="orchestra", description="Evaluate language models from one config file.",
+                epilog="orchestra compare RUN_A RUN_B ...: compare run folders sample by sample "
+                       "(orchestra compare -h)")
     p.add_argument("config", help="config file (.py or .yaml)")
     p.add_argument("-w", "--work-dir", help="folder for run folders (overrides the config's work_dir)")
     p.add_argument("-r", "--reuse", nargs="?", const="latest", metavar="TIMESTAMP|latest",
@@ -181,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _guarded(argv: list[str] | None) -> int:
+    given = sys.argv[1:] if argv is None else argv
+    if given and given[0] == "compare":  # `orchestra compare RUN_A RUN_B ...`: its own command
+        from orchestra.cli.compare import main as compare_main
+
+        return compare_main(given[1:])
     args = build_parser().parse_args(argv)
     try:
         return _main(args)

@@ -21,7 +21,7 @@ import re
 import string
 from typing import Any
 
-from orchestra.datasets.digest import files_stamp, stamped_key
+from orchestra.datasets.digest import files_stamp, row_keys, stamped_key
 from orchestra.errors import ConfigError
 from orchestra.fileio import stable_hash
 from orchestra.inferencers import get_inferencer, inferencer_cfg
@@ -204,6 +204,12 @@ class BaseDataset(abc.ABC):
         fields), for a dataset that brings one (lm-eval tasks); ``NotImplementedError`` means
         ``eval_cfg.evaluator`` scores it."""
         raise NotImplementedError
+
+    def sample_keys(self) -> list[str] | None:
+        """The sample key of each row under evaluation, by sample id (:func:`digest.row_keys`):
+        what ``orchestra compare`` aligns runs by.  None for a dataset whose own scorer writes
+        the keys into its details (lm-eval tasks)."""
+        return row_keys(self.rows())
 
     def gold(self, row: dict[str, Any]) -> Any:
         col = self.reader_cfg.get("output_column")

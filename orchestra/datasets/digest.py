@@ -28,6 +28,11 @@ def persist_digests(enabled: bool) -> None:
     _PERSIST[0] = enabled
 
 
+def persisting() -> bool:
+    """Whether this process writes its caches (False under ``--dry-run``)."""
+    return _PERSIST[0]
+
+
 def cache_dir() -> str:
     """The per-machine cache folder (``ORCHESTRA_CACHE_DIR`` or ``~/.cache/orchestra``)."""
     return os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
@@ -120,3 +125,30 @@ def shared_rows(path: str, options: Any, read: Callable[[], Any]) -> Any:
     with _LOCK:
         _ROWS[key] = rows
     return rows
+
+
+def _short_sha(blob: str) -> str:
+    return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
+
+
+def row_keys(rows: list[Any]) -> list[str]:
+    """Each row's sample key: what aligns one sample across runs (``orchestra compare``).
+
+    A key is the SHA-256 of the row's content (its JSON, keys sorted), so it holds wherever the
+    row moves in the file and whatever else the file gains or loses; the k-th repeat of an
+    identical row gets ``~k`` appended (k >= 2), so repeats stay distinct.
+    """
+    seen: dict[str, int] = {}
+    keys = []
+    for row in rows:
+        base = _short_sha(json.dumps(row, sort_keys=True, ensure_ascii=False, default=str))
+        seen[base] = seen.get(base, 0) + 1
+        keys.append(base if seen[base] == 1 else f"{base}~{seen[base]}")
+    return keys
+
+
+def prompt_digest(prompt: Any) -> str:
+    """A digest of what a model was sent for one sample (a text, chat messages, user turns):
+    two runs sent the same prompt exactly when the digests are equal."""
+    return _short_sha(prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True, ensure_ascii=False,
+                                                                          default=str))

@@ -11,8 +11,9 @@ documents of all its subtasks, in subtask-name order; ``test_range`` applies to 
 
 This module is what the orchestrator imports: it never imports ``lm_eval`` (whose import and
 task index cost seconds).  Row counts for planning come from a probe subprocess
-(``python -m orchestra.datasets.lmeval_harness probe``), cached by the planner under a key of
-the settings, the lm-eval version and the ``include_path`` files.  Everything that needs
+(``python -m orchestra.datasets.lmeval_harness probe``, run without the orchestrator's secrets),
+cached by the planner under a key of the settings, the lm-eval version and every file the task
+reads (:mod:`orchestra.datasets.lmeval_plan`).  Everything that needs
 lm-eval runs inside tasks (:mod:`orchestra.datasets.lmeval_harness`).
 """
 
@@ -26,8 +27,8 @@ import subprocess
 import sys
 from typing import Any
 
+from orchestra.datasets import lmeval_plan
 from orchestra.datasets.base import BaseDataset, parse_range
-from orchestra.datasets.digest import files_stamp, stamped_key
 from orchestra.errors import ConfigError
 from orchestra.requests import Sample
 
@@ -125,16 +126,20 @@ class LmEvalDataset(BaseDataset):
         """Nothing to check against columns: lm-eval's task checked itself in the probe."""
 
     def content_key(self) -> str:
-        files: list[str] = []
-        for root in self.settings["include_path"]:
-            for folder, _dirs, names in os.walk(root):
-                files.extend(os.path.join(folder, n) for n in sorted(names) if n.endswith((".yaml", ".yml", ".py")))
+        """Settings, lm-eval version and every file the task reads (see :mod:`.lmeval_plan`)."""
         version = lmeval_version(f"dataset {self.abbr}")
-        return stamped_key(type(self).__name__, [version, self.settings, files_stamp(sorted(files))], {})
+        return lmeval_plan.content_key(type(self).__name__, version, self.settings, self._probe)
 
     def load_rows(self) -> list[dict[str, Any]]:
-        """One row per document under evaluation (``task``, ``doc``), from a probe subprocess."""
-        return [{"task": name, "doc": i} for name, count in self._probe()["tasks"] for i in range(count)]
+        """One row per document under evaluation (``task``, ``doc``), from a probe subprocess;
+        a ``test_range`` that selects no document of any subtask is a ``ConfigError``."""
+        counts = self._probe()["tasks"]
+        if counts and not any(count for _name, count in counts):
+            lo, hi = self.settings["test_range"]
+            raise ConfigError(f"dataset {self.abbr}: test_range='[{'' if lo is None else lo}:"
+                              f"{'' if hi is None else hi}]' selects no document of lm-eval task {self.task!r} "
+                              "(it applies to each subtask); widen it or drop the dataset")
+        return [{"task": name, "doc": i} for name, count in counts for i in range(count)]
 
     def output_types(self) -> dict[str, str]:
         """Each subtask's lm-eval ``output_type`` (``multiple_choice``, ``generate_until``, ...)."""
@@ -157,13 +162,16 @@ class LmEvalDataset(BaseDataset):
         key = json.dumps(self.settings, sort_keys=True)
         if key not in _PROBED:
             argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(self.settings)]
-            proc = subprocess.run(argv, capture_output=True, text=True, check=False)
+            proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=lmeval_plan.probe_env())
             if proc.returncode != 0:
                 lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
                 raise ConfigError(f"dataset {self.abbr}: lm-eval could not load task {self.task!r}: "
                                   f"{lines[-1] if lines else 'exit ' + str(proc.returncode)}")
             _PROBED[key] = json.loads(proc.stdout.strip().splitlines()[-1])
         return _PROBED[key]
+
+    def sample_keys(self) -> list[str] | None:
+        return None  # lm-eval's details carry them: its own hash of each document (lmeval_harness.score)
 
     def rows(self) -> list[dict[str, Any]]:
         return self.all_rows()  # test_range is applied per subtask by the probe

@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from orchestra.datasets.lmeval_select import check_fewshot, samples_arg, select, task_inputs
 from orchestra.errors import ConfigError, TaskFailedError
 
 #: lm-eval's request types orchestra can answer, and the one it cannot (is_greedy is not
@@ -64,47 +65,33 @@ def _task_manager(settings: dict[str, Any]) -> Any:
     return _MANAGERS[key]
 
 
-def _counts(settings: dict[str, Any], tm: Any,
-            kinds: dict[str, str] | None = None) -> tuple[list[tuple[str, int]], dict[str, list[int]]]:
-    """(subtask, documents in range) in row order (subtasks by name), and each subtask's
-    document indices; loads the tasks (their datasets).  ``kinds`` gets each subtask's
-    ``output_type``."""
-    loaded = tm.load([settings["task"]])
-    lo, hi = settings["test_range"]
-    counts: list[tuple[str, int]] = []
-    picked: dict[str, list[int]] = {}
-    for name in sorted(loaded["tasks"]):
-        obj = loaded["tasks"][name]
-        kind = obj.get_config("output_type")
-        if kind in UNSUPPORTED_OUTPUT:
-            raise ConfigError(f"lm-eval task {name}: {UNSUPPORTED_OUTPUT[kind]}")
-        if kinds is not None:
-            kinds[name] = str(kind)
-        picked[name] = list(range(len(obj.eval_docs))[lo:hi])
-        counts.append((name, len(picked[name])))
-    return counts, picked
-
-
 def probe(settings: dict[str, Any]) -> dict[str, Any]:
-    """What the planner needs: ``tasks`` as ``[[name, documents in range], ...]``, and each
-    subtask's ``output_type`` (``output_types``: which requests it sends)."""
+    """What the planner needs: ``tasks`` as ``[[name, documents in range], ...]``, each
+    subtask's ``output_type`` (``output_types``: which requests it sends), and ``inputs``: the
+    names the task resolves and the files it reads (its content key).  A ``num_fewshot`` lm-eval
+    cannot draw is refused here, before anything runs."""
     _quiet()
     kinds: dict[str, str] = {}
-    counts, _ = _counts(settings, _task_manager(settings), kinds)
-    return {"tasks": counts, "output_types": kinds}
+    tm = _task_manager(settings)
+    sel = select(settings, tm, UNSUPPORTED_OUTPUT, kinds)
+    check_fewshot(sel, settings)
+    return {"tasks": sel.counts, "output_types": kinds, "inputs": task_inputs(sel, settings, tm)}
 
 
 def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int) -> tuple[dict[str, Any], list[tuple[str, int]]]:
-    """simple_evaluate on ``lm`` as ``lm_eval`` runs it; its results and the documents per
-    subtask in row order."""
+    """simple_evaluate on ``lm`` as ``lm_eval`` runs it, on the documents in range (subtasks
+    with none left out); its results and the documents per subtask in row order."""
     from lm_eval.evaluator import simple_evaluate
 
     tm = _task_manager(settings)
-    lo, hi = settings["test_range"]
-    samples = _counts(settings, tm)[1] if lo else None  # as --samples (lm-eval numbers them 0..)
+    sel = select(settings, tm, UNSUPPORTED_OUTPUT)
+    if not sel.items:
+        raise TaskFailedError(f"lm-eval task {settings['task']}: test_range {settings['test_range']} selects no "
+                              "documents")
     results = simple_evaluate(
-        model=lm, tasks=[settings["task"]], num_fewshot=settings["num_fewshot"], limit=None if lo else hi,
-        samples=samples, gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters,
+        model=lm, tasks=sel.items, num_fewshot=settings["num_fewshot"], limit=sel.limit,
+        samples=samples_arg(sel, settings),  # as --samples (lm-eval numbers them 0..)
+        gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters,
         log_samples=True, **SEEDS,
     )
     if results is None:
@@ -196,6 +183,22 @@ def _number(value: Any) -> float | None:
     return float(value)
 
 
+def _doc_keys(task: str, logged: list[dict[str, Any]]) -> dict[int, str]:
+    """Each document's sample key (what ``orchestra compare`` aligns runs by): the task's name
+    and lm-eval's own hash of the document's content, ``~k`` appended to the k-th repeat of an
+    identical document (k >= 2)."""
+    first: dict[int, str] = {}
+    for s in logged:
+        first.setdefault(int(s["doc_id"]), str(s.get("doc_hash") or json.dumps(s.get("doc"), sort_keys=True))[:16])
+    seen: dict[str, int] = {}
+    keys: dict[int, str] = {}
+    for doc_id in sorted(first):
+        base = f"{task}:{first[doc_id]}"
+        seen[base] = seen.get(base, 0) + 1
+        keys[doc_id] = base if seen[base] == 1 else f"{base}~{seen[base]}"
+    return keys
+
+
 def score(settings: dict[str, Any], records: list[dict[str, Any]]
           ) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
     """lm-eval's metrics for orchestra's answers: the task's (or group's aggregate) metrics
@@ -217,8 +220,12 @@ def score(settings: dict[str, Any], records: list[dict[str, Any]]
     ids = {(r["gold"]["task"], int(r["gold"]["doc_id"])): int(r["id"]) for r in records}
     details: list[dict[str, Any]] = []
     for name, logged in sorted(results.get("samples", {}).items()):
-        for s in json.loads(json.dumps(logged, default=handle_non_serializable)):
-            row = {"id": ids.get((name, int(s["doc_id"]))), "task": name}
+        logged = json.loads(json.dumps(logged, default=handle_non_serializable))
+        keys = _doc_keys(name, logged)
+        for s in logged:
+            row = {"id": ids.get((name, int(s["doc_id"]))), "key": keys[int(s["doc_id"])], "task": name}
+            if "prompt_hash" in s:
+                row["prompt_sha"] = str(s["prompt_hash"])[:16]
             row.update({k: s[k] for k in ("doc_id", "filter", "target", "resps", "filtered_resps") if k in s})
             row.update({m: s[m] for m in s.get("metrics", []) if m in s})
             details.append(row)

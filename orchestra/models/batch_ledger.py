@@ -5,7 +5,8 @@ local key, the task, the uploaded file and every ``custom_id`` it carries) befor
 call, ``created`` with the provider's batch id as soon as it is known, ``cancel_sent`` before a
 cancel, then ``ended`` (the final status) or ``cancelled``.  The same key is set in the batch's
 metadata, so a batch whose ``created`` line a SIGKILL cut off is found by listing the
-provider's batches (:meth:`BatchLedger.recover`) and adopted.
+provider's batches (:meth:`BatchLedger.recover`) and adopted (a message batch, which has no
+metadata, by its size and creation time).
 
 A later task on the same run folder (``-r``) folds the lines into one record per key
 (:meth:`BatchLedger.load`) and, for each request it needs, looks for a batch that already holds
@@ -15,6 +16,7 @@ it: a request in an existing batch is never submitted again.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 import time
@@ -22,7 +24,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestra.fileio import append_line, read_jsonl
+from orchestra.errors import ModelError
+from orchestra.fileio import append_line
 
 #: statuses after which a batch changes no more (OpenAI's four; Anthropic's batches just "end")
 FINAL = frozenset({"completed", "expired", "cancelled", "failed", "ended"})
@@ -42,6 +45,29 @@ class BatchRecord:
     ts: float = 0.0
     nonces: list[str] = field(default_factory=list)  # the spool entries it took (batch_spool.py)
     owner: str = ""  # the spool owner (process) that created it
+
+
+def _wrong(line: Any) -> str:
+    """What is wrong with one parsed ledger line ("" when it is what :meth:`BatchLedger.record` writes)."""
+    if not isinstance(line, dict):
+        return f"not a JSON object: {json.dumps(line)[:80]}"
+    if not isinstance(line.get("key"), str) or not line["key"]:
+        return f"'key' must be a non-empty string, got {line.get('key')!r:.80}"
+    ts = line.get("ts")
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+        return f"'ts' must be a number (seconds since the epoch), got {ts!r:.80}"
+    for name in ("state", "task_id", "file_id", "batch_id", "status", "owner"):
+        if name in line and not isinstance(line[name], str):
+            return f"{name!r} must be a string, got {line[name]!r:.80}"
+    for name in ("custom_ids", "nonces"):
+        if name in line and not (isinstance(line[name], list) and all(isinstance(c, str) for c in line[name])):
+            return f"{name!r} must be a list of strings, got {json.dumps(line[name])[:80]}"
+    return ""
+
+
+def found_fields(batch: dict[str, Any]) -> dict[str, bool]:
+    """The ledger field saying how a batch whose id was never recorded was found again."""
+    return {"adopted_by_listing": True} if batch.get("found_by") == "listing" else {"adopted_by_metadata": True}
 
 
 class BatchLedger:
@@ -65,23 +91,35 @@ class BatchLedger:
                 os.close(fd)
 
     def load(self) -> dict[str, BatchRecord]:
-        """One record per batch key, every line folded in order (a torn last line is skipped)."""
+        """One record per batch key, every line folded in order.  A line that is not JSON (torn
+        by a crash) is skipped; one that is JSON of the wrong shape (a hand edit) stops with an
+        error naming the file, the line and what to do: guessing could pay for a batch twice."""
         out: dict[str, BatchRecord] = {}
         if not os.path.exists(self.path):
             return out
-        for line in read_jsonl(self.path):
-            if not isinstance(line, dict) or "key" not in line:
-                continue
-            rec = out.setdefault(str(line["key"]), BatchRecord(key=str(line["key"])))
-            rec.state = str(line.get("state", rec.state))
-            rec.ts = float(line.get("ts", rec.ts))
-            for name in ("task_id", "file_id", "batch_id", "status", "owner"):
-                if line.get(name):
-                    setattr(rec, name, str(line[name]))
-            if isinstance(line.get("custom_ids"), list):
-                rec.custom_ids = [str(c) for c in line["custom_ids"]]
-            if isinstance(line.get("nonces"), list):
-                rec.nonces = [str(c) for c in line["nonces"]]
+        with open(self.path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                try:
+                    line = json.loads(raw) if raw.strip() else None
+                except (ValueError, RecursionError):
+                    continue  # a torn line (see fileio.append_line)
+                if line is None:
+                    continue
+                why = _wrong(line)
+                if why:
+                    raise ModelError(f"batch ledger {self.path}, line {n}: {why}; this file records the batches "
+                                     "paid for: fix or delete that line (deleting it may send its batch's "
+                                     "requests again), then run again with -r")
+                rec = out.setdefault(line["key"], BatchRecord(key=line["key"]))
+                rec.state = line.get("state", rec.state)
+                rec.ts = float(line["ts"])
+                for name in ("task_id", "file_id", "batch_id", "status", "owner"):
+                    if line.get(name):
+                        setattr(rec, name, line[name])
+                if "custom_ids" in line:
+                    rec.custom_ids = list(line["custom_ids"])
+                if "nonces" in line:
+                    rec.nonces = list(line["nonces"])
         return out
 
     def tail(self, offset: int) -> tuple[list[dict[str, Any]], int]:
@@ -105,25 +143,26 @@ class BatchLedger:
         return out, offset + end
 
     async def recover(self, task_id: str | None,
-                      find: Callable[[set[str], float], Awaitable[dict[str, dict[str, Any]]]],
+                      find: Callable[[list[BatchRecord], set[str]], Awaitable[dict[str, dict[str, Any]]]],
                       busy: Callable[[BatchRecord], bool] = lambda rec: False) -> dict[str, BatchRecord]:
         """:meth:`load`, after settling this task's batches whose create call was sent but whose
         id was never recorded (``task_id=None``: of every task; only safe while no create call of
-        another process can be out, i.e. under the spool's ``lead.lock``): ``find(keys, since)``
-        looks them up by their metadata key (the provider's list); found ones are recorded
-        ``created``, the others ``not_created``.  ``busy(record)``: its creator still lives (it settles
-        its own create call)."""
+        another process can be out, i.e. under the spool's ``lead.lock``): ``find(records, taken)``
+        looks them up on the provider's list (by metadata key, or by what a message batch shows;
+        ``taken``: the batch ids other records hold); found ones are recorded ``created``, the
+        others ``not_created``.  ``busy(record)``: its creator still lives (it settles its own
+        create call)."""
         records = self.load()
         orphans = [r for r in records.values()
                    if task_id in (None, r.task_id) and r.state == "submitting" and not busy(r)]
         if orphans:
-            found = await find({r.key for r in orphans}, min(r.ts for r in orphans) - 3600)
+            found = await find(orphans, {r.batch_id for r in records.values() if r.batch_id})
             for rec in orphans:
                 batch = found.get(rec.key)
                 if batch is None:
                     self.record("not_created", rec.key)
                     rec.state = "not_created"
                 else:
-                    self.record("created", rec.key, batch_id=batch["id"], adopted_by_metadata=True)
+                    self.record("created", rec.key, batch_id=batch["id"], **found_fields(batch))
                     rec.state, rec.batch_id = "created", str(batch["id"])
         return records

@@ -5,6 +5,7 @@ what one result row means (an answer, a failure worth another batch, or a final 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -26,6 +27,9 @@ class BatchOptions:
         flush_s: how long requests gather before a batch smaller than ``size`` is sent.
         max_requests_in_flight: requests in batches (or waiting for one) at once.
         cancel_wait_s: on Ctrl-C, how long cancelled batches are watched for ``cancelled``.
+        window_s: how long a batch is waited for, from its creation, before it is cancelled
+            and its rows go into a later batch (the provider's own window is 24 h; 25 h leaves
+            it an hour to finish and report).
     """
 
     size: int = 50_000
@@ -34,6 +38,7 @@ class BatchOptions:
     flush_s: float = 2.0
     max_requests_in_flight: int = 100_000
     cancel_wait_s: float = 2.0
+    window_s: float = 25 * 3600.0
 
     @classmethod
     def parse(cls, value: Any) -> BatchOptions | None:
@@ -58,6 +63,9 @@ class BatchOptions:
             v = getattr(opts, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool) or v < 0 or (name == "poll_s" and v == 0):
                 raise ValueError(f"batch.{name} must be a number of seconds > 0, got {v!r}")
+        w = opts.window_s  # a batch that never ends must end the wait: a finite window
+        if not isinstance(w, (int, float)) or isinstance(w, bool) or not 0 < w < math.inf:
+            raise ValueError(f"batch.window_s must be a number of seconds > 0 (finite), got {w!r}")
         return opts
 
 

@@ -18,6 +18,7 @@ of being sent again.  Rows that failed for a passing reason go into a later batc
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,7 +27,7 @@ from orchestra.errors import ModelError
 from orchestra.fileio import stable_hash
 from orchestra.limits.retry import RetryPolicy
 from orchestra.models.base import ModelStats
-from orchestra.models.batch_ledger import FINAL, BatchLedger, BatchRecord
+from orchestra.models.batch_ledger import FINAL, BatchLedger, BatchRecord, found_fields
 from orchestra.models.batch_rows import BatchOptions, custom_id
 from orchestra.models.batch_spool import BatchSpool
 from orchestra.models.http_body import scrub_fields
@@ -56,7 +57,7 @@ class OpenAIBatcher(BatchSubmitter):
         self._known: dict[str, BatchRecord] = {}  # ledger records by key (from earlier runs too)
         self._held_by: dict[str, str] = {}  # custom_id -> latest recorded batch key holding it
         self._recovery: asyncio.Task[None] | None = None
-        self._creating: set[str] = set()  # keys whose create call is out
+        self._creating: dict[str, BatchRecord] = {}  # key -> its record, while its create call is out
         self._to_retry: list[str] = []  # rows that failed in this loop step, requeued together
         self._full: asyncio.Event | None = None
         self._flusher: asyncio.Task[None] | None = None
@@ -137,7 +138,7 @@ class OpenAIBatcher(BatchSubmitter):
         self._count("batches_adopted")
         self._emit("batch_adopted", batch_id=rec.batch_id, key=rec.key, requests=len(rec.custom_ids),
                    recorded_state=rec.state)
-        self._track(Batch(rec.key, rec.batch_id, rec.custom_ids, rec.status, 0.0))
+        self._track(Batch(rec.key, rec.batch_id, rec.custom_ids, rec.status, 0.0, t0=rec.ts))
 
     # -- resume ---------------------------------------------------------------------------
     async def _recover(self) -> None:
@@ -170,31 +171,55 @@ class OpenAIBatcher(BatchSubmitter):
             obj = await self.http.get(batch.batch_id)
         except ModelError as exc:
             self._emit("batch_poll_failed", batch_id=batch.batch_id, error=str(exc))
-            self._give_up_after(batch, str(exc))
+            batch.failures += 1
+            if batch.failures > self.policy.max_retries:
+                await self._abandon(batch, f"batch {batch.batch_id} could not be read: {exc}")
             return
         batch.failures = 0
-        status = str(obj.get("status", ""))
+        status = str(obj.get("status", ""))[:100]
         if status != batch.status:
             batch.status = status
             self._emit("batch_status", batch_id=batch.batch_id, status=status,
                        counts=obj.get("request_counts"))
+            if status not in self.http.statuses and status not in batch.unknown:
+                batch.unknown.add(status)
+                self._unknown(batch, status)
         if status in FINAL:
             await self._finish(batch, obj)
+        elif time.time() - batch.t0 > self.options.window_s:  # the provider's window is over: stop waiting
+            self._emit("batch_window_over", batch_id=batch.batch_id, status=status, window_s=self.options.window_s)
+            await self._abandon(batch, f"batch {batch.batch_id} did not end within {self.options.window_s:g} s "
+                                       f"(batch.window_s; last status {status!r})")
 
-    async def _finish(self, batch: Batch, obj: dict[str, Any]) -> None:
+    def _unknown(self, batch: Batch, status: str) -> None:
+        """A status the provider does not document: said once per batch and status, then polled
+        on (a status it adds later may still end) until ``window_s``."""
+        known = ", ".join(sorted(self.http.statuses))
+        self._emit("batch_status_unknown", batch_id=batch.batch_id, status=status, known=known)
+        print(self.scrub(f"orchestra: warning: batch {batch.batch_id} of model {self.model_name} shows status "
+                         f"{status!r}, which is none of {known}; polled on until it ends or batch.window_s "
+                         f"({self.options.window_s:g} s) passes"), file=sys.stderr, flush=True)
+
+    async def _finish(self, batch: Batch, obj: dict[str, Any], why: str = "") -> None:
+        """Read a finished batch's rows: answers resolve, the rest go again or fail.  ``why``: the
+        batch was given up (its reason stands for rows it did not answer; no second read)."""
         assert self.ledger is not None
         try:
             rows = await self.http.rows(obj)
         except (ModelError, ValueError) as exc:
             self._emit("batch_read_failed", batch_id=batch.batch_id, error=str(exc))
-            batch.next_poll = time.monotonic() + self.options.poll_s
-            self._give_up_after(batch, str(exc))
-            return
+            if not why:
+                batch.next_poll = time.monotonic() + self.options.poll_s
+                batch.read_failures += 1  # a good poll does not reset it: the file itself is unreadable
+                if batch.read_failures > self.policy.max_retries:
+                    await self._abandon(batch, f"batch {batch.batch_id} could not be read: {exc}")
+                return
+            rows = {}
         self._batches.pop(batch.key, None)
         self.stats.extra["batches_in_progress"] = len(self._batches)
         self._count("batches_completed")
         self.ledger.record("ended", batch.key, batch_id=batch.batch_id, status=batch.status)
-        reason = self.http.reason(obj)
+        reason = why or self.http.reason(obj)
         ok = 0
         for cid in batch.custom_ids:
             req = self._reqs.get(cid)
@@ -211,18 +236,23 @@ class OpenAIBatcher(BatchSubmitter):
         self._emit("batch_ended", batch_id=batch.batch_id, status=batch.status, polls=batch.polls,
                    rows=len(batch.custom_ids), answered=ok, errors=self.http.errors(obj))
 
-    def _give_up_after(self, batch: Batch, reason: str) -> None:
-        """After ``max_retries`` failed polls or reads in a row, stop watching the batch: its
-        requests go into a later batch (as for a failed batch), bounded by their own retries."""
-        batch.failures += 1
-        if batch.failures <= self.policy.max_retries:
-            return
+    async def _abandon(self, batch: Batch, reason: str) -> None:
+        """Stop watching ``batch`` (polls or reads keep failing, or its window is over): a batch
+        that may still run is cancelled first (it would be paid for alongside the next one), the
+        rows it finished are kept, and the rest go into a later batch, bounded by their retries."""
+        obj: dict[str, Any] = {}
+        if batch.status not in FINAL:
+            obj = await self._cancel(batch, time.monotonic() + self.options.cancel_wait_s)
         self._batches.pop(batch.key, None)
         self.stats.extra["batches_in_progress"] = len(self._batches)
+        if obj.get("status") in FINAL:
+            batch.status = str(obj["status"])
+            await self._finish(batch, obj, reason)
+            return
         for cid in batch.custom_ids:
             req = self._reqs.get(cid)
             if req is not None and req.key == batch.key:
-                self._retry_or_fail(cid, f"batch {batch.batch_id} could not be read: {reason}")
+                self._retry_or_fail(cid, reason)
 
     def _resolve(self, cid: str, body: dict[str, Any]) -> None:
         req = self._reqs.pop(cid)
@@ -276,12 +306,13 @@ class OpenAIBatcher(BatchSubmitter):
         self._batches.clear()
         if self._creating and self.ledger is not None:  # stopped during a create: did it make one?
             try:
-                found = await asyncio.wait_for(self.http.find(set(self._creating), time.time() - 3600),
+                taken = {r.batch_id for r in self.ledger.load().values() if r.batch_id}
+                found = await asyncio.wait_for(self.http.find(list(self._creating.values()), taken),
                                                max(0.1, deadline - time.monotonic()))
             except (ModelError, asyncio.TimeoutError):
                 found = {}
             for key, obj in found.items():
-                self.ledger.record("created", key, batch_id=obj["id"], adopted_by_metadata=True)
+                self.ledger.record("created", key, batch_id=obj["id"], **found_fields(obj))
                 live.append(Batch(key, str(obj["id"]), [], str(obj.get("status", ""))))
             self._creating.clear()
         if live and self.ledger is not None:
@@ -293,19 +324,22 @@ class OpenAIBatcher(BatchSubmitter):
             self.spool.close()  # withdraws what still waits in the spool; releases lead.lock
             self.spool = None
 
-    async def _cancel(self, batch: Batch, deadline: float) -> None:
+    async def _cancel(self, batch: Batch, deadline: float) -> dict[str, Any]:
+        """Cancel ``batch``, recorded, watching it until ``deadline`` to show a final status; the
+        provider's last answer (``{}`` when none came)."""
         assert self.ledger is not None
         self.ledger.record("cancel_sent", batch.key, batch_id=batch.batch_id)
-        status = ""
+        status, obj = "", {}
         try:
-            status = str((await asyncio.wait_for(self.http.cancel(batch.batch_id),
-                                                 max(0.1, deadline - time.monotonic()))).get("status", ""))
+            obj = await asyncio.wait_for(self.http.cancel(batch.batch_id), max(0.1, deadline - time.monotonic()))
+            status = str(obj.get("status", ""))
             while status not in FINAL and time.monotonic() < deadline:
                 await asyncio.sleep(min(0.2, max(0.0, deadline - time.monotonic())))
-                status = str((await asyncio.wait_for(self.http.get(batch.batch_id),
-                                                     max(0.1, deadline - time.monotonic()))).get("status", ""))
+                obj = await asyncio.wait_for(self.http.get(batch.batch_id), max(0.1, deadline - time.monotonic()))
+                status = str(obj.get("status", ""))
         except (ModelError, asyncio.TimeoutError) as exc:
             status = status or f"unconfirmed ({exc})"
         self.ledger.record("cancelled" if status in FINAL else "cancel_unconfirmed", batch.key,
                            batch_id=batch.batch_id, status=status)
         self._emit("batch_cancelled", batch_id=batch.batch_id, status=status)
+        return obj

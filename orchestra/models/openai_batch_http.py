@@ -31,11 +31,25 @@ from orchestra.limits.retry import (
     send_with_retries,
 )
 from orchestra.models.base import ModelStats
+from orchestra.models.batch_ledger import BatchRecord
 from orchestra.models.batch_rows import batch_reason, errors_of, row_outcome
 from orchestra.models.http_body import MAX_BODY_BYTES, read_capped
 
 #: the largest batch output (or error) file read: 50,000 answers of ~20 KiB each
 MAX_FILE_BYTES = 1 << 30
+
+
+def json_lines(blob: bytes) -> list[Any]:
+    """The lines of a result file that parse; a line that is not JSON (or is nested deeper than
+    Python parses) answers no request, so only the request whose row it was goes again."""
+    out = []
+    for line in blob.splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except (ValueError, RecursionError):
+                continue
+    return out
 
 
 class BatchHTTP:
@@ -61,6 +75,10 @@ class BatchHTTP:
         self._slots = concurrency(scope_name + "|batch-control", 8)
         self._rate = AdaptiveRate(max_rate=None, ramp_requests=8)
         self.file_limit = MAX_FILE_BYTES  # bytes of a file's content (``raw`` calls) read at most
+
+    #: every status the provider documents (another one is an event and a warning)
+    statuses = frozenset({"validating", "in_progress", "finalizing", "completed", "expired", "cancelling",
+                          "cancelled", "failed"})
 
     @property
     def calls(self) -> int:
@@ -89,7 +107,7 @@ class BatchHTTP:
             return Outcome(200, body)
         try:
             data = json.loads(body)
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested deeper than Python parses
             return Outcome(200, None, RetryDecision.transient(f"HTTP 200 with a body that is not JSON: {body[:200]!r}"))
         if not isinstance(data, dict):  # every control call answers an object
             return Outcome(200, None, RetryDecision.transient(f"HTTP 200 with JSON that is not an object: "
@@ -131,11 +149,9 @@ class BatchHTTP:
         rows: dict[str, dict[str, Any]] = {}
         for fid in (obj.get("error_file_id"), obj.get("output_file_id")):
             if fid:
-                for line in (await self.content(str(fid))).splitlines():
-                    if line.strip():
-                        row = json.loads(line)
-                        if isinstance(row, dict):  # any other line answers no request: its rows go again
-                            rows[str(row.get("custom_id"))] = row
+                for row in json_lines(await self.content(str(fid))):
+                    if isinstance(row, dict):  # any other line answers no request: its rows go again
+                        rows[str(row.get("custom_id"))] = row
         reason = self.reason(obj)
         return {cid: row_outcome(row, reason) for cid, row in rows.items()}
 
@@ -177,9 +193,13 @@ class BatchHTTP:
         out: bytes = await self.call("GET", f"/files/{file_id}/content", raw=True)
         return out
 
-    async def find(self, keys: set[str], since: float) -> dict[str, dict[str, Any]]:
-        """Batches whose metadata ``orchestra_key`` is one of ``keys``, listing newest first
-        and stopping at batches created before ``since`` (epoch seconds)."""
+    async def find(self, wanted: list[BatchRecord], taken: set[str]) -> dict[str, dict[str, Any]]:
+        """The batches of ``wanted`` (ledger records whose create answer was lost) by their key:
+        those whose metadata ``orchestra_key`` is a wanted key, listing newest first and stopping
+        at batches created an hour before the oldest record (``taken`` is not needed: the key
+        is unique)."""
+        keys = {r.key for r in wanted}
+        since = min((r.ts for r in wanted), default=0.0) - 3600
         found: dict[str, dict[str, Any]] = {}
         after = ""
         while keys - set(found):

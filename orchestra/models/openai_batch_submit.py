@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestra.errors import ModelError
 from orchestra.limits.retry import RetryPolicy
-from orchestra.models.batch_ledger import BatchLedger, BatchRecord
+from orchestra.models.batch_ledger import BatchLedger, BatchRecord, found_fields
 from orchestra.models.batch_rows import BatchOptions
 from orchestra.models.batch_spool import BatchSpool, cut
 from orchestra.models.openai_batch_http import BatchHTTP
@@ -50,7 +50,10 @@ class Batch:
     status: str = ""
     next_poll: float = 0.0
     polls: int = 0
-    failures: int = 0  # polls or file reads in a row that failed (bounded by max_retries)
+    failures: int = 0  # polls in a row that failed (bounded by max_retries)
+    read_failures: int = 0  # reads of its finished files that failed (a good poll does not reset it)
+    t0: float = field(default_factory=time.time)  # when it was created (its window starts)
+    unknown: set[str] = field(default_factory=set)  # undocumented statuses it showed (each warned once)
 
 
 class BatchSubmitter(abc.ABC):
@@ -69,7 +72,7 @@ class BatchSubmitter(abc.ABC):
     _queue: list[str]
     _known: dict[str, BatchRecord]
     _held_by: dict[str, str]
-    _creating: set[str]
+    _creating: dict[str, BatchRecord]  # key -> what its create call holds, while it is out
     _pending: dict[str, list[str]]  # batch key -> this task's custom_ids it takes (not created yet)
     _offset: int  # how far this task has read the ledger
     _tag: str  # ends every custom_id of this task
@@ -233,26 +236,31 @@ class BatchSubmitter(abc.ABC):
         except ModelError as exc:  # nothing exists yet: the owners requeue their rows
             self.ledger.record("not_created", key, custom_ids=cids, nonces=nonces, error=str(exc))
             return
+        sent = BatchRecord(key, self.task_id, cids, handle, ts=time.time())
         self.ledger.record("submitting", key, task_id=self.task_id, owner=self.spool.owner, file_id=handle,
                            custom_ids=cids, nonces=nonces)
-        self._creating.add(key)
+        self._creating[key] = sent
         meta = {"orchestra_run": self.run_id, "orchestra_task": self.task_id, "orchestra_key": key,
                 "orchestra_model": self.model_name[:512]}
+        found: dict[str, bool] = {}  # how a batch whose create answer was lost was found again
         try:
             batch = await self.http.create_batch(handle, chunk[0]["path"], content, meta)
             if not isinstance(batch.get("id"), str) or not batch["id"]:
                 raise ModelError("the create call was answered without a batch id")
         except ModelError as exc:
-            # A create that failed in flight may still have made the batch: look for it.
+            # A create that failed in flight (its answer lost: a client timeout) may still have
+            # made the batch: look for it before its rows are sent again.
             try:
-                batch = (await self.http.find({key}, time.time() - 3600)).get(key) or {}
+                taken = {r.batch_id for r in self.ledger.load().values() if r.batch_id}
+                batch = (await self.http.find([sent], taken)).get(key) or {}
             except ModelError:
                 batch = {}
             if not batch:
-                self._creating.discard(key)
+                self._creating.pop(key, None)
                 self.ledger.record("not_created", key, error=str(exc))
                 return
-        self._creating.discard(key)
-        self.ledger.record("created", key, batch_id=batch["id"])
+            found = found_fields(batch)
+        self._creating.pop(key, None)
+        self.ledger.record("created", key, batch_id=batch["id"], **found)
         self._emit("batch_submitted", batch_id=batch["id"], key=key, requests=len(cids), bytes=len(content),
                    tasks=sorted({str(e.get("task", "")) for e in chunk}))

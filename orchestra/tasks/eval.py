@@ -24,6 +24,7 @@ import time
 from typing import Any
 
 from orchestra.datasets.base import build_dataset
+from orchestra.datasets.digest import prompt_digest
 from orchestra.errors import TaskFailedError
 from orchestra.evaluators import HeavyEvaluator, build_evaluator
 from orchestra.evaluators.heavy import details_of, run_verdicts
@@ -165,6 +166,7 @@ def run_task(spec: TaskSpec) -> None:
             estimates = lmeval_estimates(metrics, details, len(records))
         else:
             estimates = evaluator_estimates(unit.dataset, evaluator, records, metrics, details)
+        details = _keyed(unit, records, details)
         # one attempt of a task at a time: a temporary file of these outputs is an earlier, killed one's
         remove_stale_temps([paths.details(spec.model_abbr, unit.dataset_abbr), unit.output])
         atomic_write_jsonl(paths.details(spec.model_abbr, unit.dataset_abbr), details)
@@ -188,6 +190,33 @@ def run_task(spec: TaskSpec) -> None:
                     os.unlink(path)
         shown = ", ".join(f"{k}={_shown(v)}" for k, v in metrics.items())
         print(f"[{spec.task_id}] {unit.dataset_abbr}: {shown}", flush=True)
+
+
+def _keyed(unit: Unit, records: list[dict[str, Any]], details: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Details with each sample's ``key`` (its row's content: what ``orchestra compare`` aligns
+    runs by) and ``prompt_sha`` (what the model was sent) after its ``id``; a dataset whose own
+    scorer wrote them (lm-eval) keeps its own."""
+    prompts: dict[Any, str] = {}
+    for rec in records:
+        sent = rec.get("prompt", rec.get("turns"))
+        if sent is not None:
+            prompts[rec.get("id")] = prompt_digest(sent)
+    keys: list[str] | None = None
+    out = []
+    for row in details:
+        if "key" in row:
+            out.append(row)
+            continue
+        if keys is None:
+            keys = build_dataset(unit.dataset).sample_keys() or []
+        sid = row.get("id")
+        head: dict[str, Any] = {"id": sid}
+        if isinstance(sid, int) and 0 <= sid < len(keys):
+            head["key"] = keys[sid]
+        if sid in prompts:
+            head["prompt_sha"] = prompts[sid]
+        out.append({**head, **row})
+    return out
 
 
 def _shown(value: Any) -> str:

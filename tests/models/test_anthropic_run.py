@@ -111,3 +111,43 @@ def test_sigkill_then_resume_adopts_recorded_batches(tmp_path: Path, anthropic_s
     st = anthropic_server.stats()
     assert len(st.submitted) == 24 and set(st.submitted.values()) == {1}, "no request in two batches"
     assert len(anthropic_server.batches()) == 3 and len(br.events(run, "batch_adopted")) == 3
+
+
+def test_a_create_answered_after_the_attempt_timeout_is_found_and_paid_once(
+        tmp_path: Path, anthropic_server: Any) -> None:
+    """The create call is answered after 1.5 s, the attempt timeout is 1 s: the batch it made is
+    found on the list of message batches (same number of requests, made after the call was sent)
+    and adopted, never created again.  Before: 4 batches made, 24 rows paid for 6 requests, and
+    every sample failed."""
+    anthropic_server.configure(create_delay_s=1.5)
+    res = br.orchestra(config(tmp_path, anthropic_server, rows=6, extra=", attempt_timeout_s=1"))
+    assert res.returncode == 0, res.stderr
+    run = br.the_run(tmp_path)
+    assert br.score(run) == 1.0
+    st = anthropic_server.stats()
+    assert len(anthropic_server.batches()) == 1 and len(st.submitted) == 6 and set(st.submitted.values()) == {1}
+    found = [line for line in br.ledger(run) if line.get("adopted_by_listing")]
+    assert [line["batch_id"] for line in found] == [anthropic_server.batches()[0]["id"]]
+
+
+def test_sigkill_during_a_create_then_resume_finds_the_unrecorded_batch(tmp_path: Path, anthropic_server: Any) -> None:
+    """SIGKILL while a create call is out (the batch exists, its id was never recorded): ``-r``
+    finds it on the list of message batches and adopts it; no request goes into two batches."""
+    anthropic_server.configure(turnaround_s=3.0, create_delay_s=2.0)
+    cfg = config(tmp_path, anthropic_server, rows=24, batch="dict(size=8, poll_s=0.3, flush_s=0.2)")
+    proc = br._start(cfg)
+    br._wait_for(lambda: len(anthropic_server.batches()) >= 2)  # the second exists; its create is not answered
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=30)
+    anthropic_server.configure(create_delay_s=0.0)
+    run = br.the_run(tmp_path)
+    made = anthropic_server.batches()
+    assert [line["state"] for line in br.ledger(run)] == ["submitting", "created", "submitting"]
+    res = br.orchestra(cfg, "-r")
+    assert res.returncode == 0, res.stderr
+    assert br.score(run) == 1.0
+    st = anthropic_server.stats()
+    assert len(st.submitted) == 24 and set(st.submitted.values()) == {1}, "no request in two batches"
+    found = [line for line in br.ledger(run) if line.get("adopted_by_listing")]
+    assert [line["batch_id"] for line in found] == [made[1]["id"]]
+    assert len(anthropic_server.batches()) == 3

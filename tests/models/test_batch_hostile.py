@@ -106,13 +106,14 @@ class HostileBatches(AppServer):
                 "content": [{"type": "text", "text": f"re:{r['params']['messages'][-1]['content']}"}]}}}).encode()
                 for r in self.batches[bid]["requests"]]
             return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
-        lines = [b"[]", b"null", b'{"custom_id": "a", "result": "done"}',
+        lines = [b"[]", b"null", b"not json", b"[" * 100_000, b'{"custom_id": "a", "result": "done"}',
                  b'{"custom_id": "b", "result": {"type": "errored", "error": "overloaded"}}',
                  b'{"custom_id": "c", "result": {"type": "errored", "error": {"error": {"type": "overloaded_error"}}}}',
                  b'{"custom_id": "d", "result": {"type": "succeeded", "message": {"content": []}}}']
         return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
 
     async def cancel(self, request: web.Request) -> web.Response:
+        self._count("cancel")
         batch = self.batches[request.match_info["bid"]]
         return web.json_response({**batch, "status": "cancelled"})
 
@@ -217,7 +218,8 @@ def test_rows_that_stay_hostile_fail_alone_with_one_line(tmp_path: Path) -> None
 
 
 def test_anthropic_result_lines_that_are_not_results_answer_nothing(tmp_path: Path) -> None:
-    """Message Batches results: lines that are not objects are skipped, a ``result`` that is not an
+    """Message Batches results: lines that are not objects (or not JSON, or nested deeper than
+    Python parses) are skipped, a ``result`` that is not an
     object is a row to send again, an ``error`` that is not one a final failure; never a crash of
     the batcher."""
     import aiohttp
@@ -243,16 +245,19 @@ def test_anthropic_result_lines_that_are_not_results_answer_nothing(tmp_path: Pa
     assert out["d"] == ("ok", {"content": []})
 
 
-def test_a_batch_that_can_never_be_polled_is_given_up_and_its_rows_sent_again(tmp_path: Path) -> None:
+def test_a_batch_that_can_never_be_polled_is_given_up_and_cancelled(tmp_path: Path) -> None:
     """Every poll of the first batch fails (after its own retries): after ``max_retries`` failed
-    polls in a row the batch is given up and its rows go into a second batch, which answers."""
+    polls in a row the batch is given up and cancelled; the rows its cancel answer shows done
+    are kept (here all of them; rows it did not do go into a later batch:
+    test_batch_edges.py::test_a_batch_abandoned_after_failed_polls_is_cancelled_before_its_rows_go_again)."""
     server = HostileBatches({"poll_500"})
     try:
         answers, seen = _ask(server, tmp_path / "run", PROMPTS)
     finally:
         server.close()
     assert answers == [f"re:{p}" for p in PROMPTS], answers
-    assert server.calls["create"] == 2 and seen.count("batch_poll_failed") == 3  # max_retries=2: the third gives up
+    assert seen.count("batch_poll_failed") == 3  # max_retries=2: the third gives up
+    assert server.calls["cancel"] == 1 and server.calls["create"] == 1
 
 
 def test_an_anthropic_poll_answer_without_its_id_is_read_by_the_id_asked_for(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from orchestra.models.base import SampleTag, current_sample
-from orchestra.models.batch_ledger import BatchLedger
+from orchestra.models.batch_ledger import BatchLedger, BatchRecord
 from orchestra.models.batch_rows import BatchOptions, custom_id, row_outcome
 from orchestra.models.openai_api import OpenAIAPI
 
@@ -70,8 +70,8 @@ def test_ledger_folds_lines_and_skips_a_torn_one(tmp_path: Path) -> None:
     assert (recs["k1"].state, recs["k1"].batch_id, recs["k1"].custom_ids) == ("created", "batch_1", ["a", "b"])
     assert recs["k2"].state == "submitting"
 
-    async def find(keys: set[str], since: float) -> dict[str, dict[str, Any]]:
-        assert keys == {"k2"}
+    async def find(wanted: list[BatchRecord], taken: set[str]) -> dict[str, dict[str, Any]]:
+        assert [r.key for r in wanted] == ["k2"] and taken == {"batch_1"}
         return {}
 
     recs = asyncio.run(ledger.recover("t", find))
@@ -139,8 +139,8 @@ def test_a_create_another_host_may_still_have_out_holds_back_this_tasks_rows(tmp
         def line(cid: str, path: str, body: dict[str, Any]) -> bytes:
             return b"{}\n"
 
-        async def find(self, keys: set[str], since: float) -> dict[str, dict[str, Any]]:
-            self.asked.append(keys)
+        async def find(self, wanted: list[BatchRecord], taken: set[str]) -> dict[str, dict[str, Any]]:
+            self.asked.append({r.key for r in wanted})
             return {}
 
     def batcher() -> OpenAIBatcher:

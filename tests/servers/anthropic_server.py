@@ -58,6 +58,7 @@ class AnthropicConfig:
     """What the double does; every field can be changed at run time."""
 
     turnaround_s: float = 0.3
+    create_delay_s: float = 0.0  # the batch exists this long before POST /messages/batches answers
     cancel_delay_s: float = 0.2
     expire_after: int | None = None
     api_key: str | None = None
@@ -194,6 +195,8 @@ class AnthropicServer:
         task = asyncio.get_running_loop().create_task(self._process(b))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if self.config.create_delay_s:
+            await asyncio.sleep(self.config.create_delay_s)
         return web.json_response(self._public(b, request))
 
     async def _process(self, b: dict[str, Any]) -> None:

@@ -1,0 +1,238 @@
+"""A run folder read back for comparison: each (model, dataset)'s metrics and per-sample scores.
+
+Reads only data files (``results/<model>/<dataset>.json`` and ``.details.jsonl``, and the
+prediction files for the prompt excerpts of flips); nothing of a run folder is executed, so a
+colleague's run can be compared as safely as one's own.  Every refusal is a
+:class:`~orchestra.errors.UserError`: one line at the CLI, exit 2.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import math
+import os
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestra.errors import UserError
+from orchestra.fileio import read_jsonl, read_sealed_jsonl
+from orchestra.paths import RUN_MARKER, RunPaths
+from orchestra.requests import prompt_text
+
+_PASS_AT = re.compile(r"pass@(\d+)")
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One scored sample of one (model, dataset) of a run."""
+
+    key: str  # the sample key: the row's content (what aligns runs)
+    id: int | None  # the sample id in this run (its row index there)
+    prompt_sha: str | None  # digest of what the model was sent
+    prediction: Any
+    scores: dict[str, float]  # metric -> this sample's score (only metrics that are per-sample means)
+
+
+@dataclass
+class Scored:
+    """One (model, dataset) of a run: its metrics, which of them have per-sample scores, its samples."""
+
+    root: str  # the run folder
+    model: str
+    dataset: str
+    metrics: dict[str, float]  # as results/<model>/<dataset>.json has them
+    samples: dict[str, Sample] = field(default_factory=dict)  # by key
+    #: metric -> why it has no per-sample scores (a corpus metric, a judge's per-turn mean, ...)
+    no_scores: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class RunScores:
+    """What a run folder holds for comparison."""
+
+    root: str
+    scored: dict[tuple[str, str], Scored]  # (dataset, model) -> its scores
+
+    def models(self) -> list[str]:
+        return sorted({m for _, m in self.scored})
+
+
+def load_run(root: str) -> RunScores:
+    """The results of the run folder ``root``, checked: a run folder, with results, each with
+    sample keys and no NaN score."""
+    if not os.path.isdir(root):
+        raise UserError(f"{root}: not a folder (give run folders: <work_dir>/<timestamp>)")
+    paths = RunPaths(os.path.abspath(root))
+    if not os.path.isfile(paths.marker) and not os.path.isfile(paths.config):
+        raise UserError(f"{root}: not a run folder of orchestra (no {RUN_MARKER} marker or config.py)")
+    files = sorted(f for f in glob.glob(os.path.join(paths.root, "results", "*", "*.json")))
+    scored: dict[tuple[str, str], Scored] = {}
+    for path in files:
+        got = _read_results(path)
+        if got is None:
+            continue
+        model, dataset, metrics = got
+        details_path = paths.details(model, dataset)
+        if not os.path.isfile(details_path):
+            raise UserError(f"{root}: {os.path.relpath(details_path, paths.root)} is missing: the per-sample "
+                            "scores of that result (score it again: --mode eval)")
+        scored[(dataset, model)] = _scored(paths.root, model, dataset, metrics, read_jsonl(details_path),
+                                           os.path.relpath(details_path, paths.root))
+    if not scored:
+        raise UserError(f"{root}: the run has no results (results/<model>/<dataset>.json); did its eval stage run?")
+    return RunScores(paths.root, scored)
+
+
+def _read_results(path: str) -> tuple[str, str, dict[str, float]] | None:
+    """A results file's model, dataset and numeric metrics; None for a file that is not one."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
+        return None
+    model, dataset = doc.get("model"), doc.get("dataset")
+    if not isinstance(model, str) or not isinstance(dataset, str):
+        return None
+    metrics = {str(k): float(v) for k, v in doc["metrics"].items()
+               if isinstance(v, (int, float)) and not isinstance(v, bool) and "_stderr" not in str(k)}
+    return model, dataset, metrics
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool):
+        return float(value)
+    if isinstance(value, (int, float)):
+        return float(value)
+    return None
+
+
+def _pass_at(k: int, row: dict[str, Any]) -> float | None:
+    """pass@k of one sample from its ``n`` programs and ``num_passed`` (as ``code_exec`` aggregates)."""
+    from orchestra.evaluators.code import pass_at_k
+
+    n, c = row.get("n"), row.get("num_passed", 0)
+    if not isinstance(n, int) or not isinstance(c, int):
+        return 0.0 if "prediction_error" in row or "error" in row else None
+    n = max(n, 1)
+    return pass_at_k(n, min(max(c, 0), n), k) if k <= n else None
+
+
+def metric_scores(metric: str, rows: list[dict[str, Any]]) -> tuple[dict[str, float], str]:
+    """Each sample's score of ``metric`` by sample key, from a details file's rows; empty with a
+    reason when the metric is not a mean of per-sample scores found there.
+
+    A details row holds the score under the metric's name (``accuracy``: true or false), or,
+    for lm-eval, under the name before the comma in rows of that filter (``acc,none``: ``acc`` in
+    rows whose ``filter`` is ``none``); pass@k comes from each sample's ``n`` and ``num_passed``.
+    A sample that failed (a row with ``error`` and no score) scores 0, as in the metric.  Where
+    the eval task wrote the per-sample scores (``scores``, a metric's score per details line;
+    None: not scored, left out of the mean), they are the ones used.
+    """
+    name, _, filt = metric.partition(",")
+    pass_k = _PASS_AT.fullmatch(metric)
+    out: dict[str, float] = {}
+    seen = False
+    for row in rows:
+        key = row.get("key")
+        if not isinstance(key, str):
+            continue
+        given = row.get("scores")
+        if isinstance(given, dict) and metric in given:
+            seen = True
+            if given[metric] is not None:
+                value = _number(given[metric])
+                out[key] = math.nan if value is None else value
+            continue
+        if filt and row.get("filter") != filt:
+            continue
+        if pass_k is not None and name not in row:
+            value = _pass_at(int(pass_k.group(1)), row)
+        elif name in row:
+            value = _number(row[name])
+            if value is None and row[name] is not None:
+                return {}, f"its per-sample values are not numbers ({type(row[name]).__name__}): not a per-sample mean"
+            if value is None:
+                value = math.nan
+        elif "error" in row or "prediction_error" in row:
+            value = 0.0
+        else:
+            continue
+        if value is not None:
+            seen = True
+            out[key] = value
+    if not seen or not out:
+        return {}, "no per-sample scores in the details"
+    return out, ""
+
+
+def _scored(root: str, model: str, dataset: str, metrics: dict[str, float], rows: list[Any], where: str) -> Scored:
+    rows = [r for r in rows if isinstance(r, dict)]
+    if rows and not any(isinstance(r.get("key"), str) for r in rows):
+        raise UserError(f"{root}: {where} has no sample keys (written by an orchestra before `compare`); score it "
+                        "again to add them: delete its results/ folder, then run its config with -r <timestamp> "
+                        "--mode eval")
+    out = Scored(root, model, dataset, metrics)
+    for row in rows:
+        key = row.get("key")
+        if isinstance(key, str) and key not in out.samples:
+            sid = row.get("id")
+            pred = row.get("prediction", row.get("filtered_resps", row.get("resps")))
+            out.samples[key] = Sample(key, sid if isinstance(sid, int) else None,
+                                      row.get("prompt_sha") if isinstance(row.get("prompt_sha"), str) else None,
+                                      pred, {})
+    for metric, value in metrics.items():
+        scores, why = metric_scores(metric, rows)
+        if not scores:
+            out.no_scores[metric] = why
+            continue
+        nan = sum(1 for v in scores.values() if math.isnan(v))
+        if nan:
+            raise UserError(f"{root}: {dataset} / {model} / {metric}: {nan} sample score(s) are NaN or missing in "
+                            f"{where}; a paired comparison needs a score for every sample")
+        mean = math.fsum(scores.values()) / len(scores)
+        if not math.isclose(mean, value, rel_tol=1e-6, abs_tol=1e-9):
+            out.no_scores[metric] = (f"the mean of its per-sample scores ({mean:.6g} over {len(scores)}) is not the "
+                                     f"run's {value:.6g}: not a per-sample mean")
+            continue
+        for key, v in scores.items():
+            out.samples[key].scores[metric] = v
+    return out
+
+
+def prompts_of(root: str, model: str, dataset: str) -> dict[int, str]:
+    """The prompt text each sample id of a (model, dataset) was sent, from the run's prediction
+    files (for the excerpts of flips); {} when they are gone."""
+    paths = RunPaths(root)
+    single = paths.predictions(model, dataset, None)
+    shards = glob.glob(glob.escape(single[: -len(".jsonl")]) + "_*.jsonl")
+    prefix = len(single) - len(".jsonl") + 1
+    files = [single] if os.path.isfile(single) else [p for p in shards if p[prefix:-len(".jsonl")].isdigit()]
+    out: dict[int, str] = {}
+    for path in files:
+        sealed = read_sealed_jsonl(path)
+        for rec in sealed[1] if sealed else []:
+            if isinstance(rec, dict) and isinstance(rec.get("id"), int):
+                out[rec["id"]] = _sent(rec)
+    return out
+
+
+def _sent(rec: dict[str, Any]) -> str:
+    """The text a prediction record says was sent: its prompt, its user turns, or lm-eval's first context."""
+    if isinstance(rec.get("prompt"), (str, list)):
+        try:
+            return prompt_text(rec["prompt"])
+        except (KeyError, TypeError):
+            return str(rec["prompt"])
+    if isinstance(rec.get("turns"), list):
+        return "\n\n".join(str(t) for t in rec["turns"])
+    calls = rec.get("calls")
+    if isinstance(calls, list) and calls and isinstance(calls[0], dict):
+        args = calls[0].get("args")
+        if isinstance(args, list) and args:
+            return str(args[0])
+    return ""
+

@@ -1,0 +1,159 @@
+"""LmEvalDataset at its edges, through ``run.py`` with the real lm-eval probe and tasks.
+
+- ``-r`` follows every file a task reads (its data beside the task folder, a YAML it includes and
+  the Python its ``!function`` names, both outside ``include_path``) and only those: an unrelated
+  task's YAML in the same folder changes nothing.
+- ``test_range`` is honoured as the planner counted it: a group's subtask with nothing in range
+  contributes nothing, ``'[:-2]'`` drops each subtask's last two documents, and a range past the
+  end of a task is one line at planning time.
+- A ``num_fewshot`` lm-eval cannot draw is refused at planning time, in one line, exit 2.
+- The planning probe (which imports the task's Python) runs without the orchestrator's secrets.
+
+The tasks are tests/datasets/lmeval_toy.py's, answered by ``DeterministicModel``.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lmeval_toy as toy  # noqa: E402
+
+sys.path.pop(0)
+
+ARITH = "dict(type=LmEvalDataset, abbr='arith', task='arith', include_path={tasks!r}{extra})"
+
+
+def _dataset(extra: str = "") -> str:
+    return ARITH.replace("{extra}", extra)
+
+
+def _run_dir(work: Path) -> Path:
+    (run,) = glob.glob(str(work / "*"))
+    return Path(run)
+
+
+def _result(work: Path, abbr: str) -> dict[str, Any]:
+    return json.loads((_run_dir(work) / "results" / "det" / f"{abbr}.json").read_text())
+
+
+def _details(work: Path, abbr: str) -> list[dict[str, Any]]:
+    path = _run_dir(work) / "results" / "det" / f"{abbr}.details.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.slow
+def test_reuse_follows_every_file_the_task_reads_and_only_those(tmp_path: Path) -> None:
+    lay = tmp_path / "lay"
+    tasks = toy.write(lay)
+    cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", _dataset())
+    env = toy.env(tmp_path / "cache")
+    first = toy.run(cfg, environ=env)
+    assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert _result(tmp_path / "work", "arith")["metrics"]["exact_match,none"] == 1.0
+
+    # an unrelated task's YAML edited: everything is reused, and nothing is probed again
+    other = tasks / "other.yaml"
+    other.write_text(other.read_text() + "description: 'Answer: '\n")
+    unrelated = toy.run(cfg, "-r", "--dry-run", environ=env)
+    assert unrelated.returncode == 0, unrelated.stderr[-2000:]
+    for stage in ("infer", "eval"):
+        assert f"[{stage}] 0 task(s) to run, 1 output(s) reused" in unrelated.stdout, unrelated.stdout
+
+    # the Python a !function of the included base YAML names, edited: arith runs again
+    helpers = lay / "shared" / "helpers.py"
+    kept = helpers.read_text()
+    helpers.write_text(kept.replace('return doc["q"]', 'return doc["q"] + " "'))
+    edited = toy.run(cfg, "-r", "--dry-run", environ=env)
+    assert edited.returncode == 0, edited.stderr[-2000:]
+    assert "[infer] 1 task(s) to run, 0 output(s) reused" in edited.stdout, edited.stdout
+    helpers.write_text(kept)
+
+    # every gold answer changed in the data file: -r scores the new data (was: the old 1.0 again)
+    toy.write_data(lay, "arith", wrong=True)
+    again = toy.run(cfg, "-r", environ=env)
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert _result(tmp_path / "work", "arith")["metrics"]["exact_match,none"] == 0.0
+
+    # what the task reads, kept with the content key: the data beside the task folder, the base YAML
+    # and its Python outside include_path, and not the other tasks of the folder
+    (manifest,) = json.loads((tmp_path / "cache" / "lmeval_inputs.json").read_text()).values()
+    assert {str(lay / p) for p in ("data/arith.jsonl", "shared/base.yaml", "shared/helpers.py",
+                                   "tasks/arith.yaml")} <= set(manifest["files"])
+    assert not any("other" in f or "small" in f for f in manifest["files"])
+
+
+@pytest.mark.slow
+def test_ranges_leave_empty_subtasks_out_and_count_from_the_end(tmp_path: Path) -> None:
+    tasks = toy.write(tmp_path / "lay")
+    # arith's last two answers are wrong: evaluated, they would make its score 0.5
+    rows = toy.rows(4)
+    rows[2]["answer"] = rows[3]["answer"] = "wrong"
+    (tmp_path / "lay" / "data" / "arith.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    datasets = (_dataset(", test_range='[:-2]'") + ",\n"
+                "dict(type=LmEvalDataset, abbr='pair', task='pair', include_path={tasks!r}, test_range='[3:5]')")
+    cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", datasets)
+    proc = toy.run(cfg, environ=toy.env(tmp_path / "cache"))
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    work = tmp_path / "work"
+
+    arith = _result(work, "arith")
+    assert arith["metrics"]["exact_match,none"] == 1.0
+    assert sorted(d["doc_id"] for d in _details(work, "arith")) == [0, 1]
+
+    # small (2 documents) has none in [3:5]: it contributes nothing; big's documents 3 and 4 are the group
+    pair = _result(work, "pair")
+    assert pair["metrics"]["exact_match,none"] == 1.0
+    assert set(pair["lmeval"]["n-samples"]) == {"big"}
+    assert pair["lmeval"]["n-samples"]["big"]["effective"] == 2
+    assert sorted((d["task"], d["doc_id"]) for d in _details(work, "pair")) == [("big", 3), ("big", 4)]
+
+
+def test_a_range_past_the_end_is_one_line_at_planning(tmp_path: Path) -> None:
+    tasks = toy.write(tmp_path / "lay")
+    cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", _dataset(", test_range='[10:20]'"))
+    proc = toy.run(cfg, "--dry-run", environ=toy.env(tmp_path / "cache"))
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert "arith" in line and "test_range='[10:20]' selects no document" in line, line
+
+
+@pytest.fixture(scope="module")
+def too_many_shots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """``--dry-run`` of arith (4 documents, no few-shot split) with ``num_fewshot=50``, from an
+    orchestrator whose environment holds API keys."""
+    tmp = tmp_path_factory.mktemp("lmeval_shots")
+    tasks = toy.write(tmp / "lay")
+    cfg = toy.config(tmp / "cfg.py", tasks, tmp / "work", _dataset(", num_fewshot=50"))
+    env = {**toy.env(tmp / "cache"), "OPENAI_API_KEY": "sk-probe-must-not-see", "MY_SERVICE_TOKEN": "t0k3n-secret",
+           "HF_TOKEN": "hf_kept_for_the_hub"}
+    proc = toy.run(cfg, "--dry-run", environ=env)
+    imported = [json.loads(line) for line in (tmp / "lay" / "shared" / "imported.jsonl").read_text().splitlines()]
+    return {"proc": proc, "imported": imported, "work": tmp / "work"}
+
+
+def test_num_fewshot_larger_than_the_pool_is_one_line_at_planning(too_many_shots: dict[str, Any]) -> None:
+    proc = too_many_shots["proc"]
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (line,) = proc.stderr.strip().splitlines()
+    assert "arith" in line and "num_fewshot=50" in line and "4 documents" in line, line
+    assert not too_many_shots["work"].exists()  # nothing ran, no run folder
+
+
+def test_the_planning_probe_runs_without_the_orchestrators_secrets(too_many_shots: dict[str, Any]) -> None:
+    probes = [r for r in too_many_shots["imported"] if r["argv"] == ["probe"]]
+    assert probes, too_many_shots["imported"]  # the probe imported the task's Python
+    for record in probes:
+        assert "OPENAI_API_KEY" not in record["env"] and "MY_SERVICE_TOKEN" not in record["env"], record
+        assert {"PATH", "HF_HUB_OFFLINE", "HF_TOKEN"} <= set(record["env"]), record
+
+
+def test_the_docs_say_planning_runs_the_task_folders_code() -> None:
+    text = " ".join((toy.REPO / "docs" / "lm-eval.md").read_text().split())
+    assert "Listing or planning a task folder runs its code, as lm-eval itself does" in text
