@@ -3,7 +3,7 @@
 ``orchestra.run(config, ...)`` and ``orchestra.plan(config, ...)`` are the Python API
 (:mod:`orchestra.api`); ``python run.py CONFIG`` is the same through the command line.
 ``orchestra.compare([run_a, run_b, ...])`` compares run folders sample by sample
-(:mod:`orchestra.compare`; ``orchestra compare RUN_A RUN_B`` on the command line).
+(:mod:`orchestra.comparison`; ``orchestra compare RUN_A RUN_B`` on the command line).
 """
 
 from typing import Any
@@ -17,8 +17,8 @@ def __getattr__(name: str) -> Any:
         from orchestra import api
 
         return getattr(api, name)
-    if name == "compare":  # the package, callable as its compare() function
-        import importlib
+    if name == "compare":
+        from orchestra.comparison import compare
 
-        return importlib.import_module("orchestra.compare")
+        return compare
     raise AttributeError(f"module 'orchestra' has no attribute {name!r}")

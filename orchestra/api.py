@@ -139,7 +139,7 @@ class PlanView:
                 yield f"    $ {cmd.display()}"
             if len(shown) < len(tasks):
                 yield f"  ... {len(tasks) - len(shown)} more task(s) (--dry-run --list prints every task)"
-        from orchestra.compare.power import power_lines
+        from orchestra.comparison.power import power_lines
 
         yield from power_lines(self.plan.all_units.get("infer", []), limit)
 

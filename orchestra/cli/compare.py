@@ -2,7 +2,7 @@
 
 Prints, per dataset, model and metric, both runs' scores, the paired difference with its 95%
 interval and p-value (Holm-adjusted), the flips and the smallest detectable difference
-(:mod:`orchestra.compare`).  Exit codes: 0 compared; 2 bad input or usage (one line, never a
+(:mod:`orchestra.comparison`).  Exit codes: 0 compared; 2 bad input or usage (one line, never a
 traceback); 1 the page could not be written.
 """
 
@@ -59,8 +59,8 @@ def main(argv: list[str]) -> int:
     if len(args.runs) < 2:
         say("orchestra compare: error: give at least two run folders (the baseline first)", file=sys.stderr)
         return EXIT_USAGE
-    from orchestra.compare import compare
-    from orchestra.compare.text import lines
+    from orchestra.comparison import compare
+    from orchestra.comparison.text import lines
 
     flips = args.flips if args.flips is not None else (HTML_FLIPS if args.html else 0)
     try:
@@ -69,7 +69,7 @@ def main(argv: list[str]) -> int:
         say(f"orchestra compare: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
     if args.html:
-        from orchestra.compare.html import write_page
+        from orchestra.comparison.html import write_page
 
         try:
             write_page(cmp, args.html)

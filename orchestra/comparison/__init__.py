@@ -9,27 +9,13 @@
     cmp.to_json()                             # what `orchestra compare --json` prints
 
 Samples are aligned by their key (the content of their row), tested in pairs with
-:mod:`orchestra.stats`; see docs/statistics.md, "Comparing runs".  The package is callable
-(``orchestra.compare(runs, ...)`` is :func:`compare`), so that the function and the package
-keep one name.
+:mod:`orchestra.stats`; see docs/statistics.md, "Comparing runs".  ``orchestra.compare`` is
+this package's :func:`compare`.
 """
 
 from __future__ import annotations
 
-import sys
-import types
-from typing import Any
-
-from orchestra.compare.align import Comparison, Flip, Test, compare
+from orchestra.comparison.align import Comparison, Flip, Test, compare
 
 __all__ = ["Comparison", "Flip", "Test", "compare"]
 
-
-class _CallableModule(types.ModuleType):
-    """This package, callable as :func:`compare` (``orchestra.compare(...)``)."""
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Comparison:
-        return compare(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra import stats
-from orchestra.compare.runs import RunScores, Sample, Scored, load_run, prompts_of
+from orchestra.comparison.runs import RunScores, Sample, Scored, load_run, prompts_of
 from orchestra.errors import UserError
 
 

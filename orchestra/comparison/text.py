@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from orchestra import stats
-from orchestra.compare.align import Comparison, Test
+from orchestra.comparison.align import Comparison, Test
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 EXCERPT = 70

@@ -10,8 +10,8 @@ import math
 from typing import Any
 
 from orchestra import stats
-from orchestra.compare.align import Comparison, Test
-from orchestra.compare.text import escaped, fmt, fmt_diff, fmt_p, run_label
+from orchestra.comparison.align import Comparison, Test
+from orchestra.comparison.text import escaped, fmt, fmt_diff, fmt_p, run_label
 from orchestra.fileio import atomic_write_text
 
 _ROW_H, _LABEL_W, _PLOT_W, _PAD = 26, 360, 480, 40
