@@ -120,12 +120,6 @@ def gone_within(pid: int, within_s: float = 5.0) -> bool:
     return True
 
 
-def wait_gone(pids: list[int], timeout_s: float = 30, what: str = "the processes to be gone") -> None:
-    """Wait until none of ``pids`` runs (a process sent SIGKILL ends when the kernel next runs it,
-    and may linger a moment as a zombie); fail the test after ``timeout_s``."""
-    wait_for(lambda: not [pid for pid in pids if alive(pid)], timeout_s, what)
-
-
 def born(pids: list[int]) -> dict[int, int | None]:
     """Each pid with its process's start time (clock ticks since boot), read now: with it a pid
     names one process, even after the kernel hands the pid to another (pid_max may be 32768)."""
