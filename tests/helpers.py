@@ -73,6 +73,20 @@ def wait_for(check: Any, timeout_s: float, what: str, every_s: float = 0.1) -> A
     raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
 
+def server_settled(server: Any, quiet_s: float = 0.3, timeout_s: float = 30) -> dict[str, Any]:
+    """The stats of a test server (``tests/servers/openai_server.ServerThread``) once its client was
+    killed and what was in flight is answered: nothing in progress and no request arrived for
+    ``quiet_s`` (one still in the server's socket buffers when the client died is counted first)."""
+    looks: list[dict[str, Any]] = []
+
+    def settled() -> bool:
+        looks.append(server.stats())
+        return len(looks) > 1 and looks[-1]["in_progress"] == 0 and looks[-1]["requests"] == looks[-2]["requests"]
+
+    wait_for(settled, timeout_s, "the test server to answer what was in flight", every_s=quiet_s)
+    return looks[-1]
+
+
 def poll_until_ended(session: Any, jobs: list[Any], timeout_s: float = 90) -> tuple[dict[Any, Any], float]:
     """Poll a runner session's ``jobs`` until each has ended or ``timeout_s`` passed: what ended
     (``{job: Exit}``) and the longest one ``poll`` call took (tests of a poll that must not block)."""

@@ -2,8 +2,28 @@
 # Set up, install Chromium (the report tests), start the local Slurm cluster the Slurm tests
 # run against, and run every test (slow and Slurm-marked ones included).  Extra arguments go
 # to pytest.
+#
+#   tools/test.sh                  everything, as CI runs it
+#   tools/test.sh --quick [ARGS]   the quick tier (docs/dev/testing.md): ruff, mypy and the tests
+#                                  marked neither slow, slurm nor ray; no set-up, no Chromium
+#                                  install, no Slurm cluster start (it needs the .venv made by a
+#                                  full run or tools/setup.sh).  ARGS go to pytest as well.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+QUICK_TIER="not slow and not slurm and not ray"
+if [ "${1-}" = "--quick" ]; then
+  shift
+  if [ ! -x .venv/bin/python ]; then
+    echo "tools/test.sh --quick: no .venv here; run tools/setup.sh (or tools/test.sh) once first" >&2
+    exit 2
+  fi
+  command -v chromium >/dev/null 2>&1 || echo "tools/test.sh --quick: Chromium is missing, the report" \
+    "tests will fail; a full tools/test.sh run as root installs it" >&2
+  . .venv/bin/activate
+  ruff check orchestra tests benchmarks tools
+  mypy orchestra
+  exec python -m pytest -q --durations=30 -m "$QUICK_TIER" "$@"
+fi
 bash tools/setup.sh
 # The report tests open report.html in headless Chromium, from Debian's packages.
 if ! command -v chromium >/dev/null 2>&1; then

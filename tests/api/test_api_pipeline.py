@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import server_settled
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -210,8 +212,7 @@ def test_sigkill_then_resume_sends_no_completed_sample_again(server: Any, tmp_pa
     for pid in [*reversed(_descendants(proc.pid)), proc.pid]:  # the task, then the orchestrator
         os.kill(pid, signal.SIGKILL)
     proc.wait()
-    time.sleep(0.3)  # the server answers what was in flight; nobody reads it
-    before = server.stats()["per_prompt"]
+    before = server_settled(server)["per_prompt"]  # the server answers what was in flight; nobody reads it
     ckpt = next((latest_run(tmp_path) / "predictions" / "api").glob("*.ckpt"))
     rows = [json.loads(x)["question"] for x in data.read_text().splitlines()]
     saved = {rows[json.loads(x)["id"]] for x in ckpt.read_text().splitlines()[1:]}

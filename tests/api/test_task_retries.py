@@ -13,10 +13,13 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from orchestra.inference.checkpoint import Checkpoint
 from tests.api.test_api_pipeline import latest_run, orchestra, predictions, write_config, write_data
 
 
+@pytest.mark.slow
 def test_a_retry_sends_only_what_failed_and_keeps_the_finished_dataset(server: Any, tmp_path: Path) -> None:
     data, expected = write_data(tmp_path, 12, bad=(5,))
     cfg = write_config(tmp_path, server.base_url, data, chat=True, retry=1)
@@ -49,6 +52,7 @@ def test_a_retry_sends_only_what_failed_and_keeps_the_finished_dataset(server: A
     assert meta["count"] == 12 and meta["failed"] == 0
 
 
+@pytest.mark.slow
 def test_a_task_killed_between_its_last_sample_and_the_prediction_file_sends_nothing_again(
         server: Any, tmp_path: Path) -> None:
     """A SIGKILL after the last checkpoint line and before the sealed file was renamed into place

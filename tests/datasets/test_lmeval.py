@@ -231,6 +231,7 @@ def test_bad_settings_are_one_line_naming_the_key(tmp_path: Path) -> None:
         LmEvalDataset(abbr="x", task="arc_easy", infer_cfg={"prompt_template": "{q}"})
 
 
+@pytest.mark.slow
 def test_an_unknown_task_fails_planning_in_one_line(tmp_path: Path, offline: Path) -> None:
     cfg = tmp_path / "bad.py"
     cfg.write_text(
@@ -248,6 +249,7 @@ def test_an_unknown_task_fails_planning_in_one_line(tmp_path: Path, offline: Pat
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow
 def test_planning_imports_neither_lm_eval_nor_torch(tmp_path: Path, offline: Path) -> None:
     """--dry-run plans from the probe subprocess; the orchestrator process stays light."""
     cfg = tmp_path / "plan.py"

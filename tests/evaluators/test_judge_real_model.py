@@ -21,6 +21,8 @@ import pytest
 
 from orchestra.evaluators.judge import JudgeEvaluator
 
+pytestmark = pytest.mark.slow  # loads a real model
+
 REPO = Path(__file__).resolve().parents[2]
 
 

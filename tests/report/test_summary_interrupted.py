@@ -15,6 +15,7 @@ from pathlib import Path
 from conftest import REPO, orchestra
 
 from orchestra.events import read_events
+from tests.helpers import wait_for
 
 
 def _config(folder: Path) -> Path:
@@ -87,6 +88,7 @@ def test_viz_after_a_killed_orchestrator_says_the_task_did_not_finish(tmp_path: 
     proc.communicate(timeout=30)
     for pid in _pids_of(run):  # a task the parent-death signal did not end yet
         os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not _pids_of(run), 30, "the killed run's tasks to be gone")  # none writes to the run now
     res = orchestra(cfg, "--mode", "viz")
     assert res.returncode == 1, res.stderr  # results are missing
     expected = ("- slow / rows: infer task infer_slow_rows did not finish (last state: started); "

@@ -12,6 +12,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from orchestra.serving import agent
 from orchestra.serving.agent import spec_json
 from orchestra.serving.pool import reap
@@ -28,6 +30,7 @@ def _forged(path: Path, data: dict[str, object]) -> None:
     os.chown(path, NOBODY, NOBODY)
 
 
+@pytest.mark.slurm
 def test_reap_never_cancels_another_users_job_named_like_a_replica(
         tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
     name = f"orc-serve-{tmp_path.name[-8:]}-m-0"
@@ -50,6 +53,7 @@ def test_reap_never_cancels_another_users_job_named_like_a_replica(
         subprocess.run(["scancel", job], check=False)
 
 
+@pytest.mark.slurm
 def test_a_ledger_line_without_a_replica_job_name_cancels_nothing(
         tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
     out = subprocess.run(["sbatch", "--parsable", "--job-name=not-a-replica", "--output=/dev/null",
@@ -156,6 +160,7 @@ def test_the_heartbeat_is_touched_over_a_planted_link_or_file_never_through_it(t
     assert os.stat(beat).st_mtime_ns != before
 
 
+@pytest.mark.slurm
 def test_a_run_folder_with_odd_characters_gets_its_replica_log_where_it_says(
         tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
     from orchestra.serving.slurm_place import batch_script, output_arg
@@ -223,6 +228,7 @@ def test_a_loopback_replica_address_held_by_another_user_never_gets_the_key(tmp_
     assert "the-key" not in out, out
 
 
+@pytest.mark.slurm
 def test_reap_deletes_the_private_files_a_killed_orchestrators_replica_jobs_left(
         tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
     """A replica job's secret-looking variables wait in servers/<model>/private/replica-<i>.env until

@@ -30,7 +30,7 @@ from tests.serving.test_managed_runs import (
 sys.path.insert(0, str(REPO / "tools"))
 from ray_cluster import ClusterProcess, ray_env  # noqa: E402
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.ray]
 
 
 @pytest.fixture(scope="module")
