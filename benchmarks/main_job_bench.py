@@ -58,10 +58,12 @@ def first_load(tree: Path, cache: Path) -> tuple[float, float]:
 
 
 def weights_digest(cache: Path) -> str:
-    """SHA-256 of the converted weights file(s) in a cache."""
+    """SHA-256 of a cache's converted folder: weights, config and tokenizer files (not the
+    manifest, which holds the conversion's duration)."""
     h = hashlib.sha256()
-    for f in sorted(cache.rglob("*.safetensors")):
-        h.update(f.read_bytes())
+    for f in sorted(p for p in cache.rglob("*") if p.is_file() and p.name != "orchestra_source.json"
+                    and not p.name.endswith(".lock")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -88,7 +90,8 @@ def convert_main(args: argparse.Namespace) -> None:
     if "base" in times:
         rows.append(("base / new (medians): wall / CPU",
                      f"{med['base'][0] / med['new'][0]:.2f}x / {med['base'][1] / med['new'][1]:.2f}x"))
-        rows.append(("same converted weights (SHA-256 of the safetensors)", str(digests["base"] == digests["new"])))
+        same = digests["base"] == digests["new"]
+        rows.append(("same converted folder (SHA-256 of weights, config, tokenizer)", str(same)))
     print_table(rows)
 
 
