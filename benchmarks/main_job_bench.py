@@ -106,18 +106,19 @@ def scores(work: Path) -> dict[str, float]:
     return out
 
 
-def one_run(tree: Path, folder: Path, options: list[str]) -> tuple[float, dict[str, float]]:
-    """Wall seconds of ``run.py configs/eval_llama.py`` from ``tree`` with an empty weights cache."""
+def one_run(tree: Path, folder: Path, options: list[str]) -> tuple[float, float, dict[str, float]]:
+    """Wall and CPU seconds (the orchestrator and every task process it waited for) of
+    ``run.py configs/eval_llama.py`` from ``tree`` with an empty weights cache, and its scores."""
     env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
     argv = [sys.executable, "run.py", "configs/eval_llama.py", "-w", str(folder / "out")]
     if options:
         argv += ["--cfg-options", *options]
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), children_cpu()
     res = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, timeout=1800)
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"{tree}: run.py exited {res.returncode}:\n{res.stderr[-3000:]}")
-    return wall, scores(folder / "out")
+    return wall, children_cpu() - cpu0, scores(folder / "out")
 
 
 def run_main(args: argparse.Namespace) -> None:
@@ -126,18 +127,21 @@ def run_main(args: argparse.Namespace) -> None:
         name, _, opts = v.partition("=")
         sides.append((f"new, {name}", REPO, opts.split()))
     walls: dict[str, list[float]] = {}
+    cpus: dict[str, list[float]] = {}
     got: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             for label, tree, opts in sides if i % 2 == 0 else list(reversed(sides)):
                 folder = Path(tmp) / f"{len(walls.get(label, []))}-{label.replace(' ', '_').replace(',', '')}"
                 folder.mkdir()
-                wall, sc = one_run(tree, folder, opts)
+                wall, cpu, sc = one_run(tree, folder, opts)
                 walls.setdefault(label, []).append(wall)
+                cpus.setdefault(label, []).append(cpu)
                 got[label] = sc
-                print(f"{label}: {wall:.1f} s", file=sys.stderr, flush=True)
-    rows = [(f"{label}: run.py configs/eval_llama.py, empty weights cache, median of {len(w)}",
-             f"{statistics.median(w):.1f} s (all: {', '.join(f'{x:.1f}' for x in w)})") for label, w in walls.items()]
+                print(f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU", file=sys.stderr, flush=True)
+    rows = [(f"{label}: run.py configs/eval_llama.py, empty weights cache: wall / CPU, median of {len(w)}",
+             f"{statistics.median(w):.1f} s / {statistics.median(cpus[label]):.1f} s "
+             f"(walls: {', '.join(f'{x:.1f}' for x in w)})") for label, w in walls.items()]
     first = next(iter(got.values()))
     for label in walls:
         if label != "new":
