@@ -17,6 +17,7 @@ adds runs of this tree with extra ``--cfg-options`` (e.g. one worker with two th
 from __future__ import annotations
 
 import argparse
+import csv
 import hashlib
 import json
 import os
@@ -95,18 +96,15 @@ def convert_main(args: argparse.Namespace) -> None:
     print_table(rows)
 
 
-def scores(work: Path) -> dict[str, float]:
-    """The run's metrics, ``dataset/metric`` -> value."""
+def scores(work: Path) -> dict[str, str]:
+    """The run's seven scores as its summary table has them, ``dataset/metric`` -> value."""
     (run,) = [p for p in work.iterdir() if p.is_dir()]
-    out: dict[str, float] = {}
-    for f in sorted((run / "results").rglob("*.json")):
-        for k, v in json.loads(f.read_text()).items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool):
-                out[f"{f.stem}/{k}"] = round(float(v), 4)
-    return out
+    with open(run / "summary" / "summary.csv", newline="") as f:
+        rows = list(csv.reader(f))
+    return {f"{r[0]}/{r[1]}": r[2] for r in rows[1:]}
 
 
-def one_run(tree: Path, folder: Path, options: list[str]) -> tuple[float, float, dict[str, float]]:
+def one_run(tree: Path, folder: Path, options: list[str]) -> tuple[float, float, dict[str, str]]:
     """Wall and CPU seconds (the orchestrator and every task process it waited for) of
     ``run.py configs/eval_llama.py`` from ``tree`` with an empty weights cache, and its scores."""
     env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
@@ -128,7 +126,7 @@ def run_main(args: argparse.Namespace) -> None:
         sides.append((f"new, {name}", REPO, opts.split()))
     walls: dict[str, list[float]] = {}
     cpus: dict[str, list[float]] = {}
-    got: dict[str, dict[str, float]] = {}
+    got: dict[str, dict[str, str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             for label, tree, opts in sides if i % 2 == 0 else list(reversed(sides)):
@@ -148,7 +146,7 @@ def run_main(args: argparse.Namespace) -> None:
             ratio = statistics.median(walls[label]) / statistics.median(walls["new"])
             rows.append((f"{label} / new (medians)", f"{ratio:.2f}x"))
         rows.append((f"{label}: same seven scores as {next(iter(got))}", str(got[label] == first)))
-    rows.append(("scores (new)", ", ".join(f"{k} {v:.4f}" for k, v in got["new"].items())))
+    rows.append(("scores (new)", ", ".join(f"{k} {v}" for k, v in got["new"].items())))
     print_table(rows)
 
 
