@@ -14,6 +14,7 @@ LocalRunner with warm workers; then ``-r`` of the finished run, streaming events
     python benchmarks/scale_bench.py run [--run-tasks 10000] [--workers 2] [--base-tree DIR]
     python benchmarks/scale_bench.py refuse [--side 300] [--base-tree DIR]   # issue 20.8
     python benchmarks/scale_bench.py open [--run-tasks 10000] [--repeat 5] [--base-tree DIR] [--gpus 2]
+    python benchmarks/scale_bench.py resume [--run-tasks 10000 | --run-dir DIR] --base-tree DIR [--repeat 5]
     (Slurm arrays and Ray at this scale: benchmarks/scale_backends_bench.py)
 """
 
@@ -76,9 +77,10 @@ _MEASURE = (
 )
 
 
-def measured(tree: Path, argv: list[str], cache: Path) -> tuple[float, float, float]:
+def measured(tree: Path, argv: list[str], cache: Path, base_env: dict[str, str] | None = None
+             ) -> tuple[float, float, float]:
     """Wall s, CPU s and peak RSS MB of ``run.py ARGV`` from ``tree``, in a wrapper of its own."""
-    env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(cache)}
+    env = {**(os.environ if base_env is None else base_env), "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(cache)}
     res = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "run.py", *argv],
                          cwd=tree, env=env, capture_output=True, text=True, timeout=900)
     wall, cpu, peak_kb, code = res.stdout.split()
@@ -291,6 +293,51 @@ def open_main(args: argparse.Namespace) -> None:
     print_table(rows)
 
 
+def resume_main(args: argparse.Namespace) -> None:
+    """``-r`` of a finished run (``--run-dir``, or one of ``--run-tasks`` trivial tasks made now),
+    from this tree and ``--base-tree``, each on its own copy of the run folder, alternating
+    ``--repeat`` times after one untimed ``-r`` each (which also leaves the .pyc files a user's
+    second command finds; bytecode is written even where PYTHONDONTWRITEBYTECODE is set).
+    Medians of wall and CPU: the machine is shared, so the CPU column is the steadier one."""
+    from bench_common import read_events, trivial_config
+
+    trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        if args.run_dir:
+            src = args.run_dir.resolve()
+            cfg = src / "config.py"
+        else:
+            cfg = trivial_config(folder, "resume", args.run_tasks, "from orchestra.runners import LocalRunner",
+                                 "dict(type=LocalRunner, max_num_workers=2, reuse_workers=True", folder / "made")
+            _timed(REPO, [str(cfg)], {**env, "PYTHONPATH": str(REPO), "ORCHESTRA_CACHE_DIR": str(folder / "cache")})
+            (src,) = [p for p in (folder / "made").iterdir() if p.is_dir()]
+        times: dict[str, list[tuple[float, float, float]]] = {}
+        for label, _ in trees:
+            shutil.copytree(src, folder / label / "out" / src.name, symlinks=True)
+        for i in range(args.repeat + 1):
+            for label, tree in trees if i % 2 == 0 else list(reversed(trees)):
+                run = folder / label / "out" / src.name
+                argv = [str(cfg), "-w", str(run.parent), "-r", run.name]
+                got = measured(tree, argv, folder / label / "cache", env)
+                if i:  # the first is untimed: a report written by another tree, .pyc files
+                    times.setdefault(label, []).append(got)
+                last = [e for e in read_events(run) if e["event"] == "run_started"][-1]
+                if any(last["tasks"].values()):
+                    raise SystemExit(f"{label}: -r planned tasks: {last['tasks']}")
+        rows: list[tuple[str, str]] = []
+        med = {label: tuple(statistics.median(m[k] for m in t) for k in range(3)) for label, t in times.items()}
+        for label, (w, c, m) in med.items():
+            rows.append((f"{label}: -r of the finished run, median of {args.repeat}: wall / CPU / peak RSS",
+                         f"{w:.2f} s / {c:.2f} s / {m:.0f} MB (walls: "
+                         f"{', '.join(f'{x[0]:.2f}' for x in times[label])})"))
+        if "base" in med:
+            ratios = " / ".join(f"{b / n:.2f}x" for b, n in zip(med["base"], med["new"]))
+            rows.append(("base / new: wall / CPU / RSS", ratios))
+    print_table(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -307,11 +354,17 @@ def main() -> None:
     o.add_argument("--repeat", type=int, default=5, help="cold opens per page; the median is shown")
     o.add_argument("--base-tree", type=Path, help="another checkout whose report of the same run is measured too")
     o.add_argument("--gpus", type=int, default=0, help="also a report with N GPU lanes (made-up samples)")
+    s = sub.add_parser("resume")
+    s.add_argument("--run-tasks", type=int, default=10000, help="tasks of the run made first (without --run-dir)")
+    s.add_argument("--run-dir", type=Path, help="a finished run folder to copy instead (its config.py is used)")
+    s.add_argument("--repeat", type=int, default=5)
+    s.add_argument("--base-tree", type=Path, help="another checkout measured the same way, alternating")
     f = sub.add_parser("refuse")
     f.add_argument("--side", type=int, default=300)
     f.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
     args = ap.parse_args()
-    {"plan": plan_main, "run": run_main, "refuse": refuse_main, "open": open_main}[args.what](args)
+    {"plan": plan_main, "run": run_main, "refuse": refuse_main, "open": open_main,
+     "resume": resume_main}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ datasets = [
 ]
 infer = dict(
     # cost: one unit per scored choice, gen_task_coef per generated answer
-    partitioner=dict(type=SizePartitioner, max_task_size=300, gen_task_coef=40),
+    partitioner=dict(type=SizePartitioner, max_task_size=300, gen_task_coef=40, granularity=1),
     runner=dict(type=LocalRunner, max_num_workers=2, retry=1, reuse_workers=True, task=dict(type=InferTask)),
 )
 eval = dict(

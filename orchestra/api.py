@@ -346,7 +346,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     interrupted = ctx.stop.is_set()
     events.emit("run_finished", interrupted=interrupted,
                 failed=[r.task_id for r in results if r.state.value != "done"])
-    end = epilogue(paths, cfg, made, results, prep.prices, trace, quiet, debug)
+    end = epilogue(paths, cfg, made, results, prep.prices, trace, quiet, debug, keep_current=True)
     code = EXIT_FAILED if end.bad else EXIT_OK
     if interrupted:
         # 128 + the signal, as shells report it (Ctrl-C 130, SIGHUP 129, SIGTERM 130 as before)

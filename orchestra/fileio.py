@@ -221,6 +221,24 @@ def write_sealed_jsonl(path: str, meta: dict[str, Any], records: Iterable[Any]) 
 def read_sealed_jsonl(path: str) -> tuple[dict[str, Any], list[Any]] | None:
     """``(meta, records)`` of a file written by :func:`write_sealed_jsonl`, or None if it is
     missing, unsealed, truncated or damaged (count or checksum do not match)."""
+    sealed = _read_sealed(path)
+    if sealed is None:
+        return None
+    try:
+        return sealed[0], [json.loads(line) for line in sealed[1].splitlines()]
+    except ValueError:
+        return None
+
+
+def sealed_meta(path: str) -> dict[str, Any] | None:
+    """The meta of a whole sealed file (:func:`read_sealed_jsonl`'s checks), its records left
+    unparsed: what deciding that 10,000 outputs are done needs."""
+    sealed = _read_sealed(path)
+    return sealed[0] if sealed is not None else None
+
+
+def _read_sealed(path: str) -> tuple[dict[str, Any], bytes] | None:
+    """The meta and the record bytes of a sealed file whose count and checksum match, or None."""
     try:
         with open(path, "rb") as f:
             first = f.readline()
@@ -230,7 +248,7 @@ def read_sealed_jsonl(path: str) -> tuple[dict[str, Any], list[Any]] | None:
             return None
         if body.count(b"\n") != meta.get("count") or hashlib.sha256(body).hexdigest() != meta.get("sha256"):
             return None
-        return meta, [json.loads(line) for line in body.splitlines()]
+        return meta, body
     except (OSError, ValueError, AttributeError):
         return None
 

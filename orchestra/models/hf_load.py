@@ -18,6 +18,7 @@ from typing import Any
 
 from orchestra.errors import ModelError
 from orchestra.models import weights_cache
+from orchestra.models.gguf_convert import convert_gguf
 from orchestra.models.hf_common import ModelSource, auto_num_threads
 from orchestra.privdir import temp_folder
 
@@ -163,7 +164,7 @@ def _weights_folder(abbr: str, source: ModelSource, cache_dir: str | None, trans
         entry = weights_cache.entry_for(gguf, root, extra=transformers.__version__)
         try:
             folder, converted = weights_cache.get_or_convert(
-                entry, lambda out: _convert_gguf(abbr, gguf, out), manifest)
+                entry, lambda out: convert_gguf(abbr, gguf, out), manifest)
             return folder, "converted" if converted else "cache"
         except OSError as exc:  # read-only, full or forbidden: the cache is a speed-up, not a need
             if exc.errno not in _UNWRITABLE:
@@ -174,24 +175,6 @@ def _weights_folder(abbr: str, source: ModelSource, cache_dir: str | None, trans
             print(f"warning: model {abbr}: weights cache {entry.root} cannot be written ({exc.strerror or exc}); "
                   f"using {nxt}", file=sys.stderr, flush=True)
     return None, "gguf"
-
-
-def _convert_gguf(abbr: str, gguf: str, out_dir: str) -> bool:
-    """Dequantise ``gguf`` into ``out_dir`` (model and tokenizer, float32)."""
-    import torch
-    import transformers
-
-    folder, name = os.path.split(gguf)
-    log.info("%s: converting %s (once; later loads use the weights cache)", abbr, gguf)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    model: Any = transformers.AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    # transformers refuses to save a model that still says it is GGUF-quantised.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    return True
 
 
 def _load_tokenizer(

@@ -32,17 +32,18 @@ class Ending:
 
 
 def epilogue(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: dict[str, Any], trace: str | None,
-             quiet: bool, debug: bool = False) -> Ending:
+             quiet: bool, debug: bool = False, keep_current: bool = False) -> Ending:
     """Build and write the summary of ``paths`` (``cfg``: the validated config, ``made``: its plan),
     print it, name each task of ``results`` (``TaskResult``) that did not end done, then write the
-    report; the last lines name the run folder and the report."""
+    report; the last lines name the run folder and the report.  ``keep_current``: keep a report
+    that already shows everything (:mod:`orchestra.summary.fresh`: a ``-r`` that ran nothing)."""
     os.makedirs(paths.summary_dir, exist_ok=True)
     with writers_lock(paths.summary_lock):  # a -r starting now leaves our temporary files alone
-        return _write(paths, cfg, made, results, prices, trace, quiet, debug)
+        return _write(paths, cfg, made, results, prices, trace, quiet, debug, keep_current)
 
 
 def _write(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: dict[str, Any], trace: str | None,
-           quiet: bool, debug: bool) -> Ending:
+           quiet: bool, debug: bool, keep_current: bool = False) -> Ending:
     """The epilogue's work, under the summary folder's writers lock."""
     summary = build_summary(paths, [m["abbr"] for m in cfg.models], made.all_units["eval"])
     write_summary(summary, paths)
@@ -55,25 +56,35 @@ def _write(paths: RunPaths, cfg: Any, made: Any, results: list[Any], prices: dic
         reason = with_excerpt(r.reason, r.log_path) if r.state.value == "failed" else r.reason
         say(f"{r.state.value.upper()}: {r.stage} task {r.task_id} ({reason}){log}", file=sys.stderr, quiet=quiet)
     say(f"run folder: {paths.root}", file=sys.stderr, quiet=quiet)
-    report = _report(paths, cfg, summary, made, prices, trace, quiet, debug, comparison)
+    report = _report(paths, cfg, summary, made, prices, trace, quiet, debug, comparison,
+                     keep_current and trace is None)
     return Ending(summary, pivot, report, bad, comparison)
 
 
 def _report(paths: RunPaths, cfg: Any, summary: Summary, made: Any, prices: dict[str, Any], trace: str | None,
-            quiet: bool, debug: bool, comparison: Any = None) -> str | None:
-    """Write the HTML report and the trace and name them on the last line; a report that
-    cannot be written is a warning (the run's results and exit code stand)."""
+            quiet: bool, debug: bool, comparison: Any = None, keep_current: bool = False) -> str | None:
+    """Write the HTML report and the trace and name them on the last line (``keep_current``: not
+    if the ones there are current); a report that cannot be written is a warning (the run's
+    results and exit code stand)."""
+    from orchestra.summary import fresh
     from orchestra.summary.costs import load_prices, save_prices
-    from orchestra.summary.progress import api_model_abbrs
-    from orchestra.summary.report import write_report
 
     try:
         if prices:
             save_prices(paths, prices)  # a later viz finds them: the saved config.py leaves them out
         else:
             prices = load_prices(paths)
+        if keep_current and fresh.report_is_current(paths, prices):
+            report = os.path.join(paths.summary_dir, "report.html")
+            say(f"report: {report}", file=sys.stderr, quiet=quiet)  # the line a rebuild prints
+            return report
+        from orchestra.summary.progress import api_model_abbrs
+        from orchestra.summary.report import write_report
+
+        size = fresh.events_size(paths)  # before the report reads the log: what it draws at least
         files = write_report(paths, summary, made.all_units["eval"], api_model_abbrs(cfg.models), prices, trace,
                              comparison)
+        fresh.write_stamp(paths, prices, size)
     except Exception as exc:  # a bug here must not hide the run's own outcome
         if debug:
             raise

@@ -18,7 +18,7 @@ import threading
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from orchestra.fileio import read_sealed_jsonl
+from orchestra.fileio import sealed_meta
 
 
 @dataclass(frozen=True, slots=True)  # slots: a 100,000-task plan holds 200,000 of them
@@ -189,8 +189,8 @@ def output_hash(path: str) -> str | None:
     (``.json``) carry it in a top-level ``"hash"`` key.
     """
     if path.endswith(".jsonl"):
-        sealed = read_sealed_jsonl(path)
-        return sealed[0].get("hash") if sealed else None
+        meta = sealed_meta(path)
+        return meta.get("hash") if meta else None
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f).get("hash")
