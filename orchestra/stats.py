@@ -199,16 +199,7 @@ def bootstrap_estimate(items: Sequence[T], statistic: Callable[[Sequence[T]], fl
     if n < 2 or not math.isfinite(value):
         why = "no items" if n == 0 else "n = 1: no standard error" if n == 1 else "the statistic is not finite"
         return Estimate(value, None, None, n, "none", note=why)
-    rng = random.Random(seed)
-    stats: list[float] = []
-    for _ in range(reps):
-        sample = [items[rng.randrange(n)] for _ in range(n)]
-        try:
-            s = float(statistic(sample))
-        except (ZeroDivisionError, ValueError):
-            continue
-        if math.isfinite(s):
-            stats.append(s)
+    stats = _resampled(n, seed, reps, lambda idx: float(statistic([items[i] for i in idx])))
     skipped = reps - len(stats)
     skip_note = f"{skipped} of {reps} resamples had no finite value" if skipped else ""
     if len(stats) < 2 or min(stats) == max(stats):
@@ -217,6 +208,22 @@ def bootstrap_estimate(items: Sequence[T], statistic: Callable[[Sequence[T]], fl
     stats.sort()
     lo, hi = _percentile(stats, 0.025), _percentile(stats, 0.975)
     return Estimate(value, _sd(stats), (lo, hi), n, "bootstrap", note=skip_note)
+
+
+def _resampled(n: int, seed: int, reps: int, value: Callable[[list[int]], float]) -> list[float]:
+    """``value`` of ``reps`` seeded resamples of the indices ``0..n-1`` (drawn with replacement),
+    the finite ones only: a resample whose value cannot be computed is left out."""
+    rng = random.Random(seed)
+    out: list[float] = []
+    for _ in range(reps):
+        idx = [rng.randrange(n) for _ in range(n)]
+        try:
+            v = value(idx)
+        except (ZeroDivisionError, ValueError):
+            continue
+        if math.isfinite(v):
+            out.append(v)
+    return out
 
 
 def _percentile(sorted_xs: Sequence[float], q: float) -> float:
@@ -328,16 +335,8 @@ def paired_bootstrap(items_a: Sequence[T], items_b: Sequence[T], statistic: Call
     if n < 2 or not math.isfinite(diff):
         why = "no pairs" if n == 0 else "n = 1: no standard error, no test" if n == 1 else "no finite difference"
         return Paired(diff, None, None, None, "none", n, None, None, None, why)
-    rng = random.Random(seed)
-    diffs: list[float] = []
-    for _ in range(reps):
-        idx = [rng.randrange(n) for _ in range(n)]
-        try:
-            d = float(statistic([items_a[i] for i in idx])) - float(statistic([items_b[i] for i in idx]))
-        except (ZeroDivisionError, ValueError):
-            continue
-        if math.isfinite(d):
-            diffs.append(d)
+    diffs = _resampled(n, seed, reps, lambda idx: float(statistic([items_a[i] for i in idx]))
+                       - float(statistic([items_b[i] for i in idx])))
     skipped = reps - len(diffs)
     skip_note = f"{skipped} of {reps} resamples had no finite difference" if skipped else ""
     if len(diffs) >= 2 and diff == 0 and min(diffs) == max(diffs) == 0:

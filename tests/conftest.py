@@ -53,3 +53,19 @@ def anthropic_server() -> Iterator[Any]:
     """A double of Anthropic's Messages + Message Batches API on 127.0.0.1 (tests/servers/anthropic_server.py)."""
     with _loader().load_anthropic_server_module().AnthropicServerThread() as srv:
         yield srv
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """A headless Chromium (``tests/report/chromium.py``) for the tests that open a page in it;
+    a missing one fails the test with the command that installs it."""
+    from tests.report.chromium import Chromium, ChromiumMissing
+
+    try:
+        chrome = Chromium()
+    except ChromiumMissing as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield chrome
+    finally:
+        chrome.close()

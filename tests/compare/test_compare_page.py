@@ -6,26 +6,12 @@ page loads nothing from anywhere."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from planted import HOSTILE, Runs
 
-from tests.report.chromium import Chromium, ChromiumMissing
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Chromium]:
-    """A headless Chromium; a missing one fails the test with the command that installs it."""
-    try:
-        chrome = Chromium()
-    except ChromiumMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield chrome
-    finally:
-        chrome.close()
+from tests.report.chromium import Chromium
 
 
 def test_page_draws_the_forest_plot_and_lists_the_flips(runs: Runs, browser: Chromium, tmp_path: Path) -> None:

@@ -8,7 +8,6 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +17,6 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "outputs" / "test-artifacts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chromium import Chromium, ChromiumMissing  # noqa: E402
 
 
 def write_run_config(folder: Path, arith_rows: int = 40, extra: str = "") -> Path:
@@ -104,16 +102,3 @@ def failed_run(tmp_path_factory: pytest.TempPathFactory) -> RunResult:
     env = {"ORCHESTRA_LOCK_DIR": str(folder / "locks"), "ORCHESTRA_PROGRESS_INTERVAL_S": "0.2"}
     proc = orchestra(cfg, env=env)
     return RunResult(folder, cfg, proc)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Chromium]:
-    """A headless Chromium; a missing one fails the test with the command that installs it."""
-    try:
-        chrome = Chromium()
-    except ChromiumMissing as exc:
-        pytest.fail(str(exc), pytrace=False)
-    try:
-        yield chrome
-    finally:
-        chrome.close()
