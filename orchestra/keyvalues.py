@@ -17,6 +17,7 @@ import json
 import math
 import os
 import stat
+import sys
 from typing import Any
 
 #: the largest settings file read (a hand-written file of keys and values is a few hundred bytes)
@@ -52,8 +53,13 @@ def read_key_values(path: str, what: str) -> dict[str, Any]:
 NON_FINITE = "NaN and infinity are refused in every setting; a limit that can be lifted takes None"
 
 
+#: the largest finite float; an integer beyond it (``10**400``) is infinite as a setting
+_FLOAT_MAX = sys.float_info.max
+
+
 def non_finite(value: Any) -> tuple[str, float] | None:
-    """The first float in ``value`` (dicts, lists and tuples, nested) that is NaN or infinite, with
+    """The first float in ``value`` (dicts, lists and tuples, nested) that is NaN or infinite (or
+    an integer too large for a float, given as the infinity of its sign), with
     where it is (``batch.poll_s``, ``k[2]``); None when every number is finite.
 
     A setting is never NaN (every comparison with it is false, so a check such as ``poll_s > 0``
@@ -65,6 +71,8 @@ def non_finite(value: Any) -> tuple[str, float] | None:
         where, item = stack.pop()
         if isinstance(item, float) and not math.isfinite(item):
             return where, item
+        if isinstance(item, int) and not isinstance(item, bool) and abs(item) > _FLOAT_MAX:
+            return where, math.inf if item > 0 else -math.inf  # no float holds it: every use of it overflows
         if isinstance(item, dict):
             children = [(f"{where}.{k}" if where else str(k), v) for k, v in item.items()]
         elif isinstance(item, (list, tuple)):

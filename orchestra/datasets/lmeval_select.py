@@ -16,7 +16,9 @@ Runs where ``lm_eval`` is imported (the planning probe and the tasks), never in 
 from __future__ import annotations
 
 import glob
+import itertools
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +26,9 @@ import yaml
 
 from orchestra.errors import ConfigError
 
+#: paths a glob of ``dataset_kwargs`` yields at most (symbolic links to a parent folder make
+#: ``**`` recurse into itself: two of them, 2**40 paths before the kernel's ELOOP ends it)
+MAX_GLOB_PATHS = 100_000
 
 @dataclass
 class Selection:
@@ -201,14 +206,23 @@ def _local_paths(value: Any) -> list[str]:
         return []
     path = os.path.expanduser(value)
     if any(c in path for c in "*?["):
-        return sorted(os.path.abspath(p) for p in glob.glob(path, recursive=True))
+        return sorted(os.path.abspath(p) for p in itertools.islice(glob.iglob(path, recursive=True), MAX_GLOB_PATHS))
     return [os.path.abspath(path)] if os.path.exists(path) else []
 
 
+def _regular(path: str) -> bool:
+    """A regular file (a link to one too): what can be hashed; a FIFO would block its reader
+    and a link to ``/dev/zero`` never end it."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
+
+
 def _files_under(path: str) -> list[str]:
-    if os.path.isfile(path):
-        return [path]
-    return sorted(os.path.join(d, n) for d, _dirs, names in os.walk(path) for n in names)
+    if not os.path.isdir(path):
+        return [path] if _regular(path) else []
+    return sorted(p for d, _dirs, names in os.walk(path) for n in names if _regular(p := os.path.join(d, n)))
 
 
 def task_inputs(sel: Selection, settings: dict[str, Any], tm: Any) -> dict[str, list[str]]:

@@ -16,7 +16,7 @@ from collections import Counter
 from typing import Any
 
 from orchestra.models.batch_ledger import BatchRecord
-from orchestra.models.openai_batch_http import BatchHTTP, json_lines
+from orchestra.models.openai_batch_http import MAX_LIST_PAGES, BatchHTTP, json_lines
 
 #: error types of a result worth another batch (as a 429 or 5xx would be for a direct call)
 RETRY_ERRORS = frozenset({"api_error", "overloaded_error", "rate_limit_error", "timeout_error"})
@@ -110,7 +110,7 @@ class AnthropicBatchHTTP(BatchHTTP):
         since = min(r.ts for r in wanted) - CLOCK_SKEW_S
         seen: list[tuple[float, int, dict[str, Any]]] = []
         after = ""
-        while True:
+        for _ in range(MAX_LIST_PAGES):  # a list that pages on forever is read this far
             page = await self.call("GET", "/messages/batches?limit=100" + (f"&after_id={after}" if after else ""))
             data = page.get("data")
             data = [b for b in data if isinstance(b, dict)] if isinstance(data, list) else []

@@ -47,6 +47,14 @@ class BatchRecord:
     owner: str = ""  # the spool owner (process) that created it
 
 
+def _finite(number: int | float) -> bool:
+    """Whether a number is finite as a float (JSON's integers may be too large to be one)."""
+    try:
+        return math.isfinite(number)
+    except OverflowError:
+        return False
+
+
 def _wrong(line: Any) -> str:
     """What is wrong with one parsed ledger line ("" when it is what :meth:`BatchLedger.record` writes)."""
     if not isinstance(line, dict):
@@ -54,7 +62,7 @@ def _wrong(line: Any) -> str:
     if not isinstance(line.get("key"), str) or not line["key"]:
         return f"'key' must be a non-empty string, got {line.get('key')!r:.80}"
     ts = line.get("ts")
-    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not math.isfinite(ts):
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool) or not _finite(ts):
         return f"'ts' must be a number (seconds since the epoch), got {ts!r:.80}"
     for name in ("state", "task_id", "file_id", "batch_id", "status", "owner"):
         if name in line and not isinstance(line[name], str):

@@ -37,6 +37,10 @@ from orchestra.models.http_body import MAX_BODY_BYTES, read_capped
 
 #: the largest batch output (or error) file read: 50,000 answers of ~20 KiB each
 MAX_FILE_BYTES = 1 << 30
+#: pages of the provider's batch list (100 batches each) read at most when a batch whose create
+#: answer was lost is looked for: a list that pages on forever (``has_more`` always true, its
+#: cursor ignored, creation times in the future) must not hold the batcher
+MAX_LIST_PAGES = 20
 
 
 def json_lines(blob: bytes) -> list[Any]:
@@ -202,7 +206,9 @@ class BatchHTTP:
         since = min((r.ts for r in wanted), default=0.0) - 3600
         found: dict[str, dict[str, Any]] = {}
         after = ""
-        while keys - set(found):
+        for _ in range(MAX_LIST_PAGES):
+            if not keys - set(found):
+                break
             page = await self.call("GET", "/batches?limit=100" + (f"&after={after}" if after else ""))
             data = page.get("data")
             data = [b for b in data if isinstance(b, dict)] if isinstance(data, list) else []

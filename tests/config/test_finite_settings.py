@@ -299,3 +299,23 @@ def test_a_non_finite_value_in_an_aliyun_cfg_file_is_one_line(tmp_path: Path, na
     assert res.returncode == 2 and len(lines) == 1, res.stderr + res.stdout[-500:]
     assert lines[0].startswith(f"orchestra: error: {cfg}: infer.runner: {settings}: {where}: expected a finite "
                                f"number, got {value} "), lines[0]
+
+
+@pytest.mark.parametrize(("key", "extra"), [
+    ("server.startup_timeout_s", "server=dict(engine='command', model='m', command=['python', '-c', 'pass', '{port}'], "
+                                 "startup_timeout_s=10**400)"),
+    ("batch.poll_s", "batch=dict(poll_s=10**400)"),
+])
+def test_an_integer_too_large_for_a_float_is_refused_as_infinity(tmp_path: Path, key: str, extra: str) -> None:
+    """``10**400`` is an int, which the NaN/infinity check passed, yet no float holds it: every use
+    overflows.  It is one line, exit 2, as ``inf`` is.  Before: ``server.startup_timeout_s`` was a
+    bare OverflowError traceback (exit 1), and ``batch.poll_s`` planned, to overflow in the run."""
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(f"datasets = [{DATASET!r}]\n"
+                   f"models = [dict(type='OpenAIAPI', **{API!r}, {extra})]\n"
+                   f"work_dir = {str(tmp_path / 'work')!r}\n")
+    res = _cli(cfg, tmp_path / "cache")
+    lines = res.stderr.splitlines()
+    assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:] + res.stdout[-500:]
+    want = f"orchestra: error: {cfg}: models[0].{key}: expected a finite number, got inf "
+    assert lines[0].startswith(want), lines[0]

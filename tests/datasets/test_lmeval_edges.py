@@ -157,3 +157,40 @@ def test_the_planning_probe_runs_without_the_orchestrators_secrets(too_many_shot
 def test_the_docs_say_planning_runs_the_task_folders_code() -> None:
     text = " ".join((toy.REPO / "docs" / "lm-eval.md").read_text().split())
     assert "Listing or planning a task folder runs its code, as lm-eval itself does" in text
+
+
+def test_a_data_folder_lists_only_regular_files_for_the_content_key(tmp_path: Path) -> None:
+    """A data folder a task's ``dataset_kwargs`` names, holding a FIFO and a link to
+    ``/dev/zero`` beside its data: only the data is listed for the content key (before: both
+    were, and hashing them blocked the planner forever, at every plan)."""
+    import os
+
+    from orchestra.datasets.lmeval_select import _files_under, _local_paths
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "arith.jsonl").write_text('{"q": "1+1", "a": "2"}\n')
+    os.mkfifo(data / "pipe")
+    (data / "zero").symlink_to("/dev/zero")
+    listed = [f for p in _local_paths({"data_dir": str(data), "split": "test"}) for f in _files_under(p)]
+    assert listed == [str(data / "arith.jsonl")]
+    assert [f for p in _local_paths(str(data / "*")) for f in _files_under(p)] == [str(data / "arith.jsonl")]
+
+
+def test_a_data_files_glob_through_a_link_loop_ends(tmp_path: Path) -> None:
+    """``data_files: data/**/*.jsonl`` where ``data`` holds two links to itself: Python's ``**``
+    follows them (2**40 paths before ELOOP); the listing stops at MAX_GLOB_PATHS and ends (before:
+    the probe never did)."""
+    import os
+    import subprocess
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "arith.jsonl").write_text("{}\n")
+    os.symlink(".", data / "a")
+    os.symlink(".", data / "b")
+    code = ("from orchestra.datasets.lmeval_select import _local_paths\n"
+            "n = len(_local_paths({'data_files': 'data/**/*.jsonl'}))\n"
+            "assert 1 <= n <= 100_000, n\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, timeout=45, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -248,3 +248,23 @@ def test_a_spoiled_ledger_line_names_the_file_the_line_and_what_to_do(tmp_path: 
         assert f"{ledger}, line 2" in str(a) and "'yesterday'" in str(a) and "ts" in str(a), a
         assert "fix or delete that line" in str(a), a
     assert server.calls.get("create", 0) == 0 and server.calls.get("upload", 0) == 0
+
+
+def test_a_ledger_ts_too_large_for_a_float_is_the_same_one_line(tmp_path: Path) -> None:
+    """A hand edit left ``"ts": 1000...0`` (400 digits, JSON's integer, which no float holds) on
+    line 2: the same one line naming the file, the line and what to do.  Before: a bare
+    ``OverflowError: int too large to convert to float`` from the finite check itself."""
+    ledger = tmp_path / "run" / "batches" / "m.jsonl"
+    ledger.parent.mkdir(parents=True)
+    ledger.write_text(json.dumps({"ts": 1.0, "state": "submitting", "key": "k1", "custom_ids": ["x"]}) + "\n"
+                      + json.dumps({"ts": 10**400, "state": "created", "key": "k1", "batch_id": "b"}) + "\n")
+    server = Edges()
+    try:
+        answers = _ask(server, tmp_path / "run", PROMPTS, wait_s=20)
+    finally:
+        server.close()
+    for a in answers:
+        assert isinstance(a, ModelError) and "\n" not in str(a), a
+        assert f"{ledger}, line 2" in str(a) and "'ts' must be a number" in str(a), a
+        assert "fix or delete that line" in str(a), a
+    assert server.calls.get("create", 0) == 0 and server.calls.get("upload", 0) == 0

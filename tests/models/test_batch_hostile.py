@@ -79,6 +79,11 @@ class HostileBatches(AppServer):
     async def listing(self, request: web.Request) -> web.Response:
         self._count("list")
         data: list[Any] = list(reversed(self.batches.values()))
+        if "list_endless" in self.hostile:  # other clients' batches, page after page, never older
+            n = self.calls["list"]
+            return web.json_response({"object": "list", "has_more": True, "data": [
+                {"id": f"other-{n}-{i}", "object": "batch", "status": "completed", "metadata": {},
+                 "created_at": 32503680000} for i in range(100)]})
         if self._once("list_garbage"):  # entries that are no batch, or no batch of ours, first
             data = ["x", {"metadata": "not an object"}, {"id": 7, "metadata": None}, *data,
                     {"id": "old", "created_at": "yesterday"}]
@@ -87,10 +92,22 @@ class HostileBatches(AppServer):
     async def anthropic_create(self, request: web.Request) -> web.Response:
         self._count("create")
         body = await request.json()
+        if self._once("create_no_id"):
+            return web.json_response({"type": "message_batch", "processing_status": "in_progress"})
         bid = f"msgbatch_{len(self.batches)}"
         self.batches[bid] = {"id": bid, "type": "message_batch", "processing_status": "ended",
                              "requests": body["requests"]}
         return web.json_response({"id": bid, "type": "message_batch", "processing_status": "in_progress"})
+
+    async def anthropic_listing(self, request: web.Request) -> web.Response:
+        """Only ``list_endless``: other clients' message batches, page after page, created in the
+        far future, with odd ``request_counts``; the ``after_id`` cursor is not honoured."""
+        self._count("list")
+        n = self.calls["list"]
+        return web.json_response({"has_more": True, "last_id": "x", "data": [
+            {"id": f"msgbatch_other_{n}_{i}", "type": "message_batch", "processing_status": "ended",
+             "created_at": "2999-01-01T00:00:00Z", "request_counts": {"succeeded": 10**30, "odd": "x"}}
+            for i in range(100)]})
 
     async def anthropic_get(self, request: web.Request) -> web.Response:
         self._count("get")
@@ -141,6 +158,7 @@ class HostileBatches(AppServer):
         app.router.add_post("/v1/batches/{bid}/cancel", self.cancel)
         app.router.add_get("/v1/files/{fid}/content", self.content)
         app.router.add_post("/v1/messages/batches", self.anthropic_create)
+        app.router.add_get("/v1/messages/batches", self.anthropic_listing)
         app.router.add_get("/v1/messages/batches/{bid}", self.anthropic_get)
         app.router.add_get("/v1/messages/batches/{bid}/results", self.anthropic_results)
 
@@ -290,3 +308,22 @@ def test_a_key_the_provider_echoes_in_batch_rows_is_replaced(tmp_path: Path, mon
     assert isinstance(answers[2], ModelError) and "bad request from Bearer ***" in str(answers[2])
     assert all(key not in str(a) for a in answers) and key not in json.dumps(fields, default=str)
     assert [p for p in (tmp_path / "run").rglob("*") if p.is_file() and key.encode() in p.read_bytes()] == []
+
+
+@pytest.mark.parametrize("provider", ["openai", "anthropic"])
+def test_a_batch_list_that_never_ends_is_read_a_bounded_number_of_pages(tmp_path: Path, provider: str) -> None:
+    """A create whose answer is lost is looked up on the provider's batch list; a list that pages
+    on forever (other clients' batches, ``has_more`` always true, created in the far future, the
+    cursor ignored) is read at most ``MAX_LIST_PAGES`` pages: the batch counts as not created and
+    its rows go into a later batch (before: the lookup paged forever and no prompt was answered)."""
+    from orchestra.models.anthropic_api import AnthropicAPI
+    from orchestra.models.openai_batch_http import MAX_LIST_PAGES
+
+    server = HostileBatches({"create_no_id", "list_endless"})
+    try:
+        answers, _ = _ask(server, tmp_path / "run", PROMPTS, AnthropicAPI if provider == "anthropic" else OpenAIAPI)
+    finally:
+        server.close()
+    assert answers == [f"re:{p}" for p in PROMPTS], answers
+    assert server.calls["create"] == 2
+    assert 1 <= server.calls["list"] <= MAX_LIST_PAGES
