@@ -221,8 +221,9 @@ def test_a_completion_too_deep_to_parse_is_a_failed_program_not_a_failed_task(tm
 
 
 @pytest.mark.parametrize(("setting", "fragment"), [
-    ("timeout_s=float('inf')", "timeout_s must be a number > 0 and finite, got inf"),
-    ("cpu_s=float('nan')", "cpu_s must be a number > 0 and finite, got nan"),
+    # non-finite values meet the one check of every setting first (issue 35, point 7)
+    ("timeout_s=float('inf')", "evaluator.timeout_s: expected a finite number, got inf"),
+    ("cpu_s=float('nan')", "evaluator.cpu_s: expected a finite number, got nan"),
     ("isolation='docker'", "isolation: 'docker' is not valid; valid: auto, bwrap, unshare, none"),
     ("k=[1, 0]", "k must be an integer >= 1 or a list of them, got [1, 0]"),
     ("python='python3'", "python must be an absolute path, got 'python3'"),
