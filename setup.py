@@ -25,7 +25,7 @@ setup(
         # orchestra drives lm-eval's own evaluate loop and its request/metric shapes
         "lmeval": ["lm_eval==0.4.13"],
         # scipy and statsmodels: the oracles orchestra/stats.py is tested against (never imported by orchestra)
-        "test": ["pytest", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp", "openai", "anthropic",
+        "test": ["pytest", "pytest-xdist", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp", "openai", "anthropic",
                  "scipy", "statsmodels"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},

@@ -12,6 +12,71 @@ import pytest
 _LOADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers", "loader.py")
 
 
+# How pytest-xdist shares the tests out (tools/test.sh runs several workers): a unit of work is a
+# test module, whose module fixtures are then built once, or one of these groups, whose tests run
+# one after another on one worker because they share something machine-wide: the Slurm cluster
+# and the Ray clusters (their CPUs, the jobs they list), and the sandbox (its tests look for any
+# live process of the sandbox users' ids on the machine).  The controller that schedules sees test
+# ids only, so the groups are named by path; collection checks that every test marked ``slurm``
+# or ``ray`` lies in its group.
+_GROUPS = {
+    "slurm": ("tests/runners/slurm/", "tests/serving/test_slurm_replicas.py", "tests/serving/test_cluster_hostile.py",
+              "tests/e2e/test_chaos_cluster.py"),
+    "ray": ("tests/runners/ray/", "tests/serving/test_ray_replicas.py"),
+    "sandbox": ("tests/sandbox/", "tests/evaluators/test_code_", "tests/tasks/test_eval_heavy.py",
+                "tests/security/test_shared_folders.py"),
+}
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work a test belongs to: its group, or else its module."""
+    path = nodeid.split("::", 1)[0]
+    return next((name for name, paths in _GROUPS.items() if path.startswith(paths)), path)
+
+
+def _first_to_start(item: pytest.Item) -> int:
+    """Units that take long start first (the run ends when its longest unit does): the cluster
+    groups, then modules with slow tests, then the rest."""
+    unit = work_unit(item.nodeid)
+    if unit in ("slurm", "ray"):
+        return 0
+    return 1 if item.get_closest_marker("slow") is not None else 2
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        for marker in ("slurm", "ray"):
+            if item.get_closest_marker(marker) is not None and work_unit(item.nodeid) != marker:
+                raise pytest.UsageError(f"{item.nodeid} is marked {marker!r} but its module is not in "
+                                        f"tests/conftest.py's _GROUPS[{marker!r}]: add it there")
+    rank = {}
+    for item in items:  # a module ranks as its first-starting test
+        unit = work_unit(item.nodeid)
+        rank[unit] = min(rank.get(unit, 2), _first_to_start(item))
+    items.sort(key=lambda item: rank[work_unit(item.nodeid)])  # stable: collection order within a rank
+
+
+class _WorkUnits:
+    """xdist's scheduler, sharing out the units of :func:`work_unit` in collection order."""
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log: Any) -> Any:
+        from xdist.scheduler import LoadScopeScheduling
+
+        class Scheduling(LoadScopeScheduling):  # type: ignore[misc]
+            def _split_scope(self, nodeid: str) -> str:
+                return work_unit(nodeid)
+
+        config.option.loadscopereorder = False  # keep the order pytest_collection_modifyitems chose
+        return Scheduling(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(_WorkUnits(), "orchestra-work-units")
+
+
 def _server_module() -> Any:
     spec = importlib.util.spec_from_file_location("orchestra_test_server_loader", _LOADER)
     assert spec is not None and spec.loader is not None

@@ -11,6 +11,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK_TIER="not slow and not slurm and not ray"
+# pytest-xdist workers: most tests wait on processes, servers and clusters rather than compute,
+# so more workers than the 2 cores of the CI machine overlap the waits.  Tests that share
+# something machine-wide (the Slurm cluster, Ray, the sandbox) and tests whose module fixture
+# builds something run as groups, each on one worker (tests/conftest.py).
+# ORCHESTRA_TEST_WORKERS=0 runs everything in this process.
+PARALLEL=(-n "${ORCHESTRA_TEST_WORKERS:-4}")
 if [ "${1-}" = "--quick" ]; then
   shift
   if [ ! -x .venv/bin/python ]; then
@@ -22,7 +28,7 @@ if [ "${1-}" = "--quick" ]; then
   . .venv/bin/activate
   ruff check orchestra tests benchmarks tools
   mypy orchestra
-  exec python -m pytest -q --durations=30 -m "$QUICK_TIER" "$@"
+  exec python -m pytest -q --durations=30 "${PARALLEL[@]}" -m "$QUICK_TIER" "$@"
 fi
 bash tools/setup.sh
 # The report tests open report.html in headless Chromium, from Debian's packages.
@@ -39,4 +45,4 @@ bash tools/slurm_cluster.sh start
 . .venv/bin/activate
 ruff check orchestra tests benchmarks tools
 mypy orchestra
-python -m pytest -q --durations=30 "$@"
+python -m pytest -q --durations=30 "${PARALLEL[@]}" "$@"
