@@ -66,6 +66,8 @@ class DLCRunner(BaseRunner):
 
     #: managed servers need a place that holds GPUs for the whole stage and an address the tasks reach:
     #: a DLC job is one task in a container whose network address nothing here can learn or reach
+    outlives_orchestrator = True  # cloud jobs; -r adopts the ones running a task's spec, stops the rest
+    reports_infra_loss = True  # refused, stuck in a queue, preempted, lost
     serves_nowhere = ("managed servers (server=dict(...)) cannot run on DLC: a DLC job cannot host a replica "
                       "that other jobs reach (use LocalRunner, SlurmRunner or RayRunner for served models)")
 

@@ -108,6 +108,7 @@ class LocalRunner(BaseRunner, Resources):
         if reuse_workers and template is not None:
             raise ValueError("reuse_workers=True cannot be combined with a template")
         self.reuse_workers = reuse_workers
+        self.carries_exit_codes = not reuse_workers  # a warm worker answers done (0) or failed (1)
         self.gpu_sample_s = gpumon.check_period(gpu_sample_s)
 
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
