@@ -1,0 +1,50 @@
+"""The conformance suite's fixtures: the real local Slurm cluster and the DLC double, as their own
+suites make them (their conftest and helpers, loaded by path), and one harness per backend."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from contract_backends import Backend, dlc_backend, dlc_helpers, local_backends, slurm_backend, slurm_conftest
+
+slurm_cluster = slurm_conftest.slurm_cluster  # the session's cluster: reused if it answers, else started
+_no_job_outlives_its_test = slurm_conftest._no_job_outlives_its_test  # a failed test's sbatch jobs cancelled
+
+BACKENDS = [
+    pytest.param("local", id="local"),
+    pytest.param("srun", id="srun", marks=pytest.mark.slurm),
+    pytest.param("sbatch", id="sbatch", marks=pytest.mark.slurm),
+    pytest.param("dlc", id="dlc"),
+    pytest.param("example", id="example"),
+]
+
+
+@pytest.fixture
+def double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The DLC double's cloud in ``tmp_path / 'cloud'``, its ``dlc`` first on PATH (as the DLC suite's)."""
+    cloud = dlc_helpers.Double(tmp_path / "cloud")
+    monkeypatch.setenv("FAKE_DLC_STATE", str(cloud.state))
+    monkeypatch.setenv("PATH", f"{dlc_helpers.BIN}{os.pathsep}{os.environ.get('PATH', '')}")
+    yield cloud
+    cloud.kill_all()
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
+    """The backend under test, with what it needs running (the Slurm cluster, the DLC double)."""
+    name = request.param
+    if name in ("srun", "sbatch"):
+        made = slurm_backend(name, name, request.getfixturevalue("slurm_cluster"), tmp_path)
+    elif name == "dlc":
+        made = dlc_backend(request.getfixturevalue("double"), tmp_path)
+    else:
+        made = next(b for b in local_backends() if b.name == name)
+    try:
+        yield made
+    finally:
+        for undo in made.teardown:
+            undo()
