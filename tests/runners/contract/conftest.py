@@ -9,7 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from contract_backends import Backend, dlc_backend, dlc_helpers, local_backends, slurm_backend, slurm_conftest
+from contract_backends import (
+    REPO,
+    Backend,
+    dlc_backend,
+    dlc_helpers,
+    load,
+    local_backends,
+    ray_backend,
+    slurm_backend,
+    slurm_conftest,
+)
 
 slurm_cluster = slurm_conftest.slurm_cluster  # the session's cluster: reused if it answers, else started
 _no_job_outlives_its_test = slurm_conftest._no_job_outlives_its_test  # a failed test's sbatch jobs cancelled
@@ -19,8 +29,33 @@ BACKENDS = [
     pytest.param("srun", id="srun", marks=pytest.mark.slurm),
     pytest.param("sbatch", id="sbatch", marks=pytest.mark.slurm),
     pytest.param("dlc", id="dlc"),
+    pytest.param("ray", id="ray", marks=pytest.mark.ray),
     pytest.param("example", id="example"),
 ]
+
+
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[Any]:
+    """A real local Ray cluster (``tools/ray_cluster.py``, as the Ray suite's), the repository on its
+    ``PYTHONPATH`` (the suite's model); a head with no CPU, to which each test adds one node."""
+    tools = load("contract_ray_cluster", REPO / "tools" / "ray_cluster.py")
+    cluster = tools.ClusterProcess(tools.ray_env([str(REPO)]))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture
+def ray_node(ray_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """The cluster with one node of 3 CPUs for this test; no actor may be left alive after it."""
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    node = ray_cluster.add_node(cpus=3)
+    yield ray_cluster
+    left = ray_cluster.wait_no_actors()
+    ray_cluster.remove_node(node)
+    assert not left, f"actors left alive on the cluster after the test: {left}"
 
 
 @pytest.fixture
@@ -39,6 +74,8 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     name = request.param
     if name in ("srun", "sbatch"):
         made = slurm_backend(name, name, request.getfixturevalue("slurm_cluster"), tmp_path)
+    elif name == "ray":
+        made = ray_backend(request.getfixturevalue("ray_node"))
     elif name == "dlc":
         made = dlc_backend(request.getfixturevalue("double"), tmp_path)
     else:

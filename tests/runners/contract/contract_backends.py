@@ -25,6 +25,7 @@ from typing import Any
 from helpers import alive
 
 RUNNERS = Path(__file__).resolve().parents[1]
+REPO = RUNNERS.parents[1]
 
 
 def load(name: str, path: Path) -> ModuleType:
@@ -82,6 +83,9 @@ class Backend:
             cluster (srun: a preemption, a node failure); the scenario then kills the job's process
             from outside, which the backend must report as its task's failure, named.
         teardown: what to undo after the test.
+        template: the task is the shell script, as the runner's template; False: the runner
+            has no template (warm workers), the task's ``model`` does what the script does.
+        model: the model config of a task (its id, the marker folder).
     """
 
     name: str
@@ -93,12 +97,16 @@ class Backend:
     infra_after: Callable[[Path, Path], None] | None = None
     infra_inflicted: bool = True
     teardown: list[Callable[[], None]] = field(default_factory=list)
+    template: bool = True
+    model: Callable[[Path, str], dict[str, Any]] = lambda markers, task_id: {"abbr": "m"}
 
     def runner(self, markers: Path, **loop: Any) -> Any:
         cls = load_class(self.type)
         return cls(**self.kwargs(markers, **loop))
 
     def kwargs(self, markers: Path, **loop: Any) -> dict[str, Any]:
+        if not self.template:
+            return {**self.options, **loop}
         template = ["bash", "-c", script(markers), "task", "{task_id}", "{task_cmd}"]
         return {**self.options, "template": template, **loop}
 
@@ -184,3 +192,17 @@ def local_backends() -> Iterator[Backend]:
                   {"gpus": [], "kill_grace_s": 1.0}, infra_after=kill_first_run)
     yield Backend("example", "examples.subprocess_runner.SubprocessRunner",
                   {"kill_grace_s": 1.0, "poll_interval_s": 0.05}, infra_after=kill_first_run)
+
+
+def ray_backend(cluster: Any) -> Backend:
+    """RayRunner on a real local Ray cluster, through Ray Client (``ray://``: a killed orchestrator's
+    actors outlive it for the client's reconnect grace).  Infrastructure loss: the flaky task's
+    model SIGKILLs its actor in the first attempt (``contract_model.ScriptModel``)."""
+
+    def model(markers: Path, task_id: str) -> dict[str, Any]:
+        return {"type": "tests.runners.contract.contract_model.ScriptModel", "abbr": "m", "script": task_id,
+                "markers": str(markers)}
+
+    return Backend("ray", "orchestra.runners.ray.runner.RayRunner",
+                   {"address": cluster.client_address, "retry_backoff_s": 0.1, "max_num_workers": 3},
+                   lambda: [a.get("actor_id", str(a)) for a in cluster.live_actors()], template=False, model=model)

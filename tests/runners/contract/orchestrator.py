@@ -1,5 +1,5 @@
 """An orchestrator process for the conformance suite's SIGKILL scenario: it builds one runner from
-a JSON description and launches tasks on a run folder, as ``run.py`` does for one stage; started
+a JSON description and launches tasks (id -> model config) on a run folder, as ``run.py`` does for one stage; started
 again on the same run folder, the runner's ``open`` meets what the killed one left (what ``-r``
 hands a backend).  Usage: ``python orchestrator.py SPEC.json``; prints each task's end state."""
 
@@ -22,8 +22,8 @@ def main(spec_path: str) -> int:
     paths = RunPaths(spec["run"])
     paths.make_dirs()
     ctx = RunContext(paths, EventLog(paths.events))
-    tasks = [TaskSpec(stage="infer", task_id=t, run_dir=paths.root, model={"abbr": "m"}, model_abbr="m", units=())
-             for t in spec["tasks"]]
+    tasks = [TaskSpec(stage="infer", task_id=t, run_dir=paths.root, model=model, model_abbr="m", units=())
+             for t, model in spec["tasks"].items()]
     results = runner.launch(tasks, ctx)
     print(json.dumps({r.task_id: [r.state.value, r.attempts] for r in results}), flush=True)
     return 0
