@@ -86,6 +86,8 @@ class Backend:
         template: the task is the shell script, as the runner's template; False: the runner
             has no template (warm workers), the task's ``model`` does what the script does.
         model: the model config of a task (its id, the marker folder).
+        adopts: a later orchestrator adopts the jobs a killed one left (False: it stops them, or
+            they died with their orchestrator, and it starts them again).
     """
 
     name: str
@@ -98,6 +100,7 @@ class Backend:
     infra_inflicted: bool = True
     teardown: list[Callable[[], None]] = field(default_factory=list)
     template: bool = True
+    adopts: bool = False
     model: Callable[[Path, str], dict[str, Any]] = lambda markers, task_id: {"abbr": "m"}
 
     def runner(self, markers: Path, **loop: Any) -> Any:
@@ -144,7 +147,8 @@ def slurm_backend(name: str, launcher: str, cluster: Any, tmp_path: Path) -> Bac
         out = subprocess.run(["squeue", "-h", "-o", "%i|%o"], capture_output=True, text=True, timeout=30).stdout
         return [line for line in out.splitlines() if line.partition("|")[2].startswith(tag)]
 
-    backend = Backend(name, "orchestra.runners.slurm.runner.SlurmRunner", options, leftovers)
+    backend = Backend(name, "orchestra.runners.slurm.runner.SlurmRunner", options, leftovers,
+                      adopts=launcher == "sbatch")
     if launcher == "sbatch":
         partition = f"orc_contract_{uuid.uuid4().hex[:8]}"
         backend.infra_options = {"partition": partition, "submit_wait_s": 1}
@@ -184,7 +188,8 @@ def dlc_backend(double: Any, tmp_path: Path) -> Backend:
     def preempt_first() -> None:
         double.faults(rules=[{"match": "flaky0", "times": 1, "preempt_after_s": 1.0, "reason_code": "PodPreempted"}])
 
-    return Backend("dlc", "orchestra.runners.dlc.runner.DLCRunner", options, double.alive, infra_before=preempt_first)
+    return Backend("dlc", "orchestra.runners.dlc.runner.DLCRunner", options, double.alive, infra_before=preempt_first,
+                   adopts=True)
 
 
 def local_backends() -> Iterator[Backend]:
