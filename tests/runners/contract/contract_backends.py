@@ -86,6 +86,7 @@ class Backend:
         template: the task is the shell script, as the runner's template; False: the runner
             has no template (warm workers), the task's ``model`` does what the script does.
         model: the model config of a task (its id, the marker folder).
+        platform: the backend's platform holds jobs (``leftovers`` shows them while they run).
         adopts: a later orchestrator adopts the jobs a killed one left (False: it stops them, or
             they died with their orchestrator, and it starts them again).
     """
@@ -101,6 +102,7 @@ class Backend:
     teardown: list[Callable[[], None]] = field(default_factory=list)
     template: bool = True
     adopts: bool = False
+    platform: bool = False
     model: Callable[[Path, str], dict[str, Any]] = lambda markers, task_id: {"abbr": "m"}
 
     def runner(self, markers: Path, **loop: Any) -> Any:
@@ -141,14 +143,16 @@ def slurm_backend(name: str, launcher: str, cluster: Any, tmp_path: Path) -> Bac
     then takes it (the partition set up again)."""
     options = {"launcher": launcher, "partition": cluster.default_partition,
                "poll_interval_s": 0.2, "infra_retry": 3, "retry_backoff_s": 0.5}
-    tag = str(tmp_path)
+    from orchestra.runners.core.naming import run_tag
+
+    prefix = f"orc-{run_tag(str(tmp_path / 'run'))}-"  # the suite's run folder: every job's name starts so
 
     def leftovers() -> list[str]:
-        out = subprocess.run(["squeue", "-h", "-o", "%i|%o"], capture_output=True, text=True, timeout=30).stdout
-        return [line for line in out.splitlines() if line.partition("|")[2].startswith(tag)]
+        out = subprocess.run(["squeue", "-h", "-o", "%i|%j"], capture_output=True, text=True, timeout=30).stdout
+        return [line for line in out.splitlines() if line.partition("|")[2].startswith(prefix)]
 
     backend = Backend(name, "orchestra.runners.slurm.runner.SlurmRunner", options, leftovers,
-                      adopts=launcher == "sbatch")
+                      adopts=launcher == "sbatch", platform=True)
     if launcher == "sbatch":
         partition = f"orc_contract_{uuid.uuid4().hex[:8]}"
         backend.infra_options = {"partition": partition, "submit_wait_s": 1}
@@ -189,7 +193,7 @@ def dlc_backend(double: Any, tmp_path: Path) -> Backend:
         double.faults(rules=[{"match": "flaky0", "times": 1, "preempt_after_s": 1.0, "reason_code": "PodPreempted"}])
 
     return Backend("dlc", "orchestra.runners.dlc.runner.DLCRunner", options, double.alive, infra_before=preempt_first,
-                   adopts=True)
+                   adopts=True, platform=True)
 
 
 def local_backends() -> Iterator[Backend]:
@@ -210,4 +214,5 @@ def ray_backend(cluster: Any) -> Backend:
 
     return Backend("ray", "orchestra.runners.ray.runner.RayRunner",
                    {"address": cluster.client_address, "retry_backoff_s": 0.1, "max_num_workers": 3},
-                   lambda: [a.get("actor_id", str(a)) for a in cluster.live_actors()], template=False, model=model)
+                   lambda: [a.get("actor_id", str(a)) for a in cluster.live_actors()], template=False, model=model,
+                   platform=True)

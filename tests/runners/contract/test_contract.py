@@ -99,6 +99,7 @@ def test_a_stop_cancels_every_job_and_leaves_nothing_running(backend: Backend, t
     runner = backend.runner(folder, max_num_workers=3)
     thread, results = in_thread(runner, tasks(backend, ctx, "hang0", "hang1", "hang2", "ok_queued"), ctx)
     wait_for(lambda: all(pids(folder, f"hang{i}") for i in range(3)), END_S, "the three jobs running")
+    assert not backend.platform or backend.leftovers(), "the platform shows no job of the run"  # the check sees
     ctx.stop.set()  # what Ctrl-C does
     thread.join(END_S)
     assert not thread.is_alive(), "the launch did not end after the stop"
