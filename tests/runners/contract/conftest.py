@@ -37,10 +37,12 @@ BACKENDS = [
 @pytest.fixture(scope="session")
 def ray_cluster() -> Iterator[Any]:
     """A real local Ray cluster (``tools/ray_cluster.py``, as the Ray suite's), the repository on its
-    ``PYTHONPATH`` (the suite's model); a head with no CPU, to which each test adds one node."""
+    ``PYTHONPATH`` (the suite's model); a head with no CPU and one node of 3 CPUs, for the session
+    (a node costs seconds to add: the scenarios share it, each leaving no actor behind)."""
     tools = load("contract_ray_cluster", REPO / "tools" / "ray_cluster.py")
     cluster = tools.ClusterProcess(tools.ray_env([str(REPO)]))
     try:
+        cluster.add_node(cpus=3)
         yield cluster
     finally:
         cluster.stop()
@@ -48,13 +50,12 @@ def ray_cluster() -> Iterator[Any]:
 
 @pytest.fixture
 def ray_node(ray_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    """The cluster with one node of 3 CPUs for this test; no actor may be left alive after it."""
+    """The session's cluster for this test; no actor may be left alive after it."""
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    node = ray_cluster.add_node(cpus=3)
+    assert not ray_cluster.live_actors(), "an earlier test left actors on the cluster"
     yield ray_cluster
     left = ray_cluster.wait_no_actors()
-    ray_cluster.remove_node(node)
     assert not left, f"actors left alive on the cluster after the test: {left}"
 
 

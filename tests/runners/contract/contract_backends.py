@@ -86,6 +86,8 @@ class Backend:
         template: the task is the shell script, as the runner's template; False: the runner
             has no template (warm workers), the task's ``model`` does what the script does.
         model: the model config of a task (its id, the marker folder).
+        killed_options: options of the runner of the orchestrator process that the SIGKILL
+            scenario kills (and of the one after it).
         platform: the backend's platform holds jobs (``leftovers`` shows them while they run).
         adopts: a later orchestrator adopts the jobs a killed one left (False: it stops them, or
             they died with their orchestrator, and it starts them again).
@@ -103,6 +105,7 @@ class Backend:
     template: bool = True
     adopts: bool = False
     platform: bool = False
+    killed_options: dict[str, Any] = field(default_factory=dict)
     model: Callable[[Path, str], dict[str, Any]] = lambda markers, task_id: {"abbr": "m"}
 
     def runner(self, markers: Path, **loop: Any) -> Any:
@@ -204,15 +207,17 @@ def local_backends() -> Iterator[Backend]:
 
 
 def ray_backend(cluster: Any) -> Backend:
-    """RayRunner on a real local Ray cluster, through Ray Client (``ray://``: a killed orchestrator's
-    actors outlive it for the client's reconnect grace).  Infrastructure loss: the flaky task's
-    model SIGKILLs its actor in the first attempt (``contract_model.ScriptModel``)."""
+    """RayRunner on a real local Ray cluster: this process a driver of its own (the GCS address);
+    the orchestrator that the SIGKILL scenario kills through Ray Client (``ray://``: its actors
+    outlive it for the client's reconnect grace, as on a cluster one reaches from outside).
+    Infrastructure loss: the flaky task's model SIGKILLs its actor in the first attempt
+    (``contract_model.ScriptModel``)."""
 
     def model(markers: Path, task_id: str) -> dict[str, Any]:
         return {"type": "tests.runners.contract.contract_model.ScriptModel", "abbr": "m", "script": task_id,
                 "markers": str(markers)}
 
     return Backend("ray", "orchestra.runners.ray.runner.RayRunner",
-                   {"address": cluster.client_address, "retry_backoff_s": 0.1, "max_num_workers": 3},
+                   {"address": cluster.address, "retry_backoff_s": 0.1, "max_num_workers": 3},
                    lambda: [a.get("actor_id", str(a)) for a in cluster.live_actors()], template=False, model=model,
-                   platform=True)
+                   platform=True, killed_options={"address": cluster.client_address})

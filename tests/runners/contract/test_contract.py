@@ -139,7 +139,8 @@ def test_a_sigkilled_orchestrators_jobs_are_adopted_or_stopped_never_run_twice(b
     folder, ctx = markers(tmp_path), context(tmp_path)
     ids = ["gate0", "gate1"]
     spec = tmp_path / "orchestrator.json"
-    spec.write_text(json.dumps({"type": backend.type, "kwargs": backend.kwargs(folder, max_num_workers=2),
+    kwargs = backend.kwargs(folder, max_num_workers=2, **backend.killed_options)
+    spec.write_text(json.dumps({"type": backend.type, "kwargs": kwargs,
                                 "run": ctx.paths.root, "tasks": {t: backend.model(folder, t) for t in ids}}))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     argv = [sys.executable, str(HERE / "orchestrator.py"), str(spec)]
