@@ -55,7 +55,7 @@ def ray_node(ray_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     assert not ray_cluster.live_actors(), "an earlier test left actors on the cluster"
     yield ray_cluster
-    left = ray_cluster.wait_no_actors()
+    left = ray_cluster.wait_no_actors(60)  # a kill takes a moment to reach the GCS (more on a loaded machine)
     assert not left, f"actors left alive on the cluster after the test: {left}"
 
 
