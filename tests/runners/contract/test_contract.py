@@ -146,7 +146,9 @@ def test_a_sigkilled_orchestrators_jobs_are_adopted_or_stopped_never_run_twice(b
     argv = [sys.executable, str(HERE / "orchestrator.py"), str(spec)]
     first = subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        wait_for(lambda: all(pids(folder, t) for t in ids), END_S, "both jobs running")
+        # both running, and both started events written (a task may run before its event is)
+        wait_for(lambda: all(pids(folder, t) for t in ids) and len(events(ctx, "started")) == 2, END_S,
+                 "both jobs running")
     finally:
         first.kill()
         first.communicate(timeout=60)
