@@ -26,11 +26,17 @@ _GROUPS = {
     "sandbox": ("tests/sandbox/", "tests/evaluators/test_code_", "tests/tasks/test_eval_heavy.py",
                 "tests/security/test_shared_folders.py"),
 }
+# modules whose parameters go to different groups: the parameter's id names the group
+_PARAM_GROUPS = {"tests/runners/contract/": {"srun": "slurm", "sbatch": "slurm", "ray": "ray"}}
 
 
 def work_unit(nodeid: str) -> str:
     """The unit of work a test belongs to: its group, or else its module."""
     path = nodeid.split("::", 1)[0]
+    for prefix, by_param in _PARAM_GROUPS.items():
+        if path.startswith(prefix) and nodeid.endswith("]"):
+            param = nodeid[nodeid.rindex("[") + 1:-1]
+            return by_param.get(param, path)
     return next((name for name, paths in _GROUPS.items() if path.startswith(paths)), path)
 
 
