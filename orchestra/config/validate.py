@@ -160,6 +160,8 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
     if not isinstance(cfg, dict) or "type" not in cfg:
         raise ConfigError(f"{where}: a dataset is a dict with 'type', 'abbr', 'path', got {cfg!r}")
     cls = DATASETS.resolve(cfg["type"], where)
+    if "abbr" not in cfg and issubclass(cls, BaseDataset) and (abbr := cls.default_abbr(cfg)):
+        cfg = {**cfg, "abbr": abbr}
     kwargs = {k: v for k, v in cfg.items() if k != "type"}
     check_kwargs(cls, kwargs, where)
     for key, default in (("reader_cfg", READER_CFG_KEYS), ("infer_cfg", INFER_CFG_KEYS), ("eval_cfg", EVAL_CFG_KEYS)):

@@ -95,6 +95,12 @@ class BaseDataset(abc.ABC):
     #: folder, then from the config file's folder and those above it (config validation)
     path_keys: tuple[str, ...] = ("path",)
 
+    @classmethod
+    def default_abbr(cls, cfg: dict[str, Any]) -> str | None:
+        """The ``abbr`` a config without one gets (config validation fills it in), or None:
+        ``abbr`` is required.  ``LmEvalDataset`` names a dataset after its lm-eval task."""
+        return None
+
     def __init__(
         self,
         abbr: str,

@@ -50,8 +50,8 @@ class LmEvalDataset(BaseDataset):
     """An lm-eval task or group, run by orchestra and scored by lm-eval.
 
     Args:
-        abbr: short name, used in file names and the summary table.
         task: an lm-eval task or group name (``'arc_easy'``, ``'mmlu'``), as ``lm_eval --tasks``.
+        abbr: short name, used in file names and the summary table; the task's name when not given.
         num_fewshot: as ``--num_fewshot`` (None: the task's own, else 0); a task whose YAML
             sets 0 keeps 0, as in lm-eval.
         include_path: a folder (or list) of the user's task YAMLs, as ``--include_path``;
@@ -70,10 +70,16 @@ class LmEvalDataset(BaseDataset):
     scores_failed_samples = False  # lm-eval's metrics have no missing answer
     path_keys = ("path", "include_path")
 
+    @classmethod
+    def default_abbr(cls, cfg: dict[str, Any]) -> str | None:
+        """Without an ``abbr``, the dataset is named after its task (``task='mmlu'``: ``mmlu``)."""
+        task = cfg.get("task")
+        return task if isinstance(task, str) and task else None
+
     def __init__(
         self,
-        abbr: str,
         task: str,
+        abbr: str = "",
         num_fewshot: int | None = None,
         include_path: str | list[str] | None = None,
         test_range: Any = None,
@@ -86,6 +92,7 @@ class LmEvalDataset(BaseDataset):
         infer_cfg: dict[str, Any] | None = None,
         eval_cfg: dict[str, Any] | None = None,
     ) -> None:
+        abbr = abbr or (task if isinstance(task, str) else "")
         where = f"dataset {abbr}"
         if not isinstance(task, str) or not task:
             raise ConfigError(f"{where}: task={task!r}: expected an lm-eval task or group name such as 'arc_easy'")

@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from orchestra.datasets.lmeval_names import check_known
 from orchestra.datasets.lmeval_select import check_fewshot, samples_arg, select, task_inputs
 from orchestra.errors import ConfigError, TaskFailedError
 
@@ -73,6 +74,7 @@ def probe(settings: dict[str, Any]) -> dict[str, Any]:
     _quiet()
     kinds: dict[str, str] = {}
     tm = _task_manager(settings)
+    check_known(settings["task"], tm)
     sel = select(settings, tm, UNSUPPORTED_OUTPUT, kinds)
     check_fewshot(sel, settings)
     return {"tasks": sel.counts, "output_types": kinds, "inputs": task_inputs(sel, settings, tm)}
