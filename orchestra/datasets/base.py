@@ -262,6 +262,11 @@ class BaseDataset(abc.ABC):
         default = " ".join("{" + c + "}" for c in self.reader_cfg.get("input_columns", []))
         return self.infer_cfg.get("prompt_template", default)
 
+    def bind_run(self, shared_dir: str) -> None:
+        """Called by the infer task before :meth:`build_samples`: a folder of the run where the
+        shards of this dataset may keep what they would each build alike (``LmEvalDataset``:
+        lm-eval's requests).  Default: nothing."""
+
     def build_samples(self, start: int, end: int) -> list[Sample]:
         """Samples for rows ``[start, end)`` of :meth:`rows` (ids are row indices)."""
         rows = self.rows()

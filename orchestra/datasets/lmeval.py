@@ -115,6 +115,7 @@ class LmEvalDataset(BaseDataset):
         self.range = parse_range(test_range, where)
         super().__init__(abbr, path or task, {}, {}, {})
         self.task = task
+        self._shared_dir: str | None = None  # the run's folder for the requests all shards share (bind_run)
         self.settings: dict[str, Any] = {
             "task": task, "num_fewshot": num_fewshot,
             "include_path": [os.path.abspath(os.path.expanduser(p)) for p in paths],
@@ -184,13 +185,19 @@ class LmEvalDataset(BaseDataset):
         return self.all_rows()  # test_range is applied per subtask by the probe
 
     # -- inside tasks (lm_eval imported there) ------------------------------------------------
-    def build_samples(self, start: int, end: int) -> list[Sample]:
-        """Samples for documents ``[start, end)``: lm-eval's requests of each document."""
-        from orchestra.datasets.lmeval_harness import collect
+    def bind_run(self, shared_dir: str) -> None:
+        self._shared_dir = shared_dir
 
-        docs = collect(self.settings)
+    def build_samples(self, start: int, end: int) -> list[Sample]:
+        """Samples for documents ``[start, end)``: lm-eval's requests of each document, built
+        once per run for all shards when the task bound a run folder (:mod:`.lmeval_shared`)."""
+        from orchestra.datasets.lmeval_harness import collect
+        from orchestra.datasets.lmeval_shared import shared_requests
+
+        shared = self._shared_dir
+        docs = shared_requests(shared, self.settings, start, end) if shared else collect(self.settings)[start:end]
         return [Sample(id=i, kind="lmeval", gold={"task": d.task, "doc_id": d.doc_id}, calls=d.calls)
-                for i, d in enumerate(docs[start:end], start=start)]
+                for i, d in enumerate(docs, start=start)]
 
     def score(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
         """lm-eval's metrics for the recorded answers (see :func:`lmeval_harness.score`)."""
