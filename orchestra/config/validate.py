@@ -20,6 +20,7 @@ from orchestra.config.sweep import SweepInfo, expand_sweep
 from orchestra.datasets.base import BaseDataset
 from orchestra.errors import ConfigError
 from orchestra.inferencers import get_inferencer, inferencer_cfg
+from orchestra.models.base import BaseModel
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
@@ -125,6 +126,27 @@ def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], 
             raise ConfigError(
                 f"{source}: models[{i}].server.engine {spec.engine!r} returns no prompt log-probs, so it cannot "
                 f"score {what}; use engine 'vllm' or 'sglang', or a local model")
+
+
+def check_greedy(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
+    """A model that cannot report ``is_greedy`` (``scores_greedy``) cannot answer a dataset whose
+    metric reads it (an lm-eval ``output_type: loglikelihood`` task); asked only for such models,
+    after the planner's dataset facts (an lm-eval dataset's output types come with its manifest)."""
+    classes = [MODELS.resolve(m["type"], f"{source}: models") for m in models]
+    blind = [i for i, cls in enumerate(classes) if issubclass(cls, BaseModel) and not cls.scores_greedy]
+    if not blind:
+        return
+    for j, d in enumerate(datasets):
+        cls = DATASETS.resolve(d["type"], f"{source}: datasets")
+        try:
+            found = cls.needs_greedy(d) if issubclass(cls, BaseDataset) else None
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: datasets[{j}] ({d['abbr']}): {exc}") from None
+        if found:
+            i = blind[0]
+            raise ConfigError(f"{source}: models[{i}] ({models[i]['abbr']!r}, {models[i]['type'].rsplit('.', 1)[-1]}) "
+                              f"cannot report is_greedy, which {found} of datasets[{j}] ({d['abbr']!r}) needs; "
+                              "use HFCausalLM")
 
 
 def _check_served_names(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:

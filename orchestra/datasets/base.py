@@ -101,6 +101,12 @@ class BaseDataset(abc.ABC):
         ``abbr`` is required.  ``LmEvalDataset`` names a dataset after its lm-eval task."""
         return None
 
+    @classmethod
+    def needs_greedy(cls, cfg: dict[str, Any]) -> str | None:
+        """What in the dataset ``cfg`` needs a model's ``is_greedy`` (``BaseModel.scores_greedy``),
+        or None.  Asked at config time only when a model cannot report it."""
+        return None
+
     def __init__(
         self,
         abbr: str,

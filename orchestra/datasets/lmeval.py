@@ -164,6 +164,19 @@ class LmEvalDataset(BaseDataset):
                 return f"lm-eval task {name!r} (output_type {kind!r})"
         return None
 
+    @classmethod
+    def needs_greedy(cls, cfg: dict[str, Any]) -> str | None:
+        """The first subtask of ``output_type: loglikelihood`` (its metric reads ``is_greedy``:
+        LAMBADA's ``acc``), or None.  From the cached manifest of the task's files; the probe
+        runs only when they changed (its answer is kept for planning)."""
+        ds = cls(**{k: v for k, v in cfg.items() if k != "type"})
+        ds.content_key()  # the manifest (a probe only when its files changed) records the output types
+        kinds = lmeval_plan.output_kinds(lmeval_version(f"dataset {ds.abbr}"), ds.settings)
+        for name, kind in sorted((ds.output_types() if kinds is None else kinds).items()):
+            if kind == "loglikelihood":
+                return f"lm-eval task {name!r} (output_type 'loglikelihood': its acc reads is_greedy)"
+        return None
+
     def _probe(self) -> dict[str, Any]:
         """The probe subprocess's answer for these settings (once per process)."""
         lmeval_version(f"dataset {self.abbr}")

@@ -157,6 +157,14 @@ _MANIFESTS: dict[str, dict[str, Any]] = {}
 _DISK: dict[str, dict[str, Any]] = {}
 
 
+def output_kinds(version: str, settings: dict[str, Any]) -> dict[str, str] | None:
+    """Each subtask's ``output_type`` as the manifest :func:`content_key` last used for these
+    settings recorded it (None: not recorded; ask the probe).  Call it after ``content_key``."""
+    mkey = hashlib.sha256(json.dumps([version, settings], sort_keys=True).encode()).hexdigest()[:24]
+    kinds = (_MANIFESTS.get(mkey) or {}).get("kinds")
+    return dict(kinds) if isinstance(kinds, dict) else None
+
+
 def content_key(kind: str, version: str, settings: dict[str, Any], probe: Callable[[], dict[str, Any]]) -> str:
     """The content key of an lm-eval dataset: its settings, the lm-eval version, and the digests
     of the files its task reads; ``probe()`` (the probe subprocess's answer) is asked only when
@@ -168,8 +176,10 @@ def content_key(kind: str, version: str, settings: dict[str, Any], probe: Callab
         assert entry is not None
         state = [files_stamp(entry["files"]), index_stamp(settings["include_path"], entry["names"])]
     if not state or state != entry.get("state"):  # type: ignore[union-attr]
-        inputs = probe().get("inputs") or {}
-        entry = {"files": sorted(inputs.get("files", [])), "names": sorted(inputs.get("names", []))}
+        answer = probe()
+        inputs = answer.get("inputs") or {}
+        entry = {"files": sorted(inputs.get("files", [])), "names": sorted(inputs.get("names", [])),
+                 "kinds": dict(answer.get("output_types") or {})}
         state = [files_stamp(entry["files"]), index_stamp(settings["include_path"], entry["names"])]
         entry["state"] = state
         _remember(mkey, entry)
