@@ -11,7 +11,9 @@ manifest's files (their SHA-256, :mod:`orchestra.datasets.digest`) and of the YA
 declare it changes which YAML lm-eval loads).  A task is keyed on its own inputs: editing an
 unrelated task's YAML in the same folder changes nothing.  A manifest whose files changed is
 made again by a new probe before the key is computed, so the key of a task is the same in
-every run that sees the same files.
+every run that sees the same files.  The manifest also records each subtask's ``output_type``
+(:func:`output_kinds`): the config check of a model that cannot report ``is_greedy`` reads it
+instead of running the probe again.
 
 **Probe environment.**  Listing or planning a task folder runs its code (a ``!function``
 module is imported when lm-eval loads the YAML), as lm-eval itself does; the probe runs with
@@ -175,7 +177,8 @@ def content_key(kind: str, version: str, settings: dict[str, Any], probe: Callab
     if _usable(entry):
         assert entry is not None
         state = [files_stamp(entry["files"]), index_stamp(settings["include_path"], entry["names"])]
-    if not state or state != entry.get("state"):  # type: ignore[union-attr]
+    # a manifest from before output types were recorded is made again once (with them)
+    if not state or state != entry.get("state") or "kinds" not in entry:  # type: ignore[operator,union-attr]
         answer = probe()
         inputs = answer.get("inputs") or {}
         entry = {"files": sorted(inputs.get("files", [])), "names": sorted(inputs.get("names", [])),
