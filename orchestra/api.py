@@ -192,6 +192,7 @@ def _load(config: Any, cfg_options: list[str] | None, overrides: dict[str, Any])
 def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str, Any], debug: bool,
              write_cache: bool, yes: bool, edit_raw: Callable[[dict[str, Any]], None] | None) -> _Prepared:
     from orchestra.config import validate
+    from orchestra.config.validate import check_greedy
     from orchestra.datasets.info import dataset_infos
     from orchestra.serving.spec import check_judge_gpus, check_server_gpus
 
@@ -214,6 +215,7 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
 
     prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], source)
     infos = dataset_infos(cfg.datasets, source, write_cache=write_cache)
+    check_greedy(cfg.models, cfg.datasets, source)
     runners = {}
     for name, stage in cfg.stages.items():
         try:

@@ -230,6 +230,18 @@ def read_sealed_jsonl(path: str) -> tuple[dict[str, Any], list[Any]] | None:
         return None
 
 
+def read_sealed_slice(path: str, start: int, end: int) -> tuple[dict[str, Any], list[Any]] | None:
+    """``(meta, records[start:end])`` of a file written by :func:`write_sealed_jsonl` (the whole
+    file checked as :func:`read_sealed_jsonl` checks it, only the slice parsed), or None."""
+    sealed = _read_sealed(path)
+    if sealed is None:
+        return None
+    try:
+        return sealed[0], [json.loads(line) for line in sealed[1].splitlines()[start:end]]
+    except ValueError:
+        return None
+
+
 def sealed_meta(path: str) -> dict[str, Any] | None:
     """The meta of a whole sealed file (:func:`read_sealed_jsonl`'s checks), its records left
     unparsed: what deciding that 10,000 outputs are done needs."""

@@ -247,7 +247,8 @@ class ChatInferencer(Inferencer):
 class LmEvalInferencer(Inferencer):
     """lm-eval's requests of one document (built by ``LmEvalDataset``, never from a config):
     ``loglikelihood`` pairs sharing a context go to the model as one scoring request,
-    ``loglikelihood_rolling`` texts are scored from the model's start token, ``generate_until``
+    those of ``output_type: loglikelihood`` tasks (marked ``greedy``) with ``is_greedy``,
+    ``loglikelihood_rolling`` texts as the model's rolling windows, ``generate_until``
     generates with lm-eval's stop sequences.  The record keeps the requests and the answers
     in lm-eval's shapes (``[logprob, is_greedy]``, a logprob, a text) for lm-eval to score."""
 
@@ -274,44 +275,58 @@ class LmEvalInferencer(Inferencer):
                           top_p=float(kwargs.get("top_p", 1.0)) if sampled else 1.0)
 
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
-        contexts: dict[str, list[int]] = {}  # context -> indices of its loglikelihood calls
+        # (context, is_greedy asked) -> indices of its loglikelihood calls
+        contexts: dict[tuple[str, bool], list[int]] = {}
         jobs: list[Any] = []
         slots: list[tuple[int, int]] = []  # (job, position in the job's answer) per call
         for i, call in enumerate(sample.calls):
             kind, args = call["type"], call["args"]
             if kind == "loglikelihood":
-                if args[0] not in contexts:
-                    contexts[args[0]] = []
-                contexts[args[0]].append(i)
+                contexts.setdefault((args[0], bool(call.get("greedy"))), []).append(i)
                 slots.append((-1, 0))
             elif kind == "loglikelihood_rolling":
                 slots.append((len(jobs), 0))
-                jobs.append(_checked_logliks(model, LoglikRequest(context="", continuations=(args[0],)), sample))
+                jobs.append(_checked_rolling(model, args[0], sample))
             elif kind == "generate_until":
                 slots.append((len(jobs), -1))
                 jobs.append(_checked_text(model, self._gen(args), sample))
             else:
                 raise ValueError(f"sample {sample.id}: lm-eval request type {kind!r} is not supported")
-        for ctx, members in contexts.items():
+        for (ctx, greedy), members in contexts.items():
             conts = tuple(sample.calls[i]["args"][1] for i in members)
             for pos, i in enumerate(members):
                 slots[i] = (len(jobs), pos)
-            jobs.append(_checked_logliks(model, LoglikRequest(context=ctx, continuations=conts), sample))
+            request = LoglikRequest(context=ctx, continuations=conts)
+            jobs.append(_checked_greedy(model, request, sample) if greedy else _checked_logliks(model, request, sample))
         answers = await asyncio.gather(*jobs)
         responses: list[Any] = []
         for call, (job, pos) in zip(sample.calls, slots, strict=True):
-            if call["type"] == "generate_until":
-                responses.append(answers[job])
-            elif call["type"] == "loglikelihood":
-                responses.append([answers[job][pos], False])
+            if call["type"] == "loglikelihood":
+                answer = answers[job][pos]
+                responses.append(list(answer) if isinstance(answer, tuple) else [answer, False])
             else:
-                responses.append(answers[job][0])
+                responses.append(answers[job])
         return {"id": sample.id, "gold": sample.gold, "calls": sample.calls, "responses": responses,
                 "prediction": responses}
 
 
 async def _checked_logliks(model: BaseModel, request: LoglikRequest, sample: Sample) -> list[float]:
     return _logliks(await model.loglikelihood(request), len(request.continuations), sample)
+
+
+async def _checked_greedy(model: BaseModel, request: LoglikRequest, sample: Sample) -> list[tuple[float, bool]]:
+    """``(log-likelihood, is greedy)`` per continuation, each checked as :func:`_logliks` checks one."""
+    answer = await model.loglikelihood_greedy(request)
+    if not isinstance(answer, list) or not all(isinstance(a, tuple) and len(a) == 2 for a in answer):
+        raise ValueError(f"sample {sample.id}: the model answered {type(answer).__name__}, not (log-likelihood, "
+                         "is greedy) pairs")
+    values = _logliks([a[0] for a in answer], len(request.continuations), sample)
+    return [(v, bool(a[1])) for v, a in zip(values, answer, strict=True)]
+
+
+async def _checked_rolling(model: BaseModel, text: str, sample: Sample) -> float:
+    request = LoglikRequest(context="", continuations=(text,))
+    return _logliks(await model.loglikelihood_rolling(request), 1, sample)[0]
 
 
 async def _checked_text(model: BaseModel, request: GenRequest, sample: Sample) -> str:

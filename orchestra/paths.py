@@ -97,6 +97,12 @@ class RunPaths:
         """Managed servers: ``ledger.jsonl``, and per model ``replicas.json`` and the replicas' logs."""
         return os.path.join(self.root, "servers")
 
+    @property
+    def shared(self) -> str:
+        """What a dataset builds once for all its shards in this run (lm-eval's requests:
+        ``datasets/lmeval_shared.py``), read by every infer task of the dataset."""
+        return os.path.join(self.root, "shared")
+
     def batch_ledger(self, model_abbr: str) -> str:
         """Batch mode's record of every provider batch of one model (id, the requests it holds)."""
         return os.path.join(self.root, "batches", f"{safe_name(model_abbr)}.jsonl")

@@ -20,6 +20,7 @@ from orchestra.config.sweep import SweepInfo, expand_sweep
 from orchestra.datasets.base import BaseDataset
 from orchestra.errors import ConfigError
 from orchestra.inferencers import get_inferencer, inferencer_cfg
+from orchestra.models.base import BaseModel
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
 
@@ -127,6 +128,27 @@ def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], 
                 f"score {what}; use engine 'vllm' or 'sglang', or a local model")
 
 
+def check_greedy(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
+    """A model that cannot report ``is_greedy`` (``scores_greedy``) cannot answer a dataset whose
+    metric reads it (an lm-eval ``output_type: loglikelihood`` task); asked only for such models,
+    after the planner's dataset facts (an lm-eval dataset's output types come with its manifest)."""
+    classes = [MODELS.resolve(m["type"], f"{source}: models") for m in models]
+    blind = [i for i, cls in enumerate(classes) if issubclass(cls, BaseModel) and not cls.scores_greedy]
+    if not blind:
+        return
+    for j, d in enumerate(datasets):
+        cls = DATASETS.resolve(d["type"], f"{source}: datasets")
+        try:
+            found = cls.needs_greedy(d) if issubclass(cls, BaseDataset) else None
+        except ConfigError as exc:
+            raise ConfigError(f"{source}: datasets[{j}] ({d['abbr']}): {exc}") from None
+        if found:
+            i = blind[0]
+            raise ConfigError(f"{source}: models[{i}] ({models[i]['abbr']!r}, {models[i]['type'].rsplit('.', 1)[-1]}) "
+                              f"cannot report is_greedy, which {found} of datasets[{j}] ({d['abbr']!r}) needs; "
+                              "use HFCausalLM")
+
+
 def _check_served_names(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
     """Served models share one replica set per abbr and stage (``servers/<abbr>/``): judges of
     one abbr must be the same server serving the same name, and no judge may take the abbr of a
@@ -160,6 +182,8 @@ def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]
     if not isinstance(cfg, dict) or "type" not in cfg:
         raise ConfigError(f"{where}: a dataset is a dict with 'type', 'abbr', 'path', got {cfg!r}")
     cls = DATASETS.resolve(cfg["type"], where)
+    if "abbr" not in cfg and issubclass(cls, BaseDataset) and (abbr := cls.default_abbr(cfg)):
+        cfg = {**cfg, "abbr": abbr}
     kwargs = {k: v for k, v in cfg.items() if k != "type"}
     check_kwargs(cls, kwargs, where)
     for key, default in (("reader_cfg", READER_CFG_KEYS), ("infer_cfg", INFER_CFG_KEYS), ("eval_cfg", EVAL_CFG_KEYS)):

@@ -95,6 +95,18 @@ class BaseDataset(abc.ABC):
     #: folder, then from the config file's folder and those above it (config validation)
     path_keys: tuple[str, ...] = ("path",)
 
+    @classmethod
+    def default_abbr(cls, cfg: dict[str, Any]) -> str | None:
+        """The ``abbr`` a config without one gets (config validation fills it in), or None:
+        ``abbr`` is required.  ``LmEvalDataset`` names a dataset after its lm-eval task."""
+        return None
+
+    @classmethod
+    def needs_greedy(cls, cfg: dict[str, Any]) -> str | None:
+        """What in the dataset ``cfg`` needs a model's ``is_greedy`` (``BaseModel.scores_greedy``),
+        or None.  Asked at config time only when a model cannot report it."""
+        return None
+
     def __init__(
         self,
         abbr: str,
@@ -255,6 +267,11 @@ class BaseDataset(abc.ABC):
     def _prompt_template(self) -> Any:
         default = " ".join("{" + c + "}" for c in self.reader_cfg.get("input_columns", []))
         return self.infer_cfg.get("prompt_template", default)
+
+    def bind_run(self, shared_dir: str) -> None:
+        """Called by the infer task before :meth:`build_samples`: a folder of the run where the
+        shards of this dataset may keep what they would each build alike (``LmEvalDataset``:
+        lm-eval's requests).  Default: nothing."""
 
     def build_samples(self, start: int, end: int) -> list[Sample]:
         """Samples for rows ``[start, end)`` of :meth:`rows` (ids are row indices)."""

@@ -50,8 +50,8 @@ class LmEvalDataset(BaseDataset):
     """An lm-eval task or group, run by orchestra and scored by lm-eval.
 
     Args:
-        abbr: short name, used in file names and the summary table.
         task: an lm-eval task or group name (``'arc_easy'``, ``'mmlu'``), as ``lm_eval --tasks``.
+        abbr: short name, used in file names and the summary table; the task's name when not given.
         num_fewshot: as ``--num_fewshot`` (None: the task's own, else 0); a task whose YAML
             sets 0 keeps 0, as in lm-eval.
         include_path: a folder (or list) of the user's task YAMLs, as ``--include_path``;
@@ -70,10 +70,16 @@ class LmEvalDataset(BaseDataset):
     scores_failed_samples = False  # lm-eval's metrics have no missing answer
     path_keys = ("path", "include_path")
 
+    @classmethod
+    def default_abbr(cls, cfg: dict[str, Any]) -> str | None:
+        """Without an ``abbr``, the dataset is named after its task (``task='mmlu'``: ``mmlu``)."""
+        task = cfg.get("task")
+        return task if isinstance(task, str) and task else None
+
     def __init__(
         self,
-        abbr: str,
         task: str,
+        abbr: str = "",
         num_fewshot: int | None = None,
         include_path: str | list[str] | None = None,
         test_range: Any = None,
@@ -86,6 +92,7 @@ class LmEvalDataset(BaseDataset):
         infer_cfg: dict[str, Any] | None = None,
         eval_cfg: dict[str, Any] | None = None,
     ) -> None:
+        abbr = abbr or (task if isinstance(task, str) else "")
         where = f"dataset {abbr}"
         if not isinstance(task, str) or not task:
             raise ConfigError(f"{where}: task={task!r}: expected an lm-eval task or group name such as 'arc_easy'")
@@ -108,6 +115,7 @@ class LmEvalDataset(BaseDataset):
         self.range = parse_range(test_range, where)
         super().__init__(abbr, path or task, {}, {}, {})
         self.task = task
+        self._shared_dir: str | None = None  # the run's folder for the requests all shards share (bind_run)
         self.settings: dict[str, Any] = {
             "task": task, "num_fewshot": num_fewshot,
             "include_path": [os.path.abspath(os.path.expanduser(p)) for p in paths],
@@ -156,6 +164,19 @@ class LmEvalDataset(BaseDataset):
                 return f"lm-eval task {name!r} (output_type {kind!r})"
         return None
 
+    @classmethod
+    def needs_greedy(cls, cfg: dict[str, Any]) -> str | None:
+        """The first subtask of ``output_type: loglikelihood`` (its metric reads ``is_greedy``:
+        LAMBADA's ``acc``), or None.  From the cached manifest of the task's files; the probe
+        runs only when they changed (its answer is kept for planning)."""
+        ds = cls(**{k: v for k, v in cfg.items() if k != "type"})
+        ds.content_key()  # the manifest (a probe only when its files changed) records the output types
+        kinds = lmeval_plan.output_kinds(lmeval_version(f"dataset {ds.abbr}"), ds.settings)
+        for name, kind in sorted((ds.output_types() if kinds is None else kinds).items()):
+            if kind == "loglikelihood":
+                return f"lm-eval task {name!r} (output_type 'loglikelihood': its acc reads is_greedy)"
+        return None
+
     def _probe(self) -> dict[str, Any]:
         """The probe subprocess's answer for these settings (once per process)."""
         lmeval_version(f"dataset {self.abbr}")
@@ -177,13 +198,19 @@ class LmEvalDataset(BaseDataset):
         return self.all_rows()  # test_range is applied per subtask by the probe
 
     # -- inside tasks (lm_eval imported there) ------------------------------------------------
-    def build_samples(self, start: int, end: int) -> list[Sample]:
-        """Samples for documents ``[start, end)``: lm-eval's requests of each document."""
-        from orchestra.datasets.lmeval_harness import collect
+    def bind_run(self, shared_dir: str) -> None:
+        self._shared_dir = shared_dir
 
-        docs = collect(self.settings)
+    def build_samples(self, start: int, end: int) -> list[Sample]:
+        """Samples for documents ``[start, end)``: lm-eval's requests of each document, built
+        once per run for all shards when the task bound a run folder (:mod:`.lmeval_shared`)."""
+        from orchestra.datasets.lmeval_harness import collect
+        from orchestra.datasets.lmeval_shared import shared_requests
+
+        shared = self._shared_dir
+        docs = shared_requests(shared, self.settings, start, end) if shared else collect(self.settings)[start:end]
         return [Sample(id=i, kind="lmeval", gold={"task": d.task, "doc_id": d.doc_id}, calls=d.calls)
-                for i, d in enumerate(docs[start:end], start=start)]
+                for i, d in enumerate(docs, start=start)]
 
     def score(self, records: list[dict[str, Any]]) -> tuple[dict[str, float], list[dict[str, Any]], dict[str, Any]]:
         """lm-eval's metrics for the recorded answers (see :func:`lmeval_harness.score`)."""

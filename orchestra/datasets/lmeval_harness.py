@@ -25,14 +25,16 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from orchestra.datasets.lmeval_names import check_known
 from orchestra.datasets.lmeval_select import check_fewshot, samples_arg, select, task_inputs
 from orchestra.errors import ConfigError, TaskFailedError
 
-#: lm-eval's request types orchestra can answer, and the one it cannot (is_greedy is not
-#: computed by orchestra's models).
+#: lm-eval's request types orchestra can answer; output types it cannot (none left: a
+#: ``loglikelihood`` task's ``is_greedy`` is asked of models that report it, see :func:`collect`)
 SUPPORTED = ("loglikelihood", "loglikelihood_rolling", "generate_until")
-UNSUPPORTED_OUTPUT = {"loglikelihood": "output_type 'loglikelihood' needs is_greedy, which orchestra's models "
-                                       "do not report"}
+UNSUPPORTED_OUTPUT: dict[str, str] = {}
+#: the output type whose requests need ``is_greedy`` (LAMBADA's ``acc``)
+GREEDY_OUTPUT = "loglikelihood"
 #: simple_evaluate's defaults for the random seeds (lm_eval's --seed 0,1234,1234,1234)
 SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234, "fewshot_random_seed": 1234}
 
@@ -73,18 +75,21 @@ def probe(settings: dict[str, Any]) -> dict[str, Any]:
     _quiet()
     kinds: dict[str, str] = {}
     tm = _task_manager(settings)
+    check_known(settings["task"], tm)
     sel = select(settings, tm, UNSUPPORTED_OUTPUT, kinds)
     check_fewshot(sel, settings)
     return {"tasks": sel.counts, "output_types": kinds, "inputs": task_inputs(sel, settings, tm)}
 
 
-def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int) -> tuple[dict[str, Any], list[tuple[str, int]]]:
+def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int, kinds: dict[str, str] | None = None
+         ) -> tuple[dict[str, Any], list[tuple[str, int]]]:
     """simple_evaluate on ``lm`` as ``lm_eval`` runs it, on the documents in range (subtasks
-    with none left out); its results and the documents per subtask in row order."""
+    with none left out); its results and the documents per subtask in row order.  ``kinds``
+    gets each subtask's ``output_type`` before lm-eval asks ``lm`` anything."""
     from lm_eval.evaluator import simple_evaluate
 
     tm = _task_manager(settings)
-    sel = select(settings, tm, UNSUPPORTED_OUTPUT)
+    sel = select(settings, tm, UNSUPPORTED_OUTPUT, kinds)
     if not sel.items:
         raise TaskFailedError(f"lm-eval task {settings['task']}: test_range {settings['test_range']} selects no "
                               "documents")
@@ -134,14 +139,17 @@ def collect(settings: dict[str, Any]) -> list[DocRequests]:
         return _COLLECTED[key]
     _quiet()
     seen: dict[tuple[str, int], list[dict[str, Any]]] = defaultdict(list)
+    kinds: dict[str, str] = {}
 
     def record(kind: str, instances: list[Any]) -> list[Any]:
         for inst in instances:
-            seen[(inst.task_name, int(inst.doc_id))].append(
-                {"type": kind, "args": json.loads(json.dumps(list(inst.args))), "idx": int(inst.idx)})
+            call = {"type": kind, "args": json.loads(json.dumps(list(inst.args))), "idx": int(inst.idx)}
+            if kind == "loglikelihood" and kinds.get(inst.task_name) == GREEDY_OUTPUT:
+                call["greedy"] = True  # its metric reads is_greedy: ask the model for it
+            seen[(inst.task_name, int(inst.doc_id))].append(call)
         return [_PLACEHOLDER[kind]] * len(instances)
 
-    _, counts = _run(settings, _lm_class()(record), bootstrap_iters=0)
+    _, counts = _run(settings, _lm_class()(record), bootstrap_iters=0, kinds=kinds)
     docs: list[DocRequests] = []
     for name, n in counts:
         for doc_id in range(n):

@@ -11,7 +11,9 @@ manifest's files (their SHA-256, :mod:`orchestra.datasets.digest`) and of the YA
 declare it changes which YAML lm-eval loads).  A task is keyed on its own inputs: editing an
 unrelated task's YAML in the same folder changes nothing.  A manifest whose files changed is
 made again by a new probe before the key is computed, so the key of a task is the same in
-every run that sees the same files.
+every run that sees the same files.  The manifest also records each subtask's ``output_type``
+(:func:`output_kinds`): the config check of a model that cannot report ``is_greedy`` reads it
+instead of running the probe again.
 
 **Probe environment.**  Listing or planning a task folder runs its code (a ``!function``
 module is imported when lm-eval loads the YAML), as lm-eval itself does; the probe runs with
@@ -157,6 +159,14 @@ _MANIFESTS: dict[str, dict[str, Any]] = {}
 _DISK: dict[str, dict[str, Any]] = {}
 
 
+def output_kinds(version: str, settings: dict[str, Any]) -> dict[str, str] | None:
+    """Each subtask's ``output_type`` as the manifest :func:`content_key` last used for these
+    settings recorded it (None: not recorded; ask the probe).  Call it after ``content_key``."""
+    mkey = hashlib.sha256(json.dumps([version, settings], sort_keys=True).encode()).hexdigest()[:24]
+    kinds = (_MANIFESTS.get(mkey) or {}).get("kinds")
+    return dict(kinds) if isinstance(kinds, dict) else None
+
+
 def content_key(kind: str, version: str, settings: dict[str, Any], probe: Callable[[], dict[str, Any]]) -> str:
     """The content key of an lm-eval dataset: its settings, the lm-eval version, and the digests
     of the files its task reads; ``probe()`` (the probe subprocess's answer) is asked only when
@@ -167,9 +177,12 @@ def content_key(kind: str, version: str, settings: dict[str, Any], probe: Callab
     if _usable(entry):
         assert entry is not None
         state = [files_stamp(entry["files"]), index_stamp(settings["include_path"], entry["names"])]
-    if not state or state != entry.get("state"):  # type: ignore[union-attr]
-        inputs = probe().get("inputs") or {}
-        entry = {"files": sorted(inputs.get("files", [])), "names": sorted(inputs.get("names", []))}
+    # a manifest from before output types were recorded is made again once (with them)
+    if not state or state != entry.get("state") or "kinds" not in entry:  # type: ignore[operator,union-attr]
+        answer = probe()
+        inputs = answer.get("inputs") or {}
+        entry = {"files": sorted(inputs.get("files", [])), "names": sorted(inputs.get("names", [])),
+                 "kinds": dict(answer.get("output_types") or {})}
         state = [files_stamp(entry["files"]), index_stamp(settings["include_path"], entry["names"])]
         entry["state"] = state
         _remember(mkey, entry)

@@ -15,7 +15,7 @@ import abc
 import asyncio
 import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -82,6 +82,9 @@ class BaseModel(abc.ABC):
     #: Seconds a task may take, after SIGTERM, to stop what this model started elsewhere
     #: (batch mode cancels its batches); after that the task process exits regardless.
     stop_grace_s: float = 0.0
+    #: whether :meth:`loglikelihood_greedy` answers (a config whose dataset needs ``is_greedy``
+    #: is refused for a model that cannot)
+    scores_greedy: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -135,6 +138,20 @@ class BaseModel(abc.ABC):
     @abc.abstractmethod
     async def loglikelihood(self, request: LoglikRequest) -> list[float]:
         """Return one summed log-probability per continuation, in order."""
+
+    async def loglikelihood_greedy(self, request: LoglikRequest) -> list[tuple[float, bool]]:
+        """One ``(summed log-probability, is greedy)`` per continuation, in order: greedy when each
+        of its tokens is the model's most likely next token (lm-eval's ``is_greedy``, LAMBADA's
+        ``acc``).  A model that can tell sets :attr:`scores_greedy`; default: ``ModelError``."""
+        raise ModelError(f"model {self.abbr}: {type(self).__name__} does not report whether a continuation is the "
+                         "greedy one (is_greedy)")
+
+    async def loglikelihood_rolling(self, request: LoglikRequest) -> list[float]:
+        """The log-likelihood of each continuation of ``request`` (empty context) as a whole text
+        from the model's start token (lm-eval's ``loglikelihood_rolling``).  Default:
+        :meth:`loglikelihood`, which cuts a long text to its last tokens; ``HFCausalLM`` scores
+        lm-eval's rolling windows."""
+        return await self.loglikelihood(request)
 
     def max_concurrency(self) -> int:
         """How many calls the engine should keep in flight at once for this model."""
@@ -229,6 +246,12 @@ class BatchedModel(BaseModel):
         self._ll = _Batcher[LoglikRequest, list[float]](
             self.loglikelihood_batch, lambda: self.requests_per_batch("loglik"), lock
         )
+        self._greedy = _Batcher[LoglikRequest, list[tuple[float, bool]]](
+            self.loglikelihood_greedy_batch, lambda: self.requests_per_batch("loglik"), lock
+        )
+        self._rolling = _Batcher[LoglikRequest, list[float]](
+            self.loglikelihood_rolling_batch, lambda: self.requests_per_batch("loglik"), lock
+        )
 
     def requests_per_batch(self, kind: str) -> int:
         """How many queued requests of ``kind`` (``'gen'`` or ``'loglik'``) one batch call
@@ -242,6 +265,32 @@ class BatchedModel(BaseModel):
     @abc.abstractmethod
     def loglikelihood_batch(self, requests: list[LoglikRequest]) -> list[list[float]]:
         """Score a batch of requests; one list of floats per request."""
+
+    def loglikelihood_greedy_batch(self, requests: list[LoglikRequest]) -> list[list[tuple[float, bool]]]:
+        """:meth:`loglikelihood_greedy` for a batch (models with :attr:`scores_greedy`)."""
+        raise ModelError(f"model {self.abbr}: {type(self).__name__} does not report whether a continuation is the "
+                         "greedy one (is_greedy)")
+
+    def loglikelihood_rolling_batch(self, requests: list[LoglikRequest]) -> list[list[float]]:
+        """:meth:`loglikelihood_rolling` for a batch: each request's one continuation is a whole
+        text (empty context).  Default: :meth:`loglikelihood_batch`."""
+        return self.loglikelihood_batch(requests)
+
+    async def loglikelihood_greedy(self, request: LoglikRequest) -> list[tuple[float, bool]]:
+        if not self.scores_greedy:
+            return await super().loglikelihood_greedy(request)
+        return await self._counted(self._greedy.submit(request))
+
+    async def loglikelihood_rolling(self, request: LoglikRequest) -> list[float]:
+        return await self._counted(self._rolling.submit(request))
+
+    async def _counted(self, call: Awaitable[Res]) -> Res:
+        self.stats.in_flight += 1
+        try:
+            return await call
+        finally:
+            self.stats.in_flight -= 1
+            self.stats.done += 1
 
     async def generate(self, request: GenRequest) -> str:
         self.stats.in_flight += 1

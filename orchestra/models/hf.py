@@ -22,14 +22,13 @@ from orchestra.models.base import BatchedModel
 from orchestra.models.hf_common import (
     check_local_model_args,
     encode,
-    loglik_rows,
-    loglik_scores,
     render_prompt,
     resolve_source,
     truncate_at_stop,
 )
 from orchestra.models.hf_generate import cut_batches, generate_rounds, kv_bytes_per_token
 from orchestra.models.hf_load import LoadedLM, load_causal_lm
+from orchestra.models.hf_loglik import greedy_batch, rolling_batch, score_batch
 from orchestra.models.hf_score import LoglikScorer, is_oom
 from orchestra.requests import GenRequest, LoglikRequest
 
@@ -92,6 +91,7 @@ class HFCausalLM(BatchedModel):
     """
 
     validate_by_construction = True
+    scores_greedy = True
     speed_keys = BatchedModel.speed_keys | {"num_threads", "cache_dir", "max_batch_tokens", "kv_cache_gb"}
 
     @classmethod
@@ -354,29 +354,26 @@ class HFCausalLM(BatchedModel):
         return max(self.batch_size, budget // 16)
 
     def loglikelihood_batch(self, requests: list[LoglikRequest]) -> list[list[float]]:
+        lm, scorer = self._scoring()
+        return score_batch(lm, scorer, requests, self.use_chat_template, lm.max_len(self.max_seq_len),
+                           self._loglik_chunk(lm), self._count_tokens)
+
+    def loglikelihood_greedy_batch(self, requests: list[LoglikRequest]) -> list[list[tuple[float, bool]]]:
+        lm, scorer = self._scoring()
+        return greedy_batch(lm, scorer, requests, self.use_chat_template, lm.max_len(self.max_seq_len),
+                            self._count_tokens)
+
+    def loglikelihood_rolling_batch(self, requests: list[LoglikRequest]) -> list[list[float]]:
+        """Whole texts in lm-eval's rolling windows of ``max_seq_len`` tokens (the model's
+        ``max_position_embeddings`` when unset), as ``lm_eval --model hf`` with that ``max_length``."""
+        lm, scorer = self._scoring()
+        return rolling_batch(lm, scorer, requests, lm.max_len(self.max_seq_len), self._count_tokens)
+
+    def _scoring(self) -> tuple[LoadedLM, LoglikScorer]:
         lm = self._loaded()
         lm.apply_threads()
         assert self._scorer is not None
-        max_len = lm.max_len(self.max_seq_len)
-        chunk = self._loglik_chunk(lm)
-        if chunk is None:
-            rows = loglik_rows(lm.tokenizer, requests, self.use_chat_template, max_len)
-            self._count_tokens(sum(len(row.ids) for row in rows), 0)
-            return loglik_scores(requests, rows, self._scorer.score(rows))
-        # In chunks: the host tokenises and plans chunk k+1 while the GPU runs chunk k's
-        # passes, and the values are read back once.
-        parts = [requests[i : i + chunk] for i in range(0, len(requests), chunk)]
-        row_lists, launched = [], []
-        for part in parts:
-            rows = loglik_rows(lm.tokenizer, part, self.use_chat_template, max_len)
-            row_lists.append(rows)
-            launched.append(self._scorer.launch(rows))
-        values = self._scorer.collect(launched)
-        out: list[list[float]] = []
-        for part, rows, vals in zip(parts, row_lists, values):
-            out.extend(loglik_scores(part, rows, vals))
-            self._count_tokens(sum(len(row.ids) for row in rows), 0)
-        return out
+        return lm, self._scorer
 
     def _loglik_chunk(self, lm: LoadedLM) -> int | None:
         """Requests per chunk of a log-likelihood batch: on CUDA, where passes run while the

@@ -100,11 +100,24 @@ class LoglikScorer:
         flat = iter(torch.cat(list(launched)).tolist()) if launched else iter(())
         return [[float(next(flat)) for _ in range(t.shape[0])] for t in launched]
 
+    def score_greedy(self, rows: Sequence[LoglikRow]) -> list[tuple[float, bool]]:
+        """Each row's summed log-probability, and whether each of its scored tokens is the
+        model's argmax at its position (lm-eval's ``is_greedy``), in order."""
+        if not rows:
+            return []
+        if not self._checked:
+            self._checked = True
+            self._check()
+        misses = self.lm.torch.zeros(len(rows), dtype=self.lm.torch.long, device=self.lm.input_device)
+        values = self._launch(rows, self.packed, misses).tolist()
+        return [(float(v), int(m) == 0) for v, m in zip(values, misses.tolist(), strict=True)]
+
     def _score(self, rows: Sequence[LoglikRow], packed: bool) -> list[float]:
         return [float(v) for v in self._launch(rows, packed).tolist()]
 
-    def _launch(self, rows: Sequence[LoglikRow], packed: bool) -> Any:
-        """Queue the passes that score ``rows``; the values land in the returned tensor."""
+    def _launch(self, rows: Sequence[LoglikRow], packed: bool, misses: Any = None) -> Any:
+        """Queue the passes that score ``rows``; the values land in the returned tensor, and
+        (with ``misses``) each row's count of scored tokens that are not the argmax in ``misses``."""
         torch = self.lm.torch
         total = torch.zeros(len(rows), dtype=torch.float64, device=self.lm.input_device)
         pad = int(self.lm.tokenizer.pad_token_id)
@@ -113,7 +126,7 @@ class LoglikScorer:
         while todo:
             batch = todo.popleft()
             try:
-                self._forward(batch, total)
+                self._forward(batch, total, misses)
             except Exception as exc:
                 if not is_oom(exc):
                     raise
@@ -151,7 +164,7 @@ class LoglikScorer:
             torch.cuda.empty_cache()
 
     # -- one forward pass --------------------------------------------------------------------
-    def _forward(self, batch: PackedBatch, total: Any) -> None:
+    def _forward(self, batch: PackedBatch, total: Any, misses: Any = None) -> None:
         torch = self.lm.torch
         dev = self.lm.input_device
 
@@ -183,6 +196,9 @@ class LoglikScorer:
                 target = targets[lo:hi].unsqueeze(1)
                 logprobs = logits.gather(1, target).squeeze(1) - torch.logsumexp(logits, dim=-1)
                 total.index_add_(0, slots[lo:hi], logprobs.to(total.dtype))
+                if misses is not None:
+                    missed = (logits.argmax(dim=-1) != targets[lo:hi]).long()
+                    misses.index_add_(0, slots[lo:hi], missed)
 
     def _block_mask(self, segment: Any, branch: Any) -> Any:
         """(rows, 1, width, width), on the model's device: each token sees itself, and

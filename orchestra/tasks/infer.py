@@ -83,7 +83,9 @@ async def _run_units(spec: TaskSpec) -> None:
             if output_done(unit.output, unit.hash):
                 print(f"[{spec.task_id}] {unit.name}: already done", flush=True)
                 continue
-            samples = build_dataset(unit.dataset).build_samples(unit.start, unit.end)
+            dataset = build_dataset(unit.dataset)
+            dataset.bind_run(paths.shared)
+            samples = dataset.build_samples(unit.start, unit.end)
             ckpt = Checkpoint(paths.checkpoint(unit.output), unit.hash)  # the writer's lock (waits a while)
             if output_done(unit.output, unit.hash):  # sealed by the earlier attempt whose end it waited for
                 ckpt.close()

@@ -102,3 +102,21 @@ def test_numpy_floats_are_log_likelihoods_too() -> None:
     record = run(Bent("numpy", abbr="det"), CALLS)
     assert record["responses"] == [[0.0, False], [-3.0, False], -9.0, "5", [-4.0, False]]
     assert all(type(r[0]) is float for r in record["responses"] if isinstance(r, list))
+
+
+class Greedy(Counting):
+    """The deterministic model, reporting is_greedy: a continuation is greedy when it scores 0."""
+
+    scores_greedy = True
+
+    def loglikelihood_greedy_batch(self, requests: list[LoglikRequest]) -> list[list[tuple[float, bool]]]:
+        return [[(v, v == 0.0) for v in values] for values in self.loglikelihood_batch(requests)]
+
+
+def test_calls_marked_greedy_are_answered_with_the_models_is_greedy() -> None:
+    calls = [{**c, "greedy": True} if c["type"] == "loglikelihood" else c for c in CALLS]
+    record = run(Greedy(abbr="det"), calls)
+    assert record["responses"] == [[0.0, True], [-3.0, False], -9.0, "5", [-4.0, False]]
+    # a model that cannot tell fails the sample (the config check refuses such a dataset earlier)
+    with pytest.raises(Exception, match="does not report whether a continuation is the greedy one"):
+        run(DeterministicModel(abbr="det"), calls)
