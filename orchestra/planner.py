@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,7 +109,7 @@ def _dataset_plans(infos: list[DatasetInfo], infer: BasePartitioner) -> list[_Da
     return out
 
 
-def _eval_needs(units: list[Unit], needs: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
+def _eval_needs(units: Sequence[Unit], needs: dict[str, dict[str, int]] | None = None) -> dict[str, int]:
     """What an eval task of ``units`` occupies: the most any of their evaluators needs
     (``needs``: each dataset's, by abbr, worked out once; else asked of each evaluator)."""
     if needs is None:
@@ -137,9 +138,10 @@ def _pack(
     model_name = safe_name(model["abbr"])
     abbr, root, make = model["abbr"], paths.root, TaskSpec.make
     tasks = []
+    infer = stage == "infer"
     for group in partitioner.pack([u.cost for u in units]):
-        chosen = tuple(units[i] for i in group)
-        needs = model_needs if stage == "infer" else _eval_needs(list(chosen), eval_needs)
+        chosen = tuple([units[i] for i in group])
+        needs = model_needs if infer else _eval_needs(chosen, eval_needs)
         tasks.append(make(stage, _task_id(stage, model_name, chosen, names), root, model, abbr, chosen, task_cfg,
                           needs["num_gpus"], needs["num_procs"], worker_key))
     return tasks
@@ -208,7 +210,7 @@ def _make_plan(cfg: RunConfig, infos: list[DatasetInfo], paths: RunPaths) -> Pla
                     all_infer.append((abbr, unit))
                     own_infer.append(unit)
                 shard_units.append(first)
-            hashes = ", ".join(f'"{u.hash}"' for u in shard_units)  # hex: their JSON needs no escaping
+            hashes = ", ".join([f'"{u.hash}"' for u in shard_units])  # hex: their JSON needs no escaping
             eval_unit = new_unit(info.cfg, info.abbr, 0, info.size, None, 1, f"{result_dir}{ds.safe}.json",
                                  _hash_of_json(f"[[{hashes}], {ds.eval_json}]"), float(info.size),
                                  tuple((u.output, u.hash) for u in shard_units))

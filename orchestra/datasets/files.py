@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
-import json.scanner
 import os
+from collections.abc import Callable
 from typing import Any
 
 from orchestra.datasets.base import BaseDataset
@@ -69,5 +69,6 @@ class JsonlDataset(BaseDataset):
         return row
 
 
-_SCAN = json.scanner.make_scanner(json.JSONDecoder())  # the scanner json.loads runs (C), called directly
+#: json.loads's own (C) scanner: ``(value, end)`` of the JSON value starting at an index
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
 _JSON_SPACE = " \t\n\r"  # the whitespace JSON allows around a value (str.strip() strips more)

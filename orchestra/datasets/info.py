@@ -16,7 +16,7 @@ from typing import Any
 from filelock import FileLock
 
 from orchestra.datasets.base import BaseDataset, build_dataset, parse_range
-from orchestra.datasets.digest import cache_dir, persist_digests
+from orchestra.datasets.digest import batched_stores, cache_dir, persist_digests
 from orchestra.errors import ConfigError
 from orchestra.fileio import atomic_write_json
 from orchestra.gcpause import gc_paused
@@ -85,7 +85,7 @@ def dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool = Tr
     """Facts about every dataset; reads only those the cache does not know (with the cyclic
     garbage collector paused: rows hold no cycles, and 316,000 of them read for a sweep made
     its full passes cost a fifth of the reading)."""
-    with gc_paused():
+    with gc_paused(), batched_stores():
         return _dataset_infos(cfgs, where, write_cache)
 
 

@@ -258,3 +258,31 @@ def test_scrubber_hides_escaped_echoes_of_the_key(monkeypatch: pytest.MonkeyPatc
     for echo in echoes:
         out = model._scrub(f"server said: bad key {echo}!")
         assert "***" in out and echo not in out, (echo, out)
+
+
+def test_a_first_500_is_retried_at_once_and_the_second_backs_off(server: Any) -> None:
+    """A lone 500 costs one more round trip, not a backoff: with a 10-minute backoff the
+    sample still gets its 200 (it would wait 5-10 minutes if the first retry backed off); a
+    second 500 of the same request backs off, which a 5 s ``timeout_s`` cannot cover."""
+    server.configure(fail_first=1)
+    model = make(server, timeout_s=5.0)
+    model.policy = dataclasses.replace(model.policy, backoff_base_s=600.0)
+    assert run(model, model.generate(gen("1 + 1"))) == ["2"]
+    assert server.stats()["per_prompt"] == {"1 + 1": 2}
+    assert model.stats.retries == 1 and model.stats.errors == 0
+
+    server.configure(fail_first=2)
+    model = make(server, timeout_s=5.0)
+    model.policy = dataclasses.replace(model.policy, backoff_base_s=600.0)
+    (err,) = run(model, model.generate(gen("2 + 2")))
+    assert isinstance(err, ModelError) and "gave up after 2 attempts: timeout_s=5" in str(err), err
+    assert server.stats()["per_prompt"]["2 + 2"] == 2
+
+
+def test_a_first_error_waits_as_before_where_the_policy_says_so(server: Any) -> None:
+    """``first_retry_at_once=False``: the first 500 backs off too (here past ``timeout_s``)."""
+    server.configure(fail_first=1)
+    model = make(server, timeout_s=5.0)
+    model.policy = dataclasses.replace(model.policy, backoff_base_s=600.0, first_retry_at_once=False)
+    (err,) = run(model, model.generate(gen("3 + 3")))
+    assert isinstance(err, ModelError) and "gave up after 1 attempts" in str(err), err
