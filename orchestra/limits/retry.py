@@ -42,12 +42,12 @@ class RetryPolicy:
         backoff_base_s: wait before the first retry (doubles each time, times a random factor
             in [0.5, 1]; :func:`orchestra.backoff.exponential_backoff`).
         backoff_max_s: the longest wait between two attempts (a longer ``Retry-After`` wins).
-        first_retry_at_once: a request's first error (a 5xx, a timeout, a dropped connection)
-            without a ``Retry-After`` is retried without a wait, queued for a slot like any
-            request; the backoff starts at its second error.  A lone error among many
-            successes then costs one more round trip, not a backoff after the last wave (at
-            5% random 500s a run's span went from ~1.5x to ~1.2x its limit); an endpoint that
-            keeps failing still backs off from its second error on.
+        quick_retries: how many of a request's errors (a 5xx, a timeout, a dropped connection)
+            without a ``Retry-After`` are retried at once, queued for a slot like any request,
+            while the endpoint answers most requests (fewer than 10 answers yet, or at most a
+            fifth of its last 50 were such errors: :meth:`AdaptiveRate.healthy`); the backoff
+            starts after them, or at once on an endpoint that keeps failing.  A lone 500 among
+            many successes then costs one more round trip, not a backoff after the last wave.
     """
 
     max_retries: int = 8
@@ -55,13 +55,15 @@ class RetryPolicy:
     attempt_timeout_s: float = 120.0
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
-    first_retry_at_once: bool = True
+    quick_retries: int = 2
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.quick_retries < 0:
+            raise ValueError(f"quick_retries must be >= 0, got {self.quick_retries}")
         if self.attempt_timeout_s <= 0:
             raise ValueError(f"attempt_timeout_s must be > 0, got {self.attempt_timeout_s}")
 
@@ -217,7 +219,7 @@ async def send_with_retries(
     its failure is looked at.  Then: a 429 tells ``rate`` and does not count against
     ``max_retries``; a final failure, one retry too many, or a wait that would end after
     the deadline raises :class:`ModelError`; otherwise the loop backs off *without* a slot
-    (not at all after a first error: ``RetryPolicy.first_retry_at_once``).
+    (not at all after a request's first errors on a healthy endpoint: ``RetryPolicy.quick_retries``).
     ``explain(status, reason)`` turns a failure's reason into the error text (to scrub
     secrets, or add a hint).  ``stats`` counts requests in flight, done, 429s, retries and
     requests that failed for good.
@@ -243,6 +245,7 @@ async def send_with_retries(
                 stats.in_flight -= 1
         finally:
             slots.release(slot)
+        rate.note_answer(failed=decision is not None and decision.retry and not decision.rate_limited)
         if decision is None:
             stats.done += 1
             if rate.adjustments:
@@ -263,8 +266,8 @@ async def send_with_retries(
             raise ModelError(f"gave up after {n} attempts ({policy.max_retries} retries): {reason}")
         if decision.rate_limited:
             delay = policy.backoff_s(max(1, n - errors), decision.retry_after_s, True)
-        elif policy.first_retry_at_once and decision.retry_after_s is None:
-            delay = 0.0 if errors == 1 else policy.backoff_s(errors - 1)
+        elif decision.retry_after_s is None and errors <= policy.quick_retries and rate.healthy():
+            delay = 0.0
         else:
             delay = policy.backoff_s(errors, decision.retry_after_s)
         if deadline is not None and loop.time() + delay >= deadline:
