@@ -53,13 +53,13 @@ _BATCHES = [0]
 
 
 def _stored() -> dict[str, str]:
-    """The digests of ``<cache>/file_digests.json``: read again only when the file changed
-    (316 datasets planned read it once, not once each)."""
+    """The digests of ``<cache>/file_digests.json`` (not to be changed: it is the copy kept for
+    the next call): read again only when the file changed (316 datasets planned read it once)."""
     path = os.path.join(cache_dir(), "file_digests.json")
     stamp = _stamp(path)
     with _LOCK:
         if stamp is not None and stamp == _ON_DISK[0]:
-            return dict(_ON_DISK[1])
+            return _ON_DISK[1]
     try:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -68,7 +68,7 @@ def _stored() -> dict[str, str]:
     data = data if isinstance(data, dict) else {}
     with _LOCK:
         _ON_DISK[:] = [stamp, data]
-    return dict(data)
+    return data
 
 
 @contextlib.contextmanager
@@ -99,8 +99,7 @@ def _store(new: dict[str, str]) -> None:
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with FileLock(path + ".lock", timeout=30):
-            data = _stored()
-            data.update(new)
+            data = {**_stored(), **new}
             if len(data) > 20000:  # keep the file small: drop the oldest entries
                 data = dict(list(data.items())[-10000:])
             atomic_write_json(path, data)
