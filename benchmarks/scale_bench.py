@@ -15,6 +15,7 @@ LocalRunner with warm workers; then ``-r`` of the finished run, streaming events
     python benchmarks/scale_bench.py refuse [--side 300] [--base-tree DIR]   # issue 20.8
     python benchmarks/scale_bench.py open [--run-tasks 10000] [--repeat 5] [--base-tree DIR] [--gpus 2]
     python benchmarks/scale_bench.py resume [--run-tasks 10000 | --run-dir DIR] --base-tree DIR [--repeat 5]
+    python benchmarks/scale_bench.py cli [--side 316] [--base-tree DIR] [--repeat 3]   # issue 40: the command line
     (Slurm arrays and Ray at this scale: benchmarks/scale_backends_bench.py)
 """
 
@@ -24,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -338,6 +340,95 @@ def resume_main(args: argparse.Namespace) -> None:
     print_table(rows)
 
 
+def first_start(tree: Path, cfg: Path, work: Path, cache: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """Wall s from ``run.py CFG``'s start to its first task's ``started`` event, with the
+    orchestrator's CPU s and peak RSS MB at that moment (from /proc); then the run is stopped
+    (SIGINT, as Ctrl-C) and, once its ``run_finished`` event says every task is stopped, killed
+    (the summary and report of 200,000 cancelled tasks are not what is measured).  events.jsonl
+    is looked at every 20 ms (a benchmark's look, not a test's)."""
+    env = {**env, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(cache)}
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "run.py", str(cfg), "-w", str(work)], cwd=tree, env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    events: Path | None = None
+    offset, seen = 0, None
+    try:
+        while seen is None and proc.poll() is None:
+            time.sleep(0.02)
+            if events is None:
+                events = next((r / "events.jsonl" for r in (work.iterdir() if work.is_dir() else [])
+                               if (r / "events.jsonl").is_file()), None)
+                continue
+            with open(events, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]
+            offset += len(whole)
+            if b'"event": "started"' in whole:
+                wall = time.perf_counter() - t0
+                stat = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+                hwm = next(line for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines()
+                           if line.startswith("VmHWM"))
+                seen = (wall, cpu, int(hwm.split()[1]) / 1024)
+        proc.send_signal(signal.SIGINT)
+        while events is not None and proc.poll() is None:
+            time.sleep(0.1)
+            with open(events, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+            whole = data[: data.rfind(b"\n") + 1]
+            offset += len(whole)
+            if b'"event": "run_finished"' in whole:
+                break
+    finally:
+        if proc.poll() is None:
+            proc.kill() if seen is not None else proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=600)
+    if seen is None:
+        raise SystemExit(f"{tree}: run.py {cfg} ended before a task started:\n{err.decode()[-2000:]}")
+    return seen
+
+
+def cli_main(args: argparse.Namespace) -> None:
+    """``run.py --dry-run`` and a normal run's time to its first task, from the command line,
+    for this tree and ``--base-tree``, alternating ``--repeat`` times after one untimed dry run
+    each (which leaves the .pyc files a user's second command finds).  Every measured command
+    starts cold: a fresh ``ORCHESTRA_CACHE_DIR`` (no dataset-size cache) and a fresh work dir.
+    Medians; the CPU column (the process's own) is the steadier one on a shared machine."""
+    trees = [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    side = args.side
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        cfg = write_plan_config(folder, side)
+        times: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+        n = 0
+        for i in range(args.repeat + 1):
+            for label, tree in trees if i % 2 == 0 else list(reversed(trees)):
+                n += 1
+                got = measured(tree, [str(cfg), "--dry-run", "-w", str(folder / f"w{n}")], folder / f"c{n}", env)
+                if i:
+                    times.setdefault((label, "dry"), []).append(got)
+                    n += 1
+                    times.setdefault((label, "first"), []).append(
+                        first_start(tree, cfg, folder / f"w{n}", folder / f"c{n}", env))
+                    shutil.rmtree(folder / f"w{n}", ignore_errors=True)
+        what = {"dry": "run.py --dry-run", "first": "run.py: start to the first task's start"}
+        med = {k: tuple(statistics.median(m[j] for m in t) for j in range(3)) for k, t in times.items()}
+        for kind in ("dry", "first"):
+            for label, _ in trees:
+                w, c, m = med[(label, kind)]
+                walls = ", ".join(f"{x[0]:.2f}" for x in times[(label, kind)])
+                rows.append((f"{label}: {what[kind]}, {side}x{side} x {ROWS} rows, median of {args.repeat}: "
+                             "wall / CPU / peak RSS", f"{w:.2f} s / {c:.2f} s / {m:.0f} MB (walls: {walls})"))
+            if args.base_tree:
+                ratios = " / ".join(f"{b / n:.2f}x" for b, n in zip(med[("base", kind)], med[("new", kind)]))
+                rows.append((f"base / new: {what[kind]}: wall / CPU / RSS", ratios))
+    print_table(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -359,12 +450,16 @@ def main() -> None:
     s.add_argument("--run-dir", type=Path, help="a finished run folder to copy instead (its config.py is used)")
     s.add_argument("--repeat", type=int, default=5)
     s.add_argument("--base-tree", type=Path, help="another checkout measured the same way, alternating")
+    c = sub.add_parser("cli")
+    c.add_argument("--side", type=int, default=316, help="N models x N datasets of 1,000 rows")
+    c.add_argument("--repeat", type=int, default=3)
+    c.add_argument("--base-tree", type=Path, help="another checkout measured the same way, alternating")
     f = sub.add_parser("refuse")
     f.add_argument("--side", type=int, default=300)
     f.add_argument("--base-tree", type=Path, help="another checkout to measure the same way")
     args = ap.parse_args()
     {"plan": plan_main, "run": run_main, "refuse": refuse_main, "open": open_main,
-     "resume": resume_main}[args.what](args)
+     "resume": resume_main, "cli": cli_main}[args.what](args)
 
 
 if __name__ == "__main__":

@@ -130,8 +130,9 @@ class PlanView:
                    f"retry={runner.retry})")
             shown = tasks if limit is None or len(tasks) <= limit else tasks[:limit]
             if len(shown) < len(tasks):
-                samples = sum(t.num_samples for t in tasks)
-                yield (f"  {len(tasks)} tasks, {samples} sample(s), total cost={sum(t.cost for t in tasks):g}, "
+                samples = sum(u.end - u.start for t in tasks for u in t.units)  # TaskSpec.num_samples, summed
+                cost = sum(u.cost for t in tasks for u in t.units)
+                yield (f"  {len(tasks)} tasks, {samples} sample(s), total cost={cost:g}, "
                        f"{len({t.model_abbr for t in tasks})} model(s); the first {len(shown)}:")
             for task in shown:
                 resources = {"gpu_ids": ["<gpu>"] * task.num_gpus}

@@ -16,13 +16,19 @@ from orchestra import stats
 
 def dataset_sizes(units: Iterable[tuple[str, Any]]) -> dict[str, int]:
     """Samples per dataset from a plan's infer units ``(model, unit)`` (the most any model has)."""
-    per: dict[tuple[str, str], int] = {}
-    for model, unit in units:
-        key = (model, unit.dataset_abbr)
-        per[key] = per.get(key, 0) + max(0, unit.end - unit.start)
+    per: dict[str, dict[str, int]] = {}  # model -> dataset -> samples
+    last, mine = None, {}
+    for model, unit in units:  # 100,000 of them at sweep scale, model by model: one dict per model
+        if model != last:
+            last, mine = model, per.setdefault(model, {})
+        n = unit.end - unit.start
+        abbr = unit.dataset_abbr
+        mine[abbr] = mine.get(abbr, 0) + (n if n > 0 else 0)
     sizes: dict[str, int] = {}
-    for (_, dataset), n in per.items():
-        sizes[dataset] = max(sizes.get(dataset, 0), n)
+    for counts in per.values():
+        for dataset, n in counts.items():
+            if n >= sizes.get(dataset, 0):
+                sizes[dataset] = n
     return sizes
 
 

@@ -7,6 +7,7 @@ errors, and a class whose ``__init__`` takes ``**kwargs`` is followed up its MRO
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -16,10 +17,15 @@ from orchestra.registry import Registry
 
 
 def _signature_params(cls: type) -> tuple[dict[str, inspect.Parameter], bool]:
-    """Named constructor parameters of ``cls`` (following ``**kwargs`` up the MRO)."""
+    """Named constructor parameters of ``cls`` (following ``**kwargs`` up the MRO), worked out
+    once per class and constructors (a sweep's 632 entries share a few classes)."""
+    return _params_of(cls, tuple(klass.__dict__.get("__init__") for klass in cls.__mro__))
+
+
+@functools.lru_cache(maxsize=256)
+def _params_of(cls: type, inits: tuple[Any, ...]) -> tuple[dict[str, inspect.Parameter], bool]:
     params: dict[str, inspect.Parameter] = {}
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
+    for klass, init in zip(cls.__mro__, inits):
         if init is None:
             continue
         if klass is object:  # its ``(*args, **kwargs)`` takes nothing: a class of no __init__ takes no keys

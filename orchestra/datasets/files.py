@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from typing import Any
 
 from orchestra.datasets.base import BaseDataset
@@ -28,6 +29,7 @@ class JsonlDataset(BaseDataset):
 
     def _read(self) -> list[dict[str, Any]]:
         rows = []
+        scan = _SCAN
         with open(os.path.expanduser(self.path), "rb") as f:
             for lineno, raw in enumerate(f, 1):
                 try:
@@ -37,16 +39,36 @@ class JsonlDataset(BaseDataset):
                                       "save the file as UTF-8") from None
                 if not line.strip():
                     continue
+                # json.loads(line) without its wrapper's cost (a fifth of the time over 1,000 rows;
+                # 316 files of them are read to plan): its own C scanner over the line without the
+                # whitespace JSON allows around a value; anything else is left to _row
+                body = line.strip(_JSON_SPACE)
                 try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise ConfigError(f"{self.path}:{lineno}: not valid JSON: {exc}") from None
-                except RecursionError:  # valid JSON, but deeper than Python's parser goes
-                    raise ConfigError(f"{self.path}:{lineno}: not valid JSON here: nested too deeply for Python's "
-                                      "JSON parser") from None
-                if not isinstance(row, dict):
-                    raise ConfigError(f"{self.path}:{lineno}: a row must be a JSON object")
+                    row, end = scan(body, 0)
+                    whole = end == len(body) and type(row) is dict
+                except (StopIteration, ValueError, RecursionError):
+                    whole = False
+                if not whole:
+                    row = self._row(line, lineno)
                 if may_hold_surrogates(line):  # "\ud800" alone: U+FFFD, or no prompt or output could be written
                     row = encodable(row)
                 rows.append(row)
         return rows
+
+    def _row(self, line: str, lineno: int) -> dict[str, Any]:
+        """``line`` as a row, or a ``ConfigError`` that says why it is not one."""
+        try:
+            row = json.loads(line)
+        except ValueError as exc:
+            raise ConfigError(f"{self.path}:{lineno}: not valid JSON: {exc}") from None
+        except RecursionError:  # valid JSON, but deeper than Python's parser goes
+            raise ConfigError(f"{self.path}:{lineno}: not valid JSON here: nested too deeply for Python's "
+                              "JSON parser") from None
+        if not isinstance(row, dict):
+            raise ConfigError(f"{self.path}:{lineno}: a row must be a JSON object")
+        return row
+
+
+#: json.loads's own (C) scanner: ``(value, end)`` of the JSON value starting at an index
+_SCAN: Callable[[str, int], tuple[Any, int]] = json.JSONDecoder().scan_once  # type: ignore[attr-defined]
+_JSON_SPACE = " \t\n\r"  # the whitespace JSON allows around a value (str.strip() strips more)

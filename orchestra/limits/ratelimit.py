@@ -92,6 +92,17 @@ class AdaptiveRate:
         self._retries: deque[asyncio.Future[Ticket]] = deque()
         self._fresh: deque[asyncio.Future[Ticket]] = deque()
         self._dispatcher: asyncio.Task[None] | None = None
+        self._answers: deque[bool] = deque(maxlen=50)  # the last answers: True for a transient error
+
+    def note_answer(self, failed: bool) -> None:
+        """Record one answer (``failed``: a transient error such as a 5xx or a timeout)."""
+        self._answers.append(failed)
+
+    def healthy(self) -> bool:
+        """Whether the endpoint answers most requests: fewer than 10 answers so far, or at most
+        a fifth of its last 50 were transient errors (the HTTP retry loop retries at once then,
+        and backs off otherwise)."""
+        return len(self._answers) < 10 or sum(self._answers) * 5 <= len(self._answers)
 
     # -- the current pace ---------------------------------------------------------------
     def rate(self, now: float) -> float | None:

@@ -42,6 +42,12 @@ class RetryPolicy:
         backoff_base_s: wait before the first retry (doubles each time, times a random factor
             in [0.5, 1]; :func:`orchestra.backoff.exponential_backoff`).
         backoff_max_s: the longest wait between two attempts (a longer ``Retry-After`` wins).
+        quick_retries: how many of a request's errors (a 5xx, a timeout, a dropped connection)
+            without a ``Retry-After`` are retried at once, queued for a slot like any request,
+            while the endpoint answers most requests (fewer than 10 answers yet, or at most a
+            fifth of its last 50 were such errors: :meth:`AdaptiveRate.healthy`); the backoff
+            starts after them, or at once on an endpoint that keeps failing.  A lone 500 among
+            many successes then costs one more round trip, not a backoff after the last wave.
     """
 
     max_retries: int = 8
@@ -49,12 +55,15 @@ class RetryPolicy:
     attempt_timeout_s: float = 120.0
     backoff_base_s: float = 0.5
     backoff_max_s: float = 30.0
+    quick_retries: int = 2
 
     def __post_init__(self) -> None:
         if self.max_retries < 0:
             raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
         if self.timeout_s is not None and self.timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, got {self.timeout_s}")
+        if self.quick_retries < 0:
+            raise ValueError(f"quick_retries must be >= 0, got {self.quick_retries}")
         if self.attempt_timeout_s <= 0:
             raise ValueError(f"attempt_timeout_s must be > 0, got {self.attempt_timeout_s}")
 
@@ -209,7 +218,8 @@ async def send_with_retries(
     ``min(attempt_timeout_s, what is left of timeout_s)``, and gives the slot back before
     its failure is looked at.  Then: a 429 tells ``rate`` and does not count against
     ``max_retries``; a final failure, one retry too many, or a wait that would end after
-    the deadline raises :class:`ModelError`; otherwise the loop backs off *without* a slot.
+    the deadline raises :class:`ModelError`; otherwise the loop backs off *without* a slot
+    (not at all after a request's first errors on a healthy endpoint: ``RetryPolicy.quick_retries``).
     ``explain(status, reason)`` turns a failure's reason into the error text (to scrub
     secrets, or add a hint).  ``stats`` counts requests in flight, done, 429s, retries and
     requests that failed for good.
@@ -235,6 +245,7 @@ async def send_with_retries(
                 stats.in_flight -= 1
         finally:
             slots.release(slot)
+        rate.note_answer(failed=decision is not None and decision.retry and not decision.rate_limited)
         if decision is None:
             stats.done += 1
             if rate.adjustments:
@@ -253,11 +264,16 @@ async def send_with_retries(
         if errors > policy.max_retries:
             stats.errors += 1
             raise ModelError(f"gave up after {n} attempts ({policy.max_retries} retries): {reason}")
-        delay = policy.backoff_s(errors if not decision.rate_limited else max(1, n - errors),
-                                 decision.retry_after_s, decision.rate_limited)
+        if decision.rate_limited:
+            delay = policy.backoff_s(max(1, n - errors), decision.retry_after_s, True)
+        elif decision.retry_after_s is None and errors <= policy.quick_retries and rate.healthy():
+            delay = 0.0
+        else:
+            delay = policy.backoff_s(errors, decision.retry_after_s)
         if deadline is not None and loop.time() + delay >= deadline:
             stats.errors += 1
             raise ModelError(f"gave up after {n} attempts: timeout_s={policy.timeout_s:g} "
                              f"would pass before the next one; last error: {reason}")
         stats.retries += 1
-        await asyncio.sleep(delay)  # no slot is held while waiting
+        if delay > 0:
+            await asyncio.sleep(delay)  # no slot is held while waiting

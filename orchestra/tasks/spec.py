@@ -40,6 +40,26 @@ class Unit:
     def name(self) -> str:
         return self.dataset_abbr if self.shard is None else f"{self.dataset_abbr}_{self.shard}"
 
+    @classmethod
+    def make(cls, dataset: dict[str, Any], dataset_abbr: str, start: int, end: int, shard: int | None,
+             num_shards: int, output: str, hash: str, cost: float, inputs: tuple[tuple[str, str], ...] = ()
+             ) -> Unit:
+        """The same unit as ``Unit(...)``, built in a third of the time: a plan of 100,000 tasks
+        builds 200,000 units, and a frozen dataclass's own ``__init__`` sets each field through
+        ``object.__setattr__`` looked up anew (``tests/tasks/test_spec_make.py`` holds the two equal)."""
+        unit = _new(cls)
+        _UNIT_SET[0](unit, dataset)
+        _UNIT_SET[1](unit, dataset_abbr)
+        _UNIT_SET[2](unit, start)
+        _UNIT_SET[3](unit, end)
+        _UNIT_SET[4](unit, shard)
+        _UNIT_SET[5](unit, num_shards)
+        _UNIT_SET[6](unit, output)
+        _UNIT_SET[7](unit, hash)
+        _UNIT_SET[8](unit, cost)
+        _UNIT_SET[9](unit, inputs)
+        return unit
+
 
 @dataclass(frozen=True, slots=True)
 class TaskSpec:
@@ -56,6 +76,24 @@ class TaskSpec:
     num_procs: int = 1
     #: what a warm worker must have loaded to run this task (tasks with equal keys share a worker)
     worker_key: str = ""
+
+    @classmethod
+    def make(cls, stage: str, task_id: str, run_dir: str, model: dict[str, Any], model_abbr: str,
+             units: tuple[Unit, ...], task_cfg: dict[str, Any], num_gpus: int, num_procs: int, worker_key: str
+             ) -> TaskSpec:
+        """The same spec as ``TaskSpec(...)`` with every field given, built faster (see :meth:`Unit.make`)."""
+        spec = _new(cls)
+        _SPEC_SET[0](spec, stage)
+        _SPEC_SET[1](spec, task_id)
+        _SPEC_SET[2](spec, run_dir)
+        _SPEC_SET[3](spec, model)
+        _SPEC_SET[4](spec, model_abbr)
+        _SPEC_SET[5](spec, units)
+        _SPEC_SET[6](spec, task_cfg)
+        _SPEC_SET[7](spec, num_gpus)
+        _SPEC_SET[8](spec, num_procs)
+        _SPEC_SET[9](spec, worker_key)
+        return spec
 
     @property
     def cost(self) -> float:
@@ -135,6 +173,11 @@ class TaskSpec:
             raise ValueError(f"not an orchestra task spec ({problem})")
         return cls.from_dict(data)
 
+
+_new = object.__new__
+#: each field's slot setter, in field order (what :meth:`Unit.make` and :meth:`TaskSpec.make` call)
+_UNIT_SET = [getattr(Unit, f.name).__set__ for f in fields(Unit)]
+_SPEC_SET = [getattr(TaskSpec, f.name).__set__ for f in fields(TaskSpec)]
 
 #: the type every field of a spec file must have (``bool`` is refused where a number is meant)
 _SPEC_TYPES: dict[str, tuple[type, ...]] = {

@@ -234,3 +234,25 @@ def test_bad_api_settings_are_config_errors(tmp_path: Path) -> None:
     res = orchestra(cfg, "--dry-run")
     assert res.returncode == 2
     assert "models[0]: base_url must start with http:// or https://" in res.stderr
+
+
+def test_a_500_then_200_is_sent_twice_and_its_sample_written_once(server: Any, tmp_path: Path) -> None:
+    """Rows whose first request is answered 500: each is retried once (at once: the endpoint
+    answers most requests) and its sample is written once; no other prompt is sent twice."""
+    data, expected = write_data(tmp_path, 30)
+    rows = [json.loads(line) for line in data.read_text().splitlines()]
+    for i in (0, 7, 29):
+        rows[i]["question"] += " FAIL_ONCE"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    res = orchestra(write_config(tmp_path, server.base_url, data, connections=4))
+    assert res.returncode == 0, res.stderr[-3000:]
+    counts = server.stats()["per_prompt"]
+    assert {k: n for k, n in counts.items() if n != 1} == {rows[i]["question"]: 2 for i in (0, 7, 29)}
+    assert server.stats()["by_status"] == {"200": 30, "500": 3}
+    run = latest_run(tmp_path)
+    ids = [json.loads(line)["id"] for path in (run / "predictions" / "api").glob("arith*.jsonl")
+           for line in path.read_text().splitlines()[1:]]
+    assert sorted(ids) == list(range(30))  # each sample once
+    assert [predictions(run)[i]["prediction"] for i in range(30)] == expected
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    assert [e for e in events if e["event"] == "progress"][-1]["retries"] == 3

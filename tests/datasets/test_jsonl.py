@@ -58,3 +58,40 @@ def test_a_path_under_the_home_folder_written_with_a_tilde_is_read(tmp_path: Pat
     assert [r["prediction"] for r in jsonl(run / "predictions" / "m" / "t.jsonl") if "id" in r] == ["7"]
     folder = run_cli(jsonl_config(tmp_path, Path("~")), "--dry-run", env=env)
     assert_one_line(folder, "path '~' is not a file")
+
+
+#: lines the reader's quick scan must read exactly as ``json.loads`` does, or leave to it
+_ODD_LINES = ['{"question": "a", "answer": "1"}', '  \t{"question": "b", "answer": "2"}  \r', '',
+              '{"question": NaN, "answer": Infinity}', '\x0b', '{"question": "\\u00e9\\ud83d\\ude00", "answer": "é"}',
+              '{"question": "q", "answer": "x", "question": "dup"}', '   ', '{"question": 1e400, "answer": -0}']
+
+
+def test_rows_are_what_json_loads_reads_of_each_line(tmp_path: Path) -> None:
+    """The quick scan of each line (json's C scanner without json.loads's wrapper) gives the
+    rows json.loads gives: whitespace JSON allows around a value, blank lines skipped, NaN, a
+    duplicate key, escapes; a lone surrogate escape is still read as U+FFFD."""
+    import json
+
+    from orchestra.datasets import JsonlDataset
+
+    data = tmp_path / "odd.jsonl"
+    data.write_bytes("\n".join([*_ODD_LINES, '{"question": "\\ud800", "answer": "s"}']).encode())
+    rows = JsonlDataset(abbr="t", path=str(data), reader_cfg=dict(input_columns=["question"],
+                                                                  output_column="answer"),
+                         infer_cfg=dict(prompt_template="{question}")).load_rows()
+    expected = [json.loads(line) for line in _ODD_LINES if line.strip()]
+    assert repr(rows[:-1]) == repr(expected)  # repr: NaN != NaN
+    assert rows[-1] == {"question": "\ufffd", "answer": "s"}
+
+
+def test_a_line_that_is_no_row_is_one_line_naming_it_as_before(tmp_path: Path) -> None:
+    """Lines the quick scan refuses go to json.loads, whose words name the line: two objects on
+    one line, a value that is not an object, a byte order mark, a space JSON does not allow."""
+    cases = {'{"question": "a", "answer": "1"} {"question": "b"}': "not valid JSON: Extra data",
+             '["question", "answer"]': "a row must be a JSON object",
+             '\ufeff{"question": "a", "answer": "1"}': "not valid JSON: Unexpected UTF-8 BOM",
+             '\u00a0{"question": "a", "answer": "1"}': "not valid JSON: Expecting value"}
+    for n, (line, words) in enumerate(cases.items()):
+        data = tmp_path / f"bad{n}.jsonl"
+        data.write_text('{"question": "q", "answer": "a"}\n' + line + "\n", encoding="utf-8")
+        assert_one_line(run_cli(jsonl_config(tmp_path, data), "--dry-run"), f"{data}:2: {words}")

@@ -258,3 +258,40 @@ def test_scrubber_hides_escaped_echoes_of_the_key(monkeypatch: pytest.MonkeyPatc
     for echo in echoes:
         out = model._scrub(f"server said: bad key {echo}!")
         assert "***" in out and echo not in out, (echo, out)
+
+
+def test_the_first_500s_are_retried_at_once_and_a_third_backs_off(server: Any) -> None:
+    """A lone 500 costs one more round trip, not a backoff: with a 10-minute backoff the
+    sample still gets its 200 after two 500s (it would wait 5-10 minutes if a retry backed
+    off); a third 500 of the same request backs off, which a 5 s ``timeout_s`` cannot cover."""
+    server.configure(fail_first=2)
+    model = make(server, timeout_s=5.0)
+    model.policy = dataclasses.replace(model.policy, backoff_base_s=600.0)
+    assert run(model, model.generate(gen("1 + 1"))) == ["2"]
+    assert server.stats()["per_prompt"] == {"1 + 1": 3}
+    assert model.stats.retries == 2 and model.stats.errors == 0
+
+    server.configure(fail_first=3)
+    model = make(server, timeout_s=5.0)
+    model.policy = dataclasses.replace(model.policy, backoff_base_s=600.0)
+    (err,) = run(model, model.generate(gen("2 + 2")))
+    assert isinstance(err, ModelError) and "gave up after 3 attempts: timeout_s=5" in str(err), err
+    assert server.stats()["per_prompt"]["2 + 2"] == 3
+
+
+def test_an_endpoint_that_keeps_failing_is_backed_off_from_the_first_error(server: Any) -> None:
+    """Once most recent answers were errors, a request's first 500 backs off too (past ``timeout_s``
+    here); so does every error with ``quick_retries=0``."""
+    server.configure(fail_first=100)
+    model = make(server, timeout_s=5.0, max_retries=0)
+    run(model, *(model.generate(gen(f"#{i}: {i} + 1")) for i in range(10)))  # ten answers, all 500
+    assert not model.rate.healthy()
+    model.policy = dataclasses.replace(model.policy, backoff_base_s=600.0, max_retries=8)
+    (err,) = run(model, model.generate(gen("3 + 3")))
+    assert isinstance(err, ModelError) and "gave up after 1 attempts" in str(err), err
+
+    server.configure(fail_first=1)
+    model = make(server, timeout_s=5.0)
+    model.policy = dataclasses.replace(model.policy, backoff_base_s=600.0, quick_retries=0)
+    (err,) = run(model, model.generate(gen("4 + 4")))
+    assert isinstance(err, ModelError) and "gave up after 1 attempts" in str(err), err
