@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from orchestra.datasets.lmeval_index import task_manager
 from orchestra.datasets.lmeval_select import check_fewshot, samples_arg, select, task_inputs
 from orchestra.errors import ConfigError, TaskFailedError
 
@@ -56,12 +57,11 @@ _MANAGERS: dict[tuple[str, ...], Any] = {}
 
 
 def _task_manager(settings: dict[str, Any]) -> Any:
-    """lm-eval's task index (seconds to build), one per ``include_path`` in a process."""
-    from lm_eval.tasks import TaskManager
-
+    """lm-eval's task index (its stock part from the cache: :mod:`orchestra.datasets.lmeval_index`), one per
+    ``include_path`` in a process."""
     key = tuple(settings["include_path"])
     if key not in _MANAGERS:
-        _MANAGERS[key] = TaskManager(include_path=list(key) or None)
+        _MANAGERS[key] = task_manager(list(key))
     return _MANAGERS[key]
 
 
