@@ -25,6 +25,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from orchestra.datasets.digest import persist_digests
 from orchestra.datasets.lmeval_index import task_manager
 from orchestra.datasets.lmeval_select import check_fewshot, samples_arg, select, task_inputs
 from orchestra.errors import ConfigError, TaskFailedError
@@ -237,9 +238,10 @@ def score(settings: dict[str, Any], records: list[dict[str, Any]]
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "probe":
-        print("usage: python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON", file=sys.stderr)
+    if len(args) not in (2, 3) or args[0] != "probe" or args[2:] not in ([], ["--dry-run"]):
+        print("usage: python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON [--dry-run]", file=sys.stderr)
         return 2
+    persist_digests(not args[2:])  # planning a --dry-run: no cache is written
     try:
         print(json.dumps(probe(json.loads(args[1]))))
     except ConfigError as exc:

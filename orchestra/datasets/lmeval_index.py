@@ -85,8 +85,8 @@ def task_manager(include_path: list[str]) -> Any:
         index.update(build(paths[1:]))
         return index
 
-    _index.TaskIndex.build = staticmethod(cached_build)  # type: ignore[method-assign]
+    _index.TaskIndex.build = staticmethod(cached_build)
     try:
         return TaskManager(include_path=include_path or None)
     finally:
-        _index.TaskIndex.build = raw  # type: ignore[method-assign]
+        _index.TaskIndex.build = raw
