@@ -29,6 +29,7 @@ from typing import Any
 
 from orchestra.datasets import lmeval_plan
 from orchestra.datasets.base import BaseDataset, parse_range
+from orchestra.datasets.digest import persisting
 from orchestra.errors import ConfigError
 from orchestra.requests import Sample
 
@@ -183,6 +184,7 @@ class LmEvalDataset(BaseDataset):
         key = json.dumps(self.settings, sort_keys=True)
         if key not in _PROBED:
             argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(self.settings)]
+            argv += [] if persisting() else ["--dry-run"]  # a dry run's probe writes no cache either
             proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=lmeval_plan.probe_env())
             if proc.returncode != 0:
                 lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]

@@ -25,6 +25,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from orchestra.datasets.digest import persist_digests
+from orchestra.datasets.lmeval_index import task_manager
 from orchestra.datasets.lmeval_names import check_known
 from orchestra.datasets.lmeval_select import check_fewshot, samples_arg, select, task_inputs
 from orchestra.errors import ConfigError, TaskFailedError
@@ -58,12 +60,11 @@ _MANAGERS: dict[tuple[str, ...], Any] = {}
 
 
 def _task_manager(settings: dict[str, Any]) -> Any:
-    """lm-eval's task index (seconds to build), one per ``include_path`` in a process."""
-    from lm_eval.tasks import TaskManager
-
+    """lm-eval's task index (its stock part from the cache: :mod:`orchestra.datasets.lmeval_index`), one per
+    ``include_path`` in a process."""
     key = tuple(settings["include_path"])
     if key not in _MANAGERS:
-        _MANAGERS[key] = TaskManager(include_path=list(key) or None)
+        _MANAGERS[key] = task_manager(list(key))
     return _MANAGERS[key]
 
 
@@ -245,9 +246,10 @@ def score(settings: dict[str, Any], records: list[dict[str, Any]]
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    if len(args) != 2 or args[0] != "probe":
-        print("usage: python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON", file=sys.stderr)
+    if len(args) not in (2, 3) or args[0] != "probe" or args[2:] not in ([], ["--dry-run"]):
+        print("usage: python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON [--dry-run]", file=sys.stderr)
         return 2
+    persist_digests(not args[2:])  # planning a --dry-run: no cache is written
     try:
         print(json.dumps(probe(json.loads(args[1]))))
     except ConfigError as exc:

@@ -309,11 +309,11 @@ def _arc_easy(n: int) -> list[LoglikRequest]:
 @pytest.mark.slow
 @real_model
 def test_shared_prefix_scores_equal_a_plain_loop_on_arc_easy(smol: HFCausalLM) -> None:
-    """50 ARC-Easy questions (200 choices): each choice scored alone with full logits vs
+    """20 ARC-Easy questions (80 choices): each choice scored alone with full logits vs
     the packed shared-prefix passes.  float32 sums of a few log-probabilities that differ
     only in summation order and padding agree to ~1e-4 nats (seen: max 9e-5); 2e-3 leaves
     room for other BLAS builds while far below the gaps that decide an answer."""
-    reqs = _arc_easy(50)
+    reqs = _arc_easy(20)
     rows = loglik_rows(smol.tokenizer, reqs, None, 8192)
     assert smol._scorer is not None
     new = smol.loglikelihood_batch(reqs)
@@ -322,7 +322,7 @@ def test_shared_prefix_scores_equal_a_plain_loop_on_arc_easy(smol: HFCausalLM) -
     for row, value in zip(rows, _plain_loop(smol, rows)):
         ref[row.request][row.choice] = value
     diffs = [abs(a - b) for x, y in zip(new, ref) for a, b in zip(x, y)]
-    assert len(diffs) == sum(len(r.continuations) for r in reqs) >= 200
+    assert len(diffs) == sum(len(r.continuations) for r in reqs) >= 80
     assert max(diffs) < 2e-3, max(diffs)
     for x, y in zip(new, ref):
         best = max(range(len(y)), key=y.__getitem__)
