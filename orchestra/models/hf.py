@@ -255,7 +255,7 @@ class HFCausalLM(BatchedModel):
         return results
 
     def _prompt_ids(self, lm: LoadedLM, req: GenRequest) -> list[int]:
-        text, templated = render_prompt(lm.tokenizer, req.prompt, self.use_chat_template)
+        text, templated = render_prompt(lm.tokenizer, req.prompt, self.use_chat_template, req.lmeval_chat)
         ids = encode(lm.tokenizer, text, templated)
         room = max(1, lm.max_len(self.max_seq_len) - self.out_len(req))
         if len(ids) > room:

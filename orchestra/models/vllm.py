@@ -297,7 +297,7 @@ class VLLMModel(BatchedModel):
         tok = llm.get_tokenizer()
         prompts = []
         for req in requests:
-            text, templated = render_prompt(tok, req.prompt, self.use_chat_template)
+            text, templated = render_prompt(tok, req.prompt, self.use_chat_template, req.lmeval_chat)
             prompts.append({"prompt_token_ids": encode(tok, text, templated)})
         params = [vllm.SamplingParams(**self.sampling_kwargs(req)) for req in requests]
         outputs = llm.generate(prompts, params, use_tqdm=False)
