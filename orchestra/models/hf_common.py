@@ -164,7 +164,7 @@ def render_prompt(tokenizer: Any, prompt: Prompt, use_chat_template: bool | None
     if lmeval_chat and not isinstance(prompt, str):
         text = lmeval_chat_text(tokenizer, prompt)
         bos = getattr(tokenizer, "bos_token", None)
-        return text, bool(bos) and text.startswith(bos)
+        return text, isinstance(bos, str) and bool(bos) and text.startswith(bos)
     apply = use_chat_template if use_chat_template is not None else not isinstance(prompt, str)
     if apply and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
