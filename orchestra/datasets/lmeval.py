@@ -35,6 +35,8 @@ from orchestra.requests import Sample
 INSTALL_HINT = "install it with `pip install 'orchestra[lmeval]'`"
 #: lm-eval output types whose requests are scored by prompt log-probabilities
 LOGLIK_OUTPUTS = frozenset({"multiple_choice", "loglikelihood", "loglikelihood_rolling"})
+#: lm-eval's chat options among the settings (present only when one is set)
+CHAT_KEYS = ("apply_chat_template", "fewshot_as_multiturn", "system_instruction")
 #: probe answers of this process, by settings (the config check and the planner share one probe)
 _PROBED: dict[str, dict[str, Any]] = {}
 
@@ -189,9 +191,11 @@ class LmEvalDataset(BaseDataset):
     def _probe(self) -> dict[str, Any]:
         """The probe subprocess's answer for these settings (once per process)."""
         lmeval_version(f"dataset {self.abbr}")
-        key = json.dumps(self.settings, sort_keys=True)
+        # the chat options change no count, kind or input: one probe serves a task with and without them
+        settings = {k: v for k, v in self.settings.items() if k not in CHAT_KEYS}
+        key = json.dumps(settings, sort_keys=True)
         if key not in _PROBED:
-            argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(self.settings)]
+            argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(settings)]
             proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=lmeval_plan.probe_env())
             if proc.returncode != 0:
                 lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
