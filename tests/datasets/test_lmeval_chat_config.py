@@ -16,7 +16,6 @@ import pytest
 
 from orchestra.datasets.lmeval import LmEvalDataset
 from orchestra.errors import ConfigError
-from orchestra.models.chat_template import gguf_chat_template
 from orchestra.models.hf_common import smollm2_gguf
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,6 +61,8 @@ def test_chat_settings_are_checked_as_lm_eval_checks_them() -> None:
 
 
 def test_the_bundled_ggufs_chat_template_is_read_from_its_header(tmp_path: Path) -> None:
+    from orchestra.models.chat_template import gguf_chat_template
+
     template = gguf_chat_template(smollm2_gguf())
     assert template is not None and "<|im_start|>" in template and "add_generation_prompt" in template
     cut = tmp_path / "cut.gguf"
