@@ -239,14 +239,14 @@ def llama() -> Iterator[str]:
 def served(tmp_path_factory: pytest.TempPathFactory, offline: Path, llama: str) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("lmeval_chat_api")
     model = (f"dict(type=OpenAIAPI, abbr='api', path='smollm2', base_url={llama!r}, endpoint='chat', key_env=None, "
-             "max_connections=1)")
+             "max_connections=1, attempt_timeout_s=600.0, timeout_s=1800.0)")
     entry = (f"dict(type=LmEvalDataset, abbr='gsm8k', task='gsm8k', include_path={str(offline)!r}, "
              f"test_range='[0:2]', num_fewshot={SHOTS}, apply_chat_template=True, system_instruction={SYSTEM!r}, "
              f"gen_kwargs={GEN_KWARGS!r})")
     ours = _read_run(_orchestra(tmp, model, [entry]), "api")
     ref = _lm_eval(tmp, "ref_api", [
         "--model", "local-chat-completions", "--model_args",
-        f"model=smollm2,base_url={llama}/chat/completions,num_concurrent=1,max_retries=1",
+        f"model=smollm2,base_url={llama}/chat/completions,num_concurrent=1,max_retries=1,timeout=1800",
         "--include_path", str(offline), "--tasks", "gsm8k", "--limit", "2", "--num_fewshot", str(SHOTS),
         "--gen_kwargs", GEN_KWARGS, "--apply_chat_template", "--system_instruction", SYSTEM])
     return {"ours": ours, "ref": ref}
