@@ -249,8 +249,10 @@ class LmEvalInferencer(Inferencer):
     ``loglikelihood`` pairs sharing a context go to the model as one scoring request,
     those of ``output_type: loglikelihood`` tasks (marked ``greedy``) with ``is_greedy``,
     ``loglikelihood_rolling`` texts as the model's rolling windows, ``generate_until``
-    generates with lm-eval's stop sequences.  The record keeps the requests and the answers
-    in lm-eval's shapes (``[logprob, is_greedy]``, a logprob, a text) for lm-eval to score."""
+    generates with lm-eval's stop sequences.  A request whose context lm-eval built as chat
+    messages (``apply_chat_template``) carries them as ``chat``: they go to the model as such, to
+    be read lm-eval's way (``lmeval_chat``).  The record keeps the requests and the answers in
+    lm-eval's shapes (``[logprob, is_greedy]``, a logprob, a text) for lm-eval to score."""
 
     name = "lmeval"
     keys = frozenset({"type"})
@@ -265,14 +267,15 @@ class LmEvalInferencer(Inferencer):
         raise ConfigError(f"{where}: inferencer 'lmeval' is built by LmEvalDataset only")
 
     @staticmethod
-    def _gen(args: list[Any]) -> GenRequest:
+    def _gen(call: dict[str, Any]) -> GenRequest:
+        args, chat = call["args"], call.get("chat")
         ctx, kwargs = args[0], dict(args[1] or {})
         until = kwargs.get("until") or []
         sampled = bool(kwargs.get("do_sample", False))
-        return GenRequest(prompt=ctx, max_out_len=int(kwargs.get("max_gen_toks", 256)),
+        return GenRequest(prompt=ctx if chat is None else list(chat), max_out_len=int(kwargs.get("max_gen_toks", 256)),
                           stop=tuple([until] if isinstance(until, str) else until),
                           temperature=float(kwargs.get("temperature", 0.0)) if sampled else 0.0,
-                          top_p=float(kwargs.get("top_p", 1.0)) if sampled else 1.0)
+                          top_p=float(kwargs.get("top_p", 1.0)) if sampled else 1.0, lmeval_chat=chat is not None)
 
     async def run(self, model: BaseModel, sample: Sample) -> dict[str, Any]:
         # (context, is_greedy asked) -> indices of its loglikelihood calls
@@ -289,14 +292,16 @@ class LmEvalInferencer(Inferencer):
                 jobs.append(_checked_rolling(model, args[0], sample))
             elif kind == "generate_until":
                 slots.append((len(jobs), -1))
-                jobs.append(_checked_text(model, self._gen(args), sample))
+                jobs.append(_checked_text(model, self._gen(call), sample))
             else:
                 raise ValueError(f"sample {sample.id}: lm-eval request type {kind!r} is not supported")
         for (ctx, greedy), members in contexts.items():
             conts = tuple(sample.calls[i]["args"][1] for i in members)
             for pos, i in enumerate(members):
                 slots[i] = (len(jobs), pos)
-            request = LoglikRequest(context=ctx, continuations=conts)
+            chat = sample.calls[members[0]].get("chat")  # the messages lm-eval's context stands for
+            request = LoglikRequest(context=ctx if chat is None else list(chat), continuations=conts,
+                                    lmeval_chat=chat is not None)
             jobs.append(_checked_greedy(model, request, sample) if greedy else _checked_logliks(model, request, sample))
         answers = await asyncio.gather(*jobs)
         responses: list[Any] = []

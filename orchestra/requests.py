@@ -34,6 +34,14 @@ class GenRequest:
     """Generate a continuation of ``prompt``.
 
     ``max_out_len=None`` leaves the length to the model's own ``max_out_len``.
+
+    ``lmeval_chat=True``: ``prompt`` holds chat messages to read as ``lm_eval
+    --apply_chat_template`` does.  A model with a chat template renders them with it (a
+    generation prompt after a final user message; a final assistant message, lm-eval's
+    ``gen_prefix``, is continued instead; a template that refuses the system role gets the
+    messages without it), then reads the text as lm-eval reads any context: trailing whitespace
+    moves into a continuation, special tokens are added unless the text starts with the BOS
+    token.  A chat endpoint gets the messages as they are.
     """
 
     prompt: Prompt
@@ -42,6 +50,7 @@ class GenRequest:
     temperature: float = 0.0
     top_p: float = 1.0
     seed: int | None = None
+    lmeval_chat: bool = False
 
     def is_default_sampling(self) -> bool:
         """Greedy and unseeded: the request leaves sampling to the model's ``generation_kwargs``."""
@@ -54,6 +63,7 @@ class LoglikRequest:
 
     context: Prompt
     continuations: tuple[str, ...]
+    lmeval_chat: bool = False  # as :attr:`GenRequest.lmeval_chat`
 
 
 @dataclass

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestra.config.chatcheck import check_chat_templates
 from orchestra.config.relpaths import found as found_path
 from orchestra.config.schema import build_component, check_kwargs
 from orchestra.config.secrets import check_secrets
@@ -364,6 +365,7 @@ def validate(raw: dict[str, Any], source: str) -> RunConfig:
             seen[abbr] = i
     _check_file_names(datasets, source)
     _check_served(models, datasets, source)
+    check_chat_templates(models, datasets, source)
     work_dir = raw.get("work_dir", "outputs/default")
     if not isinstance(work_dir, str) or not work_dir:
         raise ConfigError(f"{source}: work_dir must be a path string, got {work_dir!r}")

@@ -217,6 +217,13 @@ class BaseDataset(abc.ABC):
         ``eval_cfg.evaluator`` scores it."""
         raise NotImplementedError
 
+    @classmethod
+    def uses_chat_template(cls, cfg: dict[str, Any]) -> bool:
+        """Whether this dataset's requests (config ``cfg``) are chat messages each model must read
+        through its chat template (LmEvalDataset's ``apply_chat_template``); the config check
+        then asks every model (``BaseModel.chat_template_problem``).  Default: False."""
+        return False
+
     def sample_keys(self) -> list[str] | None:
         """The sample key of each row under evaluation, by sample id (:func:`digest.row_keys`):
         what ``orchestra compare`` aligns runs by.  None for a dataset whose own scorer writes

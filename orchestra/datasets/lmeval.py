@@ -36,6 +36,8 @@ from orchestra.requests import Sample
 INSTALL_HINT = "install it with `pip install 'orchestra[lmeval]'`"
 #: lm-eval output types whose requests are scored by prompt log-probabilities
 LOGLIK_OUTPUTS = frozenset({"multiple_choice", "loglikelihood", "loglikelihood_rolling"})
+#: lm-eval's chat options among the settings (present only when one is set)
+CHAT_KEYS = ("apply_chat_template", "fewshot_as_multiturn", "system_instruction")
 #: probe answers of this process, by settings (the config check and the planner share one probe)
 _PROBED: dict[str, dict[str, Any]] = {}
 
@@ -45,6 +47,25 @@ def lmeval_version(where: str) -> str:
     if importlib.util.find_spec("lm_eval") is None:
         raise ConfigError(f"{where}: LmEvalDataset needs the lm_eval package; {INSTALL_HINT}")
     return importlib.metadata.version("lm_eval")
+
+
+def _chat_settings(where: str, apply_chat_template: Any, fewshot_as_multiturn: Any,
+                   system_instruction: Any) -> dict[str, Any]:
+    """lm-eval's chat options as settings, checked as ``lm_eval`` checks them; none when all
+    are unset (so the content keys of configs without them stay what they were)."""
+    for key, value in (("apply_chat_template", apply_chat_template), ("fewshot_as_multiturn", fewshot_as_multiturn)):
+        if value is not None and not isinstance(value, bool) or (key == "apply_chat_template" and value is None):
+            raise ConfigError(f"{where}: {key}={value!r}: expected True or False"
+                              + (" or None" if key == "fewshot_as_multiturn" else ""))
+    if system_instruction is not None and not isinstance(system_instruction, str):
+        raise ConfigError(f"{where}: system_instruction={system_instruction!r}: expected a string or None")
+    if fewshot_as_multiturn and not apply_chat_template:
+        raise ConfigError(f"{where}: fewshot_as_multiturn=True needs apply_chat_template=True (as in lm-eval)")
+    if not apply_chat_template and system_instruction is None:
+        return {}
+    multiturn = bool(apply_chat_template) if fewshot_as_multiturn is None else fewshot_as_multiturn
+    return {"apply_chat_template": bool(apply_chat_template), "fewshot_as_multiturn": multiturn,
+            "system_instruction": system_instruction}
 
 
 class LmEvalDataset(BaseDataset):
@@ -62,8 +83,14 @@ class LmEvalDataset(BaseDataset):
         gen_kwargs: as ``--gen_kwargs`` (``'max_gen_toks=64'`` or a dict): updates the
             generation settings of ``generate_until`` tasks.
         bootstrap_iters: as ``--bootstrap_iters`` (stderr of non-mean metrics).
-        apply_chat_template, fewshot_as_multiturn: lm-eval's chat options; not supported yet
-            (a true value is a ``ConfigError``); use them with lm-eval itself.
+        apply_chat_template: as ``--apply_chat_template``: lm-eval builds each context as chat
+            messages, which each model reads through its chat template (HFCausalLM, VLLMModel)
+            or sends as they are (a chat endpoint); see docs/lm-eval.md.
+        fewshot_as_multiturn: as ``--fewshot_as_multiturn``: the few-shot examples as
+            alternating user / assistant turns (None: True with ``apply_chat_template``, as
+            lm-eval; True needs ``apply_chat_template``).
+        system_instruction: as ``--system_instruction``: a system message first (with
+            ``apply_chat_template``), else text before the prompt.
         reader_cfg, infer_cfg, eval_cfg: accepted for the usual shape, and must stay empty:
             lm-eval's task defines prompts and scoring.
     """
@@ -87,7 +114,8 @@ class LmEvalDataset(BaseDataset):
         gen_kwargs: str | dict[str, Any] | None = None,
         bootstrap_iters: int = 100000,
         apply_chat_template: bool = False,
-        fewshot_as_multiturn: bool = False,
+        fewshot_as_multiturn: bool | None = None,
+        system_instruction: str | None = None,
         path: str = "",
         reader_cfg: dict[str, Any] | None = None,
         infer_cfg: dict[str, Any] | None = None,
@@ -101,9 +129,7 @@ class LmEvalDataset(BaseDataset):
             if value:
                 raise ConfigError(f"{where}: {key} is not used by LmEvalDataset (lm-eval's task defines prompts and "
                                   "scoring); use task, num_fewshot, test_range, gen_kwargs")
-        for key, flag in (("apply_chat_template", apply_chat_template), ("fewshot_as_multiturn", fewshot_as_multiturn)):
-            if flag:
-                raise ConfigError(f"{where}: {key}=True is not supported by LmEvalDataset yet (see docs/lm-eval.md)")
+        chat = _chat_settings(where, apply_chat_template, fewshot_as_multiturn, system_instruction)
         if num_fewshot is not None and (isinstance(num_fewshot, bool) or not isinstance(num_fewshot, int)
                                         or num_fewshot < 0):
             raise ConfigError(f"{where}: num_fewshot={num_fewshot!r}: expected an integer >= 0 or None")
@@ -121,7 +147,13 @@ class LmEvalDataset(BaseDataset):
             "task": task, "num_fewshot": num_fewshot,
             "include_path": [os.path.abspath(os.path.expanduser(p)) for p in paths],
             "test_range": list(self.range), "gen_kwargs": gen_kwargs, "bootstrap_iters": int(bootstrap_iters),
+            **chat,
         }
+
+    @classmethod
+    def uses_chat_template(cls, cfg: dict[str, Any]) -> bool:
+        """Whether this dataset's contexts are chat messages for each model's chat template."""
+        return cfg.get("apply_chat_template") is True
 
     # -- planning (no lm_eval import) ---------------------------------------------------------
     @property
@@ -181,9 +213,11 @@ class LmEvalDataset(BaseDataset):
     def _probe(self) -> dict[str, Any]:
         """The probe subprocess's answer for these settings (once per process)."""
         lmeval_version(f"dataset {self.abbr}")
-        key = json.dumps(self.settings, sort_keys=True)
+        # the chat options change no count, kind or input: one probe serves a task with and without them
+        settings = {k: v for k, v in self.settings.items() if k not in CHAT_KEYS}
+        key = json.dumps(settings, sort_keys=True)
         if key not in _PROBED:
-            argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(self.settings)]
+            argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(settings)]
             argv += [] if persisting() else ["--dry-run"]  # a dry run's probe writes no cache either
             proc = subprocess.run(argv, capture_output=True, text=True, check=False, env=lmeval_plan.probe_env())
             if proc.returncode != 0:

@@ -98,7 +98,7 @@ def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int, kinds: dict[st
         model=lm, tasks=sel.items, num_fewshot=settings["num_fewshot"], limit=sel.limit,
         samples=samples_arg(sel, settings),  # as --samples (lm-eval numbers them 0..)
         gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters,
-        log_samples=True, **SEEDS,
+        log_samples=True, **chat_args(settings), **SEEDS,
     )
     if results is None:
         raise TaskFailedError(f"lm-eval returned no results for {settings['task']}")
@@ -106,15 +106,42 @@ def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int, kinds: dict[st
     return results, counts
 
 
+def chat_args(settings: dict[str, Any]) -> dict[str, Any]:
+    """simple_evaluate's chat arguments for these settings (lm-eval's defaults when unset)."""
+    return {"apply_chat_template": bool(settings.get("apply_chat_template", False)),
+            "fewshot_as_multiturn": bool(settings.get("fewshot_as_multiturn", False)),
+            "system_instruction": settings.get("system_instruction")}
+
+
+def chat_context(messages: list[dict[str, str]]) -> str:
+    """What lm-eval's context is when it builds chat messages for orchestra: the messages as
+    JSON (as lm-eval's API models make them); each model reads the messages themselves."""
+    return json.dumps(messages, ensure_ascii=False)
+
+
 def _lm_class() -> type:
     from lm_eval.api.model import LM
 
     class _Scripted(LM):
-        """lm-eval's model interface answered by ``answer(kind, instances)``."""
+        """lm-eval's model interface answered by ``answer(kind, instances)``; the chat messages
+        lm-eval builds (``apply_chat_template``) are kept by the context they became."""
 
         def __init__(self, answer: Any) -> None:
             super().__init__()
             self.answer = answer
+            self.chats: dict[str, list[dict[str, str]]] = {}
+
+        @property
+        def tokenizer_name(self) -> str:
+            return ""  # a part of lm-eval's request cache key, which orchestra does not use
+
+        def apply_chat_template(self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+            # add_generation_prompt is lm-eval's "no gen_prefix", i.e. the last message is not the
+            # assistant's: the messages say it, and each model renders them from that
+            messages = [{"role": str(m["role"]), "content": str(m["content"])} for m in chat_history]
+            context = chat_context(messages)
+            self.chats[context] = messages
+            return context
 
         def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[Any]:
             return list(self.answer("loglikelihood", requests))
@@ -147,10 +174,14 @@ def collect(settings: dict[str, Any]) -> list[DocRequests]:
             call = {"type": kind, "args": json.loads(json.dumps(list(inst.args))), "idx": int(inst.idx)}
             if kind == "loglikelihood" and kinds.get(inst.task_name) == GREEDY_OUTPUT:
                 call["greedy"] = True  # its metric reads is_greedy: ask the model for it
+            chat = lm.chats.get(inst.args[0]) if kind != "loglikelihood_rolling" else None
+            if chat is not None:
+                call["chat"] = chat
             seen[(inst.task_name, int(inst.doc_id))].append(call)
         return [_PLACEHOLDER[kind]] * len(instances)
 
-    _, counts = _run(settings, _lm_class()(record), bootstrap_iters=0, kinds=kinds)
+    lm = _lm_class()(record)
+    _, counts = _run(settings, lm, bootstrap_iters=0, kinds=kinds)
     docs: list[DocRequests] = []
     for name, n in counts:
         for doc_id in range(n):

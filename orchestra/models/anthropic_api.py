@@ -13,6 +13,7 @@ from typing import Any
 
 from orchestra.errors import ModelError
 from orchestra.models.anthropic_batch_http import AnthropicBatchHTTP
+from orchestra.models.http_body import count_usage
 from orchestra.models.openai_api import OpenAIAPI
 from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.requests import GenRequest, LoglikRequest
@@ -84,13 +85,7 @@ class AnthropicAPI(OpenAIAPI):
         return body
 
     def _count_usage(self, data: dict[str, Any]) -> None:
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            extra = self.stats.extra
-            for theirs, ours in (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens")):
-                value = usage.get(theirs)
-                if isinstance(value, (int, float)):
-                    extra[ours] = extra.get(ours, 0) + value
+        count_usage(self.stats.extra, data, (("input_tokens", "prompt_tokens"), ("output_tokens", "completion_tokens")))
 
     async def generate(self, request: GenRequest) -> str:
         data = await self.post(self.url, self.request_body(request))

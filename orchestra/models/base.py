@@ -119,6 +119,14 @@ class BaseModel(abc.ABC):
         run_cfg = cfg.get("run_cfg") or {}
         return {"num_gpus": int(run_cfg.get("num_gpus", 0)), "num_procs": int(run_cfg.get("num_procs", 1))}
 
+    @classmethod
+    def chat_template_problem(cls, cfg: dict[str, Any], scoring: bool) -> str | None:
+        """Why this model cannot take requests of chat messages to be read as ``lm_eval
+        --apply_chat_template`` reads them (``lmeval_chat``; ``scoring``: log-likelihoods of them
+        too), in words for a config error; None: it can.  Asked of the config, without building
+        the model.  Default: None (the model takes messages as they are)."""
+        return None
+
     def out_len(self, request: GenRequest) -> int:
         """The generation length of ``request``: its own, else the model's ``max_out_len``."""
         return request.max_out_len if request.max_out_len is not None else self.max_out_len

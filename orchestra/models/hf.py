@@ -19,6 +19,7 @@ from typing import Any
 
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models.base import BatchedModel
+from orchestra.models.chat_template import template_problem
 from orchestra.models.hf_common import (
     check_local_model_args,
     encode,
@@ -26,7 +27,7 @@ from orchestra.models.hf_common import (
     resolve_source,
     truncate_at_stop,
 )
-from orchestra.models.hf_generate import cut_batches, generate_rounds, kv_bytes_per_token
+from orchestra.models.hf_generate import cut_batches, generate_rounds, generated_tokens, kv_bytes_per_token
 from orchestra.models.hf_load import LoadedLM, load_causal_lm
 from orchestra.models.hf_loglik import greedy_batch, rolling_batch, score_batch
 from orchestra.models.hf_score import LoglikScorer, is_oom
@@ -105,6 +106,12 @@ class HFCausalLM(BatchedModel):
         if "num_gpus" not in (cfg.get("run_cfg") or {}) and str(cfg.get("device", "auto")).startswith("cuda"):
             out["num_gpus"] = 1
         return out
+
+    @classmethod
+    def chat_template_problem(cls, cfg: dict[str, Any], scoring: bool) -> str | None:
+        """Its tokenizer must have a chat template (read from files: :mod:`orchestra.models.chat_template`)."""
+        return template_problem(resolve_source(str(cfg.get("path", "")), f"model {cfg.get('abbr')}"),
+                                cfg.get("tokenizer_path"))
 
     def __init__(
         self,
@@ -255,7 +262,7 @@ class HFCausalLM(BatchedModel):
         return results
 
     def _prompt_ids(self, lm: LoadedLM, req: GenRequest) -> list[int]:
-        text, templated = render_prompt(lm.tokenizer, req.prompt, self.use_chat_template)
+        text, templated = render_prompt(lm.tokenizer, req.prompt, self.use_chat_template, req.lmeval_chat)
         ids = encode(lm.tokenizer, text, templated)
         room = max(1, lm.max_len(self.max_seq_len) - self.out_len(req))
         if len(ids) > room:
@@ -324,7 +331,7 @@ class HFCausalLM(BatchedModel):
         self.stats.extra["gen_rounds"] = self.stats.extra.get("gen_rounds", 0) + rounds
         eos = config["eos_token_id"]
         ends = {e for e in (eos if isinstance(eos, (list, tuple)) else [eos]) if e is not None}
-        self._count_tokens(sum(len(p) for p in prompts), sum(_generated(ids, ends) for ids in new_ids))
+        self._count_tokens(sum(len(p) for p in prompts), sum(generated_tokens(ids, ends) for ids in new_ids))
         return [
             truncate_at_stop(tok.decode(ids, skip_special_tokens=True), stop) for ids, stop in zip(new_ids, stops)
         ]
@@ -385,11 +392,3 @@ class HFCausalLM(BatchedModel):
         extra = self.stats.extra
         extra["prompt_tokens"] = extra.get("prompt_tokens", 0) + prompt
         extra["completion_tokens"] = extra.get("completion_tokens", 0) + completion
-
-
-def _generated(ids: list[int], ends: set[int]) -> int:
-    """Tokens a row generated: up to its first end-of-sequence token (the rest is padding)."""
-    for i, t in enumerate(ids):
-        if t in ends:
-            return i + 1
-    return len(ids)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from orchestra.errors import ConfigError
+from orchestra.errors import ConfigError, ModelError
 from orchestra.requests import LoglikRequest, Prompt, prompt_text
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -128,13 +128,43 @@ def auto_num_threads(explicit: int | None, uses_cuda: bool) -> int | None:
     return value if value >= 1 else None
 
 
-def render_prompt(tokenizer: Any, prompt: Prompt, use_chat_template: bool | None) -> tuple[str, bool]:
-    """The text to feed the model, and whether it came from the chat template.
+def lmeval_chat_text(tokenizer: Any, messages: Sequence[Mapping[str, str]]) -> str:
+    """Chat messages rendered as lm-eval's ``apply_chat_template`` of its ``hf`` and ``vllm``
+    models renders them: a generation prompt after a final user message, a final assistant
+    message (a task's ``gen_prefix``) continued instead; a template that raises on them is
+    given them again without the system messages.  ``ModelError`` if there is no template."""
+    import jinja2
+
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelError("the tokenizer has no chat template, which apply_chat_template=True needs")
+    chat = [dict(m) for m in messages]
+    prefill = bool(chat) and chat[-1].get("role") == "assistant"
+
+    def render(history: list[dict[str, str]]) -> str:
+        return str(tokenizer.apply_chat_template(history, tokenize=False, add_generation_prompt=not prefill,
+                                                 continue_final_message=prefill))
+
+    try:
+        return render(chat)
+    except jinja2.exceptions.TemplateError:
+        return render([m for m in chat if m.get("role") != "system"])
+
+
+def render_prompt(tokenizer: Any, prompt: Prompt, use_chat_template: bool | None,
+                  lmeval_chat: bool = False) -> tuple[str, bool]:
+    """The text to feed the model, and whether it carries its own special tokens.
 
     ``use_chat_template``: ``None`` applies the template to chat-message prompts only;
     ``True`` also wraps a plain string as one user message; ``False`` never applies it
     (messages are joined by blank lines).  Templated text carries its own special tokens.
+    ``lmeval_chat`` (see :class:`~orchestra.requests.GenRequest`): messages rendered by
+    :func:`lmeval_chat_text` whatever ``use_chat_template`` says, carrying their own special
+    tokens only where the text starts with the BOS token (lm-eval's rule).
     """
+    if lmeval_chat and not isinstance(prompt, str):
+        text = lmeval_chat_text(tokenizer, prompt)
+        bos = getattr(tokenizer, "bos_token", None)
+        return text, isinstance(bos, str) and bool(bos) and text.startswith(bos)
     apply = use_chat_template if use_chat_template is not None else not isinstance(prompt, str)
     if apply and getattr(tokenizer, "chat_template", None):
         messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
@@ -275,10 +305,10 @@ def loglik_rows(
                 rendered[req.context] = render_prompt(tokenizer, req.context, use_chat_template)
             text, templated = rendered[req.context]
         else:
-            text, templated = render_prompt(tokenizer, req.context, use_chat_template)
+            text, templated = render_prompt(tokenizer, req.context, use_chat_template, req.lmeval_chat)
         for ci, cont in enumerate(req.continuations):
             ctx = text
-            if not templated:
+            if not templated or req.lmeval_chat:  # lm-eval moves it out of a rendered chat too
                 ctx, cont = _move_space(ctx, cont)
             pairs.append((ri, ci, ctx, cont, templated))
     texts: dict[bool, dict[str, int]] = {False: {}, True: {}}

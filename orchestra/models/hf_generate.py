@@ -198,3 +198,11 @@ def _decode_static(
     tokens, mode = decode_greedy(torch, model, ids, mask, max_new, int(pad if pad is not None else 0), is_done, graph)
     log.info("a round of %d rows: %d steps with a static cache (%s)", ids.shape[0], tokens.shape[1], mode)
     return list(tokens.tolist())
+
+
+def generated_tokens(ids: list[int], ends: set[int]) -> int:
+    """Tokens a row generated: up to its first end-of-sequence token (the rest is padding)."""
+    for i, t in enumerate(ids):
+        if t in ends:
+            return i + 1
+    return len(ids)

@@ -81,3 +81,19 @@ def text_parts(parts: list[Any], abbr: str) -> str:
                 raise ModelError(f"model {abbr}: a text part of the answer's content is not text")
             texts.append(part["text"])
     return "".join(texts)
+
+
+#: the token counts of an OpenAI answer's ``usage``, and the counters they add to
+OPENAI_USAGE = (("prompt_tokens", "prompt_tokens"), ("completion_tokens", "completion_tokens"))
+
+
+def count_usage(extra: dict[str, float], data: dict[str, Any],
+                names: tuple[tuple[str, str], ...] = OPENAI_USAGE) -> None:
+    """Add an answer's token counts (its ``usage``, read by ``names``: theirs, ours) to a
+    model's counters ``extra``; an answer without them adds nothing."""
+    usage = data.get("usage")
+    if isinstance(usage, dict):
+        for theirs, ours in names:
+            value = usage.get(theirs)
+            if isinstance(value, (int, float)):
+                extra[ours] = extra.get(ours, 0) + value

@@ -34,8 +34,9 @@ from orchestra.limits.retry import (
 )
 from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
+from orchestra.models.chat_template import endpoint_problem
 from orchestra.models.echo_logprobs import BadEcho, continuation_logprob
-from orchestra.models.http_body import MAX_BODY_BYTES, read_capped, scrub_answer, scrub_key, text_parts
+from orchestra.models.http_body import MAX_BODY_BYTES, count_usage, read_capped, scrub_answer, scrub_key, text_parts
 from orchestra.models.http_session import Secret, env_proxy, open_session
 from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
@@ -156,6 +157,11 @@ class OpenAIAPI(BaseModel):
         if isinstance(server, dict):
             cfg = {**cfg, "server": {k: server.get(k) for k in ("engine", "model", "args", "command", "ctx_size")}}
         return super().identity(cfg)
+
+    @classmethod
+    def chat_template_problem(cls, cfg: dict[str, Any], scoring: bool) -> str | None:
+        """See :func:`~orchestra.models.chat_template.endpoint_problem` (the server renders chats)."""
+        return endpoint_problem(str(cfg.get("endpoint", "chat")), scoring)
 
     def __repr__(self) -> str:
         return f"OpenAIAPI(abbr={self.abbr!r}, path={self.path!r}, base_url={self.base_url!r})"
@@ -349,13 +355,7 @@ class OpenAIAPI(BaseModel):
         return body
 
     def _count_usage(self, data: dict[str, Any]) -> None:
-        usage = data.get("usage")
-        if isinstance(usage, dict):
-            extra = self.stats.extra
-            for key in ("prompt_tokens", "completion_tokens"):
-                value = usage.get(key)
-                if isinstance(value, (int, float)):
-                    extra[key] = extra.get(key, 0) + value
+        count_usage(self.stats.extra, data)
 
     async def generate(self, request: GenRequest) -> str:
         data = await self.post(self.url, self.request_body(request))

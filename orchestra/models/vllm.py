@@ -19,7 +19,9 @@ from typing import Any
 
 from orchestra.errors import ConfigError, ModelError
 from orchestra.models.base import BatchedModel
+from orchestra.models.chat_template import template_problem
 from orchestra.models.hf_common import (
+    ModelSource,
     check_local_model_args,
     encode,
     loglik_rows,
@@ -129,6 +131,12 @@ class VLLMModel(BatchedModel):
         seed: the engine's random seed.
         engine_kwargs: further ``vllm.LLM`` arguments (e.g. ``enforce_eager``, ``quantization``).
     """
+
+    @classmethod
+    def chat_template_problem(cls, cfg: dict[str, Any], scoring: bool) -> str | None:
+        """A checkpoint folder must have a chat template; a hub id is found out at load time."""
+        path = os.path.expanduser(str(cfg.get("path", "")))
+        return template_problem(ModelSource("folder", path)) if os.path.isdir(path) else None
 
     def __init__(
         self,
@@ -297,7 +305,7 @@ class VLLMModel(BatchedModel):
         tok = llm.get_tokenizer()
         prompts = []
         for req in requests:
-            text, templated = render_prompt(tok, req.prompt, self.use_chat_template)
+            text, templated = render_prompt(tok, req.prompt, self.use_chat_template, req.lmeval_chat)
             prompts.append({"prompt_token_ids": encode(tok, text, templated)})
         params = [vllm.SamplingParams(**self.sampling_kwargs(req)) for req in requests]
         outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -226,8 +226,8 @@ def test_the_bridges_stderr_is_lm_evals(both: dict[str, Any]) -> None:
 def test_bad_settings_are_one_line_naming_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="task=''"):
         LmEvalDataset(abbr="x", task="")
-    with pytest.raises(ConfigError, match="apply_chat_template=True is not supported"):
-        LmEvalDataset(abbr="x", task="arc_easy", apply_chat_template=True)
+    with pytest.raises(ConfigError, match="fewshot_as_multiturn=True needs apply_chat_template=True"):
+        LmEvalDataset(abbr="x", task="arc_easy", fewshot_as_multiturn=True)
     with pytest.raises(ConfigError, match="num_fewshot=-1"):
         LmEvalDataset(abbr="x", task="arc_easy", num_fewshot=-1)
     with pytest.raises(ConfigError, match="include_path .* is not a folder"):
