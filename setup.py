@@ -25,8 +25,9 @@ setup(
         # orchestra drives lm-eval's own evaluate loop and its request/metric shapes
         "lmeval": ["lm_eval==0.4.13"],
         # scipy and statsmodels: the oracles orchestra/stats.py is tested against (never imported by orchestra)
-        "test": ["pytest", "pytest-xdist", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp", "openai", "anthropic",
-                 "scipy", "statsmodels"],
+        # tenacity: lm-eval's API models (local-chat-completions, the reference of the chat-endpoint tests)
+        "test": ["pytest", "pytest-xdist", "tenacity", "aiohttp", "ruff", "mypy", "import-linter", "xllamacpp",
+                 "openai", "anthropic", "scipy", "statsmodels"],
     },
     entry_points={"console_scripts": ["orchestra=orchestra.cli.main:main"]},
 )
