@@ -18,6 +18,7 @@ One lm-eval run per configuration, shared by every assertion (module-scoped fixt
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import importlib.metadata
 import json
@@ -213,10 +214,12 @@ def test_every_sample_and_metric_is_lm_evals(hf: dict[str, Any]) -> None:
 # the chat path over HTTP: one llama.cpp server, lm-eval's local-chat-completions and OpenAIAPI
 
 
-@pytest.fixture(scope="module")
+@contextlib.contextmanager
 def llama() -> Iterator[str]:
-    """The base URL of a llama.cpp server with SmolLM2, one request at a time (so an answer does
-    not depend on what else is decoded beside it)."""
+    """The base URL of a fresh llama.cpp server with SmolLM2, one request at a time (so an answer
+    does not depend on what else is decoded beside it).  Each client gets its own server: a
+    server's prompt cache, left by the other client's requests, changes the numbers of the next
+    prompt that shares a prefix with them (measured: the same messages gave another GSM8K answer)."""
     import socket
 
     with socket.socket() as s:
@@ -236,19 +239,21 @@ def llama() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, offline: Path, llama: str) -> dict[str, Any]:
+def served(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("lmeval_chat_api")
-    model = (f"dict(type=OpenAIAPI, abbr='api', path='smollm2', base_url={llama!r}, endpoint='chat', key_env=None, "
-             "max_connections=1, attempt_timeout_s=600.0, timeout_s=1800.0)")
     entry = (f"dict(type=LmEvalDataset, abbr='gsm8k', task='gsm8k', include_path={str(offline)!r}, "
              f"test_range='[0:2]', num_fewshot={SHOTS}, apply_chat_template=True, system_instruction={SYSTEM!r}, "
              f"gen_kwargs={GEN_KWARGS!r})")
-    ours = _read_run(_orchestra(tmp, model, [entry]), "api")
-    ref = _lm_eval(tmp, "ref_api", [
-        "--model", "local-chat-completions", "--model_args",
-        f"model=smollm2,base_url={llama}/chat/completions,num_concurrent=1,max_retries=1,timeout=1800",
-        "--include_path", str(offline), "--tasks", "gsm8k", "--limit", "2", "--num_fewshot", str(SHOTS),
-        "--gen_kwargs", GEN_KWARGS, "--apply_chat_template", "--system_instruction", SYSTEM])
+    with llama() as url:
+        model = (f"dict(type=OpenAIAPI, abbr='api', path='smollm2', base_url={url!r}, endpoint='chat', "
+                 "key_env=None, max_connections=1, attempt_timeout_s=600.0, timeout_s=1800.0)")
+        ours = _read_run(_orchestra(tmp, model, [entry]), "api")
+    with llama() as url:
+        ref = _lm_eval(tmp, "ref_api", [
+            "--model", "local-chat-completions", "--model_args",
+            f"model=smollm2,base_url={url}/chat/completions,num_concurrent=1,max_retries=1,timeout=1800",
+            "--include_path", str(offline), "--tasks", "gsm8k", "--limit", "2", "--num_fewshot", str(SHOTS),
+            "--gen_kwargs", GEN_KWARGS, "--apply_chat_template", "--system_instruction", SYSTEM])
     return {"ours": ours, "ref": ref}
 
 
