@@ -16,7 +16,7 @@ QUICK_TIER="not slow and not slurm and not ray"
 # something machine-wide (the Slurm cluster, Ray, the sandbox) and tests whose module fixture
 # builds something run as groups, each on one worker (tests/conftest.py).
 # ORCHESTRA_TEST_WORKERS=0 runs everything in this process.
-PARALLEL=(-n "${ORCHESTRA_TEST_WORKERS:-4}")
+PARALLEL=(-n "${ORCHESTRA_TEST_WORKERS:-2}")
 if [ "${1-}" = "--quick" ]; then
   shift
   if [ ! -x .venv/bin/python ]; then
