@@ -21,10 +21,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestra.errors import ConfigError, RunFolderBusyError, UserError
 from orchestra.terminal import say
+
+if TYPE_CHECKING:  # the runners are imported when a run needs them (a quick start)
+    from orchestra.runners.base import BaseRunner
 
 __all__ = ["EXIT_FAILED", "EXIT_HANGUP", "EXIT_INTERRUPTED", "EXIT_OK", "EXIT_USAGE", "MODES", "PlanView", "Run",
            "plan", "run", "say", "viz"]
@@ -83,7 +86,7 @@ class PlanView:
     run_dir: str
     existed: bool
     plan: Any  # orchestra.planner.Plan
-    runners: dict[str, Any]
+    runners: dict[str, BaseRunner]
     sweep: Any = None  # SweepInfo
 
     @property
@@ -152,7 +155,7 @@ class PlanView:
 class _Prepared:
     cfg: Any
     infos: Any
-    runners: dict[str, Any]
+    runners: dict[str, BaseRunner]
     source: str
     prices: dict[str, Any] = field(default_factory=dict)  # the report's price table
 
@@ -220,8 +223,8 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
             runners[name] = stage.runner_cls(**stage.runner_kwargs)  # built (checked) even for debug
         except (TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: {name}.runner: {exc}") from None
-    check_server_gpus(cfg.models, getattr(runners.get("infer"), "gpus", None), source)
-    check_judge_gpus(cfg.datasets, getattr(runners.get("eval"), "gpus", None), source)
+    check_server_gpus(cfg.models, runners["infer"].gpus if "infer" in runners else None, source)
+    check_judge_gpus(cfg.datasets, runners["eval"].gpus if "eval" in runners else None, source)
     if debug:  # every stage in this process, one task at a time, tracebacks shown
         from orchestra.runners.local.inprocess import InProcessRunner
 
@@ -342,7 +345,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
         # a runner's own check of what it reaches (a Ray head's address), before any stage says a
         # word; only for a stage with tasks (``-r`` of a finished run needs no cluster)
         for runner in {id(prep.runners[s]): prep.runners[s] for s in stages if made.tasks[s] and not debug}.values():
-            getattr(runner, "preflight", lambda: None)()
+            runner.preflight()
         events.emit("run_started", mode=mode, pid=os.getpid(),
                     tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
         results = run_stages(cfg, prep.runners, made, ctx, stages, debug, quiet)

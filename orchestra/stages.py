@@ -15,7 +15,7 @@ import threading
 from types import FrameType
 from typing import Any
 
-from orchestra.runners.base import RunContext, TaskResult
+from orchestra.runners.base import BaseRunner, RunContext, TaskResult
 from orchestra.summary.progress import StageProgress, api_model_abbrs
 from orchestra.terminal import say
 
@@ -117,7 +117,7 @@ class EvalAlongside:
         return self.results
 
 
-def run_stages(cfg: Any, runners: dict[str, Any], made: Any, ctx: RunContext, stages: list[str], debug: bool,
+def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunContext, stages: list[str], debug: bool,
                quiet: bool) -> list[TaskResult]:
     """Launch ``stages`` (of ``infer``, ``eval``) of the plan ``made`` in order, the eval stage beside
     the infer stage where the config lets it; stops early once ``ctx.stop`` is set.  Returns the
@@ -140,7 +140,7 @@ def run_stages(cfg: Any, runners: dict[str, Any], made: Any, ctx: RunContext, st
             say(f"[{stage}] {len(tasks)} task(s), {len(made.reused[stage])} output(s) reused", file=sys.stderr,
                 quiet=quiet)
             progress = None if debug or quiet else StageProgress(
-                stage, tasks, ctx.paths.events, api_model_abbrs(cfg.models), len(getattr(runners[stage], "gpus", ())))
+                stage, tasks, ctx.paths.events, api_model_abbrs(cfg.models), len(runners[stage].gpus or ()))
             ctx.on_change = progress
             try:
                 results += runners[stage].launch(tasks, ctx)

@@ -12,8 +12,9 @@ A runner (``BaseRunner`` subclass) is a backend's configuration; ``open(ctx)`` s
 * ``close()`` ends the launch: nothing it started may be left running.
 
 What a job needs (GPU slots, a warm Ray actor) goes through the session's ``resources``
-(``Resources``): ``unfit`` (never runnable here), ``acquire`` (reserve, or wait) and
-``release(job, exit)``, which sees how the attempt ended (a worker lost under it is not reused).
+(``Resources``): ``unfit`` (never runnable here), ``acquire`` (reserve, or wait),
+``release(job, exit)``, which sees how the attempt ended (a worker lost under it is not reused),
+and ``ended(task_id)`` once no attempt of a task follows.  The runner's own hooks are in ``hooks.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import abc
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from orchestra.runners.core.command import Command
 from orchestra.tasks.spec import TaskSpec
@@ -64,36 +65,38 @@ class CannotStart(Exception):
     created); the loop records it as a failed attempt with this message, the launch goes on."""
 
 
-class Resources(Protocol):
-    """What a task needs, reserved before its job starts and given back after it ended."""
+class Resources:
+    """What a task needs, reserved before its job starts and given back after it ended.  The
+    defaults reserve nothing (a cluster schedules the job); a backend overrides what it holds."""
 
     def unfit(self, task: TaskSpec) -> str | None:
         """Why ``task`` can never run here (more GPUs than exist, a tool missing), or None."""
+        return None
 
     def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
         """Reserve what ``task`` needs (recorded in its ``started`` event); None: it must wait.
 
         Raises ``CannotStart`` when this attempt cannot start at all."""
+        return {}
 
     def release(self, job: Job, ended: Exit | None) -> None:
         """Give back what ``acquire`` reserved; ``ended`` is how the attempt ended (None: cancelled,
         or it never started)."""
 
+    def ended(self, task_id: str) -> None:
+        """``task_id`` reached an end state (done, failed for good, skipped, cancelled): no attempt
+        of it follows, so what was held for it alone may go (managed servers' replicas)."""
 
-class NoResources:
-    """A backend whose jobs reserve nothing here (the cluster schedules them)."""
+
+class NoResources(Resources):
+    """A backend whose jobs reserve nothing here (the cluster schedules them), or none can run
+    (``unfit``: why, e.g. the cluster's client is missing)."""
 
     def __init__(self, unfit: str | None = None) -> None:
         self._unfit = unfit
 
     def unfit(self, task: TaskSpec) -> str | None:
         return self._unfit
-
-    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
-        return {}
-
-    def release(self, job: Job, ended: Exit | None) -> None:
-        return None
 
 
 class Session(abc.ABC):

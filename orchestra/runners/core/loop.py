@@ -2,19 +2,18 @@
 
 ``BaseRunner.launch`` owns the queue, ``max_num_workers``, resource slots, retries (a task's own,
 and infrastructure retries that do not spend it), timeouts, cancellation and the event log.  It
-drives a backend only through ``core/contract.py``: ``open(ctx, tasks)`` gives a ``Session``; each
-round submits the ready jobs together, polls every job in flight in one call, and cancels without
-waiting (a cancelled job stays polled until its session reports it gone).  Managed servers: served.py.
+drives a backend only through ``core/hooks.py`` (the runner's hooks) and ``core/contract.py``:
+``open(ctx, tasks)`` gives a ``Session``; each round submits the ready jobs together, polls every
+job in flight in one call, and cancels without waiting (a cancelled job stays polled until its
+session reports it gone).  Managed servers: served.py.
 """
 
 from __future__ import annotations
 
-import abc
 import heapq
 import os
 import time
 from collections import deque
-from collections.abc import Sequence
 from typing import Any
 
 from orchestra.backoff import exponential_backoff
@@ -22,6 +21,7 @@ from orchestra.fileio import append_line
 from orchestra.runners.core import checks
 from orchestra.runners.core.command import Command, fill_template
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
+from orchestra.runners.core.hooks import RunnerHooks
 from orchestra.runners.core.run import InFlight, PendingTask, Results, RunContext, TaskResult, TaskState
 from orchestra.runners.core.served import attach_servers, close_launch, with_server_env
 from orchestra.tasks.kinds import task_argv
@@ -30,7 +30,7 @@ from orchestra.tasks.spec import TaskSpec, output_done
 DRAIN_LIMIT_S = 300.0  #: the longest a stop waits for cancelled jobs reported gone (a net: backends bound their own)
 
 
-class BaseRunner(abc.ABC):
+class BaseRunner(RunnerHooks):
     """Run tasks through a backend with limits, retries, timeouts and clean cancellation.
 
     Args:
@@ -43,15 +43,6 @@ class BaseRunner(abc.ABC):
         infra_retry: attempts per task that may end ``Exit(infra=True)`` and be retried without
             spending ``retry`` (a backend that reports infrastructure failures passes its own).
     """
-
-    #: names this backend adds to the template's fields (for error messages and docs)
-    template_fields: tuple[str, ...] = ("task_id", "stage", "num_gpus", "num_procs", "log_path")
-    #: rerun an infrastructure failure at once, ahead of the queue, instead of after the backoff:
-    #: for a backend whose other workers are ready to take it (a warm pool that replaces a dead worker)
-    infra_retry_at_once: bool = False
-    #: start the next round at once when a job ended and tasks wait: for a backend whose ``poll``
-    #: costs nothing (local processes); one that asks a scheduler keeps one poll per interval
-    refill_at_once: bool = False
 
     def __init__(self, max_num_workers: int = 4, retry: int = 0, retry_backoff_s: float = 1.0,
                  timeout_s: float | None = None, poll_interval_s: float = 0.05,
@@ -77,18 +68,7 @@ class BaseRunner(abc.ABC):
         """Raise ``ConfigError`` if ``template`` cannot be filled with this runner's fields."""
         fill_template(template, ["true"], {k: "" for k in cls.template_fields})
 
-    # -- the backend ---------------------------------------------------------------------------
-    @abc.abstractmethod
-    def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
-        """Start one launch of ``tasks`` (connect, check tools, adopt what an earlier orchestrator
-        of this run folder left running); the session the loop drives."""
-
-    def settle_left(self, ctx: RunContext, stage: str) -> None:
-        """Sort out what an earlier orchestrator of this run folder left of ``stage`` when this run
-        launches none of its tasks (every output reused): ``open`` never runs then, so a backend
-        whose jobs outlive the orchestrator records the ones over and stops the others here.
-        Nothing by default: a local task dies with its orchestrator."""
-
+    # -- the command ---------------------------------------------------------------------------
     def log_attempt(self, job: Job, text: str) -> None:
         """Append the loop's own lines (attempt header, failure reason) to the task's log."""
         os.makedirs(os.path.dirname(job.log_path), exist_ok=True)
@@ -126,7 +106,7 @@ class BaseRunner(abc.ABC):
         """Run every task to an end state; stops early (cancelling) when ``ctx.stop`` is set."""
         session = self.open(ctx, tasks)
         self._servers = attach_servers(session, tasks, ctx, self)
-        results = Results(getattr(session.resources, "ended", None))  # served models: their replicas stop
+        results = Results(session.resources.ended)  # served models: their replicas stop
         flight, pending = InFlight({}, {}), deque[PendingTask]()
         try:
             pending.extend(self._queue(tasks, session, results, ctx))

@@ -18,6 +18,7 @@ from orchestra.errors import ConfigError
 from orchestra.paths import RunPaths
 from orchestra.runners.core.command import Command
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Resources, Session
+from orchestra.runners.core.hooks import RunnerHooks
 from orchestra.runners.core.host import FIRST_STAGE, HostCapacity
 from orchestra.runners.core.run import RunContext
 from orchestra.serving.pool import ServerPool, local_placement
@@ -62,7 +63,7 @@ def server_env(pool: ServerPool, paths: RunPaths) -> dict[str, str]:
     return {KEY_FILE_ENV: pool.key_file, SERVERS_DIR_ENV: paths.servers, **remote}
 
 
-class ServedResources:
+class ServedResources(Resources):
     """A session's resources, with the replicas of served models reserved before their tasks."""
 
     def __init__(self, inner: Resources, pool: ServerPool | None, tasks: list[TaskSpec]) -> None:
@@ -97,6 +98,7 @@ class ServedResources:
         """``task_id`` reached an end state (done, failed for good, could not start, cancelled,
         skipped): once no task of its model can still run, the model's replicas stop and give
         their GPUs back (a failed task must not keep them for the rest of the launch)."""
+        self.inner.ended(task_id)
         for model, left in self.left.items():
             if task_id in left:
                 left.discard(task_id)
@@ -104,7 +106,8 @@ class ServedResources:
                     self.pool.release(model)
 
 
-def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, runner: Any) -> ServerPool | None:
+def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, runner: RunnerHooks
+                   ) -> ServerPool | None:
     """Wrap ``session``'s resources when some task needs managed servers; the launch's pool.
     Replicas take their GPUs from the run's host hand-out (``runner.gpus``), shared with tasks,
     when the runner has ``serves_locally = True``; a runner with a ``serve_placement()`` hook
@@ -112,15 +115,15 @@ def attach_servers(session: Session, tasks: list[TaskSpec], ctx: RunContext, run
     runner with neither cannot run them (its served tasks are unfit, with ``serves_nowhere``)."""
     if not any(server_spec(t) for t in tasks):
         return None
-    gpus = [str(g) for g in getattr(runner, "gpus", [])]
-    hook = getattr(runner, "serve_placement", None)
-    if callable(hook):
-        pool = ServerPool(ctx.paths.servers, ctx.events.emit, lambda n: [], lambda ids: None, hook())
+    gpus = [str(g) for g in runner.gpus or []]
+    placement = runner.serve_placement()
+    if placement is not None:
+        pool = ServerPool(ctx.paths.servers, ctx.events.emit, lambda n: [], lambda ids: None, placement)
         session.resources = ServedResources(session.resources, pool, tasks)
         return pool
-    if not getattr(runner, "serves_locally", False):
+    if not runner.serves_locally:
         session.resources = ServedResources(session.resources, None, tasks)
-        why = getattr(runner, "serves_nowhere", "")
+        why = runner.serves_nowhere
         if why:
             session.resources.why_none = why
         return None

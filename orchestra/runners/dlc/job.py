@@ -29,6 +29,22 @@ class Timings:
     cancel_timeout_s: float
 
 
+class JobNumbers:
+    """The number in each attempt's job name, counted on from every name an earlier orchestrator of
+    this run folder used (its ledger), so that a name is never given twice."""
+
+    def __init__(self) -> None:
+        self.base: dict[str, int] = {}  # task id -> the highest job name number in the ledger
+
+    def seen(self, task_id: str, seq: int) -> None:
+        """An earlier job of ``task_id`` had the number ``seq``."""
+        self.base[task_id] = max(self.base.get(task_id, 0), seq)
+
+    def seq(self, task: TaskSpec, attempt: int) -> int:
+        """The number of ``attempt`` of ``task``."""
+        return self.base.get(task.task_id, 0) + attempt
+
+
 @dataclass
 class DLCJob:
     """One attempt as a DLC job: what the runner knows and has decided about it."""

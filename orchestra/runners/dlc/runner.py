@@ -26,7 +26,7 @@ from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.dlc.cli import DLCClient
 from orchestra.runners.dlc.config import AliyunConfig, container_command, load_aliyun_file, submit_argv
-from orchestra.runners.dlc.job import DLCJob, Timings, dlc_job_name
+from orchestra.runners.dlc.job import DLCJob, JobNumbers, Timings, dlc_job_name
 from orchestra.runners.dlc.session import DLCSession
 from orchestra.tasks.kinds import TASK_MODULES
 from orchestra.tasks.spec import TaskSpec
@@ -66,6 +66,8 @@ class DLCRunner(BaseRunner):
 
     #: managed servers need a place that holds GPUs for the whole stage and an address the tasks reach:
     #: a DLC job is one task in a container whose network address nothing here can learn or reach
+    outlives_orchestrator = True  # cloud jobs; -r adopts the ones running a task's spec, stops the rest
+    reports_infra_loss = True  # refused, stuck in a queue, preempted, lost
     serves_nowhere = ("managed servers (server=dict(...)) cannot run on DLC: a DLC job cannot host a replica "
                       "that other jobs reach (use LocalRunner, SlurmRunner or RayRunner for served models)")
 
@@ -111,7 +113,7 @@ class DLCRunner(BaseRunner):
         self.cli_concurrency = cli_concurrency
         self.cli_timeout_s = cli_timeout_s
         self.client: DLCClient | None = None  # the last launch's (its call counts stay readable)
-        self._name_base: dict[str, int] = {}  # task id -> the highest job name number in the ledger
+        self.numbers = JobNumbers()  # the number in each attempt's job name
 
     # -- what a job runs ---------------------------------------------------------------------------
     def get_command(self, task: TaskSpec, spec_path: str, resources: dict[str, Any], attempt: int = 1,
@@ -120,22 +122,20 @@ class DLCRunner(BaseRunner):
         argv = [self.cfg.python(), "-m", TASK_MODULES[task.stage], spec_path]
         if self.template is not None:
             argv = fill_template(self.template, argv, self.command_fields(task, resources, log_path))
-        name = dlc_job_name(task, self._seq(task, attempt))
+        name = dlc_job_name(task, self.numbers.seq(task, attempt))
         exit_file = os.path.join(RunPaths(task.run_dir).dlc_dir, "exit", name)
         env_file = env_file_path(RunPaths(task.run_dir).dlc_dir, task.stage) if self.forward_env else None
         command = container_command(self.cfg, argv, self.task_env(task, resources, attempt), os.getcwd(),
                                     exit_file, name, env_file)
         return Command(tuple(submit_argv(self.dlc_bin, self.cfg, name, command, task.num_gpus)))
 
-    def _seq(self, task: TaskSpec, attempt: int) -> int:
-        return self._name_base.get(task.task_id, 0) + attempt
-
     # -- the launch ----------------------------------------------------------------------------------
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         unfit = self._check_tools()
         config = os.path.expanduser(self.cfg.dlc_config_path) if self.cfg.dlc_config_path else None
         self.client = DLCClient(self.dlc_bin, config, self.cli_timeout_s, self.max_calls_per_s, abort=ctx.stop)
-        session = DLCSession(self, ctx, self.client, unfit)
+        session = DLCSession(ctx, self.client, unfit, self.numbers, self.timings, self.cfg.workspace_id,
+                             self.cli_concurrency, self.cli_timeout_s)
         try:
             if self.forward_env and tasks:  # before any job can start: each one sources it
                 path = env_file_path(ctx.paths.dlc_dir, tasks[0].stage)
@@ -143,7 +143,7 @@ class DLCRunner(BaseRunner):
                 write_env_file(path, self.forward_env)
             if unfit is None:
                 for rec in session.track.ledger.jobs().values():  # job names count on from every earlier one
-                    self._name_base[rec.task_id] = max(self._name_base.get(rec.task_id, 0), rec.seq)
+                    self.numbers.seen(rec.task_id, rec.seq)
                 session.recover(list(tasks), tasks[0].stage if tasks else None)
         except BaseException:
             session.close()

@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from orchestra.envfile import remove_env_file
 from orchestra.paths import RunPaths
@@ -27,27 +27,33 @@ from orchestra.runners.core.recovery import recover_left
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
 from orchestra.runners.dlc.cli import DLCClient, DLCError, DLCJobStatus
-from orchestra.runners.dlc.job import DLCJob, dlc_job_name, orphan
+from orchestra.runners.dlc.job import DLCJob, JobNumbers, Timings, dlc_job_name, orphan
 from orchestra.runners.dlc.track import Tracker
 from orchestra.tasks.spec import TaskSpec
-
-if TYPE_CHECKING:
-    from orchestra.runners.dlc.runner import DLCRunner
 
 EXIT_SCAN_S = 0.25  # how often the exit code files of running jobs are looked for
 
 
 class DLCSession(Session):
-    """One launch of a DLCRunner: its client, the jobs it watches, the stops under way."""
+    """One launch of a DLCRunner: its client, the jobs it watches, the stops under way.
 
-    def __init__(self, runner: DLCRunner, ctx: RunContext, client: DLCClient, unfit: str | None) -> None:
-        self.runner = runner
+    Args:
+        numbers: the runner's job numbers (names count on across launches and orchestrators).
+        timings, workspace_id, cli_concurrency, cli_timeout_s: the runner's settings.
+    """
+
+    def __init__(self, ctx: RunContext, client: DLCClient, unfit: str | None, numbers: JobNumbers,
+                 timings: Timings, workspace_id: str, cli_concurrency: int, cli_timeout_s: float) -> None:
+        self.numbers = numbers
+        self.timings = timings
+        self.workspace_id = workspace_id
+        self.cli_timeout_s = cli_timeout_s
         self.ctx = ctx
         self.client = client
         self.unfit = unfit
         self.resources = NoResources(unfit)
-        self.track = Tracker(client, Ledger(ctx.paths.dlc_dir), ctx.events, runner.timings)
-        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(runner.cli_concurrency, thread_name_prefix="dlc")
+        self.track = Tracker(client, Ledger(ctx.paths.dlc_dir), ctx.events, timings)
+        self.pool: ThreadPoolExecutor | None = ThreadPoolExecutor(cli_concurrency, thread_name_prefix="dlc")
         self.stops = BackgroundStops("dlc")
         self.live: dict[Job, DLCJob] = {}  # submitted, neither ended nor being stopped
         self.adopt: dict[str, tuple[JobRecord, DLCJobStatus]] = {}
@@ -67,7 +73,7 @@ class DLCSession(Session):
     def _add(self, job: Job) -> bool:
         """Give the attempt its ``DLCJob``; False when it adopts a job an earlier orchestrator left."""
         task = job.task
-        seq = self.runner._seq(task, job.attempt)
+        seq = self.numbers.seq(task, job.attempt)
         name = dlc_job_name(task, seq)
         dlc_dir = RunPaths(task.run_dir).dlc_dir
         handle = DLCJob(name, task.task_id, task.stage, job.attempt, spec_digest(task), job.log_path,
@@ -80,7 +86,7 @@ class DLCSession(Session):
         handle.name, handle.job_id, handle.adopted, handle.info = record.name, record.job_id, True, info
         handle.seq = record.seq
         handle.exit_file = os.path.join(dlc_dir, "exit", record.name)
-        handle.interval = self.runner.timings.poll_interval_s
+        handle.interval = self.timings.poll_interval_s
         self.track.record("adopted", handle, by_attempt=job.attempt)
         self.track.emit("dlc_adopted", handle, job_id=record.job_id, status=info.status)
         self.track.log(handle, [f"===== dlc: adopted job {record.job_id} ({record.name}, {info.status}), "
@@ -90,7 +96,7 @@ class DLCSession(Session):
 
     def placement(self, job: Job) -> dict[str, Any]:
         handle: DLCJob = job.handle
-        where: dict[str, Any] = {"dlc_job_name": handle.name, "workspace_id": self.runner.cfg.workspace_id}
+        where: dict[str, Any] = {"dlc_job_name": handle.name, "workspace_id": self.workspace_id}
         if handle.job_id:
             where["dlc_job_id"] = handle.job_id
         return where
@@ -176,7 +182,7 @@ class DLCSession(Session):
 
     def close(self) -> None:
         wait(list(self.looking.values()))  # looks still in flight end first (bounded by cli_timeout_s)
-        self.stops.wait(self.runner.cli_timeout_s + self.runner.timings.cancel_timeout_s + 10)
+        self.stops.wait(self.cli_timeout_s + self.timings.cancel_timeout_s + 10)
         # The loop stopped or finished every job it knows; this is the net under an unexpected exit.
         try:
             leftover = [h for h in self.live.values() if h.job_id and not h.over]

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestra.runners.core import checks
-from orchestra.runners.core.contract import Exit, Job, Session, cannot_start
+from orchestra.runners.core.contract import Exit, Job, Resources, Session, cannot_start
 from orchestra.runners.core.host import HostCapacity, usable_cores
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.proc import reap_group, signal_name, start_group, stop_groups
@@ -55,7 +55,7 @@ def cpu_share(workers: int) -> int | None:
     return max(1, usable_cores() // workers)
 
 
-class LocalRunner(BaseRunner):
+class LocalRunner(BaseRunner, Resources):
     """One subprocess per task attempt, each in its own process group.
 
     Args:
@@ -78,6 +78,7 @@ class LocalRunner(BaseRunner):
     template_fields = (*BaseRunner.template_fields, "gpu_ids")
     refill_at_once = True  # polling a local process or a warm worker's pipe costs nothing
     serves_locally = True  # managed servers (server=dict(...)) run on this machine beside its tasks
+    gpus: list[str]  # always a list here: this machine's GPUs it hands out ([]: none)
 
     def __init__(
         self,
@@ -107,6 +108,7 @@ class LocalRunner(BaseRunner):
         if reuse_workers and template is not None:
             raise ValueError("reuse_workers=True cannot be combined with a template")
         self.reuse_workers = reuse_workers
+        self.carries_exit_codes = not reuse_workers  # a warm worker answers done (0) or failed (1)
         self.gpu_sample_s = gpumon.check_period(gpu_sample_s)
 
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:

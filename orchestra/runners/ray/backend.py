@@ -14,7 +14,7 @@ from typing import Any
 import ray
 from ray import exceptions as rex
 
-from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
+from orchestra.runners.core.contract import CannotStart, Exit, Job, Resources, Session
 from orchestra.runners.ray.pool import WorkerKind, describe, lost_worker, place
 from orchestra.runners.ray.session import disconnect
 from orchestra.tasks.spec import TaskSpec
@@ -31,7 +31,7 @@ class RayCall:
     cancel_by: float = 0.0  # once cancelled: when it is reported gone even if Ray has not said so
 
 
-class RaySession(Session):
+class RaySession(Session, Resources):
     """One launch of a RayRunner: its warm pool of actors, the calls in flight, and the connection
     (shared with other launches) it gives back when it closes.
 

@@ -61,6 +61,9 @@ class RayRunner(BaseRunner):
 
     #: a lost attempt goes to another warm worker at once (the pool replaces the dead one)
     infra_retry_at_once = True
+    outlives_orchestrator = True  # actors a killed orchestrator left (Ray Client keeps them) are stopped by -r
+    reports_infra_loss = True  # a worker lost under its task (node gone, actor died)
+    carries_exit_codes = False  # an actor answers its task done (0) or failed (1), as warm workers do
 
     def __init__(
         self,

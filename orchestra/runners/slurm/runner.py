@@ -85,6 +85,7 @@ class SlurmRunner(BaseRunner):
             end as infrastructure failures only after this long.
     """
 
+    reports_infra_loss = True  # PREEMPTED, NODE_FAIL, BOOT_FAIL; submissions refused past submit_wait_s
     template_fields = (
         *BaseRunner.template_fields,
         "partition", "qos", "gres", "cpus_per_task", "mem_gb", "time_limit", "job_name",
@@ -131,6 +132,7 @@ class SlurmRunner(BaseRunner):
         self.options = SlurmOptions.create(partition, qos, gres, cpus_per_task, mem_gb, time_limit, extra_args,
                                            cancel_timeout_s)
         self.launcher = launcher
+        self.outlives_orchestrator = launcher == "sbatch"  # srun dies with us; batch jobs are adopted by -r
         self.array = array
         self._template_runs_srun = False
         if template is not None:

@@ -19,7 +19,7 @@ from typing import Any
 from orchestra.events import EventLog
 from orchestra.fileio import write_sealed_jsonl
 from orchestra.paths import RunPaths
-from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, Session
+from orchestra.runners.base import BaseRunner, Exit, Job, Resources, RunContext, Session
 from orchestra.tasks.spec import TaskSpec, Unit
 
 
@@ -77,7 +77,7 @@ class BackendFailure(RuntimeError):
     """What a backend method raises when a test tells it to (not an OSError: a bug, not a start failure)."""
 
 
-class FakeBackend(BaseRunner):
+class FakeBackend(BaseRunner, Resources):
     """Runs nothing; ``script[task_id][attempt - 1]`` decides each attempt (a missing entry is a test error).
 
     Args:
