@@ -10,7 +10,8 @@ resume must do is adopt the jobs still running rather than submit their tasks ag
 
 One clean run per backend gives the reference (results, predictions, files, the times of its
 events); kill moments are drawn (fixed seed) over its event log, as in ``test_chaos_resume``, plus
-an early one (the first submissions) and the last event.  After each kill the jobs of the run still
+an early one (the first submissions) and the moment its last task is done (its summary being
+written).  After each kill the jobs of the run still
 alive are noted (by the cluster's own listing); the resume must then end with exit 0, the clean
 run's results and predictions and files, no temporary file, no output finished before the kill
 written again, no job of the run left alive in the cluster, every job in the ledger
@@ -21,7 +22,9 @@ Run with ``-s`` to see each kill's numbers.
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +76,7 @@ class Reference:
     predictions: dict[str, list[str]]
     files: set[str]
     times: list[float]
+    tasks: int  # its tasks' ``done`` events
 
 
 @dataclass
@@ -92,7 +96,9 @@ def reference_of(backend: Backend, work: Path) -> Reference:
     assert proc.returncode == 0, err[-3000:]
     run = the_run(work)
     assert not backend.alive(run)
-    return Reference(summary_rows(run), predictions_of(run), outputs_of(run, backend), [e["ts"] for e in events(run)])
+    evs = events(run)
+    return Reference(summary_rows(run), predictions_of(run), outputs_of(run, backend), [e["ts"] for e in evs],
+                     sum(e["event"] == "done" for e in evs))
 
 
 def outputs_of(run: Path, backend: Backend) -> set[str]:
@@ -101,18 +107,38 @@ def outputs_of(run: Path, backend: Backend) -> set[str]:
 
 
 def points_of(ref: Reference) -> list[Point]:
-    """An early point (before the first submission), the seeded ones, and the last event (the summary)."""
-    return [Point(1, 0.0), *kill_points(ref.times, KILLS, SEED), Point(len(ref.times), 0.0)]
+    """An early point (before the first submission) and the seeded ones."""
+    return [Point(1, 0.0), *kill_points(ref.times, KILLS, SEED)]
 
 
-#: kill points: ("events", k) is points_of's k-th; ("ledger", n) the moment the run's ledger has its
-#: n-th line, with no delay: 1 and 3 are the ``submitting`` lines of the first two jobs (inside sbatch
-#: or dlc submit), 2 is the first ``submitted`` one
-WHERE = [*(("events", k) for k in range(KILLS + 2)), ("ledger", 1), ("ledger", 2), ("ledger", 3)]
+#: kill points: ("events", k) is points_of's k-th; ("last", 0) the moment the run's last task is done
+#: (counted in ``done`` events, not in all events: a run's count of status events varies); ("ledger",
+#: n) the moment the run's ledger has its n-th line, with no delay: 1 and 3 are the ``submitting``
+#: lines of the first two jobs (inside sbatch or dlc submit), 2 is the first ``submitted`` one
+WHERE = [*(("events", k) for k in range(KILLS + 1)), ("last", 0), ("ledger", 1), ("ledger", 2), ("ledger", 3)]
 
 
-def point_at(ref: Reference, where: tuple[str, int]) -> tuple[Point, bool]:
-    return (points_of(ref)[where[1]], False) if where[0] == "events" else (Point(where[1], 0.0), True)
+def point_at(ref: Reference, backend: Backend, where: tuple[str, int]) -> tuple[Point, Callable[[Path], int]]:
+    """The kill point and the lines it counts."""
+    if where[0] == "events":
+        return points_of(ref)[where[1]], event_count
+    if where[0] == "last":
+        return Point(1, 0.0), all_done(ref.tasks)
+    return Point(where[1], 0.0), ledger_count(backend)
+
+
+def all_done(tasks: int) -> Callable[[Path], int]:
+    """1 once the run's event log has ``tasks`` ``done`` events, else 0."""
+    def count(work: Path) -> int:
+        logs = sorted(work.glob("*/events.jsonl"))
+        done = 0
+        for line in logs[-1].read_text().splitlines() if logs else ():
+            try:
+                done += json.loads(line).get("event") == "done"
+            except ValueError:
+                continue  # a line being written
+        return int(done >= tasks)
+    return count
 
 
 def ledger_of(run: Path, backend: Backend) -> list[dict[str, Any]]:
@@ -129,13 +155,22 @@ def ledger_count(backend: Backend) -> Callable[[Path], int]:
     return count
 
 
-def kill_and_resume(backend: Backend, ref: Reference, work: Path, point: Point, in_ledger: bool = False
-                    ) -> tuple[Seen, list[dict]]:
-    """Kill the orchestrator of a fresh run at ``point`` (of its events, or of its ledger's lines),
-    note what it left, resume to the end."""
-    proc = start(backend.cfg, work)
-    kill = kill_at(proc, work, point, "orchestrator", ledger_count(backend) if in_ledger else event_count)
-    assert kill is not None, f"the run ended before the kill at {point} ({len(ref.times)} events)"
+def kill_and_resume(backend: Backend, ref: Reference, work: Path, point: Point,
+                    count: Callable[[Path], int] = event_count, tries: int = 1,
+                    on_start: Callable[[], None] = lambda: None) -> tuple[Seen, list[dict]]:
+    """Kill the orchestrator of a fresh run at ``point`` (of the lines ``count`` counts), note what
+    it left, resume to the end.  A point that the run may outpace (its last task done: the run ends
+    milliseconds later) gets ``tries`` fresh runs to land in; ``on_start`` is called before each."""
+    kill = None
+    for _ in range(tries):
+        if work.exists():
+            shutil.rmtree(work)
+        on_start()
+        proc = start(backend.cfg, work)
+        kill = kill_at(proc, work, point, "orchestrator", count)
+        if kill is not None:
+            break
+    assert kill is not None, f"the run ended before the kill at {point} in {tries} tries ({len(ref.times)} events)"
     after_kill(kill, work, jobs_outlive=True)
     run = the_run(work)
     seen = Seen(point, len(ledger_of(run, backend)), backend.alive(run), sealed_outputs(run),
@@ -226,8 +261,8 @@ def where_id(where: tuple[str, int]) -> str:
 def test_slurm_orchestrator_killed_then_resumed(slurm_setup: tuple[Backend, Reference], tmp_path: Path,
                                                  where: tuple[str, int]) -> None:
     backend, ref = slurm_setup
-    point, in_ledger = point_at(ref, where)
-    seen, ledger = kill_and_resume(backend, ref, tmp_path / "out", point, in_ledger)
+    point, count = point_at(ref, backend, where)
+    seen, ledger = kill_and_resume(backend, ref, tmp_path / "out", point, count, tries=3 if where[0] == "last" else 1)
     fate = check_no_resubmission(seen, ledger, finds_by_name=True)
     print(f"\nchaos slurm: kill at {where[0]} {point} of {len(ref.times)} events: alive {len(seen.alive)}, "
           f"{sorted(fate.values())}, submissions {sum(r['state'] == 'submitting' for r in ledger)}")
@@ -275,11 +310,12 @@ def dlc_setup(dlc_cloud: dlc_helpers.Double, tmp_path_factory: pytest.TempPathFa
 def test_dlc_orchestrator_killed_then_resumed(dlc_setup: tuple[Backend, Reference], dlc_cloud: dlc_helpers.Double,
                                               tmp_path: Path, where: tuple[str, int]) -> None:
     backend, ref = dlc_setup
-    point, in_ledger = point_at(ref, where)
-    before = len(dlc_cloud.calls("submit"))
-    seen, ledger = kill_and_resume(backend, ref, tmp_path / "out", point, in_ledger)
+    point, count = point_at(ref, backend, where)
+    before: list[int] = []  # the double's submissions before the run that was killed
+    seen, ledger = kill_and_resume(backend, ref, tmp_path / "out", point, count, tries=3 if where[0] == "last" else 1,
+                                   on_start=lambda: before.append(len(dlc_cloud.calls("submit"))))
     fate = check_no_resubmission(seen, ledger, finds_by_name=False)
-    submits = len(dlc_cloud.calls("submit")) - before
+    submits = len(dlc_cloud.calls("submit")) - before[-1]
     assert submits <= sum(r["state"] == "submitting" for r in ledger)  # each recorded before its dlc submit
     print(f"\nchaos dlc: kill at {where[0]} {point} of {len(ref.times)} events: alive {len(seen.alive)}, "
           f"{sorted(fate.values())}, submissions {submits}")

@@ -24,6 +24,8 @@ from ray_helpers import (
     write_config,
 )
 
+from tests.helpers import born, still_alive, wait_for
+
 pytestmark = pytest.mark.ray
 
 
@@ -125,13 +127,17 @@ def test_pool_grows_as_nodes_join_and_shrinks_to_the_remaining_work(cluster: Ray
 
 def test_crashed_node_mid_task_is_survived_without_spending_retries(cluster: RayCluster, tmp_path: Path) -> None:
     first, second = cluster.add_node(cpus=1), cluster.add_node(cpus=1)
-    cfg = write_config(tmp_path, ray_runner(cluster, ", max_num_workers=2, retry=0"), model=", delay_s=0.3",
-                       rows=60, task_rows=10)  # 6 tasks of ~0.9 s + one log-lik task
-    proc = start_cli(cfg)
+    gate = tmp_path / "gate"  # every batch waits for it: the task on `first` is still running at the crash
+    cfg = write_config(tmp_path, ray_runner(cluster, ", max_num_workers=2, retry=0"), rows=60, task_rows=10,
+                       model=f", delay_s=0.3, gate={str(gate)!r}", model_type="gated_model.GatedModel")
+    proc = start_cli(cfg)  # 6 tasks of ~0.9 s + one log-lik task
     try:
         ev = wait_for_event(tmp_path, lambda e: e["event"] == "started" and e.get("attempt") == 1
                             and e["resources"].get("node_id") == first, proc=proc)
+        worker = born([ev["where"]["pid"]])
         cluster.remove_node(first, crash=True)  # the raylet and its workers die at once: a spot loss
+        wait_for(lambda: not still_alive(worker), 30, "the crashed node's worker to end")
+        gate.touch()
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
@@ -171,12 +177,16 @@ def test_task_that_keeps_killing_its_worker_fails_with_that_reason(cluster: RayC
 def test_killed_worker_is_replaced_and_its_task_rerun_without_spending_retries(
         cluster: RayCluster, tmp_path: Path) -> None:
     cluster.add_node(cpus=2)
-    cfg = write_config(tmp_path, ray_runner(cluster, ", max_num_workers=2, retry=0"), model=", delay_s=0.3",
-                       rows=60, task_rows=10)  # 6 tasks of ~0.9 s + one log-lik task
-    proc = start_cli(cfg)
+    gate = tmp_path / "gate"  # every batch waits for it: the task is still running when its worker is killed
+    cfg = write_config(tmp_path, ray_runner(cluster, ", max_num_workers=2, retry=0"), rows=60, task_rows=10,
+                       model=f", delay_s=0.3, gate={str(gate)!r}", model_type="gated_model.GatedModel")
+    proc = start_cli(cfg)  # 6 tasks of ~0.9 s + one log-lik task
     try:
         ev = wait_for_event(tmp_path, lambda e: e["event"] == "started" and e.get("attempt") == 1, proc=proc)
+        worker = born([ev["where"]["pid"]])
         os.kill(ev["where"]["pid"], signal.SIGKILL)  # what the kernel's OOM killer does to a worker
+        wait_for(lambda: not still_alive(worker), 30, "the killed worker to end")
+        gate.touch()
         out, err = proc.communicate(timeout=120)
     finally:
         proc.kill()
