@@ -134,20 +134,22 @@ def triage(known: Sequence[JobRecord], seen: Mapping[str, Seen], wanted: Mapping
     """Sort the jobs an earlier orchestrator may have left: ``(over, adopt, stop)``.
 
     ``seen``: what the cluster says of each job, by name.  ``wanted``: task id -> spec digest of the
-    tasks this launch runs.  A job is adopted when it is alive, was not being stopped and runs the
-    very spec of one of those tasks, one job per task (its latest); every other job not seen over
-    is stopped (no answer included: a stop of a job that is over is harmless).
+    tasks this launch runs.  A job is adopted when it is alive or over, was not being stopped and
+    runs the very spec of one of those tasks, one job per task (its latest): a job that ended after
+    this launch planned its task to do (between the plan and this look) is that task's attempt,
+    whose end the attempt reports, rather than a reason to submit the task again.  Every other job
+    not seen over is stopped (no answer included: a stop of a job that is over is harmless).
     """
     over, adopt, stop = [], [], []
     taken: set[str] = set()
     for rec in sorted(known, key=lambda r: (r.task_id, -r.seq, -r.attempt)):
         state = seen.get(rec.name)
-        if state == "over":
-            over.append(rec)
-        elif (state == "alive" and rec.state in ("submitted", "adopted") and wanted.get(rec.task_id) == rec.digest
-              and rec.task_id not in taken):
+        if (state in ("alive", "over") and rec.state in ("submitted", "adopted")
+                and wanted.get(rec.task_id) == rec.digest and rec.task_id not in taken):
             taken.add(rec.task_id)
             adopt.append(rec)
+        elif state == "over":
+            over.append(rec)
         else:
             stop.append(rec)
     return over, adopt, stop

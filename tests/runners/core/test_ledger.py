@@ -42,6 +42,19 @@ def test_triage_adopts_the_latest_alive_job_of_the_same_spec_and_stops_the_rest(
     assert sorted(r.name for r in stop) == ["a1", "b1", "d1", "e1", "f1"]
 
 
+def test_triage_adopts_a_job_of_a_wanted_task_that_ended_after_the_plan() -> None:
+    """The launch planned task ``a`` to do while its job still ran; by the look the job is over
+    (its end never seen by an orchestrator): the task's attempt takes that job and reports its
+    end, and is not submitted again.  Older jobs of the task, another spec's, one whose end an
+    orchestrator saw, or one it was stopping, are only recorded over."""
+    known = [rec("a1", "a", 1), rec("a2", "a", 2), rec("b1", "b", 1, digest="old"), rec("c1", "c", 1, state="ended"),
+             rec("e1", "e", 1, state="stop_sent"), rec("g1", "g", 1, state="adopted")]
+    seen = {"a1": "over", "a2": "over", "b1": "over", "c1": "over", "e1": "over", "g1": "over"}
+    over, adopt, stop = triage(known, seen, {"a": "d", "b": "d", "c": "d", "e": "d", "g": "d"})
+    assert [r.name for r in adopt] == ["a2", "g1"]
+    assert sorted(r.name for r in over) == ["a1", "b1", "c1", "e1"] and stop == []
+
+
 FULL_DISK_WRITER = """
 import os, resource, sys
 from orchestra.runners.core.ledger import Ledger

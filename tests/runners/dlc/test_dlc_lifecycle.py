@@ -39,7 +39,9 @@ def test_a_signal_stops_every_job_within_seconds(double: Double, tmp_path: Path,
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == code, err[-2000:]
-    assert took < 5, took
+    # within seconds: each stop is a `dlc stop` and confirming `dlc get`s, one Python start each in the
+    # double, which a loaded 2-core machine (load 7-14, a whole test suite beside) stretches to ~9 s
+    assert took < 12, f"the signal took {took:.1f} s to stop the run and its jobs"
     assert not double.alive() and all(double.status(j)["Status"] == "Stopped" for j in jobs)
     (run,) = run_dirs(tmp_path / "out")
     stopped = {r["job_id"]: r for r in ledger(run) if r["state"] == "stopped"}

@@ -101,3 +101,29 @@ def test_an_error_in_resumes_stops_still_stops_the_job_kept_for_adoption(double:
     assert not double.alive()
     stops = [r for r in ledger(run) if r["state"] == "stopped"]
     assert sorted(r["job_id"] for r in stops) == sorted(old.values())
+
+
+def test_a_job_that_ends_between_the_plan_and_the_look_is_adopted_not_submitted_again(double: Double,
+                                                                                      tmp_path: Path) -> None:
+    """``-r`` plans both infer tasks to do while their jobs still run; the jobs end before ``dlc get``
+    answers its first look (a slow service): each task's attempt takes its job's end rather than
+    paying for the task again."""
+    run, old = killed_leaving_two_jobs(double, tmp_path, ", load_s=8")
+    count = double.state / "counters" / "get"  # the double's count of `dlc get` calls
+    gets = lambda: int(count.read_text()) if count.exists() else 0  # noqa: E731
+    before = gets()
+    double.faults(get_slow_s=12)  # each look now answers after the job ended (8 s of loading)
+    proc = start_cli(double.state, two_models(tmp_path, "", ", load_s=8"), "-r")
+    try:
+        double.wait_for(lambda: gets() >= before + 2, 60, "-r's two looks at the jobs left")
+        double.faults()  # the looks after those two answer at once
+        _, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err[-3000:]
+    assert summary_rows(run)[("rows", "numeric_match")] == {"det": 1.0, "other": 1.0}
+    adopted = [r for r in ledger(run) if r["state"] == "adopted"]
+    assert sorted(r["job_id"] for r in adopted) == sorted(old.values())
+    assert [d["Status"] for d in map(double.status, old.values())] == ["Succeeded", "Succeeded"]
+    assert len(double.calls("submit")) == 4  # 2 infer before the kill, 2 eval after: no infer paid twice
+    assert not double.alive()
