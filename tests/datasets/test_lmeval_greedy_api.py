@@ -120,3 +120,28 @@ def test_both_asked_the_same_server_for_top_logprobs(both: dict[str, Any]) -> No
         assert request == {"path": "/v1/completions", "echo": True, "logprobs": 1, "max_tokens": 0}, request
     for request in theirs:
         assert request == {"path": "/v1/completions", "echo": True, "logprobs": 1, "max_tokens": 1}, request
+
+
+def test_the_chat_endpoint_is_still_refused_at_planning(tmp_path: Path) -> None:
+    """A chat endpoint returns no prompt log-probabilities: with a LAMBADA-style task it stays a
+    config error (one line, exit 2, before anything runs), which names the endpoint that can."""
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    _lambada_yaml(tasks)
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from orchestra.datasets.lmeval import LmEvalDataset\n"
+        "from orchestra.models.openai_api import OpenAIAPI\n"
+        "models = [dict(type=OpenAIAPI, abbr='chat', path='smollm2', base_url='http://127.0.0.1:9/v1',\n"
+        "               endpoint='chat', key_env=None)]\n"
+        f"datasets = [dict(type=LmEvalDataset, task='lambada_local', include_path={str(tasks)!r})]\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n"
+    )
+    proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg), "--dry-run"], capture_output=True,
+                          text=True, env=_env(ORCHESTRA_CACHE_DIR=str(tmp_path / "cache")), timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    for part in ("models[0] ('chat', OpenAIAPI) cannot report is_greedy", "'lambada_local'",
+                 "use HFCausalLM or OpenAIAPI(endpoint='completions')"):
+        assert part in lines[0], lines[0]
