@@ -15,11 +15,12 @@ are checked, or every such reply would be refused or scored on the wrong tokens.
 
 :func:`continuation_greedy` also tells whether the continuation is the model's greedy one, as
 lm-eval's ``local-completions`` does (``is_greedy``: each continuation token's log-probability is
-the largest of its ``top_logprobs`` entry), after checking that entry too: a list as long as the
-tokens, an object of 1 to ``k + 1`` finite numbers <= 0 for every continuation token (vLLM adds
-the token itself to its ``k`` best), none below the token's own log-probability when the token
-is not in it, and the token's own value where its text is a key (unless that text holds U+FFFD:
-several byte tokens decode to it, so their values may be another token's).
+the largest of its ``top_logprobs`` entry), after checking ``top_logprobs`` too: a list as long
+as the tokens; for every continuation token an object of 1 to ``k + 1`` finite numbers <= 0 (vLLM
+adds the token itself to its ``k`` best); its largest value not below the token's own
+log-probability when the token is not in it; and the token's own value where its text is a key
+(unless that text holds U+FFFD: several byte tokens decode to it, so the value may be another
+token's).
 """
 
 from __future__ import annotations
