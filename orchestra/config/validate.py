@@ -130,11 +130,12 @@ def _check_served(models: list[dict[str, Any]], datasets: list[dict[str, Any]], 
 
 
 def check_greedy(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:
-    """A model that cannot report ``is_greedy`` (``scores_greedy``) cannot answer a dataset whose
+    """A model that cannot report ``is_greedy`` (``reports_greedy``) cannot answer a dataset whose
     metric reads it (an lm-eval ``output_type: loglikelihood`` task); asked only for such models,
     after the planner's dataset facts (an lm-eval dataset's output types come with its manifest)."""
     classes = [MODELS.resolve(m["type"], f"{source}: models") for m in models]
-    blind = [i for i, cls in enumerate(classes) if issubclass(cls, BaseModel) and not cls.scores_greedy]
+    blind = [i for i, (cls, m) in enumerate(zip(classes, models)) if issubclass(cls, BaseModel)
+             and not cls.reports_greedy(m)]
     if not blind:
         return
     for j, d in enumerate(datasets):
@@ -147,7 +148,7 @@ def check_greedy(models: list[dict[str, Any]], datasets: list[dict[str, Any]], s
             i = blind[0]
             raise ConfigError(f"{source}: models[{i}] ({models[i]['abbr']!r}, {models[i]['type'].rsplit('.', 1)[-1]}) "
                               f"cannot report is_greedy, which {found} of datasets[{j}] ({d['abbr']!r}) needs; "
-                              "use HFCausalLM")
+                              "use HFCausalLM or OpenAIAPI(endpoint='completions')")
 
 
 def _check_served_names(models: list[dict[str, Any]], datasets: list[dict[str, Any]], source: str) -> None:

@@ -120,6 +120,12 @@ class BaseModel(abc.ABC):
         return {"num_gpus": int(run_cfg.get("num_gpus", 0)), "num_procs": int(run_cfg.get("num_procs", 1))}
 
     @classmethod
+    def reports_greedy(cls, cfg: dict[str, Any]) -> bool:
+        """Whether a model of config ``cfg`` answers :meth:`loglikelihood_greedy`, asked of the
+        config without building the model.  Default: :attr:`scores_greedy`."""
+        return cls.scores_greedy
+
+    @classmethod
     def chat_template_problem(cls, cfg: dict[str, Any], scoring: bool) -> str | None:
         """Why this model cannot take requests of chat messages to be read as ``lm_eval
         --apply_chat_template`` reads them (``lmeval_chat``; ``scoring``: log-likelihoods of them

@@ -12,6 +12,15 @@ vLLM echoes a model's BOS token (``<s>``, ``<|begin_of_text|>``) as the first to
 log-probability, and counts its length in the offsets of the tokens after it although the echoed
 text does not hold it; such offsets are read back to the text (:func:`_without_bos`) before they
 are checked, or every such reply would be refused or scored on the wrong tokens.
+
+:func:`continuation_greedy` also tells whether the continuation is the model's greedy one, as
+lm-eval's ``local-completions`` does (``is_greedy``: each continuation token's log-probability is
+the largest of its ``top_logprobs`` entry), after checking ``top_logprobs`` too: a list as long
+as the tokens; for every continuation token an object of 1 to ``k + 1`` finite numbers <= 0 (vLLM
+adds the token itself to its ``k`` best); its largest value not below the token's own
+log-probability when the token is not in it; and the token's own value where its text is a key
+(unless that text holds U+FFFD: several byte tokens decode to it, so the value may be another
+token's).
 """
 
 from __future__ import annotations
@@ -82,12 +91,9 @@ def _without_bos(offsets: list[Any], values: list[Any], tokens: Any, text: str) 
     return [0, *(o - len(tokens[0]) for o in offsets[1:])]
 
 
-def continuation_logprob(data: Any, prompt: str, cut: int) -> float:
-    """Sum of the log-probabilities of the tokens of ``prompt`` that end after character ``cut``
-    (a token ends where the next one starts, the last one with the echoed text; one that starts
-    at or after the prompt's end was generated, not echoed, and never counts), read from the
-    decoded JSON ``data`` of a completions reply with ``echo`` and ``logprobs``.  Raises
-    :class:`BadEcho`."""
+def _scored(data: Any, prompt: str, cut: int) -> tuple[dict[str, Any], list[int], list[float]]:
+    """The checked ``logprobs`` object of the reply, the indices of the tokens of ``prompt`` that
+    end after character ``cut``, and their log-probabilities (see :func:`continuation_logprob`)."""
     try:
         choice = data["choices"][0]
     except (KeyError, IndexError, TypeError):
@@ -114,5 +120,59 @@ def continuation_logprob(data: Any, prompt: str, cut: int) -> float:
     starts = _offsets(_without_bos(offsets, values, tokens, text), len(text))
     logprobs = [_logprob(i, v) for i, v in enumerate(values)]
     ends = [*starts[1:], len(text)]
-    return sum(v for start, end, v in zip(starts, ends, logprobs)
-               if start < len(prompt) and end > cut and v is not None)
+    picked = [i for i, (start, end, v) in enumerate(zip(starts, ends, logprobs))
+              if start < len(prompt) and end > cut and v is not None]
+    return lp, picked, [logprobs[i] or 0.0 for i in picked]
+
+
+def continuation_logprob(data: Any, prompt: str, cut: int) -> float:
+    """Sum of the log-probabilities of the tokens of ``prompt`` that end after character ``cut``
+    (a token ends where the next one starts, the last one with the echoed text; one that starts
+    at or after the prompt's end was generated, not echoed, and never counts), read from the
+    decoded JSON ``data`` of a completions reply with ``echo`` and ``logprobs``.  Raises
+    :class:`BadEcho`."""
+    return sum(_scored(data, prompt, cut)[2])
+
+
+def _top(i: int, entry: Any, k: int) -> dict[str, float]:
+    """Token ``i``'s ``top_logprobs`` entry, checked: 1 to ``k + 1`` texts -> finite numbers <= 0."""
+    if not isinstance(entry, dict):
+        raise BadEcho(f"logprobs.top_logprobs[{i}] is {type(entry).__name__}, not an object")
+    if not 1 <= len(entry) <= k + 1:
+        raise BadEcho(f"logprobs.top_logprobs[{i}] has {len(entry)} entries for logprobs={k} (1 to {k + 1} expected)")
+    out = {}
+    for text, value in entry.items():
+        try:
+            number = _logprob(1, value)  # never null here
+        except BadEcho:
+            number = None
+        if number is None:
+            raise BadEcho(f"logprobs.top_logprobs[{i}][{text!r:.40}] is {value!r:.40}, not a finite number <= 0")
+        out[text] = number
+    return out
+
+
+def continuation_greedy(data: Any, prompt: str, cut: int, k: int) -> tuple[float, bool]:
+    """:func:`continuation_logprob` and whether each of those tokens is the model's most likely
+    one (lm-eval's ``is_greedy``: its log-probability equals the largest in its ``top_logprobs``
+    entry), from a reply to ``logprobs=k``.  Raises :class:`BadEcho` (see the module's text)."""
+    lp, picked, values = _scored(data, prompt, cut)
+    tops, tokens = lp.get("top_logprobs"), lp.get("tokens")
+    if not isinstance(tops, list):
+        raise BadEcho(f"logprobs.top_logprobs is {type(tops).__name__}, not a list (is_greedy needs it)")
+    if len(tops) != len(lp["token_logprobs"]):
+        raise BadEcho(f"logprobs.top_logprobs has {len(tops)} entries, logprobs.token_logprobs "
+                      f"{len(lp['token_logprobs'])}")
+    greedy = True
+    for i, value in zip(picked, values):
+        top = _top(i, tops[i], k)
+        token = tokens[i] if isinstance(tokens, list) and isinstance(tokens[i], str) else None
+        if token is not None and token in top and "\ufffd" not in token and top[token] != value:
+            raise BadEcho(f"logprobs.top_logprobs[{i}] gives the token {token!r:.40} {top[token]!r}, "
+                          f"logprobs.token_logprobs[{i}] {value!r}")
+        best = max(top.values())
+        if value > best and token not in top:
+            raise BadEcho(f"logprobs.token_logprobs[{i}] ({value!r}) is above every value of logprobs.top_logprobs[{i}]"
+                          " (not the most likely tokens)")
+        greedy = greedy and value == best
+    return sum(values), greedy

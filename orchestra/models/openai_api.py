@@ -35,13 +35,13 @@ from orchestra.limits.retry import (
 from orchestra.models.base import BaseModel
 from orchestra.models.batch_rows import BatchOptions
 from orchestra.models.chat_template import endpoint_problem
-from orchestra.models.echo_logprobs import BadEcho, continuation_logprob
+from orchestra.models.echo_scoring import EchoScoring
 from orchestra.models.http_body import MAX_BODY_BYTES, count_usage, read_capped, scrub_answer, scrub_key, text_parts
 from orchestra.models.http_session import Secret, env_proxy, open_session
 from orchestra.models.openai_batch import OpenAIBatcher
 from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.paths import RunPaths, safe_name
-from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, prompt_text
+from orchestra.requests import GenRequest, Message, Prompt, prompt_text
 from orchestra.serving.balance import ReplicaSet
 from orchestra.serving.presets import KEY_FILE_ENV, REMOTE_ENV, SERVERS_DIR_ENV
 from orchestra.serving.spec import parse_server
@@ -49,7 +49,7 @@ from orchestra.serving.spec import parse_server
 ENDPOINTS = ("chat", "completions")
 
 
-class OpenAIAPI(BaseModel):
+class OpenAIAPI(EchoScoring, BaseModel):
     """A model behind an OpenAI-compatible HTTP API (OpenAI, vLLM, SGLang, LiteLLM, ...).
 
     Args:
@@ -371,29 +371,3 @@ class OpenAIAPI(BaseModel):
             raise ModelError(f"model {self.abbr}: the answer's text is {type(text).__name__}, not text")
         # a lone surrogate (a pair cut at max_tokens) becomes U+FFFD; an echoed key becomes ***
         return self._scrub_answer(encodable(text or ""))
-
-    async def loglikelihood(self, request: LoglikRequest) -> list[float]:
-        """Sum of the log-probabilities of each continuation's tokens, from ``echo`` logprobs.
-
-        Needs a completions endpoint that echoes prompt logprobs (vLLM, many others).  Tokens
-        that end after the context, its trailing whitespace left out, count as the continuation's,
-        as HFCausalLM splits them: ``' Paris'`` after ``'... is '`` is the continuation's.  A reply
-        whose shape does not add up fails the request (:mod:`orchestra.models.echo_logprobs`).
-        """
-        if self.endpoint != "completions" and self.server is None:
-            raise ModelError(f"model {self.abbr}: log-likelihoods need endpoint='completions' (echo + logprobs)")
-        context = prompt_text(request.context)
-        results = await asyncio.gather(*(self._score(context, c) for c in request.continuations))
-        return list(results)
-
-    async def _score(self, context: str, continuation: str) -> float:
-        prompt = context + continuation
-        body = {**self.generation_kwargs, "model": self.path, "prompt": prompt, "max_tokens": 0,
-                "echo": True, "logprobs": 0, "temperature": 0.0}
-        data = await self.post(self.completions_url, body)
-        self._count_usage(data)
-        try:
-            return continuation_logprob(data, prompt, len(context.rstrip()))
-        except BadEcho as exc:  # a wrong number that looks right is worse than a failed sample
-            raise ModelError(f"model {self.abbr}: refused the scoring reply of /completions: "
-                             f"{self._scrub(str(exc))}") from None

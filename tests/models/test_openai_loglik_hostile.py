@@ -3,7 +3,8 @@
 The server is ``tests/servers/hostile_loglik_server.py``: the real SmolLM2-135M scoring the
 prompt in vLLM's echo format, its reply bent as the request's model name asks (lengths that
 disagree, offsets that go back or past the echoed text, log-probabilities that are not finite
-numbers <= 0, an echo that is not the prompt).  Each bent reply must fail the request with a
+numbers <= 0, an echo that is not the prompt, ``top_logprobs`` missing or not adding up for an
+``is_greedy`` request).  Each bent reply must fail the request with a
 :class:`ModelError` naming the field, never become a number; an honest reply scores as before.
 """
 
@@ -49,17 +50,18 @@ def base_url() -> Iterator[str]:
 
 
 def scores(base_url: str, bend: str, context: str, continuations: tuple[str, ...],
-           monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The model's log-likelihoods (or the error) for one request to the server bent by ``bend``."""
+           monkeypatch: pytest.MonkeyPatch, greedy: bool = False) -> list[Any]:
+    """The model's log-likelihoods (``(log-likelihood, is greedy)`` pairs if ``greedy``), or the
+    error, for one request to the server bent by ``bend``."""
     monkeypatch.setenv("HOSTILE_KEY", KEY)
     model = OpenAIAPI(abbr="m", path=bend, base_url=base_url, endpoint="completions", key_env="HOSTILE_KEY",
                       max_retries=0)
 
     async def main() -> list[Any]:
         try:
-            return list(await asyncio.gather(model.loglikelihood(LoglikRequest(context=context,
-                                                                               continuations=continuations)),
-                                             return_exceptions=True))
+            request = LoglikRequest(context=context, continuations=continuations)
+            call = model.loglikelihood_greedy(request) if greedy else model.loglikelihood(request)
+            return list(await asyncio.gather(call, return_exceptions=True))
         finally:
             await model.aclose()
 
@@ -67,9 +69,10 @@ def scores(base_url: str, bend: str, context: str, continuations: tuple[str, ...
     return out if isinstance(out, BaseException) else list(out)
 
 
-def raw_reply(base_url: str, prompt: str, model: str = "honest") -> dict[str, Any]:
+def raw_reply(base_url: str, prompt: str, model: str = "honest", logprobs: int = 0) -> dict[str, Any]:
     """The reply to ``prompt`` (honest unless ``model`` bends it), fetched without orchestra."""
-    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 0}).encode()
+    body = json.dumps({"model": model, "prompt": prompt, "max_tokens": 0, "echo": True,
+                       "logprobs": logprobs}).encode()
     req = urllib.request.Request(base_url + "/completions", data=body, headers={
         "Authorization": f"Bearer {KEY}", "Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=60) as resp:
@@ -146,3 +149,49 @@ def test_vllm_echo_of_a_bos_token_scores_the_continuation(base_url: str, monkeyp
         assert lp["text_offset"][-1] > len(CONTEXT + c) - len(lp["tokens"][-1])  # offsets run past the text
         want.append(sum(lp["token_logprobs"][len(context_tokens):]))
     assert got == pytest.approx(want, abs=1e-9) and got[0] > got[1] and got[0] > got[2], (got, want)
+
+
+#: top_logprobs bend -> what the error of an is_greedy request must name
+BENT_TOP = {
+    "top-missing": "logprobs.top_logprobs is NoneType",
+    "top-short": "logprobs.top_logprobs has",
+    "top-not-object": "logprobs.top_logprobs[",
+    "top-null-entry": "logprobs.top_logprobs[",
+    "top-empty": "logprobs.top_logprobs[",
+    "top-too-many": "entries for logprobs=1",
+    "top-nan": "not a finite number",
+    "top-positive": "not a finite number",
+    "top-a-string": "not a finite number",
+    "top-token-mismatch": "logprobs.top_logprobs[",
+    "top-below-token": "is above every value of logprobs.top_logprobs[",
+}
+
+
+@pytest.mark.parametrize("bend", sorted(BENT_TOP))
+def test_a_bent_top_logprobs_fails_the_is_greedy_request(base_url: str, bend: str,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reply to an is_greedy request whose ``top_logprobs`` are missing or do not add up fails the
+    request naming the field, never a silent True or False."""
+    out = scores(base_url, bend, CONTEXT, (" Paris",), monkeypatch, greedy=True)
+    assert isinstance(out, ModelError), f"{bend}: answered {out!r} instead of failing"
+    text = str(out)
+    assert BENT_TOP[bend] in text and "\n" not in text and KEY not in text, text
+    assert text.startswith("model m: refused the scoring reply of /completions: "), text
+
+
+def test_an_honest_reply_tells_is_greedy_as_lm_eval_does(base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``is_greedy`` is lm-eval's rule over the continuation's tokens (each one's log-probability
+    is the largest of its top_logprobs entry), asked with ``logprobs=1``; the log-likelihoods are
+    those of the plain request."""
+    context, continuations = "one two three four five six seven eight nine", (" ten", " eleven", " Paris")
+    got = scores(base_url, "honest", context, continuations, monkeypatch, greedy=True)
+    assert not isinstance(got, BaseException), got
+    plain = scores(base_url, "honest", context, continuations, monkeypatch)
+    assert [v for v, _ in got] == pytest.approx(plain, abs=1e-9)
+    want = []
+    n_context = len(raw_reply(base_url, context)["choices"][0]["logprobs"]["tokens"])
+    for c in continuations:
+        lp = raw_reply(base_url, context + c, logprobs=1)["choices"][0]["logprobs"]
+        pairs = list(zip(lp["token_logprobs"], lp["top_logprobs"]))[n_context:]
+        want.append(all(v == max(top.values()) for v, top in pairs))
+    assert [g for _, g in got] == want and True in want and False in want, (got, want)

