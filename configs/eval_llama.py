@@ -27,12 +27,8 @@ datasets = [
     for d in [*arc_easy_datasets, *arc_challenge_datasets, *boolq_datasets, *gsm8k_datasets]
 ]
 infer = dict(
-    # cost: one unit per scored choice, gen_task_coef per generated answer.  The 16 GSM8K rows
-    # stay one task (16 x 18 = 288 <= 300): a generation batch runs until its longest row ends,
-    # and 4 of these rows run to max_out_len, so three shards paid that tail three times (84 s
-    # of CPU against 58 s for one task, the same answers); as the costliest task it starts first
-    # and overlaps with the scoring on the other worker (docs/benchmarks.md, the main job).
-    partitioner=dict(type=SizePartitioner, max_task_size=300, gen_task_coef=18, granularity=1),
+    # cost: one unit per scored choice, gen_task_coef per generated answer
+    partitioner=dict(type=SizePartitioner, max_task_size=300, gen_task_coef=40, granularity=1),
     runner=dict(type=LocalRunner, max_num_workers=2, retry=1, reuse_workers=True, task=dict(type=InferTask)),
 )
 eval = dict(
