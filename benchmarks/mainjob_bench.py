@@ -6,11 +6,14 @@ loaded back), each in a fresh process with a private ``ORCHESTRA_CACHE_DIR``, th
 of interleaved runs); then whether both converted folders hold the same weights.
 
 ``run``: ``run.py configs/eval_llama.py`` from each tree with an empty private weights cache
-(what a new user sees right after setup), alternating, with its seven scores; ``--variant``
-adds runs of this tree with extra ``--cfg-options`` (e.g. one worker with two threads).
+(what a new user sees right after setup), alternating, with its seven scores, wall, CPU, the
+largest process's peak RSS and the timeline (each worker's model ready in, the infer stage);
+``--variant`` adds runs of this tree with extra ``--cfg-options`` (e.g. one worker with two
+threads).  The base is ``--base-tree DIR`` or ``--base-commit REV`` (``git archive`` of that
+commit of this repository into a temporary folder, beside this tree).
 
-    python benchmarks/main_job_bench.py convert --base-tree /tmp/speed/base [--repeat 3]
-    python benchmarks/main_job_bench.py run --base-tree /tmp/speed/base [--repeat 2] \
+    python benchmarks/mainjob_bench.py convert --base-commit 2b1d8d7 [--repeat 3]
+    python benchmarks/mainjob_bench.py run --base-commit 2b1d8d7 [--repeat 2] \
         [--variant 'one worker, 2 threads=infer.runner.max_num_workers=1']
 """
 
@@ -21,6 +24,7 @@ import csv
 import hashlib
 import json
 import os
+import re
 import resource
 import statistics
 import subprocess
@@ -72,6 +76,14 @@ def trees(args: argparse.Namespace) -> list[tuple[str, Path]]:
     return [("new", REPO)] + ([("base", args.base_tree.resolve())] if args.base_tree else [])
 
 
+def archive(rev: str, into: Path) -> Path:
+    """This repository's commit ``rev`` extracted into ``into`` (``git archive | tar -x``)."""
+    into.mkdir(parents=True)
+    blob = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=blob, check=True)
+    return into
+
+
 def convert_main(args: argparse.Namespace) -> None:
     times: dict[str, list[tuple[float, float]]] = {}
     digests: dict[str, str] = {}
@@ -104,11 +116,28 @@ def scores(work: Path) -> dict[str, str]:
     return {f"{r[0]}/{r[1]}": r[2] for r in rows[1:]}
 
 
-def one_run(tree: Path, folder: Path, options: list[str]) -> tuple[float, float, dict[str, str]]:
+#: runs a command and prints, last on stderr, the peak RSS (KB) of its largest process
+PEAK = ("import resource, subprocess, sys; r = subprocess.run(sys.argv[1:]); "
+        "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(r.returncode)")
+
+
+def timeline(work: Path) -> str:
+    """Each worker's "model ready in" (seconds, > 0.1 only: later tasks of a warm worker
+    print 0.00) and the infer stage's wall, from the run's task logs and events."""
+    (run,) = [p for p in work.iterdir() if p.is_dir()]
+    ready = sorted(float(m) for f in (run / "logs" / "infer").glob("*.log")
+                   for m in re.findall(r"ready in ([0-9.]+) s", f.read_text(errors="replace")) if float(m) > 0.1)
+    ts = [e["ts"] for e in map(json.loads, (run / "events.jsonl").read_text().splitlines())
+          if e.get("event") in ("started", "done") and str(e.get("task_id", "")).startswith("infer")]
+    return f"ready in {', '.join(f'{r:.1f}' for r in ready)} s; infer stage {max(ts) - min(ts):.1f} s"
+
+
+def one_run(tree: Path, folder: Path, options: list[str]) -> tuple[float, float, float, dict[str, str]]:
     """Wall and CPU seconds (the orchestrator and every task process it waited for) of
-    ``run.py configs/eval_llama.py`` from ``tree`` with an empty weights cache, and its scores."""
+    ``run.py configs/eval_llama.py`` from ``tree`` with an empty weights cache, the peak RSS
+    (MB) of its largest process, and its scores."""
     env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(folder / "cache")}
-    argv = [sys.executable, "run.py", "configs/eval_llama.py", "-w", str(folder / "out")]
+    argv = [sys.executable, "-c", PEAK, sys.executable, "run.py", "configs/eval_llama.py", "-w", str(folder / "out")]
     if options:
         argv += ["--cfg-options", *options]
     t0, cpu0 = time.perf_counter(), children_cpu()
@@ -116,7 +145,8 @@ def one_run(tree: Path, folder: Path, options: list[str]) -> tuple[float, float,
     wall = time.perf_counter() - t0
     if res.returncode != 0:
         raise SystemExit(f"{tree}: run.py exited {res.returncode}:\n{res.stderr[-3000:]}")
-    return wall, children_cpu() - cpu0, scores(folder / "out")
+    peak = int(res.stderr.strip().splitlines()[-1]) / 1024
+    return wall, children_cpu() - cpu0, peak, scores(folder / "out")
 
 
 def run_main(args: argparse.Namespace) -> None:
@@ -126,20 +156,28 @@ def run_main(args: argparse.Namespace) -> None:
         sides.append((f"new, {name}", REPO, opts.split()))
     walls: dict[str, list[float]] = {}
     cpus: dict[str, list[float]] = {}
+    peaks: dict[str, float] = {}
+    lines: dict[str, list[str]] = {}
     got: dict[str, dict[str, str]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeat):
             for label, tree, opts in sides if i % 2 == 0 else list(reversed(sides)):
                 folder = Path(tmp) / f"{len(walls.get(label, []))}-{label.replace(' ', '_').replace(',', '')}"
                 folder.mkdir()
-                wall, cpu, sc = one_run(tree, folder, opts)
+                load = os.getloadavg()[0]
+                wall, cpu, peak, sc = one_run(tree, folder, opts)
                 walls.setdefault(label, []).append(wall)
                 cpus.setdefault(label, []).append(cpu)
+                peaks[label] = max(peaks.get(label, 0.0), peak)
+                lines.setdefault(label, []).append(f"{timeline(folder / 'out')}; load {load:.1f}")
                 got[label] = sc
-                print(f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU", file=sys.stderr, flush=True)
+                print(f"{label}: {wall:.1f} s wall, {cpu:.1f} s CPU; {lines[label][-1]}", file=sys.stderr, flush=True)
     rows = [(f"{label}: run.py configs/eval_llama.py, empty weights cache: wall / CPU, median of {len(w)}",
              f"{statistics.median(w):.1f} s / {statistics.median(cpus[label]):.1f} s "
              f"(walls: {', '.join(f'{x:.1f}' for x in w)})") for label, w in walls.items()]
+    rows += [(f"{label}: timeline of each run (load average at its start)", " | ".join(t))
+             for label, t in lines.items()]
+    rows += [(f"{label}: peak RSS of the largest process, MB", f"{p:.0f}") for label, p in peaks.items()]
     first = next(iter(got.values()))
     for label in walls:
         if label != "new":
@@ -155,13 +193,18 @@ def main() -> None:
     sub = ap.add_subparsers(dest="what", required=True)
     for name in ("convert", "run"):
         p = sub.add_parser(name)
-        p.add_argument("--base-tree", type=Path, help="another checkout measured the same way, interleaved")
+        base = p.add_mutually_exclusive_group()
+        base.add_argument("--base-tree", type=Path, help="another checkout measured the same way, interleaved")
+        base.add_argument("--base-commit", help="a commit of this repository, extracted beside with git archive")
         p.add_argument("--repeat", type=int, default=3 if name == "convert" else 2)
         if name == "run":
             p.add_argument("--variant", action="append", default=[],
                            help="'NAME=KEY=VALUE ...': also run this tree with these --cfg-options")
     args = ap.parse_args()
-    {"convert": convert_main, "run": run_main}[args.what](args)
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.base_commit:
+            args.base_tree = archive(args.base_commit, Path(tmp) / "base")
+        {"convert": convert_main, "run": run_main}[args.what](args)
 
 
 if __name__ == "__main__":
