@@ -1,10 +1,17 @@
-"""Pieces the benchmark scripts share: a config of trivial tasks, stage timing, the table."""
+"""Pieces the benchmark scripts share: a config of trivial tasks, stage timing, the table, and a
+command's wall time and peak memory over its whole process tree."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
+import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,3 +70,63 @@ def print_table(rows: list[tuple[str, str]]) -> None:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     print(f"\n(machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]})")
+
+
+@dataclass
+class TreeRun:
+    """One measured command: wall seconds, the peak memory of its process tree, its output."""
+
+    started_at: float  # epoch seconds at the start, to line up with a run's events
+    wall_s: float
+    peak_rss_mb: float  # the largest sum of RSS over the command and its descendants at one sample
+    peak_pss_mb: float  # the same with PSS: pages shared between processes (libraries) counted once
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its living descendants (``/proc/PID/task/TID/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        for children in glob.glob(f"/proc/{p}/task/*/children"):
+            with contextlib.suppress(OSError):
+                todo.extend(int(c) for c in Path(children).read_text().split())
+    return found
+
+
+def _memory_kb(pid: int) -> tuple[int, int]:
+    """RSS and PSS of one process in kB, (0, 0) once it is gone."""
+    rss = pss = 0
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Rss:"):
+                rss = int(line.split()[1])
+            elif line.startswith("Pss:"):
+                pss = int(line.split()[1])
+    return rss, pss
+
+
+def run_tree(argv: list[str], env: dict[str, str], cwd: Path, sample_s: float = 0.2) -> TreeRun:
+    """Run ``argv`` to its end, sampling the memory of its whole process tree every ``sample_s``.
+
+    A whole tree because both lm-eval (tokenizer threads in one process) and orchestra (an
+    orchestrator and its worker processes) are measured: ``ru_maxrss`` would give only the largest
+    single process.  Output goes to files (a full pipe would stall the command between samples).
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started_at, t0 = time.time(), time.monotonic()
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err, text=True)
+        peak_rss = peak_pss = 0
+        while proc.poll() is None:
+            sizes = [_memory_kb(p) for p in _tree(proc.pid)]
+            peak_rss = max(peak_rss, sum(r for r, _ in sizes))
+            peak_pss = max(peak_pss, sum(p for _, p in sizes))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(sample_s)
+        wall = time.monotonic() - t0
+        out.seek(0)
+        err.seek(0)
+        return TreeRun(started_at, wall, peak_rss / 1024, peak_pss / 1024, proc.returncode, out.read(), err.read())
