@@ -1,6 +1,6 @@
 """lm-eval's chat-template path vs orchestra's on the same rows: wall time, peak memory, equal numbers.
 
-    python benchmarks/lmeval_chat_bench.py [--mc-limit 24] [--gsm8k-limit 8] [--shots 3] [--quick]
+    python benchmarks/lmeval_chat_bench.py [--mc-limit 16] [--gsm8k-limit 8] [--shots 2] [--quick]
 
 Issue 37 point 5.  For each configuration (with and without ``--system_instruction``, few-shot
 examples as turns in both) and each workload (multiple choice: ARC-Challenge and HellaSwag,
@@ -12,7 +12,8 @@ as subprocesses, on the same model (SmolLM2-135M-Instruct float32 on the CPU, ba
 orchestra's ``HFCausalLM`` in 2 infer tasks on 2 warm LocalRunner workers), alternating which side
 goes first.  Each whole command is measured: wall time (start-up, task loading, model load,
 inference, scoring) and the peak memory of its process tree (RSS summed over the processes, and
-PSS, which counts pages the processes share once).  Prints one table (side, wall s, peak MB, the
+anonymous RSS summed: the same without file-backed pages such as shared libraries, which every
+process of a tree counts again).  Prints one table (side, wall s, peak MB, the
 ratio orchestra / lm-eval, whether every metric is equal to 4 decimals), every metric side by
 side, and where orchestra's time went (from its run folder's ``events.jsonl``).
 ``--quick``: 4 multiple-choice documents and 2 GSM8K ones, a smoke run.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -43,9 +45,9 @@ RUNNER = ", reuse_workers=True"
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--mc-limit", type=int, default=24, help="documents of ARC-Challenge and of HellaSwag")
+    ap.add_argument("--mc-limit", type=int, default=16, help="documents of ARC-Challenge and of HellaSwag")
     ap.add_argument("--gsm8k-limit", type=int, default=8, help="GSM8K documents (generation)")
-    ap.add_argument("--shots", type=int, default=3, help="few-shot examples of every task (as turns)")
+    ap.add_argument("--shots", type=int, default=2, help="few-shot examples of every task (as turns)")
     ap.add_argument("--gen-kwargs", default="max_gen_toks=128", help="lm-eval's --gen_kwargs, both sides")
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 multiple-choice and 2 GSM8K documents")
     ap.add_argument("--configs", nargs="+", choices=sorted(CONFIGS), default=list(CONFIGS))
@@ -68,37 +70,42 @@ def orchestra_entries(args: argparse.Namespace, conf: str, tasks: Path, names: l
             for n in names]
 
 
+def _from_logs(run: Path, pattern: str) -> list[float]:
+    """The seconds each infer task's log gives on a line matching ``pattern`` (one group)."""
+    found = []
+    for log in (run / "logs" / "infer").glob("*.log"):
+        found += [float(m) for m in re.findall(pattern, log.read_text(errors="replace"))]
+    return found
+
+
 def breakdown(done: TreeRun, run: Path) -> list[tuple[str, float]]:
-    """Where orchestra's wall time went, from its events: start-up, planning, each stage, and within
-    the infer stage each task's start (samples built, model loaded) and inference."""
+    """Where orchestra's wall time went, from its events and task logs: start-up, planning, the infer
+    stage (within it, per task: the model load, lm-eval's requests, inference), the eval tail."""
     events = read_events(run)
     begun = next(e["ts"] for e in events if e["event"] == "run_started")
     finished = next(e["ts"] for e in events if e["event"] == "run_finished")
-    stage: dict[str, list[float]] = {}
     task_start: dict[str, float] = {}
     first_tick: dict[str, float] = {}
-    task_end: dict[str, float] = {}
+    ends: dict[str, list[float]] = {"infer": [], "eval": []}
     for e in events:
-        if e["event"] in ("started", "done") and e.get("stage"):
-            stage.setdefault(f"{e['stage']}_{e['event']}", []).append(e["ts"])
         if e.get("stage") == "infer" and e["event"] == "started":
             task_start[e["task_id"]] = e["ts"]
         elif e["event"] == "progress" and e.get("task_id") in task_start:
             first_tick.setdefault(e["task_id"], e["ts"])
-        elif e.get("stage") == "infer" and e["event"] == "done":
-            task_end[e["task_id"]] = e["ts"]
-    infer0, infer1 = min(stage["infer_started"]), max(stage["infer_done"])
-    eval0, eval1 = min(stage["eval_started"]), max(stage["eval_done"])
-    starts = [first_tick[t] - task_start[t] for t in task_start if t in first_tick]
-    infers = [task_end[t] - first_tick[t] for t in task_end if t in first_tick]
+        elif e["event"] == "done" and e.get("stage") in ends:
+            ends[e["stage"]].append(e["ts"])
+    infer0, infer1 = min(task_start.values()), max(ends["infer"])
+    starts = [first_tick[t] - task_start[t] for t in first_tick]
+    loads = _from_logs(run, r"model \S+ ready in ([0-9.]+) s")
+    inference = _from_logs(run, r"ran \d+ samples in ([0-9.]+) s")
     return [("process start to run_started (imports, config)", begun - done.started_at),
             ("planning (run_started to first infer task)", infer0 - begun),
-            ("infer stage (first start to last end)", infer1 - infer0),
-            ("  per infer task: start to first tick, max (requests, model load)", max(starts, default=0.0)),
-            ("  per infer task: first tick to done, max (inference)", max(infers, default=0.0)),
-            ("between stages", eval0 - infer1),
-            ("eval stage", eval1 - eval0),
-            ("eval end to run_finished (summary, report)", finished - eval1),
+            ("infer stage (first task start to last task end)", infer1 - infer0),
+            ("  per infer task, max: start to first sample (model load, lm-eval's requests)", max(starts)),
+            ("  per infer task, max: of which the model load (its log)", max(loads, default=0.0)),
+            ("  per infer task, max: inference (its log)", max(inference, default=0.0)),
+            ("eval after the last infer task (eval tasks overlap the infer stage)", max(ends["eval"]) - infer1),
+            ("last task end to run_finished (summary, report)", finished - max(ends["eval"])),
             ("run_finished to process exit", done.started_at + done.wall_s - finished)]
 
 
@@ -130,22 +137,26 @@ def main(argv: list[str] | None = None) -> int:
                         measured[who], run, got[who] = run_orchestra(
                             tmp, orchestra_entries(args, conf, tasks, names, limit), RUNNER)
                         profiles.append((f"{conf}, {workload}", breakdown(measured[who], run)))
+                        print(profiles[-1], flush=True)
                 what = f"{conf}, {workload} ({', '.join(names)}; {limit} docs each)"
                 equal = metrics_equal(got["orchestra"], got["lm-eval"])
                 ratio = measured["orchestra"].wall_s / measured["lm-eval"].wall_s
                 for who in ("lm-eval", "orchestra"):
                     rows.append((what, who, measured[who], ratio, equal))
+                    print(f"{what} | {who}: {measured[who].wall_s:.1f} s, peak RSS {measured[who].peak_rss_mb:.0f} MB, "
+                          f"anon {measured[who].peak_anon_mb:.0f} MB", flush=True)
                 for task, key, ours, ref, same in metric_pairs(got["orchestra"], got["lm-eval"]):
                     ref_text = "-" if ref is None else f"{ref:.4f}"
                     metric_lines.append(f"{conf:<22} {task:<14} {key:<26} {ours:>9.4f} {ref_text:>9}  "
                                         f"{'yes' if same else 'NO'}")
+                    print(metric_lines[-1], flush=True)
     print(f"load average before: {' '.join(load)}; after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}"
           f"; {len(os.sched_getaffinity(0))} CPUs; shots {args.shots}; --gen_kwargs {args.gen_kwargs}")
-    print(f"\n{'workload':<72} {'side':<10} {'wall s':>7} {'peak RSS MB':>12} {'peak PSS MB':>12} "
+    print(f"\n{'workload':<72} {'side':<10} {'wall s':>7} {'peak RSS MB':>12} {'peak anon MB':>12} "
           f"{'orch/lm-eval':>12}  equal")
     for what, who, m, ratio, equal in rows:
         tail = f"{ratio:>12.2f}  {'yes' if equal else 'NO'}" if who == "orchestra" else ""
-        print(f"{what:<72} {who:<10} {m.wall_s:>7.1f} {m.peak_rss_mb:>12.0f} {m.peak_pss_mb:>12.0f} {tail}")
+        print(f"{what:<72} {who:<10} {m.wall_s:>7.1f} {m.peak_rss_mb:>12.0f} {m.peak_anon_mb:>12.0f} {tail}")
     print(f"\n{'configuration':<22} {'task':<14} {'metric':<26} {'orchestra':>9} {'lm-eval':>9}  equal")
     print("\n".join(metric_lines))
     for what, parts in profiles:
