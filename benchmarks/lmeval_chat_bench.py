@@ -152,11 +152,11 @@ def main(argv: list[str] | None = None) -> int:
                     print(metric_lines[-1], flush=True)
     print(f"load average before: {' '.join(load)}; after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}"
           f"; {len(os.sched_getaffinity(0))} CPUs; shots {args.shots}; --gen_kwargs {args.gen_kwargs}")
-    print(f"\n{'workload':<72} {'side':<10} {'wall s':>7} {'peak RSS MB':>12} {'peak anon MB':>12} "
+    print(f"\n{'workload':<80} {'side':<10} {'wall s':>7} {'peak RSS MB':>12} {'peak anon MB':>12} "
           f"{'orch/lm-eval':>12}  equal")
     for what, who, m, ratio, equal in rows:
         tail = f"{ratio:>12.2f}  {'yes' if equal else 'NO'}" if who == "orchestra" else ""
-        print(f"{what:<72} {who:<10} {m.wall_s:>7.1f} {m.peak_rss_mb:>12.0f} {m.peak_anon_mb:>12.0f} {tail}")
+        print(f"{what:<80} {who:<10} {m.wall_s:>7.1f} {m.peak_rss_mb:>12.0f} {m.peak_anon_mb:>12.0f} {tail}")
     print(f"\n{'configuration':<22} {'task':<14} {'metric':<26} {'orchestra':>9} {'lm-eval':>9}  equal")
     print("\n".join(metric_lines))
     for what, parts in profiles:
