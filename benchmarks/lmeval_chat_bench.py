@@ -44,6 +44,7 @@ RUNNER = ", reuse_workers=True"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line (``--quick`` sets the document counts of a smoke run)."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--mc-limit", type=int, default=16, help="documents of ARC-Challenge and of HellaSwag")
     ap.add_argument("--gsm8k-limit", type=int, default=8, help="GSM8K documents (generation)")
@@ -109,6 +110,25 @@ def breakdown(done: TreeRun, run: Path) -> list[tuple[str, float]]:
             ("run_finished to process exit", done.started_at + done.wall_s - finished)]
 
 
+def print_report(args: argparse.Namespace, load: list[str], rows: list[tuple[str, str, TreeRun, float, bool]],
+                 metric_lines: list[str], profiles: list[tuple[str, list[tuple[str, float]]]]) -> None:
+    """The table (side, wall, peak memory, ratio, metrics equal), the metrics side by side, and
+    where orchestra's time went."""
+    print(f"load average before: {' '.join(load)}; after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}"
+          f"; {len(os.sched_getaffinity(0))} CPUs; shots {args.shots}; --gen_kwargs {args.gen_kwargs}")
+    print(f"\n{'workload':<80} {'side':<10} {'wall s':>7} {'peak RSS MB':>12} {'peak anon MB':>12} "
+          f"{'orch/lm-eval':>12}  equal")
+    for what, who, m, ratio, equal in rows:
+        tail = f"{ratio:>12.2f}  {'yes' if equal else 'NO'}" if who == "orchestra" else ""
+        print(f"{what:<80} {who:<10} {m.wall_s:>7.1f} {m.peak_rss_mb:>12.0f} {m.peak_anon_mb:>12.0f} {tail}")
+    print(f"\n{'configuration':<22} {'task':<14} {'metric':<26} {'orchestra':>9} {'lm-eval':>9}  equal")
+    print("\n".join(metric_lines))
+    for what, parts in profiles:
+        print(f"\norchestra's time, {what}:")
+        for name, seconds in parts:
+            print(f"  {name:<70} {seconds:>7.1f} s")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     load = Path("/proc/loadavg").read_text().split()[:3]
@@ -137,7 +157,6 @@ def main(argv: list[str] | None = None) -> int:
                         measured[who], run, got[who] = run_orchestra(
                             tmp, orchestra_entries(args, conf, tasks, names, limit), RUNNER)
                         profiles.append((f"{conf}, {workload}", breakdown(measured[who], run)))
-                        print(profiles[-1], flush=True)
                 what = f"{conf}, {workload} ({', '.join(names)}; {limit} docs each)"
                 equal = metrics_equal(got["orchestra"], got["lm-eval"])
                 ratio = measured["orchestra"].wall_s / measured["lm-eval"].wall_s
@@ -150,19 +169,7 @@ def main(argv: list[str] | None = None) -> int:
                     metric_lines.append(f"{conf:<22} {task:<14} {key:<26} {ours:>9.4f} {ref_text:>9}  "
                                         f"{'yes' if same else 'NO'}")
                     print(metric_lines[-1], flush=True)
-    print(f"load average before: {' '.join(load)}; after: {' '.join(Path('/proc/loadavg').read_text().split()[:3])}"
-          f"; {len(os.sched_getaffinity(0))} CPUs; shots {args.shots}; --gen_kwargs {args.gen_kwargs}")
-    print(f"\n{'workload':<80} {'side':<10} {'wall s':>7} {'peak RSS MB':>12} {'peak anon MB':>12} "
-          f"{'orch/lm-eval':>12}  equal")
-    for what, who, m, ratio, equal in rows:
-        tail = f"{ratio:>12.2f}  {'yes' if equal else 'NO'}" if who == "orchestra" else ""
-        print(f"{what:<80} {who:<10} {m.wall_s:>7.1f} {m.peak_rss_mb:>12.0f} {m.peak_anon_mb:>12.0f} {tail}")
-    print(f"\n{'configuration':<22} {'task':<14} {'metric':<26} {'orchestra':>9} {'lm-eval':>9}  equal")
-    print("\n".join(metric_lines))
-    for what, parts in profiles:
-        print(f"\norchestra's time, {what}:")
-        for name, seconds in parts:
-            print(f"  {name:<70} {seconds:>7.1f} s")
+    print_report(args, load, rows, metric_lines, profiles)
     return 0
 
 
