@@ -1,10 +1,17 @@
-"""Pieces the benchmark scripts share: a config of trivial tasks, stage timing, the table."""
+"""Pieces the benchmark scripts share: a config of trivial tasks, stage timing, the table, and a
+command's wall time and peak memory over its whole process tree."""
 
 from __future__ import annotations
 
+import contextlib
+import glob
 import json
 import os
+import subprocess
 import sys
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,3 +70,65 @@ def print_table(rows: list[tuple[str, str]]) -> None:
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
     print(f"\n(machine: {os.cpu_count()} CPUs, python {sys.version.split()[0]})")
+
+
+@dataclass
+class TreeRun:
+    """One measured command: wall seconds, the peak memory of its process tree, its output."""
+
+    started_at: float  # epoch seconds at the start, to line up with a run's events
+    wall_s: float
+    peak_rss_mb: float  # the largest sum of RSS over the command and its descendants at one sample
+    peak_anon_mb: float  # the same of anonymous RSS (heap, tensors): shared libraries left out
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its living descendants (``/proc/PID/task/TID/children``)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        for children in glob.glob(f"/proc/{p}/task/*/children"):
+            with contextlib.suppress(OSError):
+                todo.extend(int(c) for c in Path(children).read_text().split())
+    return found
+
+
+def _memory_kb(pid: int) -> tuple[int, int]:
+    """RSS and anonymous RSS of one process in kB, (0, 0) once it is gone.  From ``status``, whose
+    counters cost microseconds: ``smaps_rollup`` (PSS) walks the page tables, 0.4 s a read of a
+    1 GB process under load, and slows the process it measures."""
+    rss = anon = 0
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                rss = int(line.split()[1])
+            elif line.startswith("RssAnon:"):
+                anon = int(line.split()[1])
+    return rss, anon
+
+
+def run_tree(argv: list[str], env: dict[str, str], cwd: Path, sample_s: float = 0.2) -> TreeRun:
+    """Run ``argv`` to its end, sampling the memory of its whole process tree every ``sample_s``.
+
+    A whole tree because orchestra is an orchestrator and its worker processes (lm-eval is one
+    process): ``ru_maxrss`` would give only the largest single process.  Output goes to files (a
+    full pipe would stall the command between samples).
+    """
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        started_at, t0 = time.time(), time.monotonic()
+        proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err, text=True)
+        peak_rss = peak_anon = 0
+        while proc.poll() is None:
+            sizes = [_memory_kb(p) for p in _tree(proc.pid)]
+            peak_rss = max(peak_rss, sum(r for r, _ in sizes))
+            peak_anon = max(peak_anon, sum(a for _, a in sizes))
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(sample_s)
+        wall = time.monotonic() - t0
+        out.seek(0)
+        err.seek(0)
+        return TreeRun(started_at, wall, peak_rss / 1024, peak_anon / 1024, proc.returncode, out.read(), err.read())
