@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.datasets.test_lmeval_greedy_rolling import LIMIT, _compare, _lambada_yaml, _weights_folder
+from tests.datasets.test_lmeval_greedy_rolling import LIMIT, _compare, _weights_folder, lambada_config
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "tests" / "servers" / "loglik_server.py"
@@ -64,18 +64,9 @@ def both(server: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
     base_url, record = server
     tmp = tmp_path_factory.mktemp("greedy_api")
     tasks = tmp / "tasks"
-    tasks.mkdir()
-    _lambada_yaml(tasks)
-    cfg = tmp / "cfg.py"
-    cfg.write_text(
-        "from orchestra.datasets.lmeval import LmEvalDataset\n"
-        "from orchestra.models.openai_api import OpenAIAPI\n"
-        f"models = [dict(type=OpenAIAPI, abbr='api', path='smollm2', base_url={base_url!r}, endpoint='completions',\n"
-        "               key_env='GREEDY_API_KEY', max_connections=2, max_retries=1)]\n"
-        f"datasets = [dict(type=LmEvalDataset, task='lambada_local', include_path={str(tasks)!r},\n"
-        f"                 test_range='[0:{LIMIT}]')]\n"
-        f"work_dir = {str(tmp / 'out')!r}\n"
-    )
+    cfg = lambada_config(tmp, "openai_api.OpenAIAPI", f"abbr='api', path='smollm2', base_url={base_url!r}, "
+                         "endpoint='completions', key_env='GREEDY_API_KEY', max_connections=2, max_retries=1",
+                         f", test_range='[0:{LIMIT}]'")
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
                           env=_env(GREEDY_API_KEY=KEY), cwd=tmp, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -125,18 +116,8 @@ def test_both_asked_the_same_server_for_top_logprobs(both: dict[str, Any]) -> No
 def test_the_chat_endpoint_is_still_refused_at_planning(tmp_path: Path) -> None:
     """A chat endpoint returns no prompt log-probabilities: with a LAMBADA-style task it stays a
     config error (one line, exit 2, before anything runs), which names the endpoint that can."""
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    _lambada_yaml(tasks)
-    cfg = tmp_path / "cfg.py"
-    cfg.write_text(
-        "from orchestra.datasets.lmeval import LmEvalDataset\n"
-        "from orchestra.models.openai_api import OpenAIAPI\n"
-        "models = [dict(type=OpenAIAPI, abbr='chat', path='smollm2', base_url='http://127.0.0.1:9/v1',\n"
-        "               endpoint='chat', key_env=None)]\n"
-        f"datasets = [dict(type=LmEvalDataset, task='lambada_local', include_path={str(tasks)!r})]\n"
-        f"work_dir = {str(tmp_path / 'out')!r}\n"
-    )
+    cfg = lambada_config(tmp_path, "openai_api.OpenAIAPI", "abbr='chat', path='smollm2', "
+                         "base_url='http://127.0.0.1:9/v1', endpoint='chat', key_env=None")
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg), "--dry-run"], capture_output=True,
                           text=True, env=_env(ORCHESTRA_CACHE_DIR=str(tmp_path / "cache")), timeout=600)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]

@@ -57,6 +57,24 @@ def _lambada_yaml(folder: Path) -> None:
     (folder / "lambada_local.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items()))
 
 
+def lambada_config(folder: Path, model_class: str, model: str, dataset: str = "") -> Path:
+    """``folder/cfg.py``: ``model`` (a dict's inside, of ``orchestra.models.<model_class>``) on the
+    local ``lambada_local`` task (written to ``folder/tasks``), ``dataset`` more of its entry."""
+    tasks = folder / "tasks"
+    tasks.mkdir()
+    _lambada_yaml(tasks)
+    module, name = model_class.rsplit(".", 1)
+    cfg = folder / "cfg.py"
+    cfg.write_text(
+        "from orchestra.datasets.lmeval import LmEvalDataset\n"
+        f"from orchestra.models.{module} import {name}\n"
+        f"models = [dict(type={name}, {model})]\n"
+        f"datasets = [dict(type=LmEvalDataset, task='lambada_local', include_path={str(tasks)!r}{dataset})]\n"
+        f"work_dir = {str(folder / 'out')!r}\n"
+    )
+    return cfg
+
+
 def _weights_folder() -> str:
     import importlib.metadata
 
@@ -155,17 +173,7 @@ def test_rolling_windows_are_lm_evals_sample_for_sample(both: dict[str, Any]) ->
 def test_a_model_that_cannot_report_is_greedy_is_refused_at_planning(tmp_path: Path) -> None:
     """DeterministicModel (``scores_greedy = False``) with a LAMBADA-style task: one line, exit 2,
     naming the model, the task and the dataset, before anything runs."""
-    tasks = tmp_path / "tasks"
-    tasks.mkdir()
-    _lambada_yaml(tasks)
-    cfg = tmp_path / "cfg.py"
-    cfg.write_text(
-        "from orchestra.datasets.lmeval import LmEvalDataset\n"
-        "from orchestra.models.fake import DeterministicModel\n"
-        "models = [dict(type=DeterministicModel, abbr='det')]\n"
-        f"datasets = [dict(type=LmEvalDataset, task='lambada_local', include_path={str(tasks)!r})]\n"
-        f"work_dir = {str(tmp_path / 'out')!r}\n"
-    )
+    cfg = lambada_config(tmp_path, "fake.DeterministicModel", "abbr='det'")
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg), "--dry-run"], capture_output=True,
                           text=True, env={**_env(), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}, timeout=600)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
