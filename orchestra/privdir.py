@@ -62,7 +62,10 @@ def folder_problem(path: str, follow_links: bool = False) -> str | None:
 
 
 def _refuse(path: str, problem: str, env: str) -> UnsafeFolderError:
-    fix = f"remove it, or set {env or 'TMPDIR'} to a folder of your own"
+    other = env or "TMPDIR"
+    fix = f"remove it, or set {other} to a folder of your own"
+    if problem.startswith("is writable by"):  # a folder of ours, opened up: closing it is enough
+        fix = f"chmod go-w {path}, or set {other} to a folder of your own"
     return UnsafeFolderError(f"{path} {problem}: another user could control what orchestra does there; {fix}")
 
 
@@ -89,7 +92,7 @@ def private_dir(root: str, *parts: str, mode: int = 0o700, env: str = "") -> str
     """
     path = os.path.abspath(root)
     parent = os.path.dirname(path)
-    if not os.path.isdir(parent):
+    if not os.path.exists(parent):  # a file there: the mkdir below names it ("Not a directory")
         os.makedirs(parent, mode=0o700, exist_ok=True)
     _ensure(path, mode, env)
     for part in parts:
@@ -98,10 +101,40 @@ def private_dir(root: str, *parts: str, mode: int = 0o700, env: str = "") -> str
     return path
 
 
+#: cache roots found private in this process (each is looked at once, not per cache read)
+_PRIVATE_CACHES: set[str] = set()
+
+
+def cache_folder() -> str:
+    """The per-user cache (``ORCHESTRA_CACHE_DIR``, else ``~/.cache/orchestra``; not created).
+
+    Its files decide what is reused: the digests that say a data file is unchanged, the
+    datasets' sizes, lm-eval's task index and inputs, converted model weights.  A cache folder
+    another user could write (``ORCHESTRA_CACHE_DIR`` set to a shared path) would let them
+    plant any of those and change the numbers, so an existing one must be a private folder of
+    this user (:func:`folder_problem`), else :class:`UnsafeFolderError`; make it with
+    :func:`private_cache_dir`."""
+    root = os.path.abspath(os.environ.get("ORCHESTRA_CACHE_DIR")
+                           or os.path.join(os.path.expanduser("~"), ".cache", "orchestra"))
+    if root not in _PRIVATE_CACHES and os.path.lexists(root):
+        problem = folder_problem(root)
+        if problem is not None:
+            raise _refuse(root, problem, "ORCHESTRA_CACHE_DIR")
+        _PRIVATE_CACHES.add(root)
+    return root
+
+
+def private_cache_dir(*parts: str) -> str:
+    """:func:`cache_folder`, or a folder below it, created 0700 where missing (whatever the umask)."""
+    return private_dir(cache_folder(), *parts, env="ORCHESTRA_CACHE_DIR")
+
+
 def check_temp_folders() -> None:
     """Refuse (:class:`UnsafeFolderError`) if a folder of :data:`TEMP_FOLDERS` that tasks would
     use exists and is not private; creates nothing (``--dry-run`` runs it too).  The CLI calls
-    it before a run, so a planted folder is one line and exit 2, not a failed task."""
+    it before a run, so a planted folder is one line and exit 2, not a failed task.  The
+    per-user cache folder is checked the same way (:func:`cache_folder`)."""
+    cache_folder()
     for kind, (_, env) in TEMP_FOLDERS.items():
         root = os.environ.get(env) if env else None
         candidates = [root] if root else [temp_folder(kind)]

@@ -18,6 +18,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from orchestra.privdir import cache_folder, private_cache_dir
+
 _LOCK = threading.Lock()
 _DIGESTS: dict[str, str] = {}
 _ROWS: dict[tuple[str, str], Any] = {}
@@ -35,8 +37,9 @@ def persisting() -> bool:
 
 
 def cache_dir() -> str:
-    """The per-machine cache folder (``ORCHESTRA_CACHE_DIR`` or ``~/.cache/orchestra``)."""
-    return os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
+    """The per-user cache folder (``ORCHESTRA_CACHE_DIR`` or ``~/.cache/orchestra``), refused
+    when another user could write it (:func:`orchestra.privdir.cache_folder`)."""
+    return cache_folder()
 
 
 def _stamp(path: str) -> str | None:
@@ -97,7 +100,7 @@ def _store(new: dict[str, str]) -> None:
 
     path = os.path.join(cache_dir(), "file_digests.json")
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        private_cache_dir()
         with FileLock(path + ".lock", timeout=30):
             data = {**_stored(), **new}
             if len(data) > 20000:  # keep the file small: drop the oldest entries

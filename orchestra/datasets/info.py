@@ -20,6 +20,7 @@ from orchestra.datasets.digest import batched_stores, cache_dir, persist_digests
 from orchestra.errors import ConfigError
 from orchestra.fileio import atomic_write_json
 from orchestra.gcpause import gc_paused
+from orchestra.privdir import private_cache_dir
 
 
 @dataclass(frozen=True)
@@ -138,7 +139,7 @@ def _dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool) ->
 def _remember(path: str, fresh: dict[str, Any]) -> None:
     """Add facts to the size cache; a cache folder that cannot be written costs a warning only."""
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        private_cache_dir()
         with FileLock(path + ".lock", timeout=30):
             try:
                 with open(path, encoding="utf-8") as f:

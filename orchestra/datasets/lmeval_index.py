@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestra.datasets.digest import cache_dir, persisting
 from orchestra.fileio import atomic_write_text, stable_hash
+from orchestra.privdir import private_cache_dir
 
 
 def _cache_path(folder: Path) -> str:
@@ -51,7 +52,7 @@ def _write(path: str, index: dict[str, Any]) -> None:
         text = json.dumps(rows, allow_nan=False)
         if [r[0] for r in rows] != list(index) or json.loads(text) != rows:
             return  # not kept exactly as JSON: built each time
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        private_cache_dir("lmeval_index")
         atomic_write_text(path, text)
     except (OSError, ValueError, TypeError):
         pass

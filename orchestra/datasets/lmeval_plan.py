@@ -34,6 +34,7 @@ import yaml
 
 from orchestra.datasets.digest import cache_dir, files_stamp, persisting, stamped_key
 from orchestra.fileio import atomic_write_json
+from orchestra.privdir import private_cache_dir
 from orchestra.secretnames import secret_variables
 
 #: secret-looking variables the probe keeps: lm-eval loads task data from the Hugging Face hub
@@ -140,7 +141,7 @@ def _remember(key: str, manifest: dict[str, Any]) -> None:
 
     path = _manifests_path()
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        private_cache_dir()
         with FileLock(path + ".lock", timeout=30):
             data = _load_manifests(path)
             data[key] = manifest

@@ -28,7 +28,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from orchestra.errors import ModelError
-from orchestra.privdir import private_dir, temp_folder
+from orchestra.privdir import cache_folder, private_dir, temp_folder
 
 log = logging.getLogger(__name__)
 
@@ -39,9 +39,9 @@ MANIFEST = "orchestra_source.json"
 
 
 def default_cache_dir() -> str:
-    """``$ORCHESTRA_CACHE_DIR/weights``, or ``~/.cache/orchestra/weights``."""
-    root = os.environ.get("ORCHESTRA_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "orchestra")
-    return os.path.join(root, "weights")
+    """``$ORCHESTRA_CACHE_DIR/weights``, or ``~/.cache/orchestra/weights``
+    (:func:`orchestra.privdir.cache_folder`)."""
+    return os.path.join(cache_folder(), "weights")  # refused if another user could write the cache
 
 
 def fallback_dir() -> str:
@@ -98,9 +98,11 @@ def get_or_convert(
     called only when no complete entry exists, under the entry's file lock.  ``converted``
     is ``None`` when the folder already existed.
     """
+    # Only a private folder of ours is trusted: converted weights another user could plant
+    # would be loaded as the model (created 0700 when missing; else UnsafeFolderError).
+    private_dir(entry.root, env="ORCHESTRA_CACHE_DIR")
     if entry.is_complete():
         return entry.path, None
-    os.makedirs(entry.root, exist_ok=True)
     lock = FileLock(entry.lock_path, timeout=lock_timeout_s)
     try:
         with lock:

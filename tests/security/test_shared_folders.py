@@ -10,12 +10,14 @@ from __future__ import annotations
 import hashlib
 import os
 import stat
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sec_helpers import as_hostile, cli_env, hostile_ids, run_cli, shared_tmp_folder, write_config
+from sec_helpers import REPO, as_hostile, cli_env, hostile_ids, run_cli, shared_tmp_folder, write_config
 
 from orchestra.limits.concurrency import HostSlots
 from orchestra.models import weights_cache
@@ -154,3 +156,65 @@ def test_private_folders_are_made_0700_and_sandbox_roots_0711(tmp_path: Path, sh
     assert slots._try_take() == 0 and stat.S_IMODE(slot_file.stat().st_mode) == 0o600
     slots.close()
     assert private_dir(str(mine), "slots") == str(mine / "slots")  # existing and ours: accepted
+
+
+def test_a_cache_folder_another_user_can_write_is_refused_before_anything_is_read_from_it(
+        tmp_path: Path, shared: Path, server: object) -> None:
+    """``ORCHESTRA_CACHE_DIR`` on a shared path: another user who made the folder first, or can
+    write it, could plant converted weights (loaded as the model) or file digests (a changed data
+    file taken as unchanged). The CLI refuses such a folder in one line, --dry-run too."""
+    cache = shared / "team-cache"
+    planted = cache / "weights" / "SmolLM2-planted"
+    as_hostile("mkdir", "-p", str(planted))
+    as_hostile("touch", str(planted / weights_cache.MANIFEST), str(cache / "file_digests.json"))
+    cfg = write_config(tmp_path, server.base_url, _data(tmp_path))  # type: ignore[attr-defined]
+    uid, _ = hostile_ids()
+    for args in ((), ("--dry-run",)):
+        line = _one_error_line(run_cli(cfg, cli_env(tmp_path, ORCHESTRA_CACHE_DIR=str(cache)), *args))
+        assert f"{cache} is owned by uid {uid}" in line, line
+        assert "remove it, or set ORCHESTRA_CACHE_DIR to a folder of your own" in line, line
+    assert not (tmp_path / "out").exists()  # refused before a run folder was made
+    # A cache folder of ours that group and others may write: the fix is to close it.
+    mine = tmp_path / "my-cache"
+    mine.mkdir()
+    mine.chmod(0o777)
+    line = _one_error_line(run_cli(cfg, cli_env(tmp_path, ORCHESTRA_CACHE_DIR=str(mine)), "--dry-run"))
+    assert f"{mine} is writable by group and others (mode 777)" in line and f"chmod go-w {mine}" in line, line
+
+
+def test_converted_weights_are_never_loaded_from_a_folder_another_user_controls(
+        tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The task side checks on its own (the Python API, a folder planted after the CLI looked):
+    a complete-looking entry in a folder of another user is refused, not returned to be loaded."""
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    theirs = shared / "weights"
+    as_hostile("mkdir", str(theirs))
+    entry = weights_cache.entry_for(str(gguf), str(theirs))
+    as_hostile("mkdir", entry.path)
+    as_hostile("touch", os.path.join(entry.path, weights_cache.MANIFEST))
+    assert entry.is_complete()  # what the loader would have taken as the converted model
+
+    def convert(out: str) -> None:
+        raise AssertionError("nothing may be converted into a folder of another user")
+
+    with pytest.raises(UnsafeFolderError, match=f"{theirs} is owned by uid"):
+        weights_cache.get_or_convert(entry, convert, {"gguf": str(gguf)})
+    monkeypatch.setenv("ORCHESTRA_CACHE_DIR", str(theirs))  # the default cache there: refused too
+    with pytest.raises(UnsafeFolderError, match="set ORCHESTRA_CACHE_DIR"):
+        weights_cache.default_cache_dir()
+
+
+def test_a_new_cache_folder_is_made_private_whatever_the_umask(tmp_path: Path, server: object) -> None:
+    """The cache a real run makes is 0700 even under ``umask 0`` (a folder group and others may
+    write would be refused by the next run), and the next run uses it."""
+    cache = tmp_path / "fresh" / "cache"
+    cfg = write_config(tmp_path, server.base_url, _data(tmp_path))  # type: ignore[attr-defined]
+    env = cli_env(tmp_path, ORCHESTRA_CACHE_DIR=str(cache))
+    for _ in range(2):
+        res = subprocess.run([sys.executable, "run.py", str(cfg)], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=180, preexec_fn=lambda: os.umask(0))
+        assert res.returncode == 0, res.stderr
+    assert (cache / "dataset_info.json").is_file()
+    for folder in (tmp_path / "fresh", cache):
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700, folder
