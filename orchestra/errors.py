@@ -7,6 +7,8 @@ infrastructure failure and keeps its traceback.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+
 
 class OrchestraError(Exception):
     """Base of every exception orchestra raises deliberately."""
@@ -30,3 +32,15 @@ class ModelError(OrchestraError):
 
 class TaskFailedError(OrchestraError):
     """A task script ends with this when its work is incomplete (failed samples, missing inputs)."""
+
+
+def check_known_keys(given: Iterable[str], valid: Sequence[str], where: str, *, of: str = "",
+                     error: type[Exception] = ConfigError) -> None:
+    """Raise ``error`` for the first of ``given`` not in ``valid``, in the one wording every
+    config check uses: ``WHERE: unknown key 'k' [OF]; valid keys: a, b`` (``valid`` listed in
+    the order given; "it takes no keys" when it is empty)."""
+    allowed = set(valid)
+    for key in given:
+        if key not in allowed:
+            listed = f"valid keys: {', '.join(valid)}" if valid else "it takes no keys"
+            raise error(f"{where}: unknown key {key!r}{' ' + of if of else ''}; {listed}")

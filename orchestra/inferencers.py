@@ -17,7 +17,7 @@ import numbers
 import string
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from orchestra.errors import ConfigError
+from orchestra.errors import ConfigError, check_known_keys
 from orchestra.requests import GenRequest, LoglikRequest, Message, Prompt, Sample
 
 if TYPE_CHECKING:
@@ -67,11 +67,7 @@ class Inferencer(abc.ABC):
 
     def check(self, cfg: dict[str, Any], where: str) -> None:
         """Raise ``ConfigError`` for an unknown key or a missing setting; ``where`` names the config."""
-        for key in cfg:
-            if key not in self.keys:
-                raise ConfigError(
-                    f"{where}: unknown key {key!r} for {self.name}; valid keys: {', '.join(sorted(self.keys))}"
-                )
+        check_known_keys(cfg, sorted(self.keys), where, of=f"for {self.name}")
 
     def columns(self, cfg: dict[str, Any]) -> list[str]:
         """Columns of a row this kind reads besides the prompt's input columns."""

@@ -11,7 +11,7 @@ import functools
 import inspect
 from typing import Any
 
-from orchestra.errors import ConfigError
+from orchestra.errors import ConfigError, check_known_keys
 from orchestra.keyvalues import NON_FINITE, non_finite
 from orchestra.registry import Registry
 
@@ -92,10 +92,9 @@ def check_kwargs(cls: type, kwargs: dict[str, Any], where: str, extra: tuple[str
     """Raise ``ConfigError`` for unknown, missing or clearly mistyped constructor arguments."""
     params, open_ended = _signature_params(cls)
     valid = sorted([*params, *extra])
+    if not open_ended:
+        check_known_keys(kwargs, valid, where, of=f"for {cls.__name__}")
     for key, value in kwargs.items():
-        if key not in params and key not in extra and not open_ended:
-            raise ConfigError(f"{where}: unknown key {key!r} for {cls.__name__}; "
-                              + (f"valid keys: {', '.join(valid)}" if valid else "it takes no keys"))
         problem = _type_error(value, params[key].annotation) if key in params and key not in extra else None
         if problem:
             raise ConfigError(f"{where}.{key}: {problem}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from orchestra.errors import ConfigError
+from orchestra.errors import ConfigError, check_known_keys
 
 SUMMARIZER_KEYS = ("baseline",)
 
@@ -22,9 +22,7 @@ def check_summarizer(raw: Any, models: list[str], source: str) -> dict[str, Any]
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{source}: summarizer: expected a dict such as dict(baseline='{models[0]}'), got {raw!r}")
-    for key in raw:
-        if key not in SUMMARIZER_KEYS:
-            raise ConfigError(f"{source}: summarizer: unknown key {key!r}; valid keys: {', '.join(SUMMARIZER_KEYS)}")
+    check_known_keys(raw, SUMMARIZER_KEYS, f"{source}: summarizer")
     baseline = raw.get("baseline")
     if baseline is not None and baseline not in models:
         raise ConfigError(f"{source}: summarizer.baseline={baseline!r} is not a model of this config; "

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.config.secrets import check_secrets
-from orchestra.errors import ConfigError, UserError
+from orchestra.errors import ConfigError, UserError, check_known_keys
 from orchestra.secretnames import secret_key
 
 SWEEP_KEYS = ("models", "datasets", "params", "baseline", "max_variants")
@@ -171,10 +171,7 @@ EXPANDED_KEYS = ("expanded", "axes", "variants", "baseline", "max_variants", "nu
 def _saved(sweep: dict[str, Any], where: str) -> SweepInfo:
     """The :class:`SweepInfo` a run saved in its config (``expanded``), checked as it is read back:
     the file may have been edited, or copied as a config of its own."""
-    for key in sweep:
-        if key not in EXPANDED_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r} of a saved (expanded) sweep; valid keys: "
-                              f"{', '.join(EXPANDED_KEYS)}")
+    check_known_keys(sweep, EXPANDED_KEYS, where, of="of a saved (expanded) sweep")
     axes, variants, baseline = sweep.get("axes", []), sweep.get("variants", {}), sweep.get("baseline", {})
     if not isinstance(axes, list) or not all(isinstance(a, str) for a in axes):
         raise ConfigError(f"{where}.axes: expected a list of axis names, got {axes!r}")
@@ -211,9 +208,7 @@ def sweep_size(raw: dict[str, Any], source: str) -> tuple[int, int] | None:
         info = expand_sweep(raw, source)
         assert info is not None
         return info.count(), info.max_variants
-    for key in sweep:
-        if key not in SWEEP_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(SWEEP_KEYS)}")
+    check_known_keys(sweep, SWEEP_KEYS, where)
     axes = _axes(sweep.get("params"), where)
     pairs = 1
     for kind in ("models", "datasets"):
@@ -242,9 +237,7 @@ def expand_sweep(raw: dict[str, Any], source: str) -> SweepInfo | None:
         return None
     if sweep.get("expanded"):
         return _saved(sweep, where)
-    for key in sweep:
-        if key not in SWEEP_KEYS:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(SWEEP_KEYS)}")
+    check_known_keys(sweep, SWEEP_KEYS, where)
     axes = _axes(sweep.get("params"), where)
     info = SweepInfo([a.name for a in axes], {"models": {}, "datasets": {}}, {}, _max_variants(sweep, where))
     for kind in ("models", "datasets"):

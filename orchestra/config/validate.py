@@ -19,7 +19,7 @@ from orchestra.config.secrets import check_secrets
 from orchestra.config.statkeys import check_cluster_key, check_summarizer
 from orchestra.config.sweep import SweepInfo, expand_sweep
 from orchestra.datasets.base import BaseDataset
-from orchestra.errors import ConfigError
+from orchestra.errors import ConfigError, check_known_keys
 from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.models.base import BaseModel
 from orchestra.paths import safe_name, shard_file_stem
@@ -87,9 +87,8 @@ def _check_model(cfg: Any, where: str) -> dict[str, Any]:
     run_cfg = cfg.get("run_cfg", {})
     if not isinstance(run_cfg, dict):
         raise ConfigError(f"{where}.run_cfg: expected a dict with {', '.join(RUN_CFG_KEYS)}")
+    check_known_keys(run_cfg, RUN_CFG_KEYS, f"{where}.run_cfg")
     for key, value in run_cfg.items():
-        if key not in RUN_CFG_KEYS:
-            raise ConfigError(f"{where}.run_cfg: unknown key {key!r}; valid keys: {', '.join(RUN_CFG_KEYS)}")
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise ConfigError(f"{where}.run_cfg.{key}: expected an integer >= 0, got {value!r}")
     if getattr(cls, "validate_by_construction", False):
@@ -175,9 +174,7 @@ def _check_served_names(models: list[dict[str, Any]], datasets: list[dict[str, A
 
 
 def _check_keys(sub: dict[str, Any], valid: tuple[str, ...], where: str) -> None:
-    for key in sub:
-        if key not in valid:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(sorted(valid))}")
+    check_known_keys(sub, sorted(valid), where)
 
 
 def _check_dataset(cfg: Any, where: str, config_dir: str = "") -> dict[str, Any]:
@@ -288,9 +285,7 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: expected a dict with {', '.join(STAGE_KEYS)}, got {cfg!r}")
     valid = (*STAGE_KEYS, "overlap") if name == "eval" else STAGE_KEYS
-    for key in cfg:
-        if key not in valid:
-            raise ConfigError(f"{where}: unknown key {key!r}; valid keys: {', '.join(valid)}")
+    check_known_keys(cfg, valid, where)
     overlap = cfg.get("overlap", True)
     if not isinstance(overlap, bool):
         raise ConfigError(f"{where}.overlap: expected True or False, got {overlap!r}")

@@ -9,6 +9,7 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any
 
+from orchestra.errors import check_known_keys
 from orchestra.fileio import stable_hash
 from orchestra.models.base import current_sample
 
@@ -50,9 +51,7 @@ class BatchOptions:
         valid = [f.name for f in fields(cls)]
         if not isinstance(value, dict):
             raise ValueError(f"batch must be True, False or a dict with keys {', '.join(valid)}; got {value!r}")
-        unknown = sorted(set(value) - set(valid))
-        if unknown:
-            raise ValueError(f"batch: unknown key {unknown[0]!r}; valid keys: {', '.join(valid)}")
+        check_known_keys(sorted(value), valid, "batch", error=ValueError)
         opts = cls(**value)
         limits = {"size": (1, 50_000), "max_bytes": (1, 200 * 1024 * 1024), "max_requests_in_flight": (1, None)}
         for name, (low, high) in limits.items():

@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from orchestra.errors import ConfigError
+from orchestra.errors import ConfigError, check_known_keys
 
 #: the engines a spec may name (``command``: any OpenAI-compatible server, as an argv template)
 ENGINES = ("vllm", "sglang", "llama.cpp", "command")
@@ -119,9 +119,7 @@ def parse_server(cfg: Any) -> ServerSpec:
 
     if not isinstance(cfg, dict):
         raise ConfigError(f"server must be a dict with engine=..., model=..., got {cfg!r}")
-    unknown = sorted(k for k in cfg if k not in KEYS)
-    if unknown:
-        raise ConfigError(f"server: unknown key {unknown[0]!r}; valid keys: {', '.join(KEYS)}")
+    check_known_keys(sorted(cfg), KEYS, "server")
     engine = cfg.get("engine")
     if engine not in ENGINES:
         raise ConfigError(f"server.engine must be one of {', '.join(ENGINES)}, got {engine!r}")

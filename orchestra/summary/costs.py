@@ -17,7 +17,7 @@ import math
 import os
 from typing import Any
 
-from orchestra.errors import ConfigError
+from orchestra.errors import ConfigError, check_known_keys
 from orchestra.fileio import atomic_write_json
 from orchestra.paths import RunPaths
 from orchestra.summary.runlog import ModelUsage
@@ -38,9 +38,8 @@ def check_prices(prices: Any, models: list[str], where: str) -> dict[str, dict[s
             raise ConfigError(f"{where}: prices: no model has abbr {abbr!r}; models: {', '.join(models)}")
         if not isinstance(entry, dict):
             raise ConfigError(f"{where}: prices.{abbr}: expected a dict with {', '.join(PRICE_KEYS)}, got {entry!r}")
+        check_known_keys(entry, PRICE_KEYS, f"{where}: prices.{abbr}")
         for key, value in entry.items():
-            if key not in PRICE_KEYS:
-                raise ConfigError(f"{where}: prices.{abbr}: unknown key {key!r}; valid keys: {', '.join(PRICE_KEYS)}")
             if key == "currency":
                 if not isinstance(value, str) or not value:
                     raise ConfigError(f"{where}: prices.{abbr}.currency: expected a name such as 'USD', got {value!r}")

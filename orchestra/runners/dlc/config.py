@@ -23,6 +23,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 from orchestra import envfile
+from orchestra.errors import check_known_keys
 from orchestra.keyvalues import read_key_values
 from orchestra.runners.core import shell
 from orchestra.secretnames import secret_assignment
@@ -81,9 +82,7 @@ class AliyunConfig:
         if not isinstance(raw, dict):
             raise ValueError(f"aliyun_cfg must be a dict (or the path of an aliyun config file), got {raw!r}")
         valid = [f.name for f in fields(cls)]
-        for key in raw:
-            if key not in valid:
-                raise ValueError(f"aliyun_cfg: unknown key {key!r}; valid keys: {', '.join(valid)}")
+        check_known_keys(raw, valid, "aliyun_cfg", error=ValueError)
         missing = [k for k in REQUIRED if raw.get(k) in (None, "")]
         if missing:
             raise ValueError(f"aliyun_cfg: missing required key {missing[0]!r} (required: {', '.join(REQUIRED)})")
