@@ -112,9 +112,9 @@ class RayRunner(BaseRunner):
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         self.preflight()  # asked again: the head may have gone since
         try:  # the modules that import ray
-            from orchestra.runners.ray.backend import RaySession
+            from orchestra.runners.ray.connection import connect
             from orchestra.runners.ray.pool import RayPool, recover
-            from orchestra.runners.ray.session import connect
+            from orchestra.runners.ray.session import RaySession
         except ModuleNotFoundError as exc:
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
                 raise  # not Ray missing: a real error, with its traceback

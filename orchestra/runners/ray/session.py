@@ -1,152 +1,135 @@
-"""RayRunner's connection to Ray: joining a cluster or starting a local Ray, once per process,
-and keeping Ray's messages about the cluster off the terminal's results while launches use it.
+"""RayRunner's session: one launch's warm pool of actors and the calls in flight (the verbs).
 
-With ``pool.py`` and ``backend.py`` this is where the orchestrator imports ``ray``; RayRunner
-imports them only when it launches (see ``.importlinter``).
+RayRunner imports this module only when a launch starts: it imports ``ray`` (see ``.importlinter``).
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import signal
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray import exceptions as rex
 
-from orchestra.errors import UserError
-from orchestra.fileio import append_line
-from orchestra.runners.core.lasting import in_lasting_thread
+from orchestra.runners.core.contract import CannotStart, Exit, Job, Resources, Session
+from orchestra.runners.ray.connection import disconnect
+from orchestra.runners.ray.pool import WorkerKind, describe, lost_worker, place
+from orchestra.tasks.spec import TaskSpec
 
-#: what this process's Ray connection was made for by :func:`connect` (None: not by it)
-_connected_for: tuple[str, str] | None = None
-#: launches using the connection now (the eval stage's runner works beside the infer stage's)
-_users = 0
-#: undoes the routing of Ray's cluster messages that the first of these launches asked for
-_unroute: Callable[[], None] | None = None
-_lock = threading.Lock()
+CANCEL_WAIT_S = 10.0  # a cancelled call is reported gone after this even if Ray has not said so
 
 
-def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: str) -> None:
-    """Connect this process to Ray: a new local Ray (``address=None``) or a cluster.  Every call
-    is paired with a :func:`disconnect` when its launch ends.  While launches use it, the messages
-    Ray's driver prints about the cluster go to ``log_path`` (the first launch's; stages that run at
-    once share one run folder), not to this process's stdout, which carries the results table.
+@dataclass
+class RayCall:
+    """One attempt's call on its actor, and the error it ended with once it did."""
 
-    A connection the caller made (a notebook's ``ray.init``) is used as it is.  One this function
-    made for the same address and runtime_env is shared (by stages that run at once) and kept (a
-    local Ray then serves every stage and run of the process; Ray stops it when the process
-    exits); another is replaced once no launch uses it.  A process holds one Ray connection, so
-    two stages at once must ask for the same cluster.
+    ref: Any
+    error: BaseException | None = None
+    cancel_by: float = 0.0  # once cancelled: when it is reported gone even if Ray has not said so
+
+
+class RaySession(Session, Resources):
+    """One launch of a RayRunner: its warm pool of actors, the calls in flight, and the connection
+    (shared with other launches) it gives back when it closes.
+
+    Args:
+        cpus_per_task, mem_gb, forward_env: RayRunner's.
     """
-    global _connected_for, _users, _unroute
-    wanted = ("local" if address is None else address, repr(sorted((runtime_env or {}).items())))
-    with _lock:
-        if ray.is_initialized() and _connected_for not in (None, wanted):
-            if _users:
-                theirs = "a local Ray" if _connected_for[0] == "local" else _connected_for[0]
-                ours = "a local Ray" if address is None else address
-                raise UserError(f"RayRunner: two stages running at once ask for different Ray clusters or "
-                                f"runtime_env ({theirs}, {ours}); one process holds one Ray connection: give "
-                                "both the same address and runtime_env, or set eval=dict(overlap=False)")
-            ray.shutdown()
-            _connected_for = None
-        if not ray.is_initialized():
-            _init(address, wanted[0], runtime_env)
-            _connected_for = wanted
-        if not _users:
-            _unroute = _to_log(log_path)
-        _users += 1
 
+    def __init__(self, cpus_per_task: float | None, mem_gb: float | None, forward_env: tuple[str, ...]) -> None:
+        self.cpus_per_task = cpus_per_task
+        self.memory_bytes = int(mem_gb * 1024**3) if mem_gb else 0
+        self.forward_env = forward_env
+        self.resources = self
+        self.pool: Any = None  # a RayPool, set by RayRunner.open
+        self.losses: dict[str, int] = {}  # task id -> attempts that lost their worker
 
-def _init(address: str | None, target: str, runtime_env: dict[str, Any] | None) -> None:
-    if threading.current_thread() is not threading.main_thread():
-        # A local Ray's processes die with the thread that started them (Ray sets PDEATHSIG, which
-        # follows the thread): started from a stage's thread they would die when that stage ends
-        in_lasting_thread(lambda: _ray_init(address, target, runtime_env))
-        return
-    # ray.init installs its own SIGTERM handler; the run's (stop every task, then exit) must stay
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        _ray_init(address, target, runtime_env)
-    finally:
-        for sig, handler in handlers.items():
-            if handler is not None:
-                signal.signal(sig, handler)
+    def worker_kind(self, task: TaskSpec) -> WorkerKind:
+        """The kind of the actors that can run ``task``."""
+        cpus = self.cpus_per_task if self.cpus_per_task is not None else max(1, task.num_procs)
+        return WorkerKind(task.worker_key or task.stage, float(cpus), float(task.num_gpus), self.memory_bytes)
 
+    # -- resources: a warm actor per job ---------------------------------------------------------
+    def unfit(self, task: TaskSpec) -> str | None:
+        return self.pool.unfit(self.worker_kind(task))
 
-#: Ray Client connections tried when the head's client server could not start this client's server
-CLIENT_INIT_TRIES = 3
+    def acquire(self, task: TaskSpec) -> dict[str, Any] | None:
+        kind = self.worker_kind(task)
+        broken = self.pool.broken(kind)
+        if broken:
+            raise CannotStart(broken)
+        actor = self.pool.take(kind)
+        if actor is None:
+            return None
+        return {"actor_id": actor.ident, **place(actor.where),
+                "num_cpus": kind.num_cpus, "num_gpus": kind.num_gpus}
 
+    def release(self, job: Job, ended: Exit | None) -> None:
+        actor = self.pool.workers.get(job.resources.get("actor_id")) if self.pool is not None else None
+        if actor is None:
+            return  # killed by a timeout or a cancel: already gone from the pool
+        call = job.handle
+        if ended is not None and ended.infra and isinstance(call, RayCall) and call.error is not None:
+            self.pool.lost(actor, call.error)
+        else:
+            self.pool.finished(actor)
 
-def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | None) -> None:
-    ray_logger = logging.getLogger("ray._private.worker")  # where ray.init logs
+    # -- jobs ------------------------------------------------------------------------------------
+    def placement(self, job: Job) -> dict[str, Any]:
+        """The node (id, ip), actor and its pid: the ``started`` event's ``where``."""
+        return {k: job.resources[k] for k in ("node_id", "node_ip", "actor_id", "pid") if k in job.resources}
 
-    def quiet(record: logging.LogRecord) -> bool:  # "... not the main thread": the run has its own
-        return "SIGTERM handler is not set" not in record.getMessage()
+    def submit(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        forwarded = {name: os.environ[name] for name in self.forward_env if name in os.environ}
+        for job in jobs:
+            actor = self.pool.workers[job.resources["actor_id"]]
+            request = {"spec": job.command.argv[-1], "log": job.log_path, "env": {**job.command.env, **forwarded}}
+            job.handle = RayCall(actor.handle.run.remote(request))
+        return {}
 
-    ray_logger.addFilter(quiet)
-    try:
-        for tries in range(1, CLIENT_INIT_TRIES + 1):
-            try:
-                ray.init(address=target, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
-                return
-            except ConnectionAbortedError as exc:
-                # Ray Client: the head starts a server process per client, and that start sometimes
-                # fails on a busy head with nothing in its logs ("Initialization failure from
-                # server:"); the next connection gets a new one.  Seen in this project's tests.
-                if not target.startswith("ray://") or tries == CLIENT_INIT_TRIES:
-                    raise _init_error(address, exc) from None
-                time.sleep(tries)
-    except (ConnectionError, RuntimeError, ValueError, TimeoutError, rex.RayError) as exc:
-        raise _init_error(address, exc) from None
-    finally:
-        ray_logger.removeFilter(quiet)
+    def poll(self, jobs: Sequence[Job]) -> Mapping[Job, Exit]:
+        """The pool's housekeeping, then one ``ray.wait`` over every call in flight."""
+        self.pool.tick()
+        calls = {job.handle.ref: job for job in jobs if isinstance(job.handle, RayCall)}
+        done = set(ray.wait(list(calls), num_returns=len(calls), timeout=0)[0]) if calls else set()
+        now = time.monotonic()
+        out: dict[Job, Exit] = {}
+        for ref, job in calls.items():
+            call: RayCall = job.handle
+            if call.cancel_by:
+                if ref in done or now >= call.cancel_by:
+                    out[job] = Exit(-1, "cancelled")
+            elif ref in done:
+                out[job] = self._exit(job, call)
+        return out
 
+    def _exit(self, job: Job, call: RayCall) -> Exit:
+        try:
+            return Exit(int(ray.get(call.ref)))
+        except rex.RayError as exc:
+            if not lost_worker(exc):
+                return Exit(-1, f"Ray error: {describe(exc)}")
+            call.error = exc  # release() hands it to the pool
+            where = f"{job.resources.get('node_ip', '?')} {str(job.resources.get('node_id', '?'))[:12]}"
+            losses = self.losses[job.task.task_id] = self.losses.get(job.task.task_id, 0) + 1
+            times = f" (this task has lost its worker {losses} times)" if losses > 1 else ""
+            return Exit(-1, f"worker lost (node {where}): {describe(exc)}{times}", infra=True)
 
-def _init_error(address: str | None, exc: BaseException) -> UserError:
-    what = "start a local Ray" if address is None else f"connect to the Ray cluster at {address}"
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()] or [type(exc).__name__]
-    said = lines[0] if not lines[0].endswith(":") or len(lines) == 1 else f"{lines[0]} {lines[-1]}"
-    if said.endswith(":"):
-        said += " no reason given (the head's logs/ray_client_server*.err may say more)"
-    return UserError(f"RayRunner could not {what}: {said}")
+    def cancel(self, jobs: Sequence[Job]) -> None:
+        """Kill the jobs' actors now; ``poll`` reports each job once its call ended (or after a while)."""
+        actors = [self.pool.workers[a] for a in (j.resources.get("actor_id") for j in jobs) if a in self.pool.workers]
+        self.pool.stop(actors, "cancelled")
+        for job in jobs:
+            if isinstance(job.handle, RayCall):
+                job.handle.cancel_by = time.monotonic() + CANCEL_WAIT_S
 
-
-def disconnect() -> None:
-    """After a launch: once no launch uses it, leave a cluster :func:`connect` joined (a driver
-    that stays would keep its job open there); a local Ray it started stays for the next launch
-    of this process."""
-    global _connected_for, _users, _unroute
-    with _lock:
-        _users = max(0, _users - 1)
-        if not _users and _unroute is not None:
-            _unroute()
-            _unroute = None
-        if not _users and _connected_for is not None and _connected_for[0] != "local":
-            ray.shutdown()
-            _connected_for = None
-
-
-def _to_log(log_path: str) -> Callable[[], None]:
-    """Send the messages Ray's driver prints about the cluster (a raylet that died, with the tail
-    of its log; a worker killed for memory) to ``log_path``; returns the function that undoes it."""
-    worker_module: Any = getattr(getattr(ray, "_private", None), "worker", None)
-    original = getattr(worker_module, "print_to_stdstream", None)
-    if original is None:  # another Ray: its messages stay where it prints them
-        return lambda: None
-
-    def to_log(data: dict[str, Any], ignore_prefix: bool) -> None:
-        if data.get("pid") != "raylet":
-            original(data, ignore_prefix)
-            return
-        os.makedirs(os.path.dirname(log_path), exist_ok=True)
-        text = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] " + "\n".join(data.get("lines", [])) + "\n"
-        append_line(log_path, text.encode("utf-8", "replace"))
-
-    worker_module.print_to_stdstream = to_log
-    return lambda: setattr(worker_module, "print_to_stdstream", original)
+    def close(self) -> None:
+        try:
+            if self.pool is not None:
+                self.pool.close()
+        finally:
+            self.pool = None
+            disconnect()

@@ -27,13 +27,13 @@ def python(code: str, env: dict[str, str] | None = None) -> subprocess.Completed
 
 
 def test_the_orchestrator_and_a_built_ray_runner_never_import_ray() -> None:
-    # .importlinter lets runners/ray/backend.py, pool.py and session.py import ray; nothing may import them early
+    # .importlinter lets runners/ray/connection.py, pool.py and session.py import ray; nothing may import them early
     res = python(
         "import sys\n"
         "import orchestra, orchestra.api, orchestra.cli.main, orchestra.runners, orchestra.planner\n"
         "from orchestra.registry import RUNNERS\n"
         "runner = RUNNERS.resolve('RayRunner', 'test')(address='auto', max_num_workers=2)\n"
-        "mine = ('orchestra.runners.ray.backend', 'orchestra.runners.ray.pool', 'orchestra.runners.ray.session')\n"
+        "mine = ('orchestra.runners.ray.connection', 'orchestra.runners.ray.pool', 'orchestra.runners.ray.session')\n"
         "print(sorted(m for m in sys.modules if m == 'ray' or m.startswith(('ray.', *mine))))\n"
     )
     assert res.returncode == 0, res.stderr
@@ -160,7 +160,7 @@ def test_ray_client_start_failure_is_tried_again_then_one_line(monkeypatch: pyte
     """The head's client server sometimes fails to start a client's server ("Initialization failure
     from server:" and nothing more): the connection is tried again, and in the end is one line."""
     from orchestra.errors import UserError
-    from orchestra.runners.ray import session as ray_session
+    from orchestra.runners.ray import connection as ray_session
 
     calls: list[str] = []
 
