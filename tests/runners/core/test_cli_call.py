@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestra.runners.core.cli import CallError, CallTimeout, call
+from orchestra.cluster.cli import CallError, CallTimeout, call
 from tests.helpers import wait_for
 
 

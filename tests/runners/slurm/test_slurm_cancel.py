@@ -16,10 +16,10 @@ import pytest
 from helpers import poll_until_ended
 from test_slurm_runner import context, tasks
 
+from orchestra.cluster import slurm as slurm_state
+from orchestra.cluster.slurm import SlurmCommandError, SlurmJobState, cancel_and_wait
 from orchestra.runners.core.contract import Exit, Job
-from orchestra.runners.slurm import state as slurm_state
 from orchestra.runners.slurm.runner import SlurmRunner
-from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, cancel_and_wait
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster

@@ -16,7 +16,7 @@ import threading
 from collections import Counter
 from collections.abc import Hashable
 
-from orchestra.runners.core.cli import CallError, CallTimeout, call, shared_limiter
+from orchestra.cluster.cli import CallError, CallTimeout, call, shared_limiter
 
 
 class CLIClient:
