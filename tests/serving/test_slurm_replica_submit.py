@@ -1,7 +1,8 @@
-"""A replica's Slurm job is submitted as the runner's jobs are (one Slurm client): its name is in
-the servers' ledger before sbatch runs, so an orchestrator killed inside the sbatch call leaves a
-job the next one cancels; and a submission the cluster refuses for now waits and goes again
-instead of failing the model.  Both against the real test cluster."""
+"""A replica's Slurm job is submitted and watched as the runner's jobs are (one Slurm client): its
+name is in the servers' ledger before sbatch runs, so an orchestrator killed inside the sbatch call
+leaves a job the next one cancels; a submission the cluster refuses for now waits and goes again
+instead of failing the model (both against the real test cluster); and a job in any of Slurm's
+finished states, ``SPECIAL_EXIT`` and ``REVOKED`` too, is over for the replica as for the runner."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestra.serving.pool import ServerPool, reap
-from orchestra.serving.slurm_place import SlurmPlacement, job_state
+from orchestra.serving.slurm_place import SlurmPlacement, SlurmReplica, job_state
 from orchestra.serving.spec import ServerSpec
 from tests.helpers import jsonl, start_cli, wait_for
 from tests.runners.slurm.conftest import (  # noqa: F401 - the fixtures
@@ -27,13 +28,13 @@ from tests.runners.slurm.conftest import (  # noqa: F401 - the fixtures
 from tests.serving.test_managed_runs import the_run
 from tests.serving.test_slurm_replicas import slurm_config
 
-pytestmark = pytest.mark.slurm
 #: a server that never gets ready (its job runs on until stopped) and costs nothing on a shared machine
 COMMAND = [sys.executable, "-c", "import time, sys; time.sleep(300)", "{port}"]
 ALIVE = ("PENDING", "CONFIGURING", "RUNNING")
 SERVER = dict(engine="command", model="m", command=COMMAND, max_restarts=0)
 
 
+@pytest.mark.slurm
 def test_an_orchestrator_killed_inside_the_sbatch_call_leaves_no_replica_job_after_reap(
         tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
     """The real sbatch makes the job, then the orchestrator is SIGKILLed before sbatch's answer is
@@ -71,6 +72,7 @@ def test_an_orchestrator_killed_inside_the_sbatch_call_leaves_no_replica_job_aft
             subprocess.run(["scancel", job], capture_output=True, timeout=30, check=False)
 
 
+@pytest.mark.slurm
 def test_a_replica_job_the_cluster_refuses_for_now_waits_and_is_submitted_again(
         tmp_path: Path, drained_partition: str) -> None:  # noqa: F811
     """A drained partition refuses the replica's job for now: the model does not fail, the
@@ -103,3 +105,19 @@ def test_a_replica_job_the_cluster_refuses_for_now_waits_and_is_submitted_again(
         pool.close()
     found = job_state(job)
     assert found is None or found[2] == "CANCELLED", found  # close cancelled it
+
+
+@pytest.mark.parametrize("state", ["SPECIAL_EXIT", "REVOKED"])
+def test_a_replica_job_in_any_finished_state_is_gone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     state: str) -> None:
+    """squeue (a stand-in on PATH: no cluster reaches these states on demand) lists the replica's job
+    as ``state``, which the runner's table counts finished: the replica sees its job gone."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    answer = f'case "$*" in *-O*) echo "42|{state}|0|None|" ;; *) echo {state} ;; esac'  # either format asked
+    (fake / "squeue").write_text(f"#!/bin/bash\n{answer}\n")
+    (fake / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:{os.environ['PATH']}")
+    replica = SlurmReplica(ServerSpec("command", "m", command=COMMAND), "m", 0, str(tmp_path / "replica-0.log"),
+                           job="42")
+    assert replica.exited() == 1

@@ -1,4 +1,4 @@
-"""``core.cli.call``, the one external-client call of the Slurm and DLC backends: real processes."""
+"""``cluster.cli.call``, the one external-client call of the Slurm and DLC backends: real processes."""
 
 from __future__ import annotations
 

@@ -126,7 +126,7 @@ def test_cancels_real_jobs_by_id_and_by_name(slurm_cluster: SlurmCluster) -> Non
     assert cancel_and_wait(by_id, timeout_s=30) is True
     assert cancel_and_wait([], timeout_s=30, names=[f"{prefix}-c"]) is True
     assert time.monotonic() - t0 < 15
-    # every Slurm call went through the one counted client (core.client.CLIClient)
+    # every Slurm call went through the one counted client (cluster.client.CLIClient)
     assert slurm_state.CLIENT.calls["scancel"] >= before.get("scancel", 0) + 2
     assert slurm_state.CLIENT.calls["squeue"] >= before.get("squeue", 0) + 2
     assert _states([*by_id, by_name]) == ["CANCELLED"] * 3
