@@ -21,7 +21,7 @@ _LOADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers", "l
 # or ``ray`` lies in its group.
 _GROUPS = {
     "slurm": ("tests/runners/slurm/", "tests/serving/test_slurm_replicas.py", "tests/serving/test_cluster_hostile.py",
-              "tests/e2e/test_chaos_cluster.py"),
+              "tests/serving/test_slurm_replica_submit.py", "tests/e2e/test_chaos_cluster.py"),
     "ray": ("tests/runners/ray/", "tests/serving/test_ray_replicas.py"),
     "sandbox": ("tests/sandbox/", "tests/evaluators/test_code_", "tests/tasks/test_eval_heavy.py",
                 "tests/security/test_shared_folders.py"),

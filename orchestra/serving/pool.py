@@ -20,6 +20,7 @@ which a later orchestrator on the same run folder reads to stop what a crashed o
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import secrets
@@ -91,17 +92,19 @@ def reap(servers_dir: str) -> list[int]:
     for rec in read_jsonl(ledger):
         if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
             continue
-        if rec.get("state") == "started":
+        if rec.get("state") in ("started", "submitting"):  # submitting: a cluster job's name, before its id
             live[rec["name"]] = rec
         else:
             live.pop(rec["name"], None)
     stopped = []
     for name, rec in live.items():
         pid, born = rec.get("pid"), rec.get("start_time")
-        if isinstance(rec.get("slurm_job"), str):  # a replica's Slurm job: cancelled if still ours and alive
+        if isinstance(rec.get("slurm_job"), str) or isinstance(rec.get("job_name"), str):
+            # a replica's Slurm job (by id, or by name when sbatch's answer was never recorded):
+            # cancelled if still ours and alive
             from orchestra.serving.slurm_place import cancel_stale, remove_private_files
 
-            cancel_stale(rec["slurm_job"], str(rec.get("job_name", "")))
+            cancel_stale(str(rec.get("slurm_job", "")), str(rec.get("job_name", "")))
             remove_private_files(servers_dir)  # their secrets, at rest in the run folder otherwise
         # The ledger is in the run folder: a line names a process to kill only if it still is
         # the same process (start time) and is a replica's watchdog of this user.
@@ -288,6 +291,8 @@ class ServerPool:
                 return
             replica.gpus = gpus
         name = f"{served.abbr}/{replica.index}/{served.restarts}/{time.time():.3f}"
+        replica.record = functools.partial(_record, self.ledger, name=name, model=served.abbr, replica=replica.index,
+                                           key_file=self.key_file)
         try:
             replica.start(self.key_file, self.socket_dir)
         except OSError as exc:
@@ -295,6 +300,8 @@ class ServerPool:
             served.failed = f"{served.spec.engine} replica {replica.index} of {served.abbr} could not start: {exc}"
             replica.state = "exited"
             return
+        if not replica.launched():
+            return  # the cluster refused its job for now: it waits, and goes again (slurm_place)
         where = replica.ledger_fields()
         _record(self.ledger, "started", name=name, model=served.abbr, replica=replica.index, **where,
                 port=replica.port, socket=replica.socket_path, gpus=replica.gpus, key_file=self.key_file)

@@ -31,6 +31,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from orchestra.serving.presets import HOST, launch
@@ -188,6 +189,9 @@ class Replica:
     ledger_name: str = ""  # this start's name in the servers' ledger
     host: str = HOST  # the address it listens on (a cluster node's own address, placed remotely)
     foreign: int = 0  # starts in a row whose port another process held (see :data:`FOREIGN_IN_A_ROW`)
+    #: the servers' ledger for this start, set by the pool before ``start``: ``record(state, **fields)``
+    #: (a start that relies on something outside this process, a cluster job, records it first)
+    record: Callable[..., None] = field(default=lambda *_, **__: None, repr=False, compare=False)
 
     @property
     def base_url(self) -> str:

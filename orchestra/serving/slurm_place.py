@@ -1,14 +1,17 @@
 """Replicas placed on Slurm: each one a batch job of its own that holds the replica's GPUs.
 
 The job runs :mod:`orchestra.serving.agent` (``sbatch`` with ``--gres`` for the replica's GPUs, a
-script read from stdin that only ``exec``\\ s the agent).  The agent starts the engine on the node,
-bound to the node's address, checks it as the local pool does, and writes the replica's address to
+script ``replica-<i>.sh`` beside its log that only ``exec``\\ s the agent).  The agent starts the
+engine on the node, bound to the node's address, checks it as the local pool does, and writes the replica's address to
 ``replica-<i>.status.json`` in the run folder (which the nodes share with the orchestrator, as
 ``launcher='sbatch'`` needs too).  From here a :class:`SlurmReplica` looks like a local one to the
 pool: ``check`` reads the status and asks the replica itself whether it refuses a request without
-the key; ``stop`` is ``scancel`` (the job stops whole); ``exited`` asks ``squeue`` (at most once a
-second).  The servers' ledger records every job id before it is relied on, so a later
-orchestrator of the run folder cancels what a crashed one left (:func:`cancel_stale`).
+the key; ``stop`` is ``scancel`` until ``squeue`` agrees (the job stops whole); ``exited`` asks ``squeue``
+(at most once a second).  Every call to Slurm is the one Slurm client's (``orchestra.cluster.slurm``,
+as the runner's): sbatch's refusals read the same (a refusal for now waits and goes again, on the
+runners' schedule), one table of finished states.  The servers' ledger records a job's name before
+sbatch runs and its id once sbatch answered, so a later orchestrator of the run folder cancels what
+a crashed one left, even one killed inside the sbatch call (:func:`cancel_stale`, by name then).
 
 The key: the job gets the *path* of the run's key file (0600, in a 0700 folder of this user
 under the temp folder) in its environment, never the key.  The orchestrator's variables whose
@@ -25,55 +28,37 @@ import os
 import pwd
 import shlex
 import socket
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 
 from orchestra import envfile
+from orchestra.cluster.refusal import SUBMIT_WAIT_S, backoff_after
+from orchestra.cluster.slurm import (
+    TERMINAL_STATES,
+    SbatchError,
+    SbatchRefused,
+    SlurmCommandError,
+    cancel_and_wait,
+    job_state,
+    output_arg,
+    scancel,
+    squeue,
+    squeue_by_name,
+    submit_batch,
+)
+from orchestra.fileio import atomic_write_text
 from orchestra.secretnames import secret_variables
 from orchestra.serving.agent import check_placed, own_status, write_spec
 from orchestra.serving.presets import KEY_FILE_ENV
 from orchestra.serving.replica import Replica
 from orchestra.serving.spec import ServerSpec
 
-CALL_S = 30.0  #: the longest one Slurm client call may take
 LOOK_S = 1.0  #: ``squeue`` is asked about a replica's job at most this often
-_GONE = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL",
-         "DEADLINE")
+CANCEL_WAIT_S = 20.0  #: how long a stop waits for squeue to show a replica's job gone
 
-
-def _client(argv: list[str], stdin: str | None = None, env: dict[str, str] | None = None) -> tuple[int, str, str]:
-    """Run a Slurm client command: (exit code, stdout, stderr); (-1, '', why) when it cannot."""
-    try:
-        res = subprocess.run(argv, input=stdin, capture_output=True, text=True, timeout=CALL_S, env=env, check=False)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return -1, "", f"{argv[0]}: {exc}"
-    return res.returncode, res.stdout, res.stderr
-
-
-def job_state(job: str) -> tuple[str, str, str] | None:
-    """(name, user, state) of a job squeue knows; None: unknown (gone) or squeue cannot answer."""
-    code, out, _ = _client(["squeue", "-h", "-t", "all", "-j", job, "-o", "%j|%u|%T"])
-    parts = out.strip().split("|") if code == 0 else []
-    return (parts[0], parts[1], parts[2]) if len(parts) == 3 else None
-
-
-def _alive(job: str) -> bool | None:
-    """Whether ``job`` still runs or waits (None: squeue did not answer)."""
-    code, out, err = _client(["squeue", "-h", "-t", "all", "-j", job, "-o", "%T"])
-    if code != 0:
-        return False if "Invalid job id" in err else None
-    states = out.split()
-    return bool(states) and states[0] not in _GONE
-
-
-def output_arg(path: str) -> str:
-    """``sbatch --output`` for exactly ``path`` (Slurm's own messages about the job): sbatch reads
-    ``%j``, ``%u``... in it as patterns (a run folder named ``a%jb`` sent the log to a folder that
-    does not exist, and the job failed); ``%%`` is a plain ``%``, except in a name with a backslash,
-    which Slurm expands its own way: then /dev/null (the script's redirection still logs)."""
-    return "--output=/dev/null" if "\\" in path else f"--output={path.replace('%', '%%')}"
+__all__ = ["SlurmPlacement", "SlurmReplica", "batch_script", "cancel_stale", "job_state", "output_arg",
+           "remove_private_files"]
 
 
 def batch_script(argv: list[str], log_path: str, env_file: str = "") -> str:
@@ -84,30 +69,28 @@ def batch_script(argv: list[str], log_path: str, env_file: str = "") -> str:
     return "\n".join(["#!/bin/sh", *lines, f"exec {shlex.join(argv)} >>{shlex.quote(log_path)} 2>&1"]) + "\n"
 
 
-def cancel(job: str, wait_s: float = 20.0) -> bool:
-    """``scancel`` a job and wait (at most ``wait_s``) until squeue shows it gone."""
-    deadline = time.monotonic() + wait_s
-    sent = 0.0
-    while time.monotonic() < deadline:
-        if time.monotonic() - sent > 2.0:  # again while it lingers
-            _client(["scancel", job])
-            sent = time.monotonic()
-        if _alive(job) is False:
-            return True
-        time.sleep(0.2)
-    return False
-
-
 def cancel_stale(job: str, name: str) -> None:
     """Cancel a replica job a crashed orchestrator left, if it still is that job: a replica's job
     name (``orc-serve-...``, as recorded) and this user's.  The ledger is in the run folder and job
-    names are anyone's to choose: as root or a Slurm operator, ``scancel`` would end another user's job."""
-    found = job_state(job)
-    if not name.startswith("orc-serve-") or found is None or found[2] in _GONE or found[0] != name:
+    names are anyone's to choose: as root or a Slurm operator, ``scancel`` would end another user's job.
+    ``job`` empty: the ledger holds the intent (recorded before sbatch) but no id (the orchestrator
+    died in or right after the sbatch call): the job, if sbatch made one, is found by its name."""
+    if not name.startswith("orc-serve-"):
         return
-    if found[1] != pwd.getpwuid(os.geteuid()).pw_name:
+    me = pwd.getpwuid(os.geteuid()).pw_name
+    if job:
+        found = job_state(job)
+        if found is None or found[2] in TERMINAL_STATES or found[0] != name or found[1] != me:
+            return
+        cancel_and_wait([job], CANCEL_WAIT_S)
         return
-    cancel(job)
+    try:
+        named = squeue_by_name([name], user=me)
+    except SlurmCommandError:
+        return
+    alive = [jid for jid, (jname, state) in named.items() if jname == name and state not in TERMINAL_STATES]
+    if alive:
+        cancel_and_wait(alive, CANCEL_WAIT_S)
 
 
 def remove_private_files(servers_dir: str) -> None:
@@ -153,13 +136,22 @@ class SlurmReplica(Replica):
     looked: float = 0.0
     gone: int | None = None  # the job's end, once seen (1: it ended without telling its code)
     env_file: str = ""  # the private file of the job's secret-looking variables ("" when none)
+    refused_since: float = 0.0  # when the cluster began refusing this replica's job for now (0: it does not)
+    refusals: int = 0  # refusals for now in a row
+    retry_at: float = 0.0  # the next sbatch of a refused job is not due before this
 
     @property
     def status_path(self) -> str:
         return self.log_path[: -len(".log")] + ".status.json"
 
     def start(self, key_file: str, socket_dir: str = "") -> None:
-        """Submit the replica's job (the agent in it starts the engine); raises OSError if refused."""
+        """Submit the replica's job (the agent in it starts the engine); the job's name is in the
+        servers' ledger (``record``) before sbatch runs.  A refusal for now (the cluster's job
+        limits, a drained partition, a busy controller) leaves the replica ``waiting``: it is
+        submitted again on the runners' schedule (``orchestra.cluster.refusal``), not yet launched.
+        Raises OSError when sbatch refuses for good, or the cluster kept refusing for ``SUBMIT_WAIT_S``."""
+        if time.monotonic() < self.retry_at:
+            return  # refused for now: the next try is not due
         folder = os.path.dirname(self.log_path)
         os.makedirs(folder, exist_ok=True)
         try:
@@ -177,16 +169,45 @@ class SlurmReplica(Replica):
         self.env_file = os.path.join(folder, "private", f"replica-{self.index}.env") if private else ""
         if self.env_file:
             envfile.write_env_file(self.env_file, private)
-        script = batch_script(agent, self.log_path, self.env_file)
+        script = self.log_path[: -len(".log")] + ".sh"
+        atomic_write_text(script, batch_script(agent, self.log_path, self.env_file))
         argv = ["sbatch", "--parsable", f"--job-name={self.job_name}", output_arg(self.log_path),
-                "--open-mode=append", "--nodes=1", "--ntasks=1", "--export=ALL", *self.job_args]
+                "--open-mode=append", "--nodes=1", "--ntasks=1", "--export=ALL", *self.job_args, script]
         env = {k: v for k, v in os.environ.items() if k not in private}
-        code, out, err = _client(argv, script, {**env, KEY_FILE_ENV: key_file})
-        job = out.strip().split(";")[0]
-        if code != 0 or not job.isdigit():
-            raise OSError(f"sbatch refused the replica's job: {(err or out).strip()[-300:]}")
+        self.record("submitting", job_name=self.job_name)  # before sbatch: a crash in it leaves the name
+        try:
+            job, _ = submit_batch(argv, env={**env, KEY_FILE_ENV: key_file})
+        except SbatchRefused as exc:
+            self.record("submit_failed", job_name=self.job_name, error=str(exc))
+            self._drop_env_file()
+            if not exc.transient:
+                raise OSError(f"sbatch refused the replica's job: {exc}") from None
+            self._refused(str(exc))
+            return
+        except SbatchError as exc:  # whether a job came of it may be unknown: the intent stays recorded
+            self._drop_env_file()
+            raise OSError(f"sbatch failed for the replica's job: {exc}") from None
         self.job, self.gone, self.looked, self.port = job, None, 0.0, 0
+        self.refused_since, self.refusals, self.retry_at = 0.0, 0, 0.0
         self.state, self.started, self.code = "starting", time.monotonic(), None
+
+    def _refused(self, reason: str) -> None:
+        """The cluster refused the job for now: wait (``waiting``) and say so in the replica's log."""
+        now = time.monotonic()
+        self.refused_since = self.refused_since or now
+        waited = now - self.refused_since
+        if waited >= SUBMIT_WAIT_S:
+            raise OSError(f"the Slurm cluster refused the replica's job for {waited:.0f} s: {reason}")
+        self.refusals += 1
+        delay = backoff_after(self.refusals)
+        self.retry_at, self.state = now + delay, "waiting"
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            log.write(f"===== slurm: the cluster refused the replica's job for now ({reason}); submitting again "
+                      f"in {delay:g} s (waited {waited:.0f} s so far)\n")
+
+    def _drop_env_file(self) -> None:
+        if self.env_file:
+            envfile.remove_env_file(self.env_file)
 
     def launched(self) -> bool:
         return bool(self.job)
@@ -197,6 +218,14 @@ class SlurmReplica(Replica):
     def _read_status(self) -> dict[str, object]:
         data = own_status(self.status_path)  # another user's file (or a link) is never believed
         return data if str(data.get("job", "")) == self.job else {}
+
+    def _alive(self) -> bool | None:
+        """Whether the job still runs or waits (None: squeue did not answer)."""
+        try:
+            info = squeue([self.job]).get(self.job)
+        except SlurmCommandError:
+            return None
+        return info is not None and not info.terminal
 
     def exited(self) -> int | None:
         if not self.job:
@@ -211,7 +240,7 @@ class SlurmReplica(Replica):
         now = time.monotonic()
         if now - self.looked >= LOOK_S:
             self.looked = now
-            if _alive(self.job) is False:
+            if self._alive() is False:
                 self.gone = 1
         return self.gone
 
@@ -220,13 +249,12 @@ class SlurmReplica(Replica):
 
     def ask_stop(self) -> None:
         if self.job and self.gone is None:
-            _client(["scancel", self.job])
+            scancel([self.job])
 
     def stop(self, grace_s: float = 5.0) -> None:
-        if self.job and not cancel(self.job):
+        if self.job and not cancel_and_wait([self.job], CANCEL_WAIT_S):
             print(f"orchestra: replica job {self.job} still listed by squeue after scancel", file=sys.stderr)
-        if self.env_file:
-            envfile.remove_env_file(self.env_file)
+        self._drop_env_file()
         self.state = "stopped"
 
     def forget(self) -> int | None:

@@ -231,7 +231,7 @@ def check_no_resubmission(seen: Seen, ledger: list[dict[str, Any]], finds_by_nam
 
 def squeue_alive(run: Path) -> dict[str, str]:
     """The run's jobs squeue shows alive, an array's pending elements (``12_[0-2]``) one by one."""
-    from orchestra.runners.slurm.state import TERMINAL_STATES
+    from orchestra.cluster.slurm import TERMINAL_STATES
     out = {}
     for job_id, name, state in slurm_helpers.squeue_jobs(slurm_helpers.job_prefix(run)):
         if state not in TERMINAL_STATES:

@@ -3,10 +3,10 @@
 A refusal for now (a job limit such as Slurm's ``MaxJobCount``, a busy, drained or unreachable
 controller) is an infrastructure outcome, not a task failure.  The refused jobs, and every job
 submitted after them, wait here in order; the next submission is due 5, 10, 20, 40, then every
-60 s after each refusal in a row, and a refused group comes back in two halves, so that a nearly
-full cluster takes part of it.  Jobs still refused after ``wait_s`` end ``Exit(infra=True)``, the
-tasks' ``retry`` unspent.  The backend says what a refusal for now is; this queue only orders,
-paces and reports.
+60 s after each refusal in a row (``orchestra.cluster.refusal``: replicas on Slurm wait the same),
+and a refused group comes back in two halves, so that a nearly full cluster takes part of it.
+Jobs still refused after ``wait_s`` end ``Exit(infra=True)``, the tasks' ``retry`` unspent.  The
+backend says what a refusal for now is; this queue only orders, paces and reports.
 """
 
 from __future__ import annotations
@@ -15,12 +15,10 @@ import time
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 
+from orchestra.cluster.refusal import SUBMIT_BACKOFF_S, SUBMIT_WAIT_S, backoff_after
 from orchestra.events import EventLog
 from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.core.run import note
-
-SUBMIT_BACKOFF_S = (5.0, 10.0, 20.0, 40.0, 60.0)  # waits after 1, 2, ... refusals in a row (then the last)
-SUBMIT_WAIT_S = 3600.0  # how long jobs the cluster keeps refusing wait before they end (infra)
 
 
 @dataclass
@@ -75,7 +73,7 @@ class RefusedQueue:
         """Put ``jobs``, refused for now, first (a group in two halves); say so in their logs and
         the events."""
         self.refusals += 1
-        delay = self.backoff_s[min(self.refusals, len(self.backoff_s)) - 1]
+        delay = backoff_after(self.refusals, self.backoff_s)
         self.retry_at = time.monotonic() + delay
         since = waited.since if waited is not None else time.monotonic()
         half = (len(jobs) + 1) // 2

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from orchestra.runners.core.stopping import stop_and_confirm
+from orchestra.cluster.confirm import stop_and_confirm
 
 #: the state of a job the service never showed during the stop
 UNKNOWN = "unknown"

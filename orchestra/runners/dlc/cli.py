@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
-from orchestra.runners.core.client import CLIClient
+from orchestra.cluster.client import CLIClient
 
 #: every ``Status`` a DLC job reports
 STATUSES = (

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestra.cluster.slurm import SbatchError, SbatchRefused, output_pattern, submit_batch
 from orchestra.envfile import remove_env_file, write_env_file
 from orchestra.events import EventLog
 from orchestra.fileio import atomic_write_text
@@ -25,17 +26,7 @@ from orchestra.runners.core.refused import SUBMIT_BACKOFF_S, SUBMIT_WAIT_S, Refu
 from orchestra.runners.core.run import log_size, note
 from orchestra.runners.slurm.common import SlurmLauncher, SlurmOptions
 from orchestra.runners.slurm.recover import cancel_records
-from orchestra.runners.slurm.script import (
-    PENDING,
-    SbatchError,
-    SbatchRefused,
-    footer_code,
-    job_output,
-    job_script,
-    output_pattern,
-    sbatch_long_options,
-    submit_batch,
-)
+from orchestra.runners.slurm.script import PENDING, footer_code, job_output, job_script, sbatch_long_options
 from orchestra.runners.slurm.state import exit_of
 from orchestra.runners.slurm.watch import LOST
 from orchestra.tasks.spec import TaskSpec

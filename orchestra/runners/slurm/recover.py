@@ -13,9 +13,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 
+from orchestra.cluster.slurm import SlurmCommandError, SlurmJobState, cancel_and_wait, squeue, squeue_by_name
 from orchestra.runners.core.ledger import JobRecord, Ledger, Seen, record_stop
 from orchestra.runners.core.recovery import recover_left
-from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, cancel_and_wait, squeue, squeue_by_name
 from orchestra.tasks.spec import TaskSpec
 
 

@@ -1,5 +1,6 @@
-"""What ``SlurmRunner(launcher='sbatch')`` hands to Slurm: the batch script of a round's jobs, the
-``sbatch`` call and what it answers, and the footer the script leaves in each task log.
+"""What ``SlurmRunner(launcher='sbatch')`` hands to Slurm: the batch script of a round's jobs and
+the footer the script leaves in each task log (the ``sbatch`` call and what it answers are the
+Slurm client's: ``orchestra.cluster.slurm.submit_batch``).
 
 The script (``job_script``) picks its array index's task, appends a header (``core/shell.py``) to
 the task log, runs the task's argv (quoted with ``shlex.quote``, never re-parsed) with its output
@@ -11,15 +12,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from orchestra.envfile import source_lines
-from orchestra.runners.core.cli import CallError, CallTimeout, call
 from orchestra.runners.core.contract import Job
 from orchestra.runners.core.run import read_log
 from orchestra.runners.core.shell import NOW, RC, exports, printf, task_lines
 from orchestra.runners.slurm.common import job_header
-from orchestra.runners.slurm.state import SLURM_CALL_TIMEOUT_S
 
 #: a script on its way to sbatch is named ``submit-<orchestrator pid>-<token>.sh`` until sbatch took it
 PENDING = "submit-"
@@ -49,10 +48,6 @@ def clear_pending(folder: str) -> list[str]:
 _FOOTER = re.compile(r"===== slurm: job (\S+) ended with exit code (\d+)")
 
 
-class SbatchError(RuntimeError):
-    """sbatch refused a submission, or answered something that is not a job id."""
-
-
 def sbatch_long_options(extra_args: Sequence[str]) -> list[str]:
     """``['--account=x', '--exclusive', '--constraint', 'a100']`` as one argument per option
     (``['--account=x', '--exclusive', '--constraint=a100']``); anything but a long option is refused."""
@@ -72,89 +67,6 @@ def sbatch_long_options(extra_args: Sequence[str]) -> list[str]:
             options.append(arg)
         i += 1
     return options
-
-
-def parse_parsable(stdout: str) -> tuple[str, str | None]:
-    """``sbatch --parsable``'s answer as ``(job id, cluster or None)``: ``"123"`` or ``"123;c1"``.
-
-    Raises ``SbatchError`` when the last line is not a job id.
-    """
-    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
-    job_id, sep, cluster = (lines[-1] if lines else "").partition(";")
-    if not job_id.isdigit() or (sep and not cluster):
-        raise SbatchError(f"unexpected sbatch --parsable output {stdout.strip()[:200]!r}")
-    return job_id, cluster or None
-
-
-def output_pattern(folder: str, array: bool) -> str:
-    """sbatch's ``--output`` for a job's own output: ``<folder>/<job id>.out`` with ``<job id>``
-    ``A_i`` for array task ``i`` of array ``A``.  A ``%`` in ``folder`` is escaped (``%%``)."""
-    # (A backslash anywhere turns every replacement off in Slurm: the jobs then share one file.)
-    return os.path.join(folder.replace("%", "%%"), "%A_%a.out" if array else "%j.out")
-
-
-#: What sbatch prints on stderr (sbatch.c, Slurm 22.05) before it sleeps 1, 2, ... 15 s and asks again,
-#: for up to 120 s in all: the controller refused the job for now (EAGAIN, e.g. MaxJobCount reached; a
-#: job record it could not create; nodes powering up).  ``submit_batch`` stops sbatch right there.
-SBATCH_RETRYING = ("sleeping and retrying", "temporarily disabled, retrying")
-#: ``Batch job submission failed: <reason>`` reasons (slurm_errno.c) that a later submission may not
-#: get: the cluster's job limits and a controller that is busy, drained or unreachable.  Any other
-#: reason (a bad partition, an invalid option, an impossible request) is permanent.
-SBATCH_TRANSIENT = (
-    "Resource temporarily unavailable",  # EAGAIN: MaxJobCount reached, or slurmctld too busy
-    "Unable to create job record, try again",  # ESLURM_ERROR_ON_DESC_TO_RECORD_COPY
-    "Job violates accounting/QOS policy (job submit limit",  # ESLURM_ACCOUNTING_POLICY: MaxSubmitJobs
-    "Required partition not available (inactive or drain)",  # ESLURM_PARTITION_NOT_AVAIL
-    "Unable to contact slurm controller (connect failure)",  # nothing reached the controller
-)
-_SUBMIT_FAILED = re.compile(r"Batch job submission failed:\s*(.+)")
-
-
-class SbatchRefused(SbatchError):
-    """sbatch answered that the cluster did not take the job: ``transient`` when a later try may
-    succeed (the cluster's job limits, a busy or drained controller), else permanent.  The message
-    is one line: sbatch's reason."""
-
-    def __init__(self, message: str, transient: bool) -> None:
-        super().__init__(message)
-        self.transient = transient
-
-
-def refusal(stderr: str) -> SbatchRefused:
-    """What sbatch's ``stderr`` says of a refused submission: its reason, transient or not."""
-    lines = [" ".join(line.split()) for line in stderr.splitlines()
-             if line.strip() and not line.startswith('Try "sbatch --help"')]
-    if any(marker in line for line in lines for marker in SBATCH_RETRYING):
-        reason = next(line for line in lines if any(m in line for m in SBATCH_RETRYING))
-        return SbatchRefused(reason.removeprefix("sbatch: error: ").removeprefix("sbatch: "), True)
-    failed = [m.group(1) for line in lines if (m := _SUBMIT_FAILED.search(line))]
-    errors = [line.removeprefix("sbatch: error: ") for line in lines if line.startswith("sbatch: error: ")]
-    reason = (failed or errors or lines or ["no message"])[-1]
-    return SbatchRefused(reason, any(marker in reason for marker in SBATCH_TRANSIENT))
-
-
-def submit_batch(argv: list[str], timeout_s: float = SLURM_CALL_TIMEOUT_S,
-                 env: Mapping[str, str] | None = None) -> tuple[str, str | None]:
-    """Run ``sbatch --parsable ...`` (argv) and return the job id (and cluster) it printed.
-
-    ``env``: sbatch's whole environment (None: ours); Slurm saves what it exports with the job.
-
-    Raises ``SbatchRefused`` when sbatch says the cluster did not take the job; when its stderr says
-    it is about to sleep and ask again (the controller refused it for now), sbatch is killed at
-    once, while it sleeps (its first sleep is 1 s), so no job can come of it, and the refusal is
-    transient.  ``SbatchError`` when sbatch cannot start, does not end within ``timeout_s`` (then
-    whether a job was created is unknown), or answers something that is not a job id.
-    """
-    try:
-        res = call(argv, timeout_s, stop_on=SBATCH_RETRYING, env=env)
-    except CallError as exc:
-        raise SbatchError(str(exc)) from None
-    except CallTimeout:
-        raise SbatchError(f"{argv[0]}: no answer within {timeout_s:g} s (whether it created a job is unknown)") \
-            from None
-    if res.returncode == 0:  # (also when sbatch's retry got the job in before the kill landed)
-        return parse_parsable(res.stdout)
-    raise refusal(res.stderr or res.stdout or f"exit code {res.returncode}")
 
 
 def job_script(jobs: list[Job], sbatch_args: Sequence[str] = (), env_file: str | None = None) -> str:

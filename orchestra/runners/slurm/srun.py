@@ -5,7 +5,7 @@ task's, plus srun's and slurmstepd's messages) is appended to the task log, and 
 is the task's.  A non-zero exit is explained from what Slurm wrote to the log (time limit,
 scancel, preemption, allocation errors); where the log says only "exit code N", squeue is asked
 off the loop (``watch.py``, as for sbatch jobs), and the job ends once it answers.  Cancelling
-finds the jobs by their unique names and hands them to ``state.cancel_and_wait``.
+finds the jobs by their unique names and hands them to the Slurm client's ``cancel_and_wait``.
 """
 
 from __future__ import annotations
@@ -16,19 +16,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from orchestra.cluster.slurm import TERMINAL_STATES, SlurmCommandError, cancel_and_wait, squeue_by_name
 from orchestra.runners.core.contract import Exit, Job, cannot_start
 from orchestra.runners.core.proc import signal_group, start_group, stop_groups
 from orchestra.runners.core.run import log_size, read_log
 from orchestra.runners.slurm.common import SlurmLauncher
-from orchestra.runners.slurm.state import (
-    HEADER_JOB,
-    TERMINAL_STATES,
-    SlurmCommandError,
-    cancel_and_wait,
-    exit_of,
-    squeue_by_name,
-    srun_exit,
-)
+from orchestra.runners.slurm.state import HEADER_JOB, exit_of, srun_exit
 
 #: the ends of a job that only Slurm can tell when srun exited with a plain non-zero code
 SLURM_ENDS = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "NODE_FAIL", "BOOT_FAIL", "OUT_OF_MEMORY"})

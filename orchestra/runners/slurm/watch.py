@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
+from orchestra.cluster.slurm import SlurmCommandError, SlurmJobState, sacct, squeue
 from orchestra.runners.core.contract import Job
-from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, sacct, squeue
 
 FRESH_WAIT_S = 0.2  # how long a round waits for the look it just started
 LOST_AFTER_MISSES = 3  # looks in which neither squeue, sacct nor its log knows a job

@@ -1,4 +1,4 @@
-"""``core.cli.call``, the one external-client call of the Slurm and DLC backends: real processes."""
+"""``cluster.cli.call``, the one external-client call of the Slurm and DLC backends: real processes."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestra.runners.core.cli import CallError, CallTimeout, call
+from orchestra.cluster.cli import CallError, CallTimeout, call
 from tests.helpers import wait_for
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 import pytest
 from fake_backend import HANG, FakeBackend, exits, infer_task, make_context
 
+from orchestra.cluster.slurm import SlurmJobState
 from orchestra.events import read_events
 from orchestra.runners.base import Exit, Job, TaskState
 from orchestra.runners.slurm.runner import SlurmRunner
-from orchestra.runners.slurm.state import SlurmJobState, exit_of
+from orchestra.runners.slurm.state import exit_of
 
 INFRA = exits(1, reason="infra: node lost")
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestra.cluster.client import CLIClient
 from orchestra.envfile import remove_env_file, source_lines, write_env_file
 from orchestra.privdir import UnsafeFolderError
 from orchestra.runners.core import shell
-from orchestra.runners.core.client import CLIClient
 from orchestra.runners.core.stop_each import UNKNOWN, outcome, stop_each
 
 

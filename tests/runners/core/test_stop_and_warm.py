@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from orchestra.cluster.confirm import stop_and_confirm
 from orchestra.runners.core import warm
-from orchestra.runners.core.stopping import stop_and_confirm
 
 
 def test_stop_and_confirm_resends_to_a_job_still_running_but_not_to_one_ending() -> None:

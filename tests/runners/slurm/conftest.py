@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -96,3 +97,20 @@ def _no_job_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
             subprocess.run(["scancel", *left], capture_output=True, timeout=30, check=False)
     except (OSError, subprocess.SubprocessError):
         return
+
+
+def scontrol(*args: str) -> None:
+    """Run ``scontrol`` (it must succeed)."""
+    subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+def drained_partition(slurm_cluster: SlurmCluster) -> Iterator[str]:
+    """A partition of this test alone, on the cluster's node, refusing submissions (DRAIN)."""
+    name = f"orc_drain_{uuid.uuid4().hex[:8]}"
+    scontrol("create", f"PartitionName={name}", "Nodes=localhost", "State=DRAIN", "MaxTime=10")
+    try:
+        yield name
+    finally:
+        subprocess.run(["scancel", f"--partition={name}"], capture_output=True, timeout=30, check=False)
+        scontrol("delete", f"PartitionName={name}")

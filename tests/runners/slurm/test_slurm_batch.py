@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestra.cluster.slurm import SbatchError, output_pattern, parse_parsable
 from orchestra.runners.base import Job
 from orchestra.runners.core.command import Command
 from orchestra.runners.slurm.batch import SbatchLauncher
 from orchestra.runners.slurm.common import SlurmOptions
-from orchestra.runners.slurm.script import SbatchError, job_script, output_pattern, parse_parsable
+from orchestra.runners.slurm.script import job_script
 from orchestra.tasks.spec import TaskSpec
 
 

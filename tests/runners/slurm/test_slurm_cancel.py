@@ -16,10 +16,10 @@ import pytest
 from helpers import poll_until_ended
 from test_slurm_runner import context, tasks
 
+from orchestra.cluster import slurm as slurm_state
+from orchestra.cluster.slurm import SlurmCommandError, SlurmJobState, cancel_and_wait
 from orchestra.runners.core.contract import Exit, Job
-from orchestra.runners.slurm import state as slurm_state
 from orchestra.runners.slurm.runner import SlurmRunner
-from orchestra.runners.slurm.state import SlurmCommandError, SlurmJobState, cancel_and_wait
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
@@ -126,7 +126,7 @@ def test_cancels_real_jobs_by_id_and_by_name(slurm_cluster: SlurmCluster) -> Non
     assert cancel_and_wait(by_id, timeout_s=30) is True
     assert cancel_and_wait([], timeout_s=30, names=[f"{prefix}-c"]) is True
     assert time.monotonic() - t0 < 15
-    # every Slurm call went through the one counted client (core.client.CLIClient)
+    # every Slurm call went through the one counted client (cluster.client.CLIClient)
     assert slurm_state.CLIENT.calls["scancel"] >= before.get("scancel", 0) + 2
     assert slurm_state.CLIENT.calls["squeue"] >= before.get("squeue", 0) + 2
     assert _states([*by_id, by_name]) == ["CANCELLED"] * 3

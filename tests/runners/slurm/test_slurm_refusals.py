@@ -11,11 +11,8 @@ test cluster without refusing every other session's jobs too; their messages are
 from __future__ import annotations
 
 import os
-import subprocess
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -23,12 +20,13 @@ import pytest
 from helpers import jsonl
 from test_slurm_runner import context, sleeping, tasks
 
+from orchestra.cluster.slurm import SbatchError, SbatchRefused, refusal, submit_batch
 from orchestra.events import read_events
 from orchestra.runners.base import TaskState
 from orchestra.runners.core.command import Command
 from orchestra.runners.core.contract import Exit, Job
 from orchestra.runners.slurm.runner import SlurmRunner
-from orchestra.runners.slurm.script import SbatchError, SbatchRefused, refusal, submit_batch
+from tests.runners.slurm.conftest import scontrol
 
 if TYPE_CHECKING:
     from conftest import SlurmCluster
@@ -173,22 +171,6 @@ def test_a_controller_that_does_not_answer_is_a_refusal_for_now(slurm_cluster: S
     with pytest.raises(SbatchRefused) as info:
         submit_batch(["sbatch", "--parsable", f"--output={tmp_path}/%j.out", str(script)])
     assert (str(info.value), info.value.transient) == ("Unable to contact slurm controller (connect failure)", True)
-
-
-def scontrol(*args: str) -> None:
-    subprocess.run(["scontrol", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
-@pytest.fixture
-def drained_partition(slurm_cluster: SlurmCluster) -> Iterator[str]:
-    """A partition of this test alone, on the cluster's node, refusing submissions (DRAIN)."""
-    name = f"orc_drain_{uuid.uuid4().hex[:8]}"
-    scontrol("create", f"PartitionName={name}", "Nodes=localhost", "State=DRAIN", "MaxTime=10")
-    try:
-        yield name
-    finally:
-        subprocess.run(["scancel", f"--partition={name}"], capture_output=True, timeout=30, check=False)
-        scontrol("delete", f"PartitionName={name}")
 
 
 @pytest.mark.slurm

@@ -15,9 +15,9 @@ import pytest
 from helpers import REPO, jsonl, wait_for
 from slurm_helpers import job_prefix, run_cli, run_dirs, squeue_jobs, start_cli, summary_rows, write_config
 
+from orchestra.cluster.slurm import TERMINAL_STATES
 from orchestra.runners.core.ledger import OVER, Ledger
 from orchestra.runners.slurm.recover import recover
-from orchestra.runners.slurm.state import TERMINAL_STATES
 from orchestra.tasks.spec import TaskSpec
 
 if TYPE_CHECKING:

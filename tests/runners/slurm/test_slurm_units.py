@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
+from orchestra.cluster.slurm import SlurmJobState, parse_squeue
 from orchestra.errors import ConfigError
 from orchestra.runners.core.contract import Exit
 from orchestra.runners.core.proc import describe_status
 from orchestra.runners.slurm.runner import SlurmRunner, job_name, run_tag, time_limit_minutes
 from orchestra.runners.slurm.script import sbatch_long_options
-from orchestra.runners.slurm.state import SlurmJobState, exit_of, parse_squeue, srun_exit
+from orchestra.runners.slurm.state import exit_of, srun_exit
 from orchestra.tasks.spec import TaskSpec
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,6 +1,6 @@
 """The calls of one launch to a cluster service's command-line client, as a backend makes them.
 
-``CLIClient.run`` is ``core.cli.call`` with what every backend that drives a service through its
+``CLIClient.run`` is ``cli.call`` with what every backend that drives a service through its
 CLI needs around it (DLC's ``dlc``, Slurm's ``squeue``/``sacct``/``scancel``): each call waits its
 turn at the account's shared rate (``shared_limiter``) unless it is urgent (a stop must never wait)
 or the service sets no rate, the calls are counted by verb (benchmarks and tests read the counts),
@@ -16,7 +16,7 @@ import threading
 from collections import Counter
 from collections.abc import Hashable
 
-from orchestra.runners.core.cli import CallError, CallTimeout, call, shared_limiter
+from orchestra.cluster.cli import CallError, CallTimeout, call, shared_limiter
 
 
 class CLIClient:
