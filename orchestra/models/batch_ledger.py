@@ -11,6 +11,9 @@ metadata, by its size and creation time).
 A later task on the same run folder (``-r``) folds the lines into one record per key
 (:meth:`BatchLedger.load`) and, for each request it needs, looks for a batch that already holds
 it: a request in an existing batch is never submitted again.
+
+The file is an :class:`orchestra.journal.Journal` (append and fsync, fold, tail, the words of
+:data:`STATES` and their phases).
 """
 
 from __future__ import annotations
@@ -80,23 +83,22 @@ def found_fields(batch: dict[str, Any]) -> dict[str, bool]:
     return {"adopted_by_listing": True} if batch.get("found_by") == "listing" else {"adopted_by_metadata": True}
 
 
-class BatchLedger:
+class BatchLedger(Journal):
     """Append-only batch records of one model in one run folder (thread-safe)."""
 
     def __init__(self, path: str) -> None:
-        self.path = path
-        self.journal = Journal(path, "key", STATES)
+        super().__init__(path, "key", STATES)
 
     def record(self, state: str, key: str, **fields: Any) -> None:
         """Append ``{ts, state, key, ...}``; durable (fsynced) when this returns."""
-        self.journal.append(state, key, **fields)
+        self.append(state, key, **fields)
 
     def load(self) -> dict[str, BatchRecord]:
         """One record per batch key, every line folded in order.  A line that is not JSON (torn
         by a crash) is skipped; one that is JSON of the wrong shape (a hand edit) stops with an
         error naming the file, the line and what to do: guessing could pay for a batch twice."""
         out: dict[str, BatchRecord] = {}
-        for key, line in self.journal.fold(self._check).items():
+        for key, line in self.fold(self._check).items():
             rec = out[key] = BatchRecord(key=key, state=line.get("state", ""), ts=float(line["ts"]))
             for name in ("task_id", "file_id", "batch_id", "status", "owner"):
                 if line.get(name):
@@ -112,11 +114,6 @@ class BatchLedger:
             raise ModelError(f"batch ledger {self.path}, line {n}: {why}; this file records the batches "
                              "paid for: fix or delete that line (deleting it may send its batch's "
                              "requests again), then run again with -r")
-
-    def tail(self, offset: int) -> tuple[list[dict[str, Any]], int]:
-        """The whole lines appended since byte ``offset`` (another process's too) and the offset
-        after them; a line still being written is left for the next call."""
-        return self.journal.tail(offset)
 
     async def recover(self, task_id: str | None,
                       find: Callable[[list[BatchRecord], set[str]], Awaitable[dict[str, dict[str, Any]]]],

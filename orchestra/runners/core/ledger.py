@@ -8,6 +8,8 @@ the job over (``record_stop`` writes a stop's lines for every backend; a full di
 stop from going out).  A later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the
 lines into one state per job name (:meth:`Ledger.jobs`) and stops or adopts every job not known to
 be over (a job still running the very spec of a task it runs is adopted: ``spec_digest``).
+The file is an :class:`orchestra.journal.Journal` (append and fsync, fold, the words of
+:data:`STATES` and their phases).
 
 Within one process several launches may share a run folder at once (the eval stage runs beside the
 infer stage): each job name is *claimed* (:meth:`Ledger.claim`) by the launch that submits, adopts
@@ -66,17 +68,16 @@ class JobRecord:
     ts: float = 0.0
 
 
-class Ledger:
-    """Append-only job records of one run folder (thread-safe)."""
+class Ledger(Journal):
+    """Append-only job records of one run folder (thread-safe): the run folder's journal of its backend."""
 
     def __init__(self, folder: str) -> None:
-        self.path = os.path.join(folder, "jobs.jsonl")
-        self.journal = Journal(self.path, "name", STATES, mode=0o644)
+        super().__init__(os.path.join(folder, "jobs.jsonl"), "name", STATES, mode=0o644)
 
     def record(self, state: str, name: str, **fields: Any) -> None:
         """Append ``{ts, state, name, ...}`` and fsync it before returning (a torn earlier line, a
         full disk's, never spoils this one; a torn one raises)."""
-        self.journal.append(state, name, **fields)
+        self.append(state, name, **fields)
 
     def record_anyway(self, state: str, name: str, what: str, **fields: Any) -> None:
         """``record``, for a line that must not hold up what follows it (a stop goes out even when
@@ -103,7 +104,7 @@ class Ledger:
     def jobs(self) -> dict[str, JobRecord]:
         """Every job name's latest state (fields carried over from its earlier lines)."""
         out: dict[str, JobRecord] = {}
-        for name, rec in self.journal.fold().items():
+        for name, rec in self.fold().items():
             job = out[name] = JobRecord(name, state=str(rec.get("state", "")), ts=float(rec.get("ts") or 0.0))
             for key in ("task_id", "stage", "digest", "job_id", "namespace", "submitted_as"):
                 if rec.get(key):
