@@ -102,3 +102,20 @@ def test_lines_of_another_shape_are_skipped_or_left_to_a_check(tmp_path: Path) -
 def test_words_in_gives_a_vocabulary_s_words_of_some_phases() -> None:
     assert words_in(STATES, "ended", "failed") == {"done", "refused"}
     assert PHASES == ("intent", "started", "stop_sent", "ended", "failed")
+
+
+def test_each_ledger_refuses_a_word_outside_its_vocabulary(tmp_path: Path) -> None:
+    """A misspelt word (``stoped``) used to be written and then read as neither over nor alive:
+    now the three ledgers refuse it before anything is written, and keep their words' meanings."""
+    from orchestra.models.batch_ledger import BatchLedger
+    from orchestra.runners.core.ledger import MAYBE_ALIVE, OVER, Ledger
+    from orchestra.serving.pool import servers_ledger
+
+    ledger, batches = Ledger(str(tmp_path / "slurm")), BatchLedger(str(tmp_path / "batches" / "m.jsonl"))
+    servers = servers_ledger(str(tmp_path / "servers"))
+    for record, word in ((ledger.record, "stoped"), (batches.record, "canceled"), (servers.append, "ended")):
+        with pytest.raises(ValueError, match="unknown state"):
+            record(word, "x")
+    assert not any(os.path.exists(j.path) for j in (ledger, batches, servers))
+    assert OVER == {"stopped", "ended", "submit_failed", "submit_unknown"}
+    assert MAYBE_ALIVE == {"submitted", "adopted", "stop_sent", "stop_acknowledged", "stop_unconfirmed"}
