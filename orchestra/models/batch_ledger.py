@@ -11,21 +11,26 @@ metadata, by its size and creation time).
 A later task on the same run folder (``-r``) folds the lines into one record per key
 (:meth:`BatchLedger.load`) and, for each request it needs, looks for a batch that already holds
 it: a request in an existing batch is never submitted again.
+
+The file is an :class:`orchestra.journal.Journal` (append and fsync, fold, tail, the words of
+:data:`STATES` and their phases).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
-import threading
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.errors import ModelError
-from orchestra.fileio import append_line
+from orchestra.journal import Journal, Phase
+
+#: the ledger's words and their phase in :mod:`orchestra.journal` (what a run folder of any version holds)
+STATES: dict[str, Phase] = {
+    "submitting": "intent", "created": "started", "cancel_sent": "stop_sent", "cancel_unconfirmed": "stop_sent",
+    "cancelled": "ended", "ended": "ended", "not_created": "failed"}
 
 #: statuses after which a batch changes no more (OpenAI's four; Anthropic's batches just "end")
 FINAL = frozenset({"completed", "expired", "cancelled", "failed", "ended"})
@@ -78,77 +83,37 @@ def found_fields(batch: dict[str, Any]) -> dict[str, bool]:
     return {"adopted_by_listing": True} if batch.get("found_by") == "listing" else {"adopted_by_metadata": True}
 
 
-class BatchLedger:
+class BatchLedger(Journal):
     """Append-only batch records of one model in one run folder (thread-safe)."""
 
     def __init__(self, path: str) -> None:
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-        self.path = path
-        self._lock = threading.Lock()
+        super().__init__(path, "key", STATES)
 
     def record(self, state: str, key: str, **fields: Any) -> None:
         """Append ``{ts, state, key, ...}``; durable (fsynced) when this returns."""
-        line = json.dumps({"ts": round(time.time(), 3), "state": state, "key": key, **fields},
-                          ensure_ascii=False) + "\n"
-        with self._lock:
-            append_line(self.path, line.encode("utf-8"))
-            fd = os.open(self.path, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+        self.append(state, key, **fields)
 
     def load(self) -> dict[str, BatchRecord]:
         """One record per batch key, every line folded in order.  A line that is not JSON (torn
         by a crash) is skipped; one that is JSON of the wrong shape (a hand edit) stops with an
         error naming the file, the line and what to do: guessing could pay for a batch twice."""
         out: dict[str, BatchRecord] = {}
-        if not os.path.exists(self.path):
-            return out
-        with open(self.path, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                try:
-                    line = json.loads(raw) if raw.strip() else None
-                except (ValueError, RecursionError):
-                    continue  # a torn line (see fileio.append_line)
-                if line is None:
-                    continue
-                why = _wrong(line)
-                if why:
-                    raise ModelError(f"batch ledger {self.path}, line {n}: {why}; this file records the batches "
-                                     "paid for: fix or delete that line (deleting it may send its batch's "
-                                     "requests again), then run again with -r")
-                rec = out.setdefault(line["key"], BatchRecord(key=line["key"]))
-                rec.state = line.get("state", rec.state)
-                rec.ts = float(line["ts"])
-                for name in ("task_id", "file_id", "batch_id", "status", "owner"):
-                    if line.get(name):
-                        setattr(rec, name, line[name])
-                if "custom_ids" in line:
-                    rec.custom_ids = list(line["custom_ids"])
-                if "nonces" in line:
-                    rec.nonces = list(line["nonces"])
+        for key, line in self.fold(self._check).items():
+            rec = out[key] = BatchRecord(key=key, state=line.get("state", ""), ts=float(line["ts"]))
+            for name in ("task_id", "file_id", "batch_id", "status", "owner"):
+                if line.get(name):
+                    setattr(rec, name, line[name])
+            rec.custom_ids = list(line.get("custom_ids", ()))
+            rec.nonces = list(line.get("nonces", ()))
         return out
 
-    def tail(self, offset: int) -> tuple[list[dict[str, Any]], int]:
-        """The whole lines appended since byte ``offset`` (another process's too) and the offset
-        after them; a line still being written is left for the next call."""
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(offset)
-                blob = f.read()
-        except FileNotFoundError:
-            return [], offset
-        end = blob.rfind(b"\n") + 1
-        out: list[dict[str, Any]] = []
-        for raw in blob[:end].splitlines():
-            try:
-                line = json.loads(raw)
-            except ValueError:
-                continue  # a torn line (see fileio.append_line)
-            if isinstance(line, dict) and "key" in line:
-                out.append(line)
-        return out, offset + end
+    def _check(self, n: int, line: Any) -> None:
+        """Stop at line ``n`` of the ledger when it is not what :meth:`record` writes."""
+        why = _wrong(line)
+        if why:
+            raise ModelError(f"batch ledger {self.path}, line {n}: {why}; this file records the batches "
+                             "paid for: fix or delete that line (deleting it may send its batch's "
+                             "requests again), then run again with -r")
 
     async def recover(self, task_id: str | None,
                       find: Callable[[list[BatchRecord], set[str]], Awaitable[dict[str, dict[str, Any]]]],

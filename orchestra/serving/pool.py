@@ -21,7 +21,6 @@ which a later orchestrator on the same run folder reads to stop what a crashed o
 from __future__ import annotations
 
 import functools
-import json
 import os
 import secrets
 import shutil
@@ -33,7 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestra.fileio import append_line, atomic_write_json, read_jsonl
+from orchestra.fileio import atomic_write_json
+from orchestra.journal import Journal, Phase
 from orchestra.paths import safe_name
 from orchestra.privdir import folder_problem, open_private_file, private_dir, temp_folder
 from orchestra.serving.agent import touch_heartbeat
@@ -70,32 +70,26 @@ def new_key_file() -> tuple[str, str]:
     return path, key
 
 
-def _record(ledger: str, state: str, **fields: Any) -> None:
-    """Append one line to the servers' ledger and fsync it before going on."""
-    line = json.dumps({"ts": round(time.time(), 3), "state": state, **fields}) + "\n"
-    append_line(ledger, line.encode())
-    fd = os.open(ledger, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+#: the servers' ledger's words and their phase in :mod:`orchestra.journal`: a local replica is recorded
+#: once it runs (its pid is known only then); a replica's cluster job by name before sbatch (slurm_place)
+STATES: dict[str, Phase] = {"submitting": "intent", "submit_failed": "failed", "started": "started",
+                            "stopped": "ended", "reaped": "ended"}
+
+
+def servers_ledger(servers_dir: str) -> Journal:
+    """The servers' ledger of a run folder, ``<run>/servers/ledger.jsonl``: every replica started and stopped."""
+    return Journal(os.path.join(servers_dir, "ledger.jsonl"), "name", STATES)
 
 
 def reap(servers_dir: str) -> list[int]:
     """Stop every replica an earlier orchestrator of this run folder recorded as started and
     not as gone (e.g. after it was SIGKILLed): the pids stopped.  A pid is only killed while
     it still is the same process (its start time matches the ledger's)."""
-    ledger = os.path.join(servers_dir, "ledger.jsonl")
-    if not os.path.exists(ledger):
+    if not os.path.exists(os.path.join(servers_dir, "ledger.jsonl")):
         return []
-    live: dict[str, dict[str, Any]] = {}
-    for rec in read_jsonl(ledger):
-        if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
-            continue
-        if rec.get("state") in ("started", "submitting"):  # submitting: a cluster job's name, before its id
-            live[rec["name"]] = rec
-        else:
-            live.pop(rec["name"], None)
+    ledger = servers_ledger(servers_dir)
+    # submitting: a cluster job's name recorded before sbatch, its id not (yet) known
+    live = {name: rec for name, rec in ledger.fold().items() if rec.get("state") in ("started", "submitting")}
     stopped = []
     for name, rec in live.items():
         pid, born = rec.get("pid"), rec.get("start_time")
@@ -115,7 +109,7 @@ def reap(servers_dir: str) -> list[int]:
                 except (ProcessLookupError, PermissionError):
                     pass
             stopped.append(pid)
-        _record(ledger, "reaped", name=name, pid=pid)
+        ledger.append("reaped", name, pid=pid)
         _remove_leftovers(rec.get("key_file"), rec.get("socket"))
     return stopped
 
@@ -188,7 +182,8 @@ class ServerPool:
         os.makedirs(servers_dir, exist_ok=True)
         self.heartbeat = os.path.join(servers_dir, "heartbeat")
         self._beat = 0.0
-        self.ledger = os.path.join(servers_dir, "ledger.jsonl")
+        self.journal = servers_ledger(servers_dir)
+        self.ledger = self.journal.path
         self.emit, self.take_gpus, self.give_gpus = emit, take_gpus, give_gpus
         self.key_file, self._key = new_key_file()
         # replicas on Unix sockets (vLLM) listen in a folder only this user may enter (0700)
@@ -291,8 +286,7 @@ class ServerPool:
                 return
             replica.gpus = gpus
         name = f"{served.abbr}/{replica.index}/{served.restarts}/{time.time():.3f}"
-        replica.record = functools.partial(_record, self.ledger, name=name, model=served.abbr, replica=replica.index,
-                                           key_file=self.key_file)
+        replica.record = functools.partial(self._record_replica, name, served.abbr, replica.index)
         try:
             replica.start(self.key_file, self.socket_dir)
         except OSError as exc:
@@ -303,8 +297,8 @@ class ServerPool:
         if not replica.launched():
             return  # the cluster refused its job for now: it waits, and goes again (slurm_place)
         where = replica.ledger_fields()
-        _record(self.ledger, "started", name=name, model=served.abbr, replica=replica.index, **where,
-                port=replica.port, socket=replica.socket_path, gpus=replica.gpus, key_file=self.key_file)
+        self.journal.append("started", name, model=served.abbr, replica=replica.index, **where,
+                            port=replica.port, socket=replica.socket_path, gpus=replica.gpus, key_file=self.key_file)
         replica.ledger_name = name
         self.emit("server_started", model=served.abbr, engine=served.spec.engine, replica=replica.index,
                   port=replica.port, socket=replica.socket_path, gpus=replica.gpus, log=replica.log_path, **where)
@@ -355,11 +349,16 @@ class ServerPool:
         if replica.launched() and replica.state not in ("stopped",):
             replica.stop()
             code = replica.forget()
-            _record(self.ledger, "stopped", name=replica.ledger_name, model=served.abbr,
-                    replica=replica.index, exit_code=code)
+            self.journal.append("stopped", replica.ledger_name, model=served.abbr,
+                                replica=replica.index, exit_code=code)
             self.emit("server_stopped", model=served.abbr, replica=replica.index)
         replica.state = "stopped" if replica.state != "exited" else "exited"
         self._give_gpus(replica)
+
+    def _record_replica(self, name: str, model: str, index: int, state: str, **fields: Any) -> None:
+        """A replica's own line in the servers' ledger (what :attr:`Replica.record` calls before it
+        relies on something outside this process: a cluster job, by name, before sbatch)."""
+        self.journal.append(state, name, model=model, replica=index, key_file=self.key_file, **fields)
 
     def _give_gpus(self, replica: Replica) -> None:
         if replica.gpus:

@@ -231,3 +231,35 @@ def test_malformed_spool_files_are_skipped_with_one_warning_and_never_crash_the_
     finally:
         child.kill()
         child.wait()
+
+
+#: a batch ledger as main (before orchestra.journal) wrote it: the lines of a submit, an adoption by
+#: metadata, a cancel the provider did not confirm, and a create that failed
+OLD_BATCH_LEDGER = """\
+{"ts": 1795925149.381, "state": "submitting", "key": "k-1", "task_id": "infer_m_t0", \
+"owner": "host~infer_m_t0.123.ab12", "file_id": "file-abc", "custom_ids": ["c1", "c2"], "nonces": ["n1", "n2"]}
+{"ts": 1795925149.384, "state": "created", "key": "k-1", "batch_id": "batch_1", "adopted_by_metadata": true}
+{"ts": 1795925149.387, "state": "cancel_sent", "key": "k-1", "batch_id": "batch_1"}
+{"ts": 1795925149.389, "state": "cancel_unconfirmed", "key": "k-1", "batch_id": "batch_1", \
+"status": "unconfirmed (timed out)"}
+{"ts": 1795925149.393, "state": "not_created", "key": "k-2", "custom_ids": ["c3"], "nonces": ["n3"], \
+"error": "400 bad file"}
+"""
+
+
+def test_a_batch_ledger_written_before_the_journal_is_read_the_same(tmp_path: Path) -> None:
+    """``-r`` of a run folder an earlier version wrote: the batches it paid for are known again."""
+    path = tmp_path / "batches" / "m.jsonl"
+    path.parent.mkdir()
+    path.write_text(OLD_BATCH_LEDGER)
+    ledger = BatchLedger(str(path))
+    recs = ledger.load()
+    assert recs["k-1"] == BatchRecord("k-1", "infer_m_t0", ["c1", "c2"], "file-abc", "batch_1", "cancel_unconfirmed",
+                                      "unconfirmed (timed out)", 1795925149.389, ["n1", "n2"],
+                                      "host~infer_m_t0.123.ab12")
+    assert (recs["k-2"].state, recs["k-2"].custom_ids, recs["k-2"].batch_id) == ("not_created", ["c3"], "")
+    lines, offset = ledger.tail(0)
+    assert [(line["state"], line["key"]) for line in lines][-1] == ("not_created", "k-2") and len(lines) == 5
+    ledger.record("cancelled", "k-1", batch_id="batch_1", status="cancelled")
+    assert ledger.load()["k-1"].state == "cancelled" and [line["state"] for line in ledger.tail(offset)[0]] == [
+        "cancelled"]

@@ -211,3 +211,25 @@ def test_reap_skips_garbage_lines_and_never_kills_another_users_process_that_loo
     finally:
         other.kill()
         other.wait()
+
+
+def test_reap_reads_a_servers_ledger_written_before_the_journal(tmp_path: Path) -> None:
+    """``-r`` of a run folder an earlier version wrote (its pool's lines: a local replica whose
+    start a SIGKILL left recorded, a Slurm replica recorded stopped): the one left is reaped, once,
+    and the stopped Slurm job is not cancelled again."""
+    servers = tmp_path / "servers"
+    servers.mkdir()
+    key_file = str(tmp_path / "x.key")
+    (servers / "ledger.jsonl").write_text(
+        '{"ts": 1795925149.394, "state": "started", "name": "smol/0/0/1764380000.123", "model": "smol", '
+        '"replica": 0, "pid": null, "start_time": null, "port": 41234, "socket": null, "gpus": [], '
+        f'"key_file": "{key_file}"}}\n'
+        '{"ts": 1795925149.397, "state": "started", "name": "smol/1/0/1764380000.124", "model": "smol", '
+        '"replica": 1, "slurm_job": "4260", "job_name": "orc-serve-5f3a-smol-1", "port": null, "socket": null, '
+        f'"gpus": [], "key_file": "{key_file}"}}\n'
+        '{"ts": 1795925149.401, "state": "stopped", "name": "smol/1/0/1764380000.124", "model": "smol", '
+        '"replica": 1, "exit_code": 0}\n')
+    assert reap(str(servers)) == []
+    added = [json.loads(line) for line in (servers / "ledger.jsonl").read_text().splitlines()[3:]]
+    assert [(r["state"], r["name"], r["pid"]) for r in added] == [("reaped", "smol/0/0/1764380000.123", None)]
+    assert reap(str(servers)) == [] and len((servers / "ledger.jsonl").read_text().splitlines()) == 4

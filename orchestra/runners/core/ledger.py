@@ -8,6 +8,8 @@ the job over (``record_stop`` writes a stop's lines for every backend; a full di
 stop from going out).  A later orchestrator on the same run folder (``-r``, even after a SIGKILL) folds the
 lines into one state per job name (:meth:`Ledger.jobs`) and stops or adopts every job not known to
 be over (a job still running the very spec of a task it runs is adopted: ``spec_digest``).
+The file is an :class:`orchestra.journal.Journal` (append and fsync, fold, the words of
+:data:`STATES` and their phases).
 
 Within one process several launches may share a run folder at once (the eval stage runs beside the
 infer stage): each job name is *claimed* (:meth:`Ledger.claim`) by the launch that submits, adopts
@@ -16,22 +18,26 @@ or stops it, and a launch only ever handles jobs no launch of this process has c
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from orchestra.fileio import append_line, read_jsonl, stable_hash
+from orchestra.fileio import stable_hash
+from orchestra.journal import Journal, Phase, words_in
 from orchestra.tasks.spec import TaskSpec
 
+#: the ledger's words and their phase in :mod:`orchestra.journal` (what a run folder of any version holds)
+STATES: dict[str, Phase] = {
+    "submitting": "intent", "submitted": "started", "adopted": "started",
+    "stop_sent": "stop_sent", "stop_acknowledged": "stop_sent", "stop_unconfirmed": "stop_sent",
+    "stopped": "ended", "ended": "ended", "submit_failed": "failed", "submit_unknown": "failed"}
 #: states after which a job needs nothing more from anyone
-OVER = frozenset({"stopped", "ended", "submit_failed", "submit_unknown"})
+OVER = words_in(STATES, "ended", "failed")
 #: states of a job that may still be alive (it has an id and was not seen over)
-MAYBE_ALIVE = frozenset({"submitted", "adopted", "stop_sent", "stop_acknowledged", "stop_unconfirmed"})
+MAYBE_ALIVE = words_in(STATES, "started", "stop_sent")
 
 #: what a backend says of a job an earlier orchestrator left: over, alive, being stopped, or no answer
 Seen = Literal["over", "alive", "ending"] | None
@@ -62,20 +68,16 @@ class JobRecord:
     ts: float = 0.0
 
 
-class Ledger:
-    """Append-only job records of one run folder (thread-safe)."""
+class Ledger(Journal):
+    """Append-only job records of one run folder (thread-safe): the run folder's journal of its backend."""
 
     def __init__(self, folder: str) -> None:
-        os.makedirs(folder, exist_ok=True)
-        self.path = os.path.join(folder, "jobs.jsonl")
-        self._lock = threading.Lock()
+        super().__init__(os.path.join(folder, "jobs.jsonl"), "name", STATES, mode=0o644)
 
     def record(self, state: str, name: str, **fields: Any) -> None:
-        """Append ``{ts, state, name, ...}`` and fsync it before returning."""
-        line = json.dumps({"ts": round(time.time(), 3), "state": state, "name": name, **fields},
-                          ensure_ascii=False, default=str) + "\n"
-        with self._lock:  # a torn earlier line (a full disk) never spoils this one; a torn one raises
-            append_line(self.path, line.encode("utf-8"), sync=True, mode=0o644)
+        """Append ``{ts, state, name, ...}`` and fsync it before returning (a torn earlier line, a
+        full disk's, never spoils this one; a torn one raises)."""
+        self.append(state, name, **fields)
 
     def record_anyway(self, state: str, name: str, what: str, **fields: Any) -> None:
         """``record``, for a line that must not hold up what follows it (a stop goes out even when
@@ -102,20 +104,14 @@ class Ledger:
     def jobs(self) -> dict[str, JobRecord]:
         """Every job name's latest state (fields carried over from its earlier lines)."""
         out: dict[str, JobRecord] = {}
-        if not os.path.exists(self.path):
-            return out
-        for rec in read_jsonl(self.path):
-            if not isinstance(rec, dict) or not isinstance(rec.get("name"), str):
-                continue
-            job = out.setdefault(rec["name"], JobRecord(rec["name"]))
+        for name, rec in self.fold().items():
+            job = out[name] = JobRecord(name, state=str(rec.get("state", "")), ts=float(rec.get("ts") or 0.0))
             for key in ("task_id", "stage", "digest", "job_id", "namespace", "submitted_as"):
                 if rec.get(key):
                     setattr(job, key, str(rec[key]))
             for key in ("attempt", "seq"):
                 if isinstance(rec.get(key), int):
                     setattr(job, key, rec[key])
-            job.state = str(rec.get("state", ""))
-            job.ts = float(rec.get("ts") or 0.0)
         return out
 
     def left_behind(self, stage: str | None = None) -> tuple[list[JobRecord], list[JobRecord]]:

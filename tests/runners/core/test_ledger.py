@@ -88,3 +88,41 @@ def test_a_line_the_disk_tears_raises_and_never_spoils_the_next_record(tmp_path:
     ledger.record("submitted", "job-c", job_id="3")
     jobs = ledger.jobs()
     assert jobs["job-a"].job_id == "1" and jobs["job-c"].job_id == "3" and "job-b" not in jobs
+
+
+#: a Slurm ledger as main (before orchestra.journal) wrote it: lines from Ledger.record and record_stop
+OLD_LEDGER = """\
+{"ts": 1795925149.307, "state": "submitting", "name": "orc-5f3a-infer-infer_m_t0-1", "task_id": "infer_m_t0", \
+"stage": "infer", "attempt": 1, "digest": "9c1e0d2b7a4f6e13"}
+{"ts": 1795925149.309, "state": "submitted", "name": "orc-5f3a-infer-infer_m_t0-1", "job_id": "4242"}
+{"ts": 1795925149.313, "state": "submitting", "name": "orc-5f3a-infer-infer_m_t1-1", "task_id": "infer_m_t1", \
+"stage": "infer", "attempt": 1, "digest": "0d2b7a4f6e139c1e", "submitted_as": "orc-5f3a-infer-1a2b3c4d"}
+{"ts": 1795925149.314, "state": "submitting", "name": "orc-5f3a-eval-eval_m_t0-2", "task_id": "eval_m_t0", \
+"stage": "eval", "attempt": 2, "digest": "7a4f6e139c1e0d2b"}
+{"ts": 1795925149.317, "state": "submitted", "name": "orc-5f3a-eval-eval_m_t0-2", "job_id": "4250"}
+{"ts": 1795925149.321, "state": "stop_sent", "name": "orc-5f3a-eval-eval_m_t0-2", "job_id": "4250", \
+"reason": "cancelled"}
+{"ts": 1795925149.322, "state": "stop_acknowledged", "name": "orc-5f3a-eval-eval_m_t0-2", "job_id": "4250", \
+"slurm_state": "COMPLETING"}
+{"ts": 1795925149.325, "state": "submit_unknown", "name": "orc-5f3a-infer-infer_m_t1-1", "job_id": ""}
+"""
+
+
+def test_a_ledger_written_before_the_journal_is_read_the_same(tmp_path: Path) -> None:
+    """``-r`` of a run folder that an earlier version wrote: its words and fields fold as they did."""
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "jobs.jsonl").write_text(OLD_LEDGER)
+    ledger = Ledger(str(tmp_path / "slurm"))
+    jobs = ledger.jobs()
+    t1 = jobs["orc-5f3a-infer-infer_m_t1-1"]
+    assert (t1.state, t1.job_id, t1.submitted_as, t1.task_id) == ("submit_unknown", "", "orc-5f3a-infer-1a2b3c4d",
+                                                                  "infer_m_t1")
+    ev = jobs["orc-5f3a-eval-eval_m_t0-2"]
+    assert (ev.state, ev.job_id, ev.attempt, ev.digest, ev.ts) == ("stop_acknowledged", "4250", 2,
+                                                                   "7a4f6e139c1e0d2b", 1795925149.322)
+    interrupted, known = ledger.left_behind("infer")
+    assert interrupted == [] and [(r.name, r.job_id, r.state) for r in known] == [
+        ("orc-5f3a-infer-infer_m_t0-1", "4242", "submitted")]
+    assert [r.name for r in ledger.left_behind("eval")[1]] == ["orc-5f3a-eval-eval_m_t0-2"]  # still maybe alive
+    ledger.record("ended", "orc-5f3a-infer-infer_m_t0-1", job_id="4242", slurm_state="COMPLETED")
+    assert ledger.jobs()["orc-5f3a-infer-infer_m_t0-1"].state == "ended"
