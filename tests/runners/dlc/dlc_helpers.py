@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
@@ -40,6 +41,16 @@ class Double:
             return []
         out = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         return [c for c in out if verb is None or c["verb"].startswith(verb)]
+
+    def counter(self, key: str) -> int:
+        """The double's count of ``key`` (``get``: its ``dlc get`` calls), read under the lock the
+        double writes it with (a read between its truncate and its write would see nothing)."""
+        path = self.state / "counters" / key
+        if not path.exists():
+            return 0
+        with open(path, encoding="utf-8") as f:
+            fcntl.flock(f, fcntl.LOCK_SH)
+            return int(f.read().strip() or 0)
 
     def job_ids(self) -> list[str]:
         return sorted(p.name for p in (self.state / "jobs").iterdir() if (p / "status.json").exists())

@@ -109,8 +109,7 @@ def test_a_job_that_ends_between_the_plan_and_the_look_is_adopted_not_submitted_
     answers its first look (a slow service): each task's attempt takes its job's end rather than
     paying for the task again."""
     run, old = killed_leaving_two_jobs(double, tmp_path, ", load_s=8")
-    count = double.state / "counters" / "get"  # the double's count of `dlc get` calls
-    gets = lambda: int(count.read_text()) if count.exists() else 0  # noqa: E731
+    gets = lambda: double.counter("get")  # noqa: E731  (the double's count of `dlc get` calls)
     before = gets()
     double.faults(get_slow_s=12)  # each look now answers after the job ended (8 s of loading)
     proc = start_cli(double.state, two_models(tmp_path, "", ", load_s=8"), "-r")

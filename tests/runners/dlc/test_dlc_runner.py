@@ -144,7 +144,7 @@ def test_failing_log_reads_are_read_again_not_the_tasks_failure(double: Double, 
     assert log.count("[infer_det_rows] done") == log.count("===== orchestra: task exited with code 0") == 1
     # every 2nd read failed (two jobs read at least once each: at least one failure, however few looks
     # a loaded machine makes), and every failure was read again: both logs are whole
-    assert int((double.state / "counters" / "logs_failed").read_text()) >= 1
+    assert double.counter("logs_failed") >= 1
     eval_log = (run / "logs/eval/eval_det_rows.log").read_text().splitlines()
     assert eval_log.count("===== orchestra: task exited with code 0") == 1
 
@@ -158,7 +158,7 @@ def test_a_failing_log_read_after_the_job_ended_is_read_again(double: Double, tm
     res = run_cli(double.state, cfg)
     assert res.returncode == 0, res.stderr[-3000:]
     run = only_run(tmp_path)
-    assert int((double.state / "counters" / "logs_after_end").read_text()) > 3  # three failed, then read
+    assert double.counter("logs_after_end") > 3  # three failed, then read
     for log in ("infer/infer_det_rows", "eval/eval_det_rows"):
         lines = (run / f"logs/{log}.log").read_text().splitlines()
         assert lines.count("===== orchestra: task exited with code 0") == 1, lines

@@ -227,7 +227,11 @@ def test_interrupt_kills_every_worker_within_seconds(cluster: RayCluster, tmp_pa
     assert cluster.wait_no_actors(timeout_s=30) == []  # none left on the cluster, detached or not
     run = run_dir(tmp_path)
     assert stage_events(run, "infer", "cancelled")
-    assert all(e["reason"] in ("cancelled", "the launch ended") for e in events(run) if e["event"] == "worker_stopped")
+    # a worker is stopped by the cancel or the launch's end, or before the signal as idle (under load its
+    # task can end first, and the pool gives back a worker no remaining task needs)
+    reasons = {e["reason"] for e in events(run) if e["event"] == "worker_stopped"}
+    assert reasons & {"cancelled", "the launch ended"}, reasons
+    assert reasons <= {"cancelled", "the launch ended", "idle: no remaining task needs it"}, reasons
 
 
 def test_orchestrator_killed_outright_leaves_no_worker_behind(cluster: RayCluster, tmp_path: Path) -> None:
