@@ -143,6 +143,8 @@ def main() -> None:
                 rows.append((f"{label}: {what}: wall (load before: {load})", f"{wall:.2f} s"))
                 rows.append((f"{label}: peak memory (max RSS of the process)", f"{peak:.0f} MB"))
                 rows.append((f"{label}: exit code", str(code)))
+                print(f"{label}: {wall:.2f} s, {peak:.0f} MB, exit {code} (load before: {load})", file=sys.stderr,
+                      flush=True)  # as it goes: a long run under load still leaves its numbers
     print_table(rows)
 
 
