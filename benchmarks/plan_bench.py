@@ -61,7 +61,8 @@ work_dir = {str(folder / 'out')!r}
 _MEASURE = (
     "import resource, subprocess, sys\n"
     "code = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL).returncode\n"
-    "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, code)\n"
+    "use = resource.getrusage(resource.RUSAGE_CHILDREN)\n"
+    "print(use.ru_maxrss, code, use.ru_utime + use.ru_stime)\n"
 )
 
 
@@ -93,17 +94,18 @@ def extract(commit: str, folder: Path) -> Path:
     return tree
 
 
-def dry_run(tree: Path, cfg: Path, cache: Path) -> tuple[float, float, int]:
-    """Wall seconds, peak RSS in MB and exit code of one ``--dry-run`` of ``tree``'s CLI (in a
-    wrapper process of its own, so its peak memory is its own)."""
+def dry_run(tree: Path, cfg: Path, cache: Path) -> tuple[float, float, int, float]:
+    """Wall seconds, peak RSS in MB, exit code and CPU seconds (user + system, its subprocesses
+    included: what the load of other work does not inflate) of one ``--dry-run`` of ``tree``'s CLI
+    (in a wrapper process of its own, so its peak memory is its own)."""
     env = {**os.environ, "PYTHONPATH": str(tree), "ORCHESTRA_CACHE_DIR": str(cache), "HF_DATASETS_OFFLINE": "1",
            "HF_HUB_OFFLINE": "1"}
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, "-c", _MEASURE, sys.executable, "run.py", str(cfg), "--dry-run"],
                          cwd=tree, env=env, capture_output=True, text=True, timeout=600)
     wall = time.perf_counter() - t0
-    peak_kb, code = res.stdout.split()
-    return wall, int(peak_kb) / 1024, int(code)
+    peak_kb, code, cpu = res.stdout.split()
+    return wall, int(peak_kb) / 1024, int(code), float(cpu)
 
 
 def _uptime() -> str:
@@ -139,11 +141,13 @@ def main() -> None:
             for label, tree in trees if r % 2 == 0 else trees[::-1]:
                 load = _uptime()
                 # a fresh, empty cache each time: a dry run writes none, so every measurement is cold
-                wall, peak, code = dry_run(tree, cfg, folder / f"cache-{r}-{label.replace(' ', '_')}")
+                wall, peak, code, cpu = dry_run(tree, cfg, folder / f"cache-{r}-{label.replace(' ', '_')}")
                 rows.append((f"{label}: {what}: wall (load before: {load})", f"{wall:.2f} s"))
+                rows.append((f"{label}: CPU time, user + system, subprocesses included", f"{cpu:.2f} s"))
                 rows.append((f"{label}: peak memory (max RSS of the process)", f"{peak:.0f} MB"))
                 rows.append((f"{label}: exit code", str(code)))
-                print(f"{label}: {wall:.2f} s, {peak:.0f} MB, exit {code} (load before: {load})", file=sys.stderr,
+                print(f"{label}: {wall:.2f} s, {cpu:.2f} s CPU, {peak:.0f} MB, exit {code} (load before: {load})",
+                      file=sys.stderr,
                       flush=True)  # as it goes: a long run under load still leaves its numbers
     print_table(rows)
 
