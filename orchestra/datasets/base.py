@@ -19,6 +19,7 @@ import abc
 import os
 import re
 import string
+from collections.abc import Callable
 from typing import Any
 
 from orchestra.datasets.digest import files_stamp, row_keys, stamped_key
@@ -106,6 +107,12 @@ class BaseDataset(abc.ABC):
         """What in the dataset ``cfg`` needs a model's ``is_greedy`` (``BaseModel.scores_greedy``),
         or None.  Asked at config time only when a model cannot report it."""
         return None
+
+    @classmethod
+    def plan_together(cls, datasets: list[BaseDataset], known: Callable[[str], bool]) -> None:
+        """Gather, at once, what the planner will ask ``datasets`` (those of a config whose type is
+        this class) one by one; ``known(content_key)``: whether the size cache has a dataset's
+        facts.  Nothing by default; an lm-eval dataset probes all of a config's in one process."""
 
     def __init__(
         self,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,12 +99,13 @@ def _dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool) ->
             cache: dict[str, Any] = json.load(f)
     except (OSError, ValueError):
         cache = {}
+    built = _plan_together(cfgs, lambda key: _usable(cache.get(key)))
     infos: list[DatasetInfo] = []
     fresh: dict[str, Any] = {}
     for i, cfg in enumerate(cfgs):
         here = f"{where}: datasets[{i}] ({cfg.get('abbr')})"
         try:
-            ds = build_dataset(cfg)
+            ds = built[i] if i < len(built) else build_dataset(cfg)
             key = ds.content_key()
             if _usable(cache.get(key)):
                 facts: dict[str, Any] = cache[key]
@@ -134,6 +136,24 @@ def _dataset_infos(cfgs: list[dict[str, Any]], where: str, write_cache: bool) ->
     if fresh and write_cache:
         _remember(path, fresh)
     return infos
+
+
+def _plan_together(cfgs: list[dict[str, Any]], known: Callable[[str], bool]) -> list[BaseDataset]:
+    """The datasets of ``cfgs`` up to the first that cannot be built (which the caller reports),
+    each type asked first to gather its facts at once (:meth:`BaseDataset.plan_together`: all
+    lm-eval tasks of a config probed by one process, not one each)."""
+    built: list[BaseDataset] = []
+    for cfg in cfgs:
+        try:
+            built.append(build_dataset(cfg))
+        except ConfigError:
+            break
+    by_type: dict[type[BaseDataset], list[BaseDataset]] = {}
+    for ds in built:
+        by_type.setdefault(type(ds), []).append(ds)
+    for cls, group in by_type.items():
+        cls.plan_together(group, known)
+    return built
 
 
 def _remember(path: str, fresh: dict[str, Any]) -> None:

@@ -11,7 +11,8 @@ documents of all its subtasks, in subtask-name order; ``test_range`` applies to 
 
 This module is what the orchestrator imports: it never imports ``lm_eval`` (whose import and
 task index cost seconds).  Row counts for planning come from a probe subprocess
-(``python -m orchestra.datasets.lmeval_harness probe``, run without the orchestrator's secrets),
+(``python -m orchestra.datasets.lmeval_harness probe``, run without the orchestrator's secrets;
+one ``probe-many`` subprocess for all the lm-eval datasets of a config, see :meth:`LmEvalDataset.plan_together`),
 cached by the planner under a key of the settings, the lm-eval version and every file the task
 reads (:mod:`orchestra.datasets.lmeval_plan`).  Everything that needs
 lm-eval runs inside tasks (:mod:`orchestra.datasets.lmeval_harness`).
@@ -25,6 +26,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from orchestra.datasets import lmeval_plan
@@ -40,6 +42,8 @@ LOGLIK_OUTPUTS = frozenset({"multiple_choice", "loglikelihood", "loglikelihood_r
 CHAT_KEYS = ("apply_chat_template", "fewshot_as_multiturn", "system_instruction")
 #: probe answers of this process, by settings (the config check and the planner share one probe)
 _PROBED: dict[str, dict[str, Any]] = {}
+#: the one line each failed probe of :meth:`LmEvalDataset.plan_together` ended with, by settings
+_FAILED: dict[str, str] = {}
 
 
 def lmeval_version(where: str) -> str:
@@ -210,12 +214,56 @@ class LmEvalDataset(BaseDataset):
                 return f"lm-eval task {name!r} (output_type 'loglikelihood': its acc reads is_greedy)"
         return None
 
-    def _probe(self) -> dict[str, Any]:
-        """The probe subprocess's answer for these settings (once per process)."""
-        lmeval_version(f"dataset {self.abbr}")
+    def _probe_settings(self) -> tuple[str, dict[str, Any]]:
+        """The settings the probe answers for, and their key in :data:`_PROBED`."""
         # the chat options change no count, kind or input: one probe serves a task with and without them
         settings = {k: v for k, v in self.settings.items() if k not in CHAT_KEYS}
-        key = json.dumps(settings, sort_keys=True)
+        return json.dumps(settings, sort_keys=True), settings
+
+    @classmethod
+    def plan_together(cls, datasets: list[BaseDataset], known: Callable[[str], bool]) -> None:
+        """Probe, in one subprocess, every dataset here whose facts the planner does not have yet
+        (no current manifest of its files, or its content key not ``known`` to the size cache);
+        each dataset's :meth:`_probe` then reads its answer (or raises its error)."""
+        todo: dict[str, dict[str, Any]] = {}
+        for ds in datasets:
+            if not isinstance(ds, LmEvalDataset):
+                continue
+            try:
+                version = lmeval_version(f"dataset {ds.abbr}")
+                if lmeval_plan.manifest_current(version, ds.settings) and known(ds.content_key()):
+                    continue
+            except ConfigError:
+                return  # each dataset reports it when it is asked
+            key, settings = ds._probe_settings()
+            if key not in _PROBED:
+                todo[key] = settings
+        if len(todo) < 2:
+            return  # one probe is one probe: the dataset runs its own
+        argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe-many"]
+        argv += [] if persisting() else ["--dry-run"]  # a dry run's probe writes no cache either
+        proc = subprocess.run(argv, input=json.dumps(list(todo.values())), capture_output=True, text=True,
+                              check=False, env=lmeval_plan.probe_env())
+        try:
+            answers = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else []
+        except (ValueError, IndexError):
+            answers = []
+        if not isinstance(answers, list) or len(answers) != len(todo):
+            return  # each dataset probes alone, and reports what went wrong as it always did
+        for key, got in zip(todo, answers, strict=True):
+            _FAILED.pop(key, None)
+            if isinstance(got, dict) and isinstance(got.get("answer"), dict):
+                _PROBED[key] = got["answer"]
+            elif isinstance(got, dict) and isinstance(got.get("error"), str):
+                _FAILED[key] = got["error"]
+
+    def _probe(self) -> dict[str, Any]:
+        """The probe subprocess's answer for these settings (once per process; from
+        :meth:`plan_together`'s one subprocess when the planner asked it first)."""
+        lmeval_version(f"dataset {self.abbr}")
+        key, settings = self._probe_settings()
+        if key in _FAILED:  # told once: a later plan in this process probes again
+            raise ConfigError(f"dataset {self.abbr}: lm-eval could not load task {self.task!r}: {_FAILED.pop(key)}")
         if key not in _PROBED:
             argv = [sys.executable, "-m", "orchestra.datasets.lmeval_harness", "probe", json.dumps(settings)]
             argv += [] if persisting() else ["--dry-run"]  # a dry run's probe writes no cache either

@@ -11,7 +11,8 @@ lm-eval builds every request and computes every metric exactly as ``lm_eval`` do
   ``process_results`` and (group) aggregation.
 
 ``python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON`` prints the documents per
-subtask for the planner, so the orchestrator itself never imports lm-eval.
+subtask for the planner, so the orchestrator itself never imports lm-eval; ``probe-many``
+answers for every lm-eval dataset of a config in one process (:func:`probe_many`).
 """
 
 from __future__ import annotations
@@ -275,10 +276,35 @@ def score(settings: dict[str, Any], records: list[dict[str, Any]]
     return metrics, details, extra
 
 
+def probe_many(settings_list: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`probe` for each settings in one process (one lm-eval import, one stock index):
+    ``{"answer": ...}``, ``{"error": LINE}`` (the one line a probe of these settings alone
+    would end with), or ``{"again": True}``: an unexpected failure, which the planner's own
+    probe of these settings alone then reports as it always did."""
+    out: list[dict[str, Any]] = []
+    for settings in settings_list:
+        try:
+            out.append({"answer": probe(settings)})
+        except ConfigError as exc:
+            lines = [ln for ln in str(exc).strip().splitlines() if ln.strip()]
+            out.append({"error": lines[-1] if lines else "exit 2"})
+        except Exception:  # noqa: BLE001 - reported by the probe of these settings alone
+            out.append({"again": True})
+    return out
+
+
+USAGE = ("usage: python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON [--dry-run]\n"
+         "       python -m orchestra.datasets.lmeval_harness probe-many [--dry-run] < SETTINGS_LIST_JSON")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["probe-many"] and args[1:] in ([], ["--dry-run"]):
+        persist_digests(not args[1:])  # planning a --dry-run: no cache is written
+        print(json.dumps(probe_many(json.load(sys.stdin))))
+        return 0
     if len(args) not in (2, 3) or args[0] != "probe" or args[2:] not in ([], ["--dry-run"]):
-        print("usage: python -m orchestra.datasets.lmeval_harness probe SETTINGS_JSON [--dry-run]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     persist_digests(not args[2:])  # planning a --dry-run: no cache is written
     try:

@@ -160,10 +160,33 @@ _MANIFESTS: dict[str, dict[str, Any]] = {}
 _DISK: dict[str, dict[str, Any]] = {}
 
 
+def _manifest_key(version: str, settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps([version, settings], sort_keys=True).encode()).hexdigest()[:24]
+
+
+def _current(mkey: str, settings: dict[str, Any]) -> tuple[dict[str, Any] | None, list[Any]]:
+    """The manifest kept under ``mkey`` and the state of its files, or ``(None, [])`` when there
+    is none, its files changed, or it predates recorded output types (made again once, with them)."""
+    entry = _MANIFESTS.get(mkey) or _read_manifests().get(mkey)
+    if not _usable(entry):
+        return None, []
+    assert entry is not None
+    state = [files_stamp(entry["files"]), index_stamp(settings["include_path"], entry["names"])]
+    if state != entry.get("state") or "kinds" not in entry:
+        return None, []
+    return entry, state
+
+
+def manifest_current(version: str, settings: dict[str, Any]) -> bool:
+    """Whether :func:`content_key` can key these settings without asking the probe (the planner
+    then asks the probe only for datasets whose facts the size cache lacks)."""
+    return _current(_manifest_key(version, settings), settings)[0] is not None
+
+
 def output_kinds(version: str, settings: dict[str, Any]) -> dict[str, str] | None:
     """Each subtask's ``output_type`` as the manifest :func:`content_key` last used for these
     settings recorded it (None: not recorded; ask the probe).  Call it after ``content_key``."""
-    mkey = hashlib.sha256(json.dumps([version, settings], sort_keys=True).encode()).hexdigest()[:24]
+    mkey = _manifest_key(version, settings)
     kinds = (_MANIFESTS.get(mkey) or {}).get("kinds")
     return dict(kinds) if isinstance(kinds, dict) else None
 
@@ -172,14 +195,9 @@ def content_key(kind: str, version: str, settings: dict[str, Any], probe: Callab
     """The content key of an lm-eval dataset: its settings, the lm-eval version, and the digests
     of the files its task reads; ``probe()`` (the probe subprocess's answer) is asked only when
     no manifest is known or one of its files changed."""
-    mkey = hashlib.sha256(json.dumps([version, settings], sort_keys=True).encode()).hexdigest()[:24]
-    entry = _MANIFESTS.get(mkey) or _read_manifests().get(mkey)
-    state: list[Any] = []
-    if _usable(entry):
-        assert entry is not None
-        state = [files_stamp(entry["files"]), index_stamp(settings["include_path"], entry["names"])]
-    # a manifest from before output types were recorded is made again once (with them)
-    if not state or state != entry.get("state") or "kinds" not in entry:  # type: ignore[operator,union-attr]
+    mkey = _manifest_key(version, settings)
+    entry, state = _current(mkey, settings)
+    if entry is None:
         answer = probe()
         inputs = answer.get("inputs") or {}
         entry = {"files": sorted(inputs.get("files", [])), "names": sorted(inputs.get("names", [])),
