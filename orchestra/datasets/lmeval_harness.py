@@ -17,12 +17,14 @@ answers for every lm-eval dataset of a config in one process (:func:`probe_many`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
 import os
 import sys
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,16 +97,35 @@ def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int, kinds: dict[st
     if not sel.items:
         raise TaskFailedError(f"lm-eval task {settings['task']}: test_range {settings['test_range']} selects no "
                               "documents")
-    results = simple_evaluate(
-        model=lm, tasks=sel.items, num_fewshot=settings["num_fewshot"], limit=sel.limit,
-        samples=samples_arg(sel, settings),  # as --samples (lm-eval numbers them 0..)
-        gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters,
-        log_samples=True, **chat_args(settings), **SEEDS,
-    )
+    with _no_env_report():
+        results = simple_evaluate(
+            model=lm, tasks=sel.items, num_fewshot=settings["num_fewshot"], limit=sel.limit,
+            samples=samples_arg(sel, settings),  # as --samples (lm-eval numbers them 0..)
+            gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters,
+            log_samples=True, **chat_args(settings), **SEEDS,
+        )
     if results is None:
         raise TaskFailedError(f"lm-eval returned no results for {settings['task']}")
     counts = [(name, int(n["effective"])) for name, n in sorted(results["n-samples"].items())]
     return results, counts
+
+
+@contextlib.contextmanager
+def _no_env_report() -> Iterator[None]:
+    """Leave out the environment report ``simple_evaluate`` adds to its results: torch's
+    ``collect_env`` (``pip list``, gcc, cmake, ... as subprocesses: ~1 s and a ``pip list`` in each
+    infer and eval task).  orchestra keeps no part of it; every number is computed before it."""
+    from lm_eval import evaluator
+
+    def versions_only(storage: dict[str, Any]) -> None:
+        storage["pretty_env_info"] = "not collected (orchestra)"
+
+    real = evaluator.add_env_info
+    evaluator.add_env_info = versions_only
+    try:
+        yield
+    finally:
+        evaluator.add_env_info = real
 
 
 def chat_args(settings: dict[str, Any]) -> dict[str, Any]:
