@@ -83,9 +83,14 @@ def test_the_double_hangs_as_configured(double: Double) -> None:
                              "--worker_image", "i", "--workers", "1"], start_new_session=True,
                             env={**os.environ, "FAKE_DLC_STATE": str(double.state)})
     try:
+        # the double's start (a Python process) can take seconds under load: wait for its pids to appear
+        deadline = time.monotonic() + 60
+        while len(hung_pids(double)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert len(hung_pids(double)) == 2, "the submit never started its child"
         with pytest.raises(subprocess.TimeoutExpired):
-            proc.wait(timeout=2)
-        assert len(hung_pids(double)) == 2 and all(map(alive, hung_pids(double)))
+            proc.wait(timeout=2)  # and it hangs there
+        assert all(map(alive, hung_pids(double)))
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
