@@ -81,6 +81,10 @@ def _cancel_unknown(records: list[JobRecord], ledger: Ledger, timeout_s: float) 
               "they may still be alive; orchestra -r on this run folder looks for them again "
               "(or scancel --name NAME)", file=sys.stderr)
         return
+    calls: dict[str, list[str]] = {}  # each array call's jobs, in the order the call listed them
+    for _, line in ledger.entries():
+        if isinstance(line, dict) and line.get("state") == "submitting" and line.get("submitted_as"):
+            calls.setdefault(str(line["submitted_as"]), []).append(str(line.get("name")))
     ids: dict[str, list[str]] = {}
     for job_id, (name, _) in sorted(found.items()):
         ids.setdefault(name, []).append(job_id)
@@ -92,7 +96,9 @@ def _cancel_unknown(records: list[JobRecord], ledger: Ledger, timeout_s: float) 
             print(f"orchestra: warning: the sbatch submission of {rec.name} was interrupted before its job id was "
                   "known, and Slurm has no job of that name", file=sys.stderr)
         elif rec.submitted_as:  # an array: its element for this job is the one at its place in the call
-            mine = [r.name for r in records if r.submitted_as == rec.submitted_as]
+            # its place among *all* the call's jobs (the ledger's order), not among those still unknown: a kill
+            # between two of the call's `submitted` lines leaves the later ones unknown, the earlier ones known
+            mine = calls.get(rec.submitted_as) or [rec.name]
             element = f"_{mine.index(rec.name)}"
             stop += [JobRecord(rec.name, job_id=j) for j in of_call if j.endswith(element)] or \
                 [JobRecord(rec.name, job_id=j) for j in of_call if rec.name == mine[0]]

@@ -16,7 +16,7 @@ from helpers import REPO, jsonl, wait_for
 from slurm_helpers import job_prefix, run_cli, run_dirs, squeue_jobs, start_cli, summary_rows, write_config
 
 from orchestra.cluster.slurm import TERMINAL_STATES
-from orchestra.runners.core.ledger import OVER, Ledger
+from orchestra.runners.core.ledger import OVER, Ledger, spec_digest
 from orchestra.runners.slurm.recover import recover
 from orchestra.tasks.spec import TaskSpec
 
@@ -285,6 +285,37 @@ def test_resume_that_reuses_a_whole_stage_still_cancels_the_jobs_left_of_it(slur
         assert squeue_jobs(prefix) == [], "the job left of the reused stage is still in squeue"
         assert states(led, name)[-1] == ("stopped", job_id)
         assert all(rec.state in OVER for rec in Ledger(str(run / "slurm")).jobs().values())
+    finally:
+        subprocess.run(["scancel", job_id], timeout=30, check=False)
+
+
+def test_a_kill_between_an_arrays_submitted_lines_cancels_only_the_unknown_jobs_element(
+        slurm_cluster: SlurmCluster, tmp_path: Path) -> None:
+    """The orchestrator is killed after sbatch answered, between the ``submitted`` lines of an array's
+    jobs (found by tests/e2e/test_chaos_cluster.py in CI): the first two jobs' ids are known, the
+    third's is not. ``-r`` adopts the two and cancels the third's element, ``_2``: its place in the
+    call. Before: its place was counted among the unknown jobs only (``_0``), so -r cancelled the
+    first task's element, recorded it as the third's, and the first task failed."""
+    tag = uuid.uuid4().hex[:8]
+    array = f"orc-{tag}-infer-{uuid.uuid4().hex[:8]}"
+    specs = [TaskSpec(stage="infer", task_id=f"infer_m_t{i}", run_dir="", model={"abbr": "m"}, model_abbr="m",
+                      units=()) for i in range(3)]
+    names = [f"orc-{tag}-infer_m_t{i}-a1" for i in range(3)]
+    ledger = Ledger(str(tmp_path / "slurm"))
+    for spec, name in zip(specs, names):
+        ledger.record("submitting", name, task_id=spec.task_id, stage="infer", attempt=1, digest=spec_digest(spec),
+                      submitted_as=array)
+    job_id = subprocess.run(["sbatch", "--parsable", f"--job-name={array}", "--partition=debug", "--array=0-2",
+                             f"--output={tmp_path}/%A_%a.out", "--wrap", "sleep 300"],
+                            capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    try:
+        for i in range(2):  # the kill lands before the third job's line
+            ledger.record("submitted", names[i], job_id=f"{job_id}_{i}")
+        wait_for(lambda: len(squeue_jobs(array)) == 3, 30, "the array's three elements in squeue")
+        recover(ledger, specs, 30, kept := {})
+        assert {t: r.job_id for t, r in kept.items()} == {"infer_m_t0": f"{job_id}_0", "infer_m_t1": f"{job_id}_1"}
+        assert states(ledger, names[2])[1:] == [("stop_sent", f"{job_id}_2"), ("stopped", f"{job_id}_2")]
+        assert sorted(j for j, _, _ in squeue_jobs(array)) == [f"{job_id}_0", f"{job_id}_1"]
     finally:
         subprocess.run(["scancel", job_id], timeout=30, check=False)
 
