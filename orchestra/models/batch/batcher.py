@@ -4,13 +4,13 @@ batch API, at the batch price, without ever paying twice.  :class:`Batcher` is o
 submit, resume, follow, poll, collect, stop.
 
 Submit: requests gather for ``flush_s`` (or until ``size`` of them wait) and go into the model's
-spool (:mod:`.spool`), shared by every task of the model in the run folder on this host; on
-every tick while some wait, the task reads the ledger's new lines to learn which batch took
-which of its requests (``submitting``, then ``created`` or ``not_created``) and tries to lead:
-the leader creates the batches of every task (:mod:`.leader`), split so that no batch passes
-``size`` requests or ``max_bytes``.  Each batch is in the run folder's ledger (:mod:`.ledger`)
-before it is created and before it is relied on; its metadata names the run, the task and its
-ledger key.  Answers are matched by ``custom_id`` (a hash of the request and the sample it
+spool (:mod:`.spool`, through :mod:`.feed`), shared by every task of the model in the run folder
+on this host; on every tick while some wait, the task reads the ledger's new lines to learn
+which batch took which of its requests (``submitting``, then ``created`` or ``not_created``) and
+tries to lead: the leader creates the batches of every task (:mod:`.leader`), split so that no
+batch passes ``size`` requests or ``max_bytes``.  Each batch is in the run folder's ledger
+(:mod:`.ledger`) before it is created and before it is relied on; its metadata names the run,
+the task and its ledger key.  Answers are matched by ``custom_id`` (a hash of the request and the sample it
 belongs to, :func:`~.rows.custom_id`), never by line order.
 
 Resume: before a task queues its first request it reads the ledger (:meth:`Batcher._read_ledger`,

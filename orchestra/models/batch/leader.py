@@ -8,7 +8,7 @@ before and after (:meth:`Leader.create`): ``submitting`` with the spool entries 
 ``created`` with the provider's id, or ``not_created``.  Only the holder of ``lead.lock``
 creates batches, so a ``submitting`` line without an outcome whose creator is dead is an orphan
 to look up, never a create still on its way.  The tasks learn from the ledger which batch took
-their requests (:meth:`~.batcher.Batcher._follow`).
+their requests (:meth:`~.feed.Feed.follow`).
 """
 
 from __future__ import annotations
