@@ -44,7 +44,7 @@ def _openai() -> set[str]:
 
 
 def _batch() -> set[str]:
-    from orchestra.models.batch_rows import BatchOptions
+    from orchestra.models.batch.options import BatchOptions
 
     return {f.name for f in dataclasses.fields(BatchOptions)}
 

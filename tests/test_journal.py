@@ -107,7 +107,7 @@ def test_words_in_gives_a_vocabulary_s_words_of_some_phases() -> None:
 def test_each_ledger_refuses_a_word_outside_its_vocabulary(tmp_path: Path) -> None:
     """A misspelt word (``stoped``) used to be written and then read as neither over nor alive:
     now the three ledgers refuse it before anything is written, and keep their words' meanings."""
-    from orchestra.models.batch_ledger import BatchLedger
+    from orchestra.models.batch.ledger import BatchLedger
     from orchestra.runners.core.ledger import MAYBE_ALIVE, OVER, Ledger
     from orchestra.serving.pool import servers_ledger
 

@@ -12,10 +12,11 @@ import json
 from typing import Any
 
 from orchestra.errors import ModelError
-from orchestra.models.anthropic_batch_http import AnthropicBatchHTTP
+from orchestra.models.batch.anthropic import AnthropicBatches
+from orchestra.models.batch.provider import BatchProvider
+from orchestra.models.batch.transport import BatchTransport
 from orchestra.models.http_body import count_usage
 from orchestra.models.openai_api import OpenAIAPI
-from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.requests import GenRequest, LoglikRequest
 
 
@@ -65,8 +66,8 @@ class AnthropicAPI(OpenAIAPI):
         key = self._secret().value
         return {"anthropic-version": self.anthropic_version, **({"x-api-key": key} if key else {})}
 
-    def _batch_http_class(self) -> type[BatchHTTP]:
-        return AnthropicBatchHTTP
+    def _batch_provider(self, transport: BatchTransport) -> BatchProvider:
+        return AnthropicBatches(transport)
 
     def request_body(self, request: GenRequest) -> dict[str, Any]:
         body: dict[str, Any] = {k: v for k, v in self.generation_kwargs.items()

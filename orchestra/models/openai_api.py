@@ -33,13 +33,15 @@ from orchestra.limits.retry import (
     send_with_retries,
 )
 from orchestra.models.base import BaseModel
-from orchestra.models.batch_rows import BatchOptions
+from orchestra.models.batch.batcher import Batcher
+from orchestra.models.batch.openai import OpenAIBatches
+from orchestra.models.batch.options import BatchOptions
+from orchestra.models.batch.provider import BatchProvider
+from orchestra.models.batch.transport import BatchTransport
 from orchestra.models.chat_template import endpoint_problem
 from orchestra.models.echo_scoring import EchoScoring
 from orchestra.models.http_body import MAX_BODY_BYTES, count_usage, read_capped, scrub_answer, scrub_key, text_parts
 from orchestra.models.http_session import Secret, env_proxy, open_session
-from orchestra.models.openai_batch import OpenAIBatcher
-from orchestra.models.openai_batch_http import BatchHTTP
 from orchestra.paths import RunPaths, safe_name
 from orchestra.requests import GenRequest, Message, Prompt, prompt_text
 from orchestra.serving.balance import ReplicaSet
@@ -79,7 +81,7 @@ class OpenAIAPI(EchoScoring, BaseModel):
             limit from 429 answers only).
         batch: send every request through the endpoint's Batch API (half the token price,
             answers within 24 h): ``True`` or a dict of
-            :class:`~orchestra.models.batch_rows.BatchOptions` (``size``, ``poll_s``,
+            :class:`~orchestra.models.batch.options.BatchOptions` (``size``, ``poll_s``,
             ``flush_s``, ...).  See docs/api.md, "Batch mode".
         server: a managed server the run starts for this model (``dict(engine='vllm',
             model='/ckpt', replicas=2, ...)``, see :class:`~orchestra.serving.spec.ServerSpec` and
@@ -147,7 +149,7 @@ class OpenAIAPI(EchoScoring, BaseModel):
         self.batch_options = BatchOptions.parse(batch)  # None: direct calls
         if self.batch_options is not None:  # room to cancel the batches in flight on SIGTERM
             self.stop_grace_s = self.batch_options.cancel_wait_s + 5.0
-        self._batcher: OpenAIBatcher | None = None
+        self._batcher: Batcher | None = None
 
     @classmethod
     def identity(cls, cfg: dict[str, Any]) -> str:
@@ -171,18 +173,19 @@ class OpenAIAPI(EchoScoring, BaseModel):
             return self.batch_options.max_requests_in_flight
         return self.max_connections
 
-    # -- batch mode (orchestra/models/openai_batch.py) ------------------------------------
-    def _batch_http_class(self) -> type[BatchHTTP]:
+    # -- batch mode (orchestra/models/batch/) --------------------------------------------
+    def _batch_provider(self, transport: BatchTransport) -> BatchProvider:
         """The provider's batch calls (Anthropic's differ)."""
-        return BatchHTTP
+        return OpenAIBatches(transport)
 
     def bind_task(self, run_dir: str, task_id: str, emit: Callable[..., None]) -> None:
         if self.batch_options is None:
             return
         if self._batcher is None:
-            http = self._batch_http_class()(self.base_url, self._client, lambda: (self._proxy, self._proxy_auth),
-                                            self.policy, self._explain, self.scope_name)
-            self._batcher = OpenAIBatcher(self.batch_options, http, self.policy, self.stats, self.path, self._scrub)
+            transport = BatchTransport(self.base_url, self._client, lambda: (self._proxy, self._proxy_auth),
+                                       self.policy, self._explain, self.scope_name)
+            self._batcher = Batcher(self.batch_options, self._batch_provider(transport), self.policy, self.stats,
+                                    self.path, self._scrub)
         self._batcher.bind(RunPaths(run_dir).batch_ledger(self.abbr), os.path.basename(os.path.abspath(run_dir)),
                            task_id, emit)
 

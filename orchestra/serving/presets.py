@@ -9,7 +9,7 @@ argv to every local user):
   routes, so it listens on a Unix socket in a 0700 folder of this user, not on a port: another
   local user cannot connect at all.
 * SGLang: ``python -m sglang.launch_server --model-path --host --port --served-model-name
-  --tp-size``; SGLang takes its key only as ``--api-key``, so :mod:`orchestra.serving.keyed`
+  --tp-size``; SGLang takes its key only as ``--api-key``, so :mod:`orchestra.serving.launch_with_key`
   adds it to ``sys.argv`` inside the process (the kernel's copy of argv never holds it).
 * llama.cpp: :mod:`orchestra.serving.xllama` (llama.cpp's server from the ``xllamacpp`` wheel),
   which reads the key file itself.
@@ -55,7 +55,7 @@ def launch(spec: ServerSpec, served_name: str, port: int, key_file: str, gpus: l
                 *spec.args]
         return Launch(tuple(argv), env, ("VLLM_API_KEY",))
     if spec.engine == "sglang":
-        argv = [python, "-m", "orchestra.serving.keyed", "--api-key", "sglang.launch_server",
+        argv = [python, "-m", "orchestra.serving.launch_with_key", "--api-key", "sglang.launch_server",
                 "--model-path", spec.model, "--host", host, "--port", str(port), "--served-model-name", served_name,
                 "--tp-size", str(spec.tensor_parallel_size), *spec.args]
         return Launch(tuple(argv), env)

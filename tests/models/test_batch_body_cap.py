@@ -3,7 +3,7 @@ sends 80 MiB (chunked, or with its Content-Length) for a batch object and for a 
 
 A control call's JSON is capped at 64 MiB (one-line model error, not retried); a batch's output
 file may legitimately be larger (up to 50,000 answers), so its cap is its own
-(``BatchHTTP.file_limit``, 1 GiB): 80 MiB of content is read whole, and refused once the cap is
+(``BatchTransport.file_limit``, 1 GiB): 80 MiB of content is read whole, and refused once the cap is
 below it.
 """
 
@@ -20,7 +20,8 @@ from servers.double_thread import AppServer
 
 from orchestra.errors import ModelError
 from orchestra.limits.retry import RetryPolicy
-from orchestra.models.openai_batch_http import MAX_FILE_BYTES, BatchHTTP
+from orchestra.models.batch.openai import OpenAIBatches
+from orchestra.models.batch.transport import MAX_FILE_BYTES, BatchTransport
 
 SIZE = 80 << 20
 
@@ -71,10 +72,11 @@ async def _call(server: BigAnswers, what: str, file_limit: int = MAX_FILE_BYTES)
     import aiohttp
 
     async with aiohttp.ClientSession() as session:
-        http = BatchHTTP(f"http://127.0.0.1:{server.port}/v1", lambda: session, lambda: (None, None),
-                         RetryPolicy(max_retries=3, timeout_s=60, attempt_timeout_s=30), lambda status, why: why,
-                         "test-batch-cap")
-        http.file_limit = file_limit
+        transport = BatchTransport(f"http://127.0.0.1:{server.port}/v1", lambda: session, lambda: (None, None),
+                                   RetryPolicy(max_retries=3, timeout_s=60, attempt_timeout_s=30),
+                                   lambda status, why: why, "test-batch-cap")
+        transport.file_limit = file_limit
+        http = OpenAIBatches(transport)
         return await (http.get("b1") if what == "batch" else http.content("f1"))
 
 
@@ -147,9 +149,10 @@ def test_a_stalling_or_lying_provider_ends_in_its_time_budget_with_one_line(mode
 
     async def call() -> Any:
         async with aiohttp.ClientSession() as session:
-            http = BatchHTTP(f"http://127.0.0.1:{server.port}/v1", lambda: session, lambda: (None, None),
-                             RetryPolicy(max_retries=1, timeout_s=4, attempt_timeout_s=1.5),
-                             lambda status, why: why, "test-batch-trickle")
+            http = OpenAIBatches(BatchTransport(f"http://127.0.0.1:{server.port}/v1", lambda: session,
+                                                lambda: (None, None),
+                                                RetryPolicy(max_retries=1, timeout_s=4, attempt_timeout_s=1.5),
+                                                lambda status, why: why, "test-batch-trickle"))
             return await http.get("b1")
 
     began = time.monotonic()

@@ -243,14 +243,16 @@ def test_anthropic_result_lines_that_are_not_results_answer_nothing(tmp_path: Pa
     import aiohttp
 
     from orchestra.limits.retry import RetryPolicy
-    from orchestra.models.anthropic_batch_http import AnthropicBatchHTTP
+    from orchestra.models.batch.anthropic import AnthropicBatches
+    from orchestra.models.batch.transport import BatchTransport
 
     server = HostileBatches(set())
 
     async def rows() -> dict[str, tuple[str, Any]]:
         async with aiohttp.ClientSession() as session:
-            http = AnthropicBatchHTTP(server.base_url, lambda: session, lambda: (None, None),
-                                      RetryPolicy(max_retries=0), lambda status, why: why, "test-anthropic-rows")
+            http = AnthropicBatches(BatchTransport(server.base_url, lambda: session, lambda: (None, None),
+                                                   RetryPolicy(max_retries=0), lambda status, why: why,
+                                                   "test-anthropic-rows"))
             return await http.rows({"id": "msgbatch_1"})
 
     try:
@@ -317,7 +319,7 @@ def test_a_batch_list_that_never_ends_is_read_a_bounded_number_of_pages(tmp_path
     cursor ignored) is read at most ``MAX_LIST_PAGES`` pages: the batch counts as not created and
     its rows go into a later batch (before: the lookup paged forever and no prompt was answered)."""
     from orchestra.models.anthropic_api import AnthropicAPI
-    from orchestra.models.openai_batch_http import MAX_LIST_PAGES
+    from orchestra.models.batch.provider import MAX_LIST_PAGES
 
     server = HostileBatches({"create_no_id", "list_endless"})
     try:

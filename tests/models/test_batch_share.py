@@ -1,6 +1,6 @@
 """Shared batches through ``run.py``: the infer tasks of one model in one run folder, running at
 once in separate processes on this host, fill the same batches (the spool and its flock-elected
-leader, orchestra/models/batch_spool.py), without ever putting a request in two batches: also
+leader, orchestra/models/batch/spool.py), without ever putting a request in two batches: also
 when the whole run is SIGKILLed and resumed, and when only the leader dies mid-create."""
 
 from __future__ import annotations

@@ -10,8 +10,10 @@ from typing import Any
 import pytest
 
 from orchestra.models.base import SampleTag, current_sample
-from orchestra.models.batch_ledger import BatchLedger, BatchRecord
-from orchestra.models.batch_rows import BatchOptions, custom_id, row_outcome
+from orchestra.models.batch.ledger import BatchLedger, BatchRecord
+from orchestra.models.batch.openai import row_outcome
+from orchestra.models.batch.options import BatchOptions
+from orchestra.models.batch.rows import custom_id
 from orchestra.models.openai_api import OpenAIAPI
 
 
@@ -88,9 +90,9 @@ def test_spool_takes_live_owners_entries_once_and_drops_a_dead_owners(tmp_path: 
     import subprocess
     import sys
 
-    from orchestra.models.batch_spool import BatchSpool, cut
+    from orchestra.models.batch.spool import BatchSpool, cut
 
-    code = ("import sys, time; from orchestra.models.batch_spool import BatchSpool; "
+    code = ("import sys, time; from orchestra.models.batch.spool import BatchSpool; "
             "s = BatchSpool(sys.argv[1], 'dead-task'); s.open(); "
             "s.put([{'cid': 'd', 'path': '/p', 'body': {}, 'nonce': 'nd'}]); print('ok', flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
@@ -129,8 +131,8 @@ def test_a_create_another_host_may_still_have_out_holds_back_this_tasks_rows(tmp
 
     from orchestra.limits.retry import RetryPolicy
     from orchestra.models.base import ModelStats
-    from orchestra.models.batch_rows import BatchOptions
-    from orchestra.models.openai_batch import OpenAIBatcher
+    from orchestra.models.batch.batcher import Batcher
+    from orchestra.models.batch.options import BatchOptions
 
     class Lookup:  # the provider's list of batches, empty: the create never made one
         asked: list[set[str]] = []
@@ -143,8 +145,8 @@ def test_a_create_another_host_may_still_have_out_holds_back_this_tasks_rows(tmp
             self.asked.append({r.key for r in wanted})
             return {}
 
-    def batcher() -> OpenAIBatcher:
-        b = OpenAIBatcher(BatchOptions(), Lookup(), RetryPolicy(attempt_timeout_s=5), ModelStats(),  # type: ignore[arg-type]
+    def batcher() -> Batcher:
+        b = Batcher(BatchOptions(), Lookup(), RetryPolicy(attempt_timeout_s=5), ModelStats(),  # type: ignore[arg-type]
                           "m")
         b.bind(str(tmp_path / "batches" / "m.jsonl"), "run", "task-a", lambda event, **f: None)
         return b
@@ -154,7 +156,7 @@ def test_a_create_another_host_may_still_have_out_holds_back_this_tasks_rows(tmp
     ledger.record("submitting", "k1", task_id="task-b", owner="elsewhere~task-b.7.abcd",
                   custom_ids=[f"o1-s0-0-t{b._tag}"], nonces=["n"])
 
-    async def recover(b: OpenAIBatcher, wait_s: float) -> bool:
+    async def recover(b: Batcher, wait_s: float) -> bool:
         try:
             await asyncio.wait_for(b._read_ledger(), wait_s)
             return True
@@ -194,9 +196,9 @@ def test_malformed_spool_files_are_skipped_with_one_warning_and_never_crash_the_
     import subprocess
     import sys
 
-    from orchestra.models.batch_spool import BatchSpool, cut
+    from orchestra.models.batch.spool import BatchSpool, cut
 
-    code = ("import sys, time; from orchestra.models.batch_spool import BatchSpool; "
+    code = ("import sys, time; from orchestra.models.batch.spool import BatchSpool; "
             "s = BatchSpool(sys.argv[1], 'dead-task'); s.open(); print(s.owner, flush=True); time.sleep(60)")
     child = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})

@@ -67,7 +67,8 @@ def test_vllm_argv_follows_its_documented_flags_and_keeps_the_key_out() -> None:
 def test_sglang_argv_follows_its_documented_flags() -> None:
     spec = parse_server(dict(engine="sglang", model="org/m", tensor_parallel_size=4))
     how = launch(spec, "m", 30001, "/k", ["0", "1", "2", "3"])
-    assert how.argv[:5] == (sys.executable, "-m", "orchestra.serving.keyed", "--api-key", "sglang.launch_server")
+    assert how.argv[:5] == (sys.executable, "-m", "orchestra.serving.launch_with_key", "--api-key",
+                            "sglang.launch_server")
     assert how.argv[5:] == ("--model-path", "org/m", "--host", "127.0.0.1", "--port", "30001",
                             "--served-model-name", "m", "--tp-size", "4")
 
@@ -104,7 +105,7 @@ def test_replicas_and_threads_do_not_change_what_a_served_model_answers(tmp_path
     assert OpenAIAPI.identity(base) != OpenAIAPI.identity(other)
 
 
-def test_keyed_gives_the_module_its_key_flag_without_putting_the_key_in_argv(tmp_path: Path) -> None:
+def test_launch_with_key_gives_the_module_its_key_flag_without_putting_the_key_in_argv(tmp_path: Path) -> None:
     """SGLang takes its key only as --api-key: the shim adds it inside the process."""
     import json
     import os
@@ -118,8 +119,8 @@ def test_keyed_gives_the_module_its_key_flag_without_putting_the_key_in_argv(tmp
     key_file.write_text("s3cret-key-value\n")
     env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{Path(__file__).resolve().parents[2]}",
            KEY_FILE_ENV: str(key_file)}
-    out = subprocess.run([sys.executable, "-m", "orchestra.serving.keyed", "--api-key", "fake_server", "--port", "9"],
-                         env=env, capture_output=True, text=True, timeout=60, check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "orchestra.serving.launch_with_key", "--api-key", "fake_server",
+                          "--port", "9"], env=env, capture_output=True, text=True, timeout=60, check=True).stdout
     seen = json.loads(out)
     assert seen["argv"][1:] == ["--port", "9", "--api-key", "s3cret-key-value"]
     assert not any("s3cret" in a for a in seen["cmdline"])

@@ -82,10 +82,11 @@ def test_a_key_split_over_a_long_line_and_an_unterminated_last_line_never_reach_
     assert "a" * pad + "***tail\n" in out and "last *** end" in out
 
 
-def test_keyed_without_a_key_file_or_a_module_refuses_in_one_line(tmp_path: Path) -> None:
+def test_launch_with_key_without_a_key_file_or_a_module_refuses_in_one_line(tmp_path: Path) -> None:
     env = {**os.environ, "ORCHESTRA_SERVER_KEY_FILE": str(tmp_path / "none.key")}
-    for argv, expected in [([], "usage: python -m orchestra.serving.keyed FLAG MODULE"),
-                           (["--api-key", "json.tool"], "orchestra.serving.keyed: cannot read the key file: ")]:
-        res = subprocess.run([sys.executable, "-m", "orchestra.serving.keyed", *argv], capture_output=True, text=True,
-                             timeout=60, env=env)
+    for argv, expected in [([], "usage: python -m orchestra.serving.launch_with_key FLAG MODULE"),
+                           (["--api-key", "json.tool"],
+                            "orchestra.serving.launch_with_key: cannot read the key file: ")]:
+        res = subprocess.run([sys.executable, "-m", "orchestra.serving.launch_with_key", *argv], capture_output=True,
+                             text=True, timeout=60, env=env)
         assert res.returncode == 1 and res.stderr.startswith(expected) and "Traceback" not in res.stderr, res.stderr

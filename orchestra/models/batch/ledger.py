@@ -48,7 +48,7 @@ class BatchRecord:
     state: str = ""  # submitting | created | cancel_sent | cancelled | ended | not_created
     status: str = ""  # the provider's last status seen
     ts: float = 0.0
-    nonces: list[str] = field(default_factory=list)  # the spool entries it took (batch_spool.py)
+    nonces: list[str] = field(default_factory=list)  # the spool entries it took (spool.py)
     owner: str = ""  # the spool owner (process) that created it
 
 

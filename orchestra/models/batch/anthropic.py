@@ -1,4 +1,4 @@
-"""Anthropic's Message Batches calls, behind the interface the batcher uses (:class:`BatchHTTP`).
+"""Anthropic's Message Batches API, as the batcher asks for it (:class:`~.provider.BatchProvider`).
 
 A batch is created in one call with its requests inline (``{"requests": [{custom_id, params}]}``,
 at most 100,000 requests and 256 MB); its ``processing_status`` goes ``in_progress`` ->
@@ -15,8 +15,10 @@ import json
 from collections import Counter
 from typing import Any
 
-from orchestra.models.batch_ledger import BatchRecord
-from orchestra.models.openai_batch_http import MAX_LIST_PAGES, BatchHTTP, json_lines
+from orchestra.models.batch.ledger import BatchRecord
+from orchestra.models.batch.provider import MAX_LIST_PAGES
+from orchestra.models.batch.rows import json_lines
+from orchestra.models.batch.transport import BatchTransport
 
 #: error types of a result worth another batch (as a 429 or 5xx would be for a direct call)
 RETRY_ERRORS = frozenset({"api_error", "overloaded_error", "rate_limit_error", "timeout_error"})
@@ -42,10 +44,13 @@ def _size(batch: dict[str, Any]) -> int:
     return sum(v for v in counts.values() if isinstance(v, int) and not isinstance(v, bool))
 
 
-class AnthropicBatchHTTP(BatchHTTP):
-    """Message Batches calls; statuses come back in the batcher's words (``status``)."""
+class AnthropicBatches:
+    """Message Batches calls over ``transport``; statuses come back in the batcher's words (``status``)."""
 
     statuses = frozenset(_STATUS.values())
+
+    def __init__(self, transport: BatchTransport) -> None:
+        self.transport = transport
 
     @staticmethod
     def line(cid: str, path: str, body: dict[str, Any]) -> bytes:
@@ -56,21 +61,22 @@ class AnthropicBatchHTTP(BatchHTTP):
 
     async def create_batch(self, handle: str, path: str, content: bytes, meta: dict[str, str]) -> dict[str, Any]:
         requests = [json.loads(line) for line in content.splitlines() if line.strip()]
-        return self._normal(await self.call("POST", "/messages/batches", {"requests": requests}, retries=False))
+        created = await self.transport.call("POST", "/messages/batches", {"requests": requests}, retries=False)
+        return self._normal(created)
 
     async def get(self, batch_id: str) -> dict[str, Any]:
-        obj = await self.call("GET", f"/messages/batches/{batch_id}")
+        obj = await self.transport.call("GET", f"/messages/batches/{batch_id}")
         return self._normal({**obj, "id": batch_id})  # its results are read by the id asked for
 
     async def cancel(self, batch_id: str) -> dict[str, Any]:
-        return self._normal(await self.call("POST", f"/messages/batches/{batch_id}/cancel", retries=False))
+        return self._normal(await self.transport.call("POST", f"/messages/batches/{batch_id}/cancel", retries=False))
 
     @staticmethod
     def _normal(obj: dict[str, Any]) -> dict[str, Any]:
         return {**obj, "status": _STATUS.get(str(obj.get("processing_status")), str(obj.get("processing_status")))}
 
     async def rows(self, obj: dict[str, Any]) -> dict[str, tuple[str, Any]]:
-        raw: bytes = await self.call("GET", f"/messages/batches/{obj['id']}/results", raw=True)
+        raw: bytes = await self.transport.call("GET", f"/messages/batches/{obj['id']}/results", raw=True)
         out: dict[str, tuple[str, Any]] = {}
         for row in json_lines(raw):
             if not isinstance(row, dict):
@@ -111,7 +117,8 @@ class AnthropicBatchHTTP(BatchHTTP):
         seen: list[tuple[float, int, dict[str, Any]]] = []
         after = ""
         for _ in range(MAX_LIST_PAGES):  # a list that pages on forever is read this far
-            page = await self.call("GET", "/messages/batches?limit=100" + (f"&after_id={after}" if after else ""))
+            page = await self.transport.call("GET", "/messages/batches?limit=100"
+                                             + (f"&after_id={after}" if after else ""))
             data = page.get("data")
             data = [b for b in data if isinstance(b, dict)] if isinstance(data, list) else []
             for batch in data:
@@ -123,7 +130,7 @@ class AnthropicBatchHTTP(BatchHTTP):
                     or oldest is None or oldest < since:
                 break
             after = data[-1]["id"]
-        longest = self.policy.attempt_timeout_s + CLOCK_SKEW_S  # a create call is one attempt
+        longest = self.transport.policy.attempt_timeout_s + CLOCK_SKEW_S  # a create call is one attempt
         matches = {rec.key: [b for created, size, b in seen if size == len(rec.custom_ids)
                              and rec.ts - CLOCK_SKEW_S <= created <= rec.ts + longest] for rec in wanted}
         sole = Counter(m[0]["id"] for m in matches.values() if len(m) == 1)

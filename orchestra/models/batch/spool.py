@@ -8,7 +8,7 @@ next owner that tries) gathers the entries of all owners, cuts them into batches
 them; the ledger's ``submitting`` line of a batch lists the nonces it consumed, before the
 create call.  An entry whose nonce is in the ledger is never taken again, so a leader that dies
 between recording a batch and deleting the spool files it used duplicates nothing.  Every
-owner follows the ledger (:meth:`~orchestra.models.batch_ledger.BatchLedger.tail`): it learns
+owner follows the ledger (:meth:`~orchestra.models.batch.ledger.BatchLedger.tail`): it learns
 there which batch holds its requests, polls that batch and checkpoints its own samples.
 
 An owner holds an exclusive ``flock`` on ``<owner>.owner`` while it lives (made under another
