@@ -20,6 +20,7 @@ from orchestra.errors import UserError
 from orchestra.fileio import read_jsonl, read_sealed_jsonl
 from orchestra.paths import RUN_MARKER, RunPaths
 from orchestra.requests import prompt_text
+from orchestra.tasks.spec import TaskSpec, output_hash
 
 _PASS_AT = re.compile(r"pass@(\d+)")
 
@@ -54,9 +55,11 @@ class RunScores:
 
     root: str
     scored: dict[tuple[str, str], Scored]  # (dataset, model) -> its scores
+    #: (dataset, model) -> why its results file is not this run's result any more (stale)
+    stale: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def models(self) -> list[str]:
-        return sorted({m for _, m in self.scored})
+        return sorted({m for _, m in self.scored} | {m for _, m in self.stale})
 
 
 def load_run(root: str) -> RunScores:
@@ -69,20 +72,59 @@ def load_run(root: str) -> RunScores:
         raise UserError(f"{root}: not a run folder of orchestra (no {RUN_MARKER} marker or config.py)")
     files = sorted(f for f in glob.glob(os.path.join(paths.root, "results", "*", "*.json")))
     scored: dict[tuple[str, str], Scored] = {}
+    stale: dict[tuple[str, str], str] = {}
+    planned = _planned(paths)
     for path in files:
         got = _read_results(path)
         if got is None:
             continue
         model, dataset, metrics = got
+        why = _stale(paths, os.path.relpath(path, paths.root), planned)
+        if why:
+            stale[(dataset, model)] = why
+            continue
         details_path = paths.details(model, dataset)
         if not os.path.isfile(details_path):
             raise UserError(f"{root}: {os.path.relpath(details_path, paths.root)} is missing: the per-sample "
                             "scores of that result (score it again: --mode eval)")
         scored[(dataset, model)] = _scored(paths.root, model, dataset, metrics, read_jsonl(details_path),
                                            os.path.relpath(details_path, paths.root))
-    if not scored:
+    if not scored and not stale:
         raise UserError(f"{root}: the run has no results (results/<model>/<dataset>.json); did its eval stage run?")
-    return RunScores(paths.root, scored)
+    return RunScores(paths.root, scored, stale)
+
+
+def _planned(paths: RunPaths) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """What the run's last plan of each result was, from its eval task specs (``tasks/eval_*.py``,
+    read as data, never run): results path -> (the hash it must carry, the prediction files and
+    hashes it scores), paths relative to the run folder (which may have been copied or moved)."""
+    out: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    for spec_path in sorted(glob.glob(os.path.join(glob.escape(paths.root), "tasks", "eval_*.py"))):
+        try:
+            spec = TaskSpec.load(spec_path)
+        except (OSError, ValueError, SyntaxError, UnicodeDecodeError):
+            continue
+        for unit in spec.units:
+            out[os.path.relpath(unit.output, spec.run_dir)] = (
+                unit.hash, [(os.path.relpath(p, spec.run_dir), h) for p, h in unit.inputs])
+    return out
+
+
+def _stale(paths: RunPaths, rel: str, planned: dict[str, tuple[str, list[tuple[str, str]]]]) -> str:
+    """Why the results file ``rel`` is no longer the run's result ('' when it is, or when the run
+    folder holds no plan of it to tell): the run planned it again under other settings (a changed
+    config or data file) and that eval did not finish, or the predictions it scored were made
+    again since (``-r --mode infer`` after such a change)."""
+    if rel not in planned:
+        return ""
+    expected, inputs = planned[rel]
+    again = f"score it again: -r <timestamp> --mode eval with the run's config ({rel})"
+    if output_hash(os.path.join(paths.root, rel)) != expected:
+        return f"stale: scored under other settings than the run's last plan of it, whose eval did not finish; {again}"
+    for pred, digest in inputs:
+        if output_hash(os.path.join(paths.root, pred)) != digest:
+            return f"stale: its predictions ({pred}) were made again since it was scored; {again}"
+    return ""
 
 
 def _read_results(path: str) -> tuple[str, str, dict[str, float]] | None:
