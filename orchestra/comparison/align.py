@@ -117,8 +117,7 @@ def _unusable(base: RunScores, later: RunScores, run: int, dataset: str, model_a
 
 
 def _changed(a: Scored, b: Scored) -> list[str]:
-    return sorted(k for k in a.samples.keys() & b.samples.keys()
-                  if a.samples[k].prompt_sha != b.samples[k].prompt_sha)
+    return sorted(k for k in a.samples.keys() & b.samples.keys() if a.samples[k].sent_differently(b.samples[k]))
 
 
 def compare(runs: Sequence[str], *, allow_changed: bool = False, flips: int = 0) -> Comparison:
@@ -149,9 +148,9 @@ def compare(runs: Sequence[str], *, allow_changed: bool = False, flips: int = 0)
                 matched.append((i, sa, sb, changed))
     if changed_in and not allow_changed:
         where = ", ".join(f"{d}: {n}" for d, n in sorted(changed_in.items()))
-        raise UserError(f"{sum(changed_in.values())} sample(s) were sent a different prompt in a later run than in "
-                        f"the baseline ({where}); a comparison of them would mix two questions: compare only the "
-                        "unchanged ones with --allow-changed")
+        raise UserError(f"{sum(changed_in.values())} sample(s) were sent a different prompt or other answer choices "
+                        f"in a later run than in the baseline ({where}); a comparison of them would mix two "
+                        "questions: compare only the unchanged ones with --allow-changed")
     if not matched:
         stale = [f"{d} / {m}: {w}" for _, d, m, _, w in out.not_compared if w.startswith("stale")]
         if stale:

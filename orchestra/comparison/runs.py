@@ -34,6 +34,15 @@ class Sample:
     prompt_sha: str | None  # digest of what the model was sent
     prediction: Any
     scores: dict[str, float]  # metric -> this sample's score (only metrics that are per-sample means)
+    choices_sha: str | None = None  # log-likelihood samples: digest of the continuations scored
+
+    def sent_differently(self, other: Sample) -> bool:
+        """Whether ``other`` (the same row in another run) was sent another prompt, or other
+        answer choices (only where both runs recorded them: runs from before ``choices_sha``
+        still meet)."""
+        if self.prompt_sha != other.prompt_sha:
+            return True
+        return self.choices_sha is not None and other.choices_sha is not None and self.choices_sha != other.choices_sha
 
 
 @dataclass
@@ -225,7 +234,8 @@ def _scored(root: str, model: str, dataset: str, metrics: dict[str, float], rows
             pred = row.get("prediction", row.get("filtered_resps", row.get("resps")))
             out.samples[key] = Sample(key, sid if isinstance(sid, int) else None,
                                       row.get("prompt_sha") if isinstance(row.get("prompt_sha"), str) else None,
-                                      pred, {})
+                                      pred, {},
+                                      row.get("choices_sha") if isinstance(row.get("choices_sha"), str) else None)
     for metric, value in metrics.items():
         scores, why = metric_scores(metric, rows)
         if not scores:
