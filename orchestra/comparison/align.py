@@ -152,7 +152,7 @@ def compare(runs: Sequence[str], *, allow_changed: bool = False, flips: int = 0)
                         f"in a later run than in the baseline ({where}); a comparison of them would mix two "
                         "questions: compare only the unchanged ones with --allow-changed")
     if not matched:
-        stale = [f"{d} / {m}: {w}" for _, d, m, _, w in out.not_compared if w.startswith("stale")]
+        stale = [f"{d} / {m}: {w}" for _, d, m, _, w in out.not_compared if "stale:" in w]
         if stale:
             raise UserError(f"nothing to compare: {stale[0]}")
         raise UserError(f"the runs have no (dataset, model) in common: {base.root} has "

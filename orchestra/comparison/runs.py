@@ -87,8 +87,8 @@ def load_run(root: str) -> RunScores:
         got = _read_results(path)
         if got is None:
             continue
-        model, dataset, metrics = got
-        why = _stale(paths, os.path.relpath(path, paths.root), planned)
+        model, dataset, metrics, doc = got
+        why = _stale(paths, os.path.relpath(path, paths.root), doc, planned)
         if why:
             stale[(dataset, model)] = why
             continue
@@ -104,9 +104,10 @@ def load_run(root: str) -> RunScores:
 
 
 def _planned(paths: RunPaths) -> dict[str, tuple[str, list[tuple[str, str]]]]:
-    """What the run's last plan of each result was, from its eval task specs (``tasks/eval_*.py``,
-    read as data, never run): results path -> (the hash it must carry, the prediction files and
-    hashes it scores), paths relative to the run folder (which may have been copied or moved)."""
+    """What the run's eval task specs (``tasks/eval_*.py``, read as data, never run) say each
+    result scores: results path -> (its hash, the prediction files and hashes it scores), paths
+    relative to the run folder (which may have been copied or moved).  For results written
+    before they recorded their ``inputs``."""
     out: dict[str, tuple[str, list[tuple[str, str]]]] = {}
     for spec_path in sorted(glob.glob(os.path.join(glob.escape(paths.root), "tasks", "eval_*.py"))):
         try:
@@ -119,25 +120,31 @@ def _planned(paths: RunPaths) -> dict[str, tuple[str, list[tuple[str, str]]]]:
     return out
 
 
-def _stale(paths: RunPaths, rel: str, planned: dict[str, tuple[str, list[tuple[str, str]]]]) -> str:
-    """Why the results file ``rel`` is no longer the run's result ('' when it is, or when the run
-    folder holds no plan of it to tell): the run planned it again under other settings (a changed
-    config or data file) and that eval did not finish, or the predictions it scored were made
-    again since (``-r --mode infer`` after such a change)."""
-    if rel not in planned:
-        return ""
-    expected, inputs = planned[rel]
-    again = f"score it again: -r <timestamp> --mode eval with the run's config ({rel})"
-    if output_hash(os.path.join(paths.root, rel)) != expected:
-        return f"stale: scored under other settings than the run's last plan of it, whose eval did not finish; {again}"
-    for pred, digest in inputs:
+def _stale(paths: RunPaths, rel: str, doc: dict[str, Any],
+           planned: dict[str, tuple[str, list[tuple[str, str]]]]) -> str:
+    """Why the results file ``rel`` (its JSON ``doc``) is no longer the run's result: the
+    predictions it scored were made again since (a changed config or data file, then ``-r
+    --mode infer``, or an eval of the new predictions that did not finish); '' when they are
+    the ones in the folder, or when nothing says which it scored."""
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):  # written before results recorded them: the spec of this very result
+        spec = planned.get(rel)
+        inputs = spec[1] if spec is not None and spec[0] == doc.get("hash") else []
+    for item in inputs:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+            continue
+        pred, digest = item
+        if os.path.isabs(pred) or ".." in pred.split(os.sep):
+            continue  # not a file of this run folder
         if output_hash(os.path.join(paths.root, pred)) != digest:
-            return f"stale: its predictions ({pred}) were made again since it was scored; {again}"
+            return (f"stale: its predictions ({pred}) were made again since it was scored; score it again: "
+                    f"-r <timestamp> --mode eval with the run's config ({rel})")
     return ""
 
 
-def _read_results(path: str) -> tuple[str, str, dict[str, float]] | None:
-    """A results file's model, dataset and numeric metrics; None for a file that is not one."""
+def _read_results(path: str) -> tuple[str, str, dict[str, float], dict[str, Any]] | None:
+    """A results file's model, dataset, numeric metrics and whole document; None for a file
+    that is not one."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -150,7 +157,7 @@ def _read_results(path: str) -> tuple[str, str, dict[str, float]] | None:
         return None
     metrics = {str(k): float(v) for k, v in doc["metrics"].items()
                if isinstance(v, (int, float)) and not isinstance(v, bool) and "_stderr" not in str(k)}
-    return model, dataset, metrics
+    return model, dataset, metrics, doc
 
 
 def _number(value: Any) -> float | None:

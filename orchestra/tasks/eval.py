@@ -180,6 +180,9 @@ def run_task(spec: TaskSpec) -> None:
                 "estimates": estimates,
                 "num_samples": len(records),
                 "num_failed_samples": len([r for r in records if r.get("error") is not None]),
+                # the predictions scored, by their hash: a later -r that makes them again leaves
+                # this result stale, and `orchestra compare` can tell (paths relative to the run)
+                "inputs": [[os.path.relpath(path, spec.run_dir), digest] for path, digest in unit.inputs],
                 **extra,
             },
         )

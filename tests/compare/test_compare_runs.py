@@ -276,7 +276,7 @@ def test_samples_only_one_run_has_are_left_out_and_counted(runs: Runs) -> None:
     assert "left out: sums / planted: 50 only in A; 10 only in B" in runs.compare(runs.a, cut).stdout
 
 
-def test_a_stale_result_is_not_compared_as_the_runs(runs: Runs) -> None:
+def test_a_stale_result_is_not_compared_as_the_runs(runs: Runs, tmp_path) -> None:
     """Run B, then its config changed (the ``near`` prompt) and ``-r --mode infer`` made near's
     predictions again without scoring them: results/planted/near.json still holds the old
     scores, which the run's own table no longer shows.  ``compare`` used to show them as B's
@@ -294,6 +294,15 @@ def test_a_stale_result_is_not_compared_as_the_runs(runs: Runs) -> None:
     assert (note["dataset"], note["model"], note["metric"]) == ("near", "planted", None)
     assert "stale" in note["why"] and "predictions/planted/near.jsonl" in note["why"] and "--mode eval" in note["why"]
     assert "not compared: near / planted: run 2: stale" in runs.compare(runs.a, stale).stdout
+    # a results file from before results recorded their inputs: the eval task spec of it says
+    old = _copy(stale, tmp_path / "old")
+    near = old / "results" / "planted" / "near.json"
+    near.write_text(json.dumps({k: v for k, v in json.loads(near.read_text()).items() if k != "inputs"}))
+    doc = json.loads(runs.compare(runs.a, old, "--json").stdout)
+    assert [t["dataset"] for t in doc["tests"]] == ["sums"] and "stale" in doc["not_compared"][0]["why"]
+    # nothing but stale results left to compare: one line, exit 2
+    (old / "results" / "planted" / "sums.json").unlink()
+    _one_line_usage_error(runs.compare(runs.a, old), "nothing to compare: near / planted: run 2: stale")
 
 
 def test_a_result_only_one_run_has_is_named_not_dropped(runs: Runs, tmp_path) -> None:
