@@ -69,7 +69,7 @@ class Comparison:
 
     runs: list[str]
     tests: list[Test] = field(default_factory=list)
-    #: (run, dataset, model, metric, why) of what could not be compared
+    #: (run, dataset, model, metric, why) of what could not be compared (metric '': none of them)
     not_compared: list[tuple[int, str, str, str, str]] = field(default_factory=list)
     #: (run, dataset, model) -> counts of samples left out: changed prompt, only in A, only in B
     left_out: dict[tuple[int, str, str], dict[str, int]] = field(default_factory=dict)
@@ -83,7 +83,7 @@ class Comparison:
             "allow_changed": self.allow_changed,
             "holm": {"tests": sum(1 for t in self.tests if t.paired.p_value is not None)},
             "tests": [t.to_json() for t in self.tests],
-            "not_compared": [{"run": r, "dataset": d, "model": m, "metric": k, "why": w}
+            "not_compared": [{"run": r, "dataset": d, "model": m, "metric": k or None, "why": w}
                              for r, d, m, k, w in self.not_compared],
             "left_out": [{"run": r, "dataset": d, "model": m, **counts}
                          for (r, d, m), counts in sorted(self.left_out.items())],
@@ -102,9 +102,22 @@ def _pairs(a: RunScores, b: RunScores) -> list[tuple[str, str]]:
                     f"{', '.join(b.models())}); compare runs of the same models, or of one model each")
 
 
+def _unusable(base: RunScores, later: RunScores, run: int, dataset: str, model_a: str, model_b: str) -> str:
+    """Why ``dataset`` cannot be compared between the baseline (``model_a``) and the later run
+    ``run`` (``model_b``): a result only one run has (an eval that failed or never ran), or one
+    that is stale (its run planned or predicted it again since it was scored); '' when it can."""
+    for side, runs, model in (("the baseline (A)", base, model_a), (f"run {run + 1}", later, model_b)):
+        if (dataset, model) in runs.stale:
+            return f"{side}: {runs.stale[(dataset, model)]}"
+    if (dataset, model_a) not in base.scored:
+        return "no result in the baseline (A) (its eval failed or did not run)"
+    if (dataset, model_b) not in later.scored:
+        return f"no result in run {run + 1} (its eval failed or did not run)"
+    return ""
+
+
 def _changed(a: Scored, b: Scored) -> list[str]:
-    return sorted(k for k in a.samples.keys() & b.samples.keys()
-                  if a.samples[k].prompt_sha != b.samples[k].prompt_sha)
+    return sorted(k for k in a.samples.keys() & b.samples.keys() if a.samples[k].sent_differently(b.samples[k]))
 
 
 def compare(runs: Sequence[str], *, allow_changed: bool = False, flips: int = 0) -> Comparison:
@@ -122,20 +135,26 @@ def compare(runs: Sequence[str], *, allow_changed: bool = False, flips: int = 0)
     changed_in: dict[str, int] = {}
     for i, later in enumerate(loaded[1:], start=1):
         for model_a, model_b in _pairs(base, later):
-            for (dataset, model), sa in sorted(base.scored.items()):
-                sb = later.scored.get((dataset, model_b))
-                if model != model_a or sb is None:
+            for dataset in sorted({d for d, m in [*base.scored, *base.stale] if m == model_a}
+                                  | {d for d, m in [*later.scored, *later.stale] if m == model_b}):
+                why = _unusable(base, later, i, dataset, model_a, model_b)
+                if why:
+                    out.not_compared.append((i, dataset, model_a, "", why))
                     continue
+                sa, sb = base.scored[(dataset, model_a)], later.scored[(dataset, model_b)]
                 changed = _changed(sa, sb)
                 if changed:
                     changed_in[dataset] = changed_in.get(dataset, 0) + len(changed)
                 matched.append((i, sa, sb, changed))
     if changed_in and not allow_changed:
         where = ", ".join(f"{d}: {n}" for d, n in sorted(changed_in.items()))
-        raise UserError(f"{sum(changed_in.values())} sample(s) were sent a different prompt in a later run than in "
-                        f"the baseline ({where}); a comparison of them would mix two questions: compare only the "
-                        "unchanged ones with --allow-changed")
+        raise UserError(f"{sum(changed_in.values())} sample(s) were sent a different prompt or other answer choices "
+                        f"in a later run than in the baseline ({where}); a comparison of them would mix two "
+                        "questions: compare only the unchanged ones with --allow-changed")
     if not matched:
+        stale = [f"{d} / {m}: {w}" for _, d, m, _, w in out.not_compared if "stale:" in w]
+        if stale:
+            raise UserError(f"nothing to compare: {stale[0]}")
         raise UserError(f"the runs have no (dataset, model) in common: {base.root} has "
                         f"{', '.join(sorted({d for d, _ in base.scored}))}")
     for i, sa, sb, changed in matched:

@@ -96,7 +96,7 @@ def page(cmp: Comparison) -> str:
                 fmt_p(p.p_holm), flips, fmt(p.mde)]
         rows.append("<tr>" + "".join(f"<td>{_e(c)}</td>" for c in cells)
                     + "".join(f'<td class="num">{html.escape(c)}</td>' for c in nums) + "</tr>")
-    notes = [f"{_e(d)} / {_e(m)} / {_e(k)}{' (' + run_label(r) + ')' if many else ''}: {_e(w)}"
+    notes = [f"{_e(d)} / {_e(m)}{' / ' + _e(k) if k else ''}{' (' + run_label(r) + ')' if many else ''}: {_e(w)}"
              for r, d, m, k, w in cmp.not_compared]
     left = []
     for (run, dataset, model), c in sorted(cmp.left_out.items()):

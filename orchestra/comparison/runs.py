@@ -20,6 +20,7 @@ from orchestra.errors import UserError
 from orchestra.fileio import read_jsonl, read_sealed_jsonl
 from orchestra.paths import RUN_MARKER, RunPaths
 from orchestra.requests import prompt_text
+from orchestra.tasks.spec import TaskSpec, output_hash
 
 _PASS_AT = re.compile(r"pass@(\d+)")
 
@@ -33,6 +34,15 @@ class Sample:
     prompt_sha: str | None  # digest of what the model was sent
     prediction: Any
     scores: dict[str, float]  # metric -> this sample's score (only metrics that are per-sample means)
+    choices_sha: str | None = None  # log-likelihood samples: digest of the continuations scored
+
+    def sent_differently(self, other: Sample) -> bool:
+        """Whether ``other`` (the same row in another run) was sent another prompt, or other
+        answer choices (only where both runs recorded them: runs from before ``choices_sha``
+        still meet)."""
+        if self.prompt_sha != other.prompt_sha:
+            return True
+        return self.choices_sha is not None and other.choices_sha is not None and self.choices_sha != other.choices_sha
 
 
 @dataclass
@@ -54,9 +64,11 @@ class RunScores:
 
     root: str
     scored: dict[tuple[str, str], Scored]  # (dataset, model) -> its scores
+    #: (dataset, model) -> why its results file is not this run's result any more (stale)
+    stale: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def models(self) -> list[str]:
-        return sorted({m for _, m in self.scored})
+        return sorted({m for _, m in self.scored} | {m for _, m in self.stale})
 
 
 def load_run(root: str) -> RunScores:
@@ -69,24 +81,70 @@ def load_run(root: str) -> RunScores:
         raise UserError(f"{root}: not a run folder of orchestra (no {RUN_MARKER} marker or config.py)")
     files = sorted(f for f in glob.glob(os.path.join(paths.root, "results", "*", "*.json")))
     scored: dict[tuple[str, str], Scored] = {}
+    stale: dict[tuple[str, str], str] = {}
+    planned = _planned(paths)
     for path in files:
         got = _read_results(path)
         if got is None:
             continue
-        model, dataset, metrics = got
+        model, dataset, metrics, doc = got
+        why = _stale(paths, os.path.relpath(path, paths.root), doc, planned)
+        if why:
+            stale[(dataset, model)] = why
+            continue
         details_path = paths.details(model, dataset)
         if not os.path.isfile(details_path):
             raise UserError(f"{root}: {os.path.relpath(details_path, paths.root)} is missing: the per-sample "
                             "scores of that result (score it again: --mode eval)")
         scored[(dataset, model)] = _scored(paths.root, model, dataset, metrics, read_jsonl(details_path),
                                            os.path.relpath(details_path, paths.root))
-    if not scored:
+    if not scored and not stale:
         raise UserError(f"{root}: the run has no results (results/<model>/<dataset>.json); did its eval stage run?")
-    return RunScores(paths.root, scored)
+    return RunScores(paths.root, scored, stale)
 
 
-def _read_results(path: str) -> tuple[str, str, dict[str, float]] | None:
-    """A results file's model, dataset and numeric metrics; None for a file that is not one."""
+def _planned(paths: RunPaths) -> dict[str, tuple[str, list[tuple[str, str]]]]:
+    """What the run's eval task specs (``tasks/eval_*.py``, read as data, never run) say each
+    result scores: results path -> (its hash, the prediction files and hashes it scores), paths
+    relative to the run folder (which may have been copied or moved).  For results written
+    before they recorded their ``inputs``."""
+    out: dict[str, tuple[str, list[tuple[str, str]]]] = {}
+    for spec_path in sorted(glob.glob(os.path.join(glob.escape(paths.root), "tasks", "eval_*.py"))):
+        try:
+            spec = TaskSpec.load(spec_path)
+        except (OSError, ValueError, SyntaxError, UnicodeDecodeError):
+            continue
+        for unit in spec.units:
+            out[os.path.relpath(unit.output, spec.run_dir)] = (
+                unit.hash, [(os.path.relpath(p, spec.run_dir), h) for p, h in unit.inputs])
+    return out
+
+
+def _stale(paths: RunPaths, rel: str, doc: dict[str, Any],
+           planned: dict[str, tuple[str, list[tuple[str, str]]]]) -> str:
+    """Why the results file ``rel`` (its JSON ``doc``) is no longer the run's result: the
+    predictions it scored were made again since (a changed config or data file, then ``-r
+    --mode infer``, or an eval of the new predictions that did not finish); '' when they are
+    the ones in the folder, or when nothing says which it scored."""
+    inputs = doc.get("inputs")
+    if not isinstance(inputs, list):  # written before results recorded them: the spec of this very result
+        spec = planned.get(rel)
+        inputs = spec[1] if spec is not None and spec[0] == doc.get("hash") else []
+    for item in inputs:
+        if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item)):
+            continue
+        pred, digest = item
+        if os.path.isabs(pred) or ".." in pred.split(os.sep):
+            continue  # not a file of this run folder
+        if output_hash(os.path.join(paths.root, pred)) != digest:
+            return (f"stale: its predictions ({pred}) were made again since it was scored; score it again: "
+                    f"-r <timestamp> --mode eval with the run's config ({rel})")
+    return ""
+
+
+def _read_results(path: str) -> tuple[str, str, dict[str, float], dict[str, Any]] | None:
+    """A results file's model, dataset, numeric metrics and whole document; None for a file
+    that is not one."""
     try:
         with open(path, encoding="utf-8") as f:
             doc = json.load(f)
@@ -99,7 +157,7 @@ def _read_results(path: str) -> tuple[str, str, dict[str, float]] | None:
         return None
     metrics = {str(k): float(v) for k, v in doc["metrics"].items()
                if isinstance(v, (int, float)) and not isinstance(v, bool) and "_stderr" not in str(k)}
-    return model, dataset, metrics
+    return model, dataset, metrics, doc
 
 
 def _number(value: Any) -> float | None:
@@ -183,7 +241,8 @@ def _scored(root: str, model: str, dataset: str, metrics: dict[str, float], rows
             pred = row.get("prediction", row.get("filtered_resps", row.get("resps")))
             out.samples[key] = Sample(key, sid if isinstance(sid, int) else None,
                                       row.get("prompt_sha") if isinstance(row.get("prompt_sha"), str) else None,
-                                      pred, {})
+                                      pred, {},
+                                      row.get("choices_sha") if isinstance(row.get("choices_sha"), str) else None)
     for metric, value in metrics.items():
         scores, why = metric_scores(metric, rows)
         if not scores:

@@ -100,7 +100,7 @@ def lines(cmp: Comparison) -> Iterator[str]:
         if parts:
             yield f"left out: {escaped(dataset)} / {escaped(model)}: {'; '.join(parts)}"
     for run, dataset, model, metric, why in cmp.not_compared:
-        yield f"not compared: {escaped(dataset)} / {escaped(model)} / {escaped(metric)}" + \
+        yield f"not compared: {escaped(dataset)} / {escaped(model)}{' / ' + escaped(metric) if metric else ''}" + \
               (f" ({run_label(run)})" if many else "") + f": {escaped(why)}"
     if cmp.flips:
         yield ""

@@ -180,6 +180,9 @@ def run_task(spec: TaskSpec) -> None:
                 "estimates": estimates,
                 "num_samples": len(records),
                 "num_failed_samples": len([r for r in records if r.get("error") is not None]),
+                # the predictions scored, by their hash: a later -r that makes them again leaves
+                # this result stale, and `orchestra compare` can tell (paths relative to the run)
+                "inputs": [[os.path.relpath(path, spec.run_dir), digest] for path, digest in unit.inputs],
                 **extra,
             },
         )
@@ -194,13 +197,18 @@ def run_task(spec: TaskSpec) -> None:
 
 def _keyed(unit: Unit, records: list[dict[str, Any]], details: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Details with each sample's ``key`` (its row's content: what ``orchestra compare`` aligns
-    runs by) and ``prompt_sha`` (what the model was sent) after its ``id``; a dataset whose own
-    scorer wrote them (lm-eval) keeps its own."""
+    runs by) and ``prompt_sha`` (what the model was sent) after its ``id``, and for a
+    log-likelihood sample ``choices_sha``: the continuations scored after the prompt (answer
+    choices from the config or a ``continuation_template`` are no part of the row, yet another
+    set of them is another question).  A dataset whose own scorer wrote keys (lm-eval) keeps its own."""
     prompts: dict[Any, str] = {}
+    choices: dict[Any, str] = {}
     for rec in records:
         sent = rec.get("prompt", rec.get("turns"))
         if sent is not None:
             prompts[rec.get("id")] = prompt_digest(sent)
+        if isinstance(rec.get("continuations"), list):
+            choices[rec.get("id")] = prompt_digest(rec["continuations"])
     keys: list[str] | None = None
     out = []
     for row in details:
@@ -215,6 +223,8 @@ def _keyed(unit: Unit, records: list[dict[str, Any]], details: list[dict[str, An
             head["key"] = keys[sid]
         if sid in prompts:
             head["prompt_sha"] = prompts[sid]
+        if sid in choices:
+            head["choices_sha"] = choices[sid]
         out.append({**head, **row})
     return out
 

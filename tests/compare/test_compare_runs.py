@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 
 import pytest
-from planted import A_OFF, B_OFF, HOSTILE, N, Runs, expected_scores, rows, shuffled
+from planted import A_OFF, B_OFF, HOSTILE, REPO, N, Runs, expected_scores, rows, shuffled
 from scipy import stats as sps
 from statsmodels.stats.multitest import multipletests
 
@@ -272,3 +274,45 @@ def test_samples_only_one_run_has_are_left_out_and_counted(runs: Runs) -> None:
     assert (t["n"], t["fixed"], t["broken"]) == (150, fixed, broken) == (150, 0, 11)
     assert t["p_value"] == pytest.approx(sps.binomtest(0, 11, 0.5).pvalue)
     assert "left out: sums / planted: 50 only in A; 10 only in B" in runs.compare(runs.a, cut).stdout
+
+
+def test_a_stale_result_is_not_compared_as_the_runs(runs: Runs, tmp_path) -> None:
+    """Run B, then its config changed (the ``near`` prompt) and ``-r --mode infer`` made near's
+    predictions again without scoring them: results/planted/near.json still holds the old
+    scores, which the run's own table no longer shows.  ``compare`` used to show them as B's
+    (n = 200, exit 0); it now leaves near out, says why, and compares sums."""
+    stale = runs.make("stale", B_OFF)
+    cfg = runs.config("stale", B_OFF, data=runs.root / "rows.jsonl", near_template="{q}\\nAnswer:")
+    proc = subprocess.run([sys.executable, "run.py", str(cfg), "-r", "--mode", "infer"], cwd=REPO, env=runs.env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = runs.compare(runs.a, stale, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [t["dataset"] for t in doc["tests"]] == ["sums"]
+    (note,) = doc["not_compared"]
+    assert (note["dataset"], note["model"], note["metric"]) == ("near", "planted", None)
+    assert "stale" in note["why"] and "predictions/planted/near.jsonl" in note["why"] and "--mode eval" in note["why"]
+    assert "not compared: near / planted: run 2: stale" in runs.compare(runs.a, stale).stdout
+    # a results file from before results recorded their inputs: the eval task spec of it says
+    old = _copy(stale, tmp_path / "old")
+    near = old / "results" / "planted" / "near.json"
+    near.write_text(json.dumps({k: v for k, v in json.loads(near.read_text()).items() if k != "inputs"}))
+    doc = json.loads(runs.compare(runs.a, old, "--json").stdout)
+    assert [t["dataset"] for t in doc["tests"]] == ["sums"] and "stale" in doc["not_compared"][0]["why"]
+    # nothing but stale results left to compare: one line, exit 2
+    (old / "results" / "planted" / "sums.json").unlink()
+    _one_line_usage_error(runs.compare(runs.a, old), "nothing to compare: near / planted: run 2: stale")
+
+
+def test_a_result_only_one_run_has_is_named_not_dropped(runs: Runs, tmp_path) -> None:
+    """A dataset whose eval failed in run B (no results file) used to vanish from the comparison
+    without a word; it is now listed as not compared."""
+    failed = _copy(runs.b, tmp_path / "failed")
+    (failed / "results" / "planted" / "near.json").unlink()
+    proc = runs.compare(runs.a, failed, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [t["dataset"] for t in doc["tests"]] == ["sums"]
+    assert [(n["dataset"], n["why"]) for n in doc["not_compared"]] == [
+        ("near", "no result in run 2 (its eval failed or did not run)")]
