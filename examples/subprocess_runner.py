@@ -25,8 +25,9 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from typing import Unpack
 
-from orchestra.runners.base import BaseRunner, Exit, Job, RunContext, Session
+from orchestra.runners.base import BaseRunner, CommandLoopOptions, Exit, Job, RunContext, Session
 from orchestra.runners.core.ledger import Ledger, spec_digest
 from orchestra.runners.core.proc import reap_group, signal_group, signal_name
 from orchestra.tasks.spec import TaskSpec
@@ -39,10 +40,8 @@ class SubprocessRunner(BaseRunner):
 
     outlives_orchestrator = True  # its jobs run on after a SIGKILL of the orchestrator; -r stops them
 
-    def __init__(self, max_num_workers: int = 4, retry: int = 0, retry_backoff_s: float = 1.0,
-                 timeout_s: float | None = None, poll_interval_s: float = 0.1,
-                 template: str | list[str] | None = None, kill_grace_s: float = 3.0) -> None:
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
+    def __init__(self, kill_grace_s: float = 3.0, **loop: Unpack[CommandLoopOptions]) -> None:
+        super().__init__(**loop)  # the loop's options (max_num_workers, retry, timeout_s, ...), as given
         self.kill_grace_s = kill_grace_s
 
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:

@@ -2,7 +2,8 @@
 
 A class's constructor signature is the single source of truth for which keys are valid:
 unknown keys name the valid ones, missing required keys and clearly mistyped values are
-errors, and a class whose ``__init__`` takes ``**kwargs`` is followed up its MRO.
+errors, a class whose ``__init__`` takes ``**kwargs`` is followed up its MRO, and one that takes
+``**kwargs: Unpack[SomeTypedDict]`` takes that TypedDict's keys (a runner's loop options).
 """
 
 from __future__ import annotations
@@ -34,12 +35,29 @@ def _params_of(cls: type, inits: tuple[Any, ...]) -> tuple[dict[str, inspect.Par
         has_var = False
         for name, p in list(sig.parameters.items())[1:]:
             if p.kind is p.VAR_KEYWORD:
-                has_var = True
+                keys = _unpacked_keys(init, p.annotation)
+                if keys is None:
+                    has_var = True
+                for key in keys or ():
+                    params.setdefault(key.name, key)
             elif p.kind is not p.VAR_POSITIONAL:
                 params.setdefault(name, p)
         if not has_var:
             return params, False
     return params, True
+
+
+def _unpacked_keys(init: Any, annotation: Any) -> list[inspect.Parameter] | None:
+    """The keys of ``**kwargs: Unpack[SomeTypedDict]`` as optional keyword parameters (a runner's
+    ``**loop: Unpack[LoopOptions]``), or None for a ``**kwargs`` that takes anything."""
+    if not (isinstance(annotation, str) and annotation.startswith("Unpack[") and annotation.endswith("]")):
+        return None
+    typed = getattr(init, "__globals__", {}).get(annotation[len("Unpack["):-1].strip())
+    if not (isinstance(typed, type) and issubclass(typed, dict) and hasattr(typed, "__total__")):
+        return None
+    return [inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=None,
+                              annotation=getattr(hint, "__forward_arg__", hint))
+            for key, hint in typed.__annotations__.items()]
 
 
 _SIMPLE_TYPES: dict[str, tuple[type, ...]] = {

@@ -14,7 +14,7 @@ import heapq
 import os
 import time
 from collections import deque
-from typing import Any
+from typing import Any, ClassVar
 
 from orchestra.backoff import exponential_backoff
 from orchestra.fileio import append_line
@@ -22,6 +22,7 @@ from orchestra.runners.core import checks
 from orchestra.runners.core.command import Command, fill_template
 from orchestra.runners.core.contract import CannotStart, Exit, Job, Session
 from orchestra.runners.core.hooks import RunnerHooks
+from orchestra.runners.core.options import LoopOptions
 from orchestra.runners.core.run import InFlight, PendingTask, Results, RunContext, TaskResult, TaskState
 from orchestra.runners.core.served import attach_servers, close_launch, with_server_env
 from orchestra.tasks.kinds import task_argv
@@ -33,20 +34,28 @@ DRAIN_LIMIT_S = 300.0  #: the longest a stop waits for cancelled jobs reported g
 class BaseRunner(RunnerHooks):
     """Run tasks through a backend with limits, retries, timeouts and clean cancellation.
 
-    Args:
-        max_num_workers: tasks running at once.
+    Args (the loop's options, ``LoopOptions``; a runner's ``loop_defaults`` may change a default):
+        max_num_workers: tasks running (or jobs in flight) at once (None: the runner's default).
         retry: extra attempts for a task that fails (0: run once).
         retry_backoff_s: wait before the first retry; doubles each time, with jitter.
         timeout_s: wall-clock limit of one attempt (None: no limit).
-        poll_interval_s: how often running jobs are checked.
+        poll_interval_s: how often running jobs are checked (None: the runner's default).
         template: optional wrapper command, e.g. ``'numactl -N 0 {task_cmd}'``.
         infra_retry: attempts per task that may end ``Exit(infra=True)`` and be retried without
-            spending ``retry`` (a backend that reports infrastructure failures passes its own).
+            spending ``retry`` (0 unless the backend reports infrastructure failures).
     """
 
-    def __init__(self, max_num_workers: int = 4, retry: int = 0, retry_backoff_s: float = 1.0,
-                 timeout_s: float | None = None, poll_interval_s: float = 0.05,
+    #: this backend's defaults for the loop's options where the ones below do not fit it (a value
+    #: given as None takes the default too, for the keys listed here)
+    loop_defaults: ClassVar[LoopOptions] = {}
+
+    def __init__(self, max_num_workers: int | None = 4, retry: int = 0, retry_backoff_s: float = 1.0,
+                 timeout_s: float | None = None, poll_interval_s: float | None = 0.05,
                  template: str | list[str] | None = None, infra_retry: int = 0) -> None:
+        if max_num_workers is None:
+            max_num_workers = 4
+        if poll_interval_s is None:
+            poll_interval_s = 0.05
         checks.count("max_num_workers", max_num_workers, 1)
         checks.count("retry", retry, 0)
         checks.count("infra_retry", infra_retry, 0)

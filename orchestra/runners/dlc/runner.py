@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, Unpack
 
 from orchestra.envfile import write_env_file
 from orchestra.paths import RunPaths
@@ -23,6 +23,7 @@ from orchestra.runners.core.command import Command, fill_template, forward_env_n
 from orchestra.runners.core.contract import Session
 from orchestra.runners.core.ledger import spec_digest
 from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.options import CommandLoopOptions, LoopOptions, with_defaults
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.dlc.cli import DLCClient
 from orchestra.runners.dlc.config import AliyunConfig, container_command, load_aliyun_file, submit_argv
@@ -39,62 +40,57 @@ class DLCRunner(BaseRunner):
         aliyun_cfg: OpenCompass's ``aliyun_cfg`` dict (``workspace_id``, ``resource_id``,
             ``worker_image``, ``bashrc_path`` + ``conda_env_name`` or ``python_env_path``, ...), or
             the path of an aliyun config file.
-        max_num_workers: jobs in flight (queued on DLC or running) at once.
-        retry: extra attempts for a task that failed (infrastructure failures do not count).
-        retry_backoff_s: first retry delay (doubles, with jitter).
-        timeout_s: wall-clock limit of one attempt, queueing included; the job is stopped after it.
         queue_timeout_s: a job still waiting for resources (Creating/Queuing/Bidding) after this
             long is stopped and submitted again (None: wait as long as it takes).
-        poll_interval_s: first interval between two ``dlc get job`` of one job (None: the
-            ``aliyun_cfg`` key ``dlc_sleep_time``, else 10 s).
         max_poll_interval_s: the interval grows 1.5x per unchanged answer up to this.
         max_calls_per_s: ``dlc`` calls per second over all jobs (stops are never held back).
         cli_concurrency: ``dlc`` calls in flight at once.
         cli_timeout_s: the longest one ``dlc`` call may take.
-        infra_retry: attempts per task that may fail for the platform's sake and be retried
-            without spending ``retry``.
         cancel_timeout_s: how long a stop waits for the service to show the jobs over.
         log_settle_s: how far behind the service's clock log windows are read (its ingestion delay).
         lost_after_s: ``dlc get job`` failing this long makes the job count as lost (stopped, retried).
         dlc_bin: the ``dlc`` client (a path, or a name on PATH).
-        template: a command around ``{task_cmd}`` inside the container.
         forward_env: names of environment variables of the orchestrator that every container
             gets (e.g. ``['HF_TOKEN']``): their values go into a 0600 file in the run folder that
             the job's command sources, never into the ``dlc submit`` argv, config.py or the logs
             (``orchestra.envfile``, at :func:`env_file_path`); the file is deleted when the launch ends.
+        **loop: the loop's options (``BaseRunner``): ``max_num_workers`` jobs in flight (queued on
+            DLC or running; default 32); ``retry`` (infrastructure failures do not count; its
+            backoff ``retry_backoff_s`` default 10 s); ``timeout_s`` one attempt, queueing
+            included, the job stopped after it; ``infra_retry`` (default 3) attempts that may fail
+            for the platform's sake without spending ``retry``; ``template`` a command around
+            ``{task_cmd}`` inside the container; ``poll_interval_s`` here the first interval
+            between two ``dlc get job`` of one job (None: the ``aliyun_cfg`` key
+            ``dlc_sleep_time``, else 10 s; the loop itself goes round every 0.05 s at most).
     """
 
     #: managed servers need a place that holds GPUs for the whole stage and an address the tasks reach:
     #: a DLC job is one task in a container whose network address nothing here can learn or reach
     outlives_orchestrator = True  # cloud jobs; -r adopts the ones running a task's spec, stops the rest
     reports_infra_loss = True  # refused, stuck in a queue, preempted, lost
+    loop_defaults: ClassVar[LoopOptions] = {"max_num_workers": 32, "retry_backoff_s": 10.0, "infra_retry": 3}
     serves_nowhere = ("managed servers (server=dict(...)) cannot run on DLC: a DLC job cannot host a replica "
                       "that other jobs reach (use LocalRunner, SlurmRunner or RayRunner for served models)")
 
     def __init__(
         self,
         aliyun_cfg: dict | str,
-        max_num_workers: int = 32,
-        retry: int = 0,
-        retry_backoff_s: float = 10.0,
-        timeout_s: float | None = None,
         queue_timeout_s: float | None = None,
-        poll_interval_s: float | None = None,
         max_poll_interval_s: float = 60.0,
         max_calls_per_s: float = 10.0,
         cli_concurrency: int = 8,
         cli_timeout_s: float = 60.0,
-        infra_retry: int = 3,
         cancel_timeout_s: float = 30.0,
         log_settle_s: float = 10.0,
         lost_after_s: float = 600.0,
         dlc_bin: str = "dlc",
-        template: str | list[str] | None = None,
         forward_env: list[str] | tuple[str, ...] = (),
+        **loop: Unpack[CommandLoopOptions],
     ) -> None:
         self.forward_env = forward_env_names(forward_env)
         cfg = AliyunConfig.create(load_aliyun_file(aliyun_cfg) if isinstance(aliyun_cfg, str) else aliyun_cfg)
-        interval = poll_interval_s if poll_interval_s is not None else (cfg.dlc_sleep_time or 10.0)
+        given = loop.get("poll_interval_s")
+        interval = given if given is not None else (cfg.dlc_sleep_time or 10.0)
         for name, value in (("poll_interval_s", interval), ("max_poll_interval_s", max_poll_interval_s),
                             ("max_calls_per_s", max_calls_per_s), ("cli_timeout_s", cli_timeout_s),
                             ("cancel_timeout_s", cancel_timeout_s), ("lost_after_s", lost_after_s)):
@@ -103,8 +99,8 @@ class DLCRunner(BaseRunner):
         checks.count("cli_concurrency", cli_concurrency, 1)
         checks.amount("log_settle_s", log_settle_s, zero=True)
         # The loop itself only reads what the threads found: it may go round often and cheaply.
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, min(0.05, interval), template,
-                         infra_retry)
+        loop["poll_interval_s"] = min(0.05, interval)
+        super().__init__(**with_defaults(loop, self.loop_defaults))
         self.cfg = cfg
         self.dlc_bin = dlc_bin
         self.timings = Timings(interval, max(max_poll_interval_s, interval), queue_timeout_s, log_settle_s,

@@ -10,12 +10,13 @@ import socket
 import subprocess
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar, Unpack
 
 from orchestra.runners.core import checks
 from orchestra.runners.core.contract import Exit, Job, Resources, Session, cannot_start
 from orchestra.runners.core.host import HostCapacity, usable_cores
 from orchestra.runners.core.loop import BaseRunner
+from orchestra.runners.core.options import CommandLoopOptions, LoopOptions, with_defaults
 from orchestra.runners.core.proc import reap_group, signal_name, start_group, stop_groups
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.core.stopping import BackgroundStops
@@ -59,53 +60,46 @@ class LocalRunner(BaseRunner, Resources):
     """One subprocess per task attempt, each in its own process group.
 
     Args:
-        max_num_workers: tasks running at once (default: one per GPU slot, i.e. GPUs x
-            ``max_workers_per_gpu``, and at least 4, so a GPU box is used whole).
-        retry: extra attempts for a failed task.
-        retry_backoff_s: first retry delay (doubles, with jitter).
-        timeout_s: limit of one attempt; the task's process group is killed after it.
         gpus: GPU ids to hand out, a list or ``'0,1'`` (default: detected); ``[]`` means no GPUs.
         max_workers_per_gpu: tasks that may share one GPU.
         reuse_workers: keep warm worker processes that run task after task, so a model is
             loaded once per worker instead of once per task (no ``template`` then).
         kill_grace_s: how long a cancelled task gets after SIGTERM before SIGKILL.
-        poll_interval_s: how often running tasks are checked.
-        template: optional wrapper command around ``{task_cmd}``.
         gpu_sample_s: while a launch hands out GPUs, sample their utilisation with
             ``nvidia-smi`` this often into ``gpu.jsonl`` (0: off; nothing without the tool).
+        **loop: the loop's options (``BaseRunner``): ``max_num_workers`` tasks running at once
+            (default: one per GPU slot, i.e. GPUs x ``max_workers_per_gpu``, and at least 4, so a
+            GPU box is used whole); ``timeout_s`` kills the task's process group; ``poll_interval_s``
+            default 0.02 s; ``template`` a wrapper command around ``{task_cmd}``.
     """
 
     template_fields = (*BaseRunner.template_fields, "gpu_ids")
     refill_at_once = True  # polling a local process or a warm worker's pipe costs nothing
     serves_locally = True  # managed servers (server=dict(...)) run on this machine beside its tasks
     gpus: list[str]  # always a list here: this machine's GPUs it hands out ([]: none)
+    loop_defaults: ClassVar[LoopOptions] = {"poll_interval_s": 0.02}
 
     def __init__(
         self,
-        max_num_workers: int | None = None,
-        retry: int = 0,
-        retry_backoff_s: float = 1.0,
-        timeout_s: float | None = None,
         gpus: list[int | str] | str | None = None,
         max_workers_per_gpu: int = 1,
         reuse_workers: bool = False,
         kill_grace_s: float = 3.0,
-        poll_interval_s: float = 0.02,
-        template: str | list[str] | None = None,
         gpu_sample_s: float = 1.0,
+        **loop: Unpack[CommandLoopOptions],
     ) -> None:
         checks.count("max_workers_per_gpu", max_workers_per_gpu, 1)
         if isinstance(gpus, str):  # '0,1' as CUDA_VISIBLE_DEVICES writes it
             gpus = [g.strip() for g in gpus.split(",") if g.strip()]
         self.gpus = [str(g) for g in gpus] if gpus is not None else detect_gpus()
-        if max_num_workers is None:
-            max_num_workers = max(DEFAULT_WORKERS, len(self.gpus) * max_workers_per_gpu)
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template)
+        if loop.get("max_num_workers") is None:
+            loop["max_num_workers"] = max(DEFAULT_WORKERS, len(self.gpus) * max_workers_per_gpu)
+        super().__init__(**with_defaults(loop, self.loop_defaults))
         checks.amount("kill_grace_s", kill_grace_s, zero=True)
         self.max_workers_per_gpu = max_workers_per_gpu
         self.kill_grace_s = kill_grace_s
         self._host: HostCapacity | None = None  # the run's (shared by its stages), set by launch
-        if reuse_workers and template is not None:
+        if reuse_workers and self.template is not None:
             raise ValueError("reuse_workers=True cannot be combined with a template")
         self.reuse_workers = reuse_workers
         self.carries_exit_codes = not reuse_workers  # a warm worker answers done (0) or failed (1)

@@ -13,7 +13,7 @@ import importlib.util
 import os
 import secrets
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, Unpack
 
 from orchestra.errors import UserError
 from orchestra.runners.core import checks
@@ -23,6 +23,7 @@ from orchestra.runners.core.grpc_probe import why_not_grpc
 from orchestra.runners.core.ledger import Ledger
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.naming import run_tag
+from orchestra.runners.core.options import LoopOptions, with_defaults
 from orchestra.runners.core.run import RunContext
 from orchestra.tasks.spec import TaskSpec
 
@@ -39,11 +40,6 @@ class RayRunner(BaseRunner):
             it); ``'auto'`` joins the cluster this machine belongs to (``RAY_ADDRESS`` or the one
             started here with ``ray start``); ``'host:6379'`` joins a cluster's head (GCS address);
             ``'ray://host:10001'`` connects through Ray Client (``pip install 'ray[client]'``).
-        max_num_workers: workers (and so tasks in flight) at most; fewer while the cluster has
-            less room.
-        retry: extra attempts for a task that fails by itself (a lost worker is not counted).
-        retry_backoff_s: first retry delay (doubles, with jitter).
-        timeout_s: limit of one attempt, from the moment a worker takes it (its actor is killed).
         reuse_workers: keep a worker for the next task of the same model, so a model is loaded
             once per worker (False: a fresh worker per task, which loads its model every time).
         runtime_env: Ray's ``runtime_env`` for the run's workers (``pip``, ``env_vars``,
@@ -53,10 +49,13 @@ class RayRunner(BaseRunner):
         forward_env: names of environment variables copied from here into every task (e.g.
             ``['OPENAI_API_KEY']``); values travel with each task, never in a config or log.
         idle_timeout_s: an idle worker that no waiting task can use is released after this long.
-        infra_retry: attempts of one task that may lose their worker (dead actor, node removed
-            or preempted, out of memory) and rerun at once without spending ``retry`` (the loop's
-            ``infra_retry``, as DLCRunner's); further losses count as failures.
-        poll_interval_s: how often the loop checks workers and tasks.
+        **loop: the loop's options (``BaseRunner``; no ``template``: a task runs in an actor, not
+            as a command): ``max_num_workers`` workers (and so tasks in flight) at most, fewer
+            while the cluster has less room (default 32); ``retry`` for a task that fails by
+            itself (a lost worker is not counted); ``timeout_s`` from the moment a worker takes
+            the attempt (its actor is killed); ``infra_retry`` (default 3) attempts that may lose
+            their worker (dead actor, node removed or preempted, out of memory) and rerun at once
+            without spending ``retry``; ``poll_interval_s`` default 0.02 s.
     """
 
     #: a lost attempt goes to another warm worker at once (the pool replaces the dead one)
@@ -64,24 +63,20 @@ class RayRunner(BaseRunner):
     outlives_orchestrator = True  # actors a killed orchestrator left (Ray Client keeps them) are stopped by -r
     reports_infra_loss = True  # a worker lost under its task (node gone, actor died)
     carries_exit_codes = False  # an actor answers its task done (0) or failed (1), as warm workers do
+    loop_defaults: ClassVar[LoopOptions] = {"max_num_workers": 32, "infra_retry": 3, "poll_interval_s": 0.02}
 
     def __init__(
         self,
         address: str | None = None,
-        max_num_workers: int = 32,
-        retry: int = 0,
-        retry_backoff_s: float = 1.0,
-        timeout_s: float | None = None,
         reuse_workers: bool = True,
         runtime_env: dict[str, Any] | None = None,
         cpus_per_task: float | None = None,
         mem_gb: float | None = None,
         forward_env: list[str] | tuple[str, ...] = (),
         idle_timeout_s: float = 2.0,
-        infra_retry: int = 3,
-        poll_interval_s: float = 0.02,
+        **loop: Unpack[LoopOptions],
     ) -> None:
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, infra_retry=infra_retry)
+        super().__init__(**with_defaults(loop, self.loop_defaults))
         try:
             found = importlib.util.find_spec("ray") is not None
         except (ImportError, ValueError):

@@ -12,12 +12,13 @@ import os
 import shlex
 import shutil
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar, Unpack
 
 from orchestra.runners.core.command import Command, fill_template, forward_env_names
 from orchestra.runners.core.contract import Session
 from orchestra.runners.core.loop import BaseRunner
 from orchestra.runners.core.naming import job_name, run_tag
+from orchestra.runners.core.options import CommandLoopOptions, LoopOptions, with_defaults
 from orchestra.runners.core.run import RunContext
 from orchestra.runners.slurm.common import (
     LAUNCHERS,
@@ -53,19 +54,7 @@ class SlurmRunner(BaseRunner):
             run folder must be on a filesystem the nodes share).
         array: with ``launcher='sbatch'``, submit the jobs of one scheduling round that need the
             same resources as one job array (False: one sbatch per job).
-        max_num_workers: jobs in flight (pending or running) at once.
-        retry: extra attempts for a task whose job failed, timed out, was cancelled or
-            preempted, or that did not write its outputs.
-        retry_backoff_s: first retry delay (doubles, with jitter).
-        timeout_s: wall-clock limit of one attempt as seen from here, queueing included
-            (prefer ``time_limit``).
-        poll_interval_s: how often jobs are checked (None: 0.1 s for srun, where it is a local
-            process check; 1 s for sbatch, where each check is one ``squeue`` call).
         cancel_timeout_s: how long cancelling waits for ``squeue`` to show the jobs gone.
-        template: a command around ``{task_cmd}``.  One that starts with ``srun``
-            (``'srun -p {partition} --gres=gpu:{num_gpus} {task_cmd}'``) replaces the runner's
-            own srun line (launcher='srun' only; keep ``--job-name`` out of it); any other
-            (``'apptainer exec img.sif {task_cmd}'``) runs inside the job.
         forward_env: names of the orchestrator's environment variables the job must get (e.g.
             ``['HF_TOKEN']``); each must be set when the runner is built.  Never in argv, the job
             script or the logs.  ``launcher='srun'``: in srun's own environment, with
@@ -77,15 +66,25 @@ class SlurmRunner(BaseRunner):
             that default, the variables whose names say they hold a secret (``*_API_KEY``,
             ``*TOKEN``, ``*SECRET*``, ``*PASSWORD``, ``*CREDENTIALS``) go through the private
             file too (``private_variables``).
-        infra_retry: attempts per task that may end for the cluster's sake (preempted, its node
-            failed or did not boot) and be retried without spending ``retry``.
         submit_wait_s: with ``launcher='sbatch'``, how long jobs wait while the cluster refuses to
             take them for now (its job limits, e.g. ``MaxJobCount``; a drained partition; a busy
             controller): they are submitted again with backoff, without spending ``retry``, and
             end as infrastructure failures only after this long.
+        **loop: the loop's options (``BaseRunner``), with this runner's meaning:
+            ``max_num_workers`` jobs in flight (pending or running; default 32); ``retry`` extra
+            attempts for a task whose job failed, timed out, was cancelled or preempted, or did
+            not write its outputs; ``timeout_s`` one attempt as seen from here, queueing included
+            (prefer ``time_limit``); ``poll_interval_s`` None: 0.1 s for srun (a local process
+            check), 1 s for sbatch (one ``squeue`` call); ``infra_retry`` (default 3) attempts
+            that may end for the cluster's sake (preempted, node failed or did not boot) without
+            spending ``retry``; ``template`` a command around ``{task_cmd}``.  One that starts
+            with ``srun`` (``'srun -p {partition} --gres=gpu:{num_gpus} {task_cmd}'``) replaces
+            the runner's own srun line (launcher='srun' only; keep ``--job-name`` out of it); any
+            other (``'apptainer exec img.sif {task_cmd}'``) runs inside the job.
     """
 
     reports_infra_loss = True  # PREEMPTED, NODE_FAIL, BOOT_FAIL; submissions refused past submit_wait_s
+    loop_defaults: ClassVar[LoopOptions] = {"max_num_workers": 32, "infra_retry": 3}
     template_fields = (
         *BaseRunner.template_fields,
         "partition", "qos", "gres", "cpus_per_task", "mem_gb", "time_limit", "job_name",
@@ -102,16 +101,10 @@ class SlurmRunner(BaseRunner):
         extra_args: list[str] | str | None = None,
         launcher: str = "srun",
         array: bool = True,
-        max_num_workers: int = 32,
-        retry: int = 0,
-        retry_backoff_s: float = 1.0,
-        timeout_s: float | None = None,
-        poll_interval_s: float | None = None,
         cancel_timeout_s: float = 60.0,
-        template: str | list[str] | None = None,
         forward_env: list[str] | tuple[str, ...] = (),
-        infra_retry: int = 3,
         submit_wait_s: float = 3600.0,
+        **loop: Unpack[CommandLoopOptions],
     ) -> None:
         if isinstance(submit_wait_s, bool) or not isinstance(submit_wait_s, (int, float)) or submit_wait_s <= 0:
             raise ValueError(f"submit_wait_s must be a number of seconds > 0, got {submit_wait_s!r}")
@@ -125,18 +118,17 @@ class SlurmRunner(BaseRunner):
                 raise ValueError("forward_env with launcher='srun' needs Slurm to propagate the environment "
                                  "(--export=ALL): leave --export out of extra_args")
             extra_args = [*extra, "--export=ALL"]  # whatever SLURM_EXPORT_ENV/SBATCH_EXPORT say
-        if poll_interval_s is None:
-            poll_interval_s = 0.1 if launcher == "srun" else 1.0
-        super().__init__(max_num_workers, retry, retry_backoff_s, timeout_s, poll_interval_s, template,
-                         infra_retry)
+        if loop.get("poll_interval_s") is None:
+            loop["poll_interval_s"] = 0.1 if launcher == "srun" else 1.0
+        super().__init__(**with_defaults(loop, self.loop_defaults))
         self.options = SlurmOptions.create(partition, qos, gres, cpus_per_task, mem_gb, time_limit, extra_args,
                                            cancel_timeout_s)
         self.launcher = launcher
         self.outlives_orchestrator = launcher == "sbatch"  # srun dies with us; batch jobs are adopted by -r
         self.array = array
         self._template_runs_srun = False
-        if template is not None:
-            probe = fill_template(template, ["true"], {k: "x" for k in self.template_fields})
+        if self.template is not None:
+            probe = fill_template(self.template, ["true"], {k: "x" for k in self.template_fields})
             self._template_runs_srun = os.path.basename(probe[0]) == "srun"
             if self._template_runs_srun and launcher != "srun":
                 raise ValueError(
