@@ -37,6 +37,14 @@ def init_args(cls: type, *, leave_out: Iterable[str] = ()) -> set[str]:
     return {p for p in inspect.signature(cls.__init__).parameters if p not in skip}
 
 
+def config_keys(cls: type, *, leave_out: Iterable[str] = ()) -> set[str]:
+    """The keys the config check takes for ``cls``: its arguments, with a runner's loop options
+    (``**loop: Unpack[...]``) read as the config check reads them."""
+    from orchestra.config.schema import _signature_params
+
+    return set(_signature_params(cls)[0]) - set(leave_out)
+
+
 def _openai() -> set[str]:
     from orchestra.models import OpenAIAPI
 
@@ -52,19 +60,19 @@ def _batch() -> set[str]:
 def _slurm() -> set[str]:
     from orchestra.runners.slurm.runner import SlurmRunner
 
-    return init_args(SlurmRunner)
+    return config_keys(SlurmRunner)
 
 
 def _ray() -> set[str]:
     from orchestra.runners.ray.runner import RayRunner
 
-    return init_args(RayRunner)
+    return config_keys(RayRunner)
 
 
 def _dlc() -> set[str]:
     from orchestra.runners.dlc.runner import DLCRunner
 
-    return init_args(DLCRunner, leave_out=["aliyun_cfg"])  # its own table
+    return config_keys(DLCRunner, leave_out=["aliyun_cfg"])  # its own table
 
 
 def _aliyun() -> set[str]:
