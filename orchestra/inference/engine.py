@@ -41,6 +41,7 @@ class SampleJob:
 
     sample: Sample
     on_record: Callable[[dict[str, Any]], None]
+    unit: str = ""  # the tag of its prediction file (SampleTag.unit)
 
 
 @dataclass
@@ -129,7 +130,7 @@ class Engine:
         async def worker() -> None:
             for job in it:  # the shared iterator hands each job to exactly one worker
                 self.counts.running += 1
-                current_sample.set(SampleTag(job.sample.id))  # each worker runs in its own context
+                current_sample.set(SampleTag(job.sample.id, job.unit))  # each worker runs in its own context
                 try:
                     record = await run_sample(self.model, job.sample)
                 except Exception as exc:  # recorded; the task decides whether to fail

@@ -26,11 +26,18 @@ from orchestra.requests import GenRequest, LoglikRequest
 
 class SampleTag:
     """The sample a request belongs to (the engine sets it around each sample's coroutine), and
-    how often each identical request was made by it: batch mode builds stable request ids from it."""
+    how often each identical request was made by it: batch mode builds stable request ids from it.
+    ``unit``: a tag of the prediction file the sample belongs to ("" when none), the same whichever
+    task holds that file, so that a ``-r`` that packs it into another task finds its requests."""
 
-    def __init__(self, sample_id: object) -> None:
+    def __init__(self, sample_id: object, unit: str = "") -> None:
         self.id = str(sample_id)
+        self.unit = unit
         self.seen: dict[str, int] = {}
+
+
+#: the unit tags (:class:`SampleTag`) of the samples the running task may send (empty outside one)
+task_units: contextvars.ContextVar[frozenset[str]] = contextvars.ContextVar("orchestra_units", default=frozenset())
 
 
 #: the sample whose coroutine is running (None outside the engine)

@@ -25,9 +25,10 @@ from typing import Any
 from orchestra.datasets.base import build_dataset
 from orchestra.errors import TaskFailedError
 from orchestra.events import EventLog
-from orchestra.fileio import remove_stale_temps
+from orchestra.fileio import remove_stale_temps, stable_hash
 from orchestra.inference.checkpoint import Checkpoint
 from orchestra.inference.engine import Engine, SampleJob
+from orchestra.models.base import task_units
 from orchestra.models.registry_cache import get_model
 from orchestra.paths import RunPaths
 from orchestra.tasks.spec import TaskSpec, Unit, output_done
@@ -98,7 +99,8 @@ async def _run_units(spec: TaskSpec) -> None:
             print(f"[{spec.task_id}] {unit.name}: {len(samples)} samples, {len(samples) - len(todo)} from "
                   f"checkpoint, {len(todo)} to run", flush=True)
             runs.append(_UnitRun(unit, ckpt, len(samples)))
-            jobs.extend(SampleJob(s, ckpt.append) for s in todo)
+            tag = unit_tag(spec.run_dir, unit)
+            jobs.extend(SampleJob(s, ckpt.append, tag) for s in todo)
         remove_stale_temps(run.unit.output for run in runs)  # an earlier attempt killed as it wrote; ours: the locks
 
         last_log = time.monotonic()
@@ -113,6 +115,7 @@ async def _run_units(spec: TaskSpec) -> None:
         engine = Engine(model, max_samples=max_samples, on_progress=progress,
                         progress_interval_s=PROGRESS_INTERVAL_S, already_done=already)
         t1 = time.monotonic()
+        task_units.set(frozenset(unit_tag(spec.run_dir, run.unit) for run in runs))
         if jobs:
             await engine.run(jobs)
             print(f"[{spec.task_id}] ran {len(jobs)} samples in {time.monotonic() - t1:.2f} s: "
@@ -135,6 +138,12 @@ async def _run_units(spec: TaskSpec) -> None:
                                     "failed": len(errors)})
     if failures:
         raise TaskFailedError("; ".join(failures))
+
+
+def unit_tag(run_dir: str, unit: Unit) -> str:
+    """The tag of a prediction file that batch mode puts into its requests' ids: its place in the
+    run folder, so the same whichever task (and task id) holds it."""
+    return stable_hash(os.path.relpath(unit.output, run_dir), 8)
 
 
 def run_task(spec: TaskSpec) -> None:

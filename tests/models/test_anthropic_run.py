@@ -1,5 +1,6 @@
 """AnthropicAPI through ``run.py`` against the Messages + Message Batches double on 127.0.0.1:
-direct calls, and batch mode (plain, shuffled results, expiry, a row error, Ctrl-C, SIGKILL + -r)."""
+direct calls, and batch mode (plain, shuffled results, expiry, a row error, an answered row repeated as
+an error, Ctrl-C, SIGKILL + -r)."""
 
 from __future__ import annotations
 
@@ -80,6 +81,17 @@ def test_transient_row_error_retried_and_invalid_params_fail_in_one_line(
     assert res.returncode == 1
     assert "invalid_request_error: colour: Extra inputs are not permitted" in res.stderr
     assert "Traceback" not in res.stderr
+
+
+def test_an_answered_result_repeated_as_an_error_is_kept_not_sent_again(tmp_path: Path,
+                                                                        anthropic_server: Any) -> None:
+    """A results file with a request's answer and, later, an errored line for the same
+    ``custom_id``: the answer is kept and the request goes into no other batch (paid once)."""
+    res = br.orchestra(config(tmp_path, anthropic_server, rows=4, question="ROW_DUP_ONCE What is {i} + {j}?"))
+    assert res.returncode == 0, res.stderr
+    assert br.score(br.the_run(tmp_path)) == 1.0
+    st = anthropic_server.stats()
+    assert len(st.submitted) == 4 and set(st.submitted.values()) == {1}, st.submitted
 
 
 def test_ctrl_c_cancels_message_batches(tmp_path: Path, anthropic_server: Any) -> None:

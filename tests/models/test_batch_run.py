@@ -1,5 +1,6 @@
 """Batch mode of OpenAIAPI through ``run.py``, against the Files + Batches double on 127.0.0.1:
-the plain path, SIGKILL then ``-r``, Ctrl-C, expired batches, row errors, persistent
+the plain path, SIGKILL then ``-r``, Ctrl-C, expired batches, row errors, an answered row repeated
+as an error row, persistent
 validation failure, shuffled output and the API key kept out of the run folder."""
 
 from __future__ import annotations
@@ -186,6 +187,19 @@ def test_row_errors_are_retried_and_a_persistent_one_fails_with_the_providers_me
     line = next(ln for ln in res.stderr.splitlines() if "FAILED" in ln and "infer" in ln)
     assert "Rate limit reached for requests" in res.stderr and "gave up after 3 batches" in res.stderr
     assert "Traceback" not in res.stderr, line
+
+
+def test_an_answered_row_repeated_as_a_500_is_kept_not_sent_again(tmp_path: Path, batch_server: Any) -> None:
+    """An output file that holds a row's answer and, later, an error row with the same
+    ``custom_id``: the answer was paid for, so it is kept; before, the later row won, the
+    answered request went into another batch (paid twice) and the run still exited 0."""
+    res = orchestra(write_config(tmp_path, batch_server.base_url, rows=4, question="ROW_DUP_ONCE What is {i} + {j}?"))
+    assert res.returncode == 0, res.stderr
+    run = the_run(tmp_path)
+    assert score(run) == 1.0
+    st = batch_server.stats()
+    assert len(st.submitted) == 4 and set(st.submitted.values()) == {1}, st.submitted
+    assert len(events(run, "batch_submitted")) == 1
 
 
 def test_persistent_validation_failure_fails_the_task_in_one_line(tmp_path: Path, batch_server: Any) -> None:

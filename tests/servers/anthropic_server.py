@@ -13,7 +13,9 @@ SDK (tests/servers/test_batch_double.py):
   ``params`` are invalid is errored in the results, not refused.  ``GET .../{id}``,
   ``GET /v1/messages/batches?limit=&after_id=`` (newest first), ``POST .../{id}/cancel``
   (``canceling``, then ``ended``), ``GET .../{id}/results`` (JSONL, shuffled; 404 until ended).
-* Markers: ``ROW_500_ONCE`` (an ``api_error`` result the first time), ``expire_after``
+* Markers: ``ROW_500_ONCE`` (an ``api_error`` result the first time), ``ROW_DUP_ONCE`` (the first
+  time, a succeeded result followed, last in the file, by an ``api_error`` one for the same
+  ``custom_id``), ``expire_after``
   (a batch ends with that many succeeded, the rest ``expired``).  Counters: calls per route,
   batches per custom_id, gets per batch, cancelled batches.
 """
@@ -225,6 +227,12 @@ class AnthropicServer:
             b["counts"][kind] += 1
             b["counts"]["processing"] -= 1
         self._rng.shuffle(lines)
+        for line in list(lines):  # ROW_DUP_ONCE: the answered row again, errored, after its answer
+            msgs = next(r["params"].get("messages") for r in b["requests"] if r["custom_id"] == line["custom_id"])
+            if (line["result"]["type"] == "succeeded" and "ROW_DUP_ONCE" in json.dumps(msgs)
+                    and self.stats.prompts[str(_answers.prompt_key(msgs))] == 1):
+                lines.append({"custom_id": line["custom_id"], "result": {"type": "errored", "error": {
+                    "type": "error", "error": {"type": "api_error", "message": "Internal server error (dup)"}}}})
         b["results"] = "".join(json.dumps(x) + "\n" for x in lines).encode()
         b["status"], b["ended_at"] = "ended", time.time()
 

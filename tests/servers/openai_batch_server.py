@@ -20,7 +20,9 @@ It follows the documented contract where the real service is strict, and the off
 Answers are those of tests/servers/openai_server.py.  Markers in a prompt script failures:
 ``ROW_500_ONCE`` (a 500 row the first time that prompt is sent), ``ROW_429_ALWAYS``,
 ``INVALID_BATCH`` (the whole batch fails validation), ``TOKEN_LIMIT_ONCE`` (the first batch
-holding it fails with ``token_limit_exceeded``, visible only when retrieved).  ``expire_after``
+holding it fails with ``token_limit_exceeded``, visible only when retrieved), ``ROW_DUP_ONCE`` (the first
+time that prompt is sent, its answered row comes twice in the output file: the answer, then, last in
+the file, a 500 row with the same ``custom_id``).  ``expire_after``
 makes a batch expire with that many rows done (the rest ``batch_expired`` in the error file).
 Counters: HTTP calls per route, submissions per custom_id, gets per batch.
 """
@@ -366,6 +368,13 @@ class BatchServer:
             (out if status == 200 else errs).append(line)
         self._rng.shuffle(out)
         self._rng.shuffle(errs)
+        for line in list(out):  # ROW_DUP_ONCE: the same custom_id again, a 500 after the answer
+            row = next(r for r in rows if r["custom_id"] == line["custom_id"])
+            if "ROW_DUP_ONCE" in json.dumps(row["body"]) and self.stats.prompts[self._key(row)] == 1:
+                out.append({**line, "id": f"{line['id']}-dup", "response": {
+                    "status_code": 500, "request_id": "req_dup", "body": {"error": {
+                        "message": "The server had an error processing your request.", "type": "server_error",
+                        "param": None, "code": None}}}})
         counts = batch["request_counts"]
         counts["completed"] = sum(1 for r in out)
         counts["failed"] = len(errs)

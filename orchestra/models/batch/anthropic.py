@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestra.models.batch.ledger import BatchRecord
 from orchestra.models.batch.provider import MAX_LIST_PAGES
-from orchestra.models.batch.rows import json_lines
+from orchestra.models.batch.rows import json_lines, keep
 from orchestra.models.batch.transport import BatchTransport
 
 #: error types of a result worth another batch (as a 429 or 5xx would be for a direct call)
@@ -81,19 +81,20 @@ class AnthropicBatches:
         for row in json_lines(raw):
             if not isinstance(row, dict):
                 continue  # answers no request: its rows go into a later batch
+            cid = str(row.get("custom_id"))
             result = row.get("result")
             result = result if isinstance(result, dict) else {}
             kind = result.get("type")
             if kind == "succeeded" and isinstance(result.get("message"), dict):
-                out[str(row.get("custom_id"))] = ("ok", result["message"])
+                keep(out, cid, ("ok", result["message"]))
             elif kind == "errored":
                 outer = result.get("error")
                 err = outer.get("error") if isinstance(outer, dict) else None
                 err = err if isinstance(err, dict) else {}
                 text = f"{err.get('type')}: {err.get('message')}"
-                out[str(row.get("custom_id"))] = ("retry" if err.get("type") in RETRY_ERRORS else "fail", text)
+                keep(out, cid, ("retry" if err.get("type") in RETRY_ERRORS else "fail", text))
             else:  # canceled, expired
-                out[str(row.get("custom_id"))] = ("retry", f"batch_{kind}: the batch ended before this request ran")
+                keep(out, cid, ("retry", f"batch_{kind}: the batch ended before this request ran"))
         return out
 
     @staticmethod

@@ -36,7 +36,7 @@ from typing import Any
 from orchestra.errors import ModelError
 from orchestra.fileio import stable_hash
 from orchestra.limits.retry import RetryPolicy
-from orchestra.models.base import ModelStats
+from orchestra.models.base import ModelStats, current_sample, task_units
 from orchestra.models.batch.feed import Feed
 from orchestra.models.batch.leader import Leader
 from orchestra.models.batch.ledger import FINAL, BatchLedger, BatchRecord, found_fields
@@ -120,7 +120,8 @@ class Batcher:
         if self.ledger is None:
             raise ModelError("batch mode needs a run folder (the task binds one); none was bound")
         await self._recover()
-        cid = f"{custom_id(path, body)}-t{self._tag}"
+        sample = current_sample.get()  # its prediction file's tag: a -r that packs it otherwise finds it
+        cid = f"{custom_id(path, body)}-t{sample.unit if sample is not None and sample.unit else self._tag}"
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         req = self.waiting.reqs.get(cid)
         if req is not None:  # the same request of the same sample: one row answers both
@@ -171,7 +172,7 @@ class Batcher:
         Under ``lead.lock`` (no create call is out): batches whose creator died before
         recording the id are looked up by their metadata first."""
         assert self.ledger is not None and self.spool is not None and self._feed is not None
-        mine = f"-t{self._tag}"
+        mine = tuple(f"-t{tag}" for tag in {self._tag, *task_units.get()})
         while True:
             while not self.spool.try_lead():
                 await asyncio.sleep(0.05)

@@ -17,7 +17,7 @@ from typing import Any
 from orchestra.errors import ModelError
 from orchestra.models.batch.ledger import BatchRecord
 from orchestra.models.batch.provider import MAX_LIST_PAGES
-from orchestra.models.batch.rows import json_lines
+from orchestra.models.batch.rows import json_lines, keep
 from orchestra.models.batch.transport import BatchTransport
 
 #: row statuses worth another batch (as for direct calls: rate limits, server errors)
@@ -95,15 +95,16 @@ class OpenAIBatches:
 
     async def rows(self, obj: dict[str, Any]) -> dict[str, tuple[str, Any]]:
         """Each row of a finished batch by ``custom_id``: ``(kind, value)`` of
-        :func:`row_outcome` (output rows win over error rows)."""
-        rows: dict[str, dict[str, Any]] = {}
+        :func:`row_outcome` (output rows win over error rows; an answer over any other line
+        for its row, see :func:`.rows.keep`)."""
+        rows: dict[str, tuple[str, Any]] = {}
+        reason = self.reason(obj)
         for fid in (obj.get("error_file_id"), obj.get("output_file_id")):
             if fid:
                 for row in json_lines(await self.content(str(fid))):
                     if isinstance(row, dict):  # any other line answers no request: its rows go again
-                        rows[str(row.get("custom_id"))] = row
-        reason = self.reason(obj)
-        return {cid: row_outcome(row, reason) for cid, row in rows.items()}
+                        keep(rows, str(row.get("custom_id")), row_outcome(row, reason))
+        return rows
 
     @staticmethod
     def reason(obj: dict[str, Any]) -> str:

@@ -44,6 +44,13 @@ def json_lines(blob: bytes) -> list[Any]:
     return out
 
 
+def keep(rows: dict[str, tuple[str, Any]], cid: str, outcome: tuple[str, Any]) -> None:
+    """Record ``outcome`` for row ``cid`` of a result file; a later line for the same row wins,
+    except over an answer: a row answered once was paid for, and sending it again pays twice."""
+    if rows.get(cid, ("",))[0] != "ok":
+        rows[cid] = outcome
+
+
 @dataclass
 class Req:
     """One request a task waits for."""
