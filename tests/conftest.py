@@ -4,12 +4,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import resource
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 _LOADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers", "loader.py")
+
+# One OpenMP thread in every process the tests start (lm_eval's reference runs, run.py and its
+# task workers, the torch in this process): the suite runs several pytest-xdist workers on a
+# 2-core machine, and a torch that takes every core in each of them spin-waits for cores the others
+# hold (libgomp spins before it sleeps).  lm-eval's reference runs and orchestra's tasks then
+# compute with the same thread count (LocalRunner keeps a user's OMP_NUM_THREADS), as the
+# comparisons to 4 decimals want.  Set before torch is imported anywhere; a test of the thread
+# settings themselves sets or removes it with monkeypatch.  docs/dev/testing.md has the numbers.
+os.environ["OMP_NUM_THREADS"] = "1"
 
 
 # How pytest-xdist shares the tests out (tools/test.sh runs several workers): a unit of work is a
@@ -81,6 +91,53 @@ class _WorkUnits:
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(_WorkUnits(), "orchestra-work-units")
+
+
+# --cpu-durations=N (tools/test.sh passes 30): the N test phases that took the most CPU, and the CPU of
+# all of them.  A phase's CPU is user + system time of the pytest process and of the processes it
+# waited for during the phase (run.py and its tasks, lm_eval): on a machine with few cores the
+# suite is bound by CPU, and --durations' wall times do not say which tests spend it.  Processes
+# nobody waits for (daemons, the Slurm and Ray clusters) are not counted.
+_CPU_MARK = pytest.StashKey[float]()
+
+
+def _cpu_s() -> float:
+    """CPU seconds of this process and of the children it has waited for."""
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--cpu-durations", type=int, default=0, metavar="N",
+                     help="show the N test phases that took the most CPU (this process and the processes it "
+                          "waited for), and the CPU of all phases")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
+    item.stash[_CPU_MARK] = _cpu_s()
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    report = yield
+    now = _cpu_s()
+    report.cpu_s = now - item.stash.get(_CPU_MARK, now)  # an extra field of the report: xdist sends it over
+    item.stash[_CPU_MARK] = now
+    return report
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    count = config.getoption("cpu_durations")
+    if not count:
+        return
+    phases = [r for reports in terminalreporter.stats.values() for r in reports
+              if isinstance(getattr(r, "cpu_s", None), float) and hasattr(r, "when")]
+    terminalreporter.write_sep("=", f"most CPU {count}")
+    for report in sorted(phases, key=lambda r: r.cpu_s, reverse=True)[:count]:
+        terminalreporter.write_line(f"{report.cpu_s:.2f}s cpu {report.when:<8} {report.nodeid}")
+    terminalreporter.write_line(f"{sum(r.cpu_s for r in phases):.0f} s of CPU in {len(phases)} test phases")
 
 
 def _server_module() -> Any:

@@ -28,7 +28,7 @@ if [ "${1-}" = "--quick" ]; then
   . .venv/bin/activate
   ruff check orchestra tests benchmarks tools
   mypy orchestra
-  exec python -m pytest -q --durations=30 "${PARALLEL[@]}" -m "$QUICK_TIER" "$@"
+  exec python -m pytest -q --durations=30 --cpu-durations=30 "${PARALLEL[@]}" -m "$QUICK_TIER" "$@"
 fi
 bash tools/setup.sh
 # The report tests open report.html in headless Chromium, from Debian's packages.
@@ -45,4 +45,4 @@ bash tools/slurm_cluster.sh start
 . .venv/bin/activate
 ruff check orchestra tests benchmarks tools
 mypy orchestra
-python -m pytest -q --durations=30 "${PARALLEL[@]}" "$@"
+python -m pytest -q --durations=30 --cpu-durations=30 "${PARALLEL[@]}" "$@"
