@@ -1,0 +1,88 @@
+"""Eval tasks in the infer stage's warm workers, through ``run.py`` with the real lm-eval bridge.
+
+With ``reuse_workers=True`` on both stages' LocalRunner, the run keeps one pool of warm workers:
+an eval task (which loads no model) scores in a worker the infer stage warmed, once no infer task
+still to start wants it, instead of in a new process that imports lm-eval again.  It must give the
+numbers fresh processes give (a worker leaks nothing between tasks that changes a result), and
+``reuse_workers=False`` on the eval stage keeps one fresh process per eval task.
+
+The tasks are tests/datasets/lmeval_toy.py's, answered by ``DeterministicModel``: ``arith`` (all
+right) and the group ``pair`` whose ``small`` subtask's gold answers are wrong (5 of 7 right).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(REPO / "tests" / "datasets"))
+import lmeval_toy as toy  # noqa: E402
+
+sys.path.pop(0)
+
+DATASETS = ("dict(type=LmEvalDataset, abbr='arith', task='arith', include_path={tasks!r}), "
+            "dict(type=LmEvalDataset, abbr='pair', task='pair', include_path={tasks!r})")
+
+
+def _run(tmp: Path, name: str, tasks: Path, eval_warm: bool) -> Path:
+    """``run.py`` on both datasets, one warm infer worker, the eval stage warm or not: the run folder.  The eval
+    stage after the infer stage (``overlap=False``): beside it, an eval task ready while an infer task that
+    wants the worker is still to start takes a worker of its own (which one it gets would be timing)."""
+    cfg = toy.config(tmp / f"{name}.py", tasks, tmp / name, DATASETS)
+    cfg.write_text(cfg.read_text() + (
+        "from orchestra.runners import LocalRunner\n"
+        "from orchestra.tasks import EvalTask, InferTask\n"
+        "infer = dict(runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers=True, task=dict(type=InferTask)))\n"
+        f"eval = dict(overlap=False, runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers={eval_warm}, "
+        "task=dict(type=EvalTask)))\n"))
+    done = toy.run(cfg, environ=toy.env(tmp / "cache"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run,) = glob.glob(str(tmp / name / "*"))
+    return Path(run)
+
+
+def _pids(run: Path) -> dict[str, list[int]]:
+    """The pid each task's attempts started in, by stage."""
+    pids: dict[str, list[int]] = {"infer": [], "eval": []}
+    for line in (run / "events.jsonl").read_text().splitlines():
+        event = json.loads(line)
+        if event.get("event") == "started":
+            pids[event["stage"]].append(event["where"]["pid"])
+    return pids
+
+
+def _scores(run: Path) -> dict[str, Any]:
+    """Each dataset's metrics and per-sample details."""
+    out = {}
+    for abbr in ("arith", "pair"):
+        result = json.loads((run / "results" / "det" / f"{abbr}.json").read_text())
+        details = (run / "results" / "det" / f"{abbr}.details.jsonl").read_text().splitlines()
+        out[abbr] = (result["metrics"], [json.loads(d) for d in details if d.strip()])
+    return out
+
+
+def test_eval_tasks_score_in_the_infer_workers_with_the_numbers_of_fresh_processes(tmp_path: Path) -> None:
+    lay = tmp_path / "lay"
+    tasks = toy.write(lay)
+    toy.write_data(lay, "small", wrong=True)
+
+    warm = _run(tmp_path, "warm", tasks, eval_warm=True)
+    pids = _pids(warm)
+    assert len(set(pids["infer"])) == 1 and len(pids["eval"]) == 2, pids
+    # both datasets scored one after the other in the worker that ran the inference (was: a pool of the eval
+    # stage's own, a new process importing lm-eval again)
+    assert set(pids["eval"]) == set(pids["infer"]), pids
+
+    cold = _run(tmp_path, "cold", tasks, eval_warm=False)
+    cold_pids = _pids(cold)
+    # reuse_workers=False on the eval stage: a fresh process per eval task, none of them the infer worker
+    assert len(set(cold_pids["eval"])) == 2 and not set(cold_pids["eval"]) & set(cold_pids["infer"]), cold_pids
+
+    got, want = _scores(warm), _scores(cold)
+    assert got["arith"][0]["exact_match,none"] == 1.0
+    assert abs(got["pair"][0]["exact_match,none"] - 5 / 7) < 1e-9, got["pair"][0]
+    assert got == want
