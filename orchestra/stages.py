@@ -124,8 +124,11 @@ def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunCont
     the infer stage where the config lets it; stops early once ``ctx.stop`` is set.  Returns the
     result of every task that was launched."""
     results: list[TaskResult] = []
-    made_shared = ctx.shared is None
-    if made_shared:  # warm workers outlive a stage: the eval stage scores in those the infer stage warmed
+    # warm workers outlive the infer stage when the eval stage has them too: it scores in those the infer
+    # stage warmed (otherwise they go at the infer stage's end, their memory with them)
+    made_shared = ctx.shared is None and "eval" in stages and all(
+        getattr(runners.get(s), "reuse_workers", False) for s in ("infer", "eval"))
+    if made_shared:
         ctx.shared = Shared()
     overlap = (stages == ["infer", "eval"] and cfg.stages["eval"].overlap and not debug
                and made.tasks["infer"] and made.tasks["eval"])

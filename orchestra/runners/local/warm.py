@@ -142,7 +142,8 @@ class PipePool:
         worker_key = model_part(key)
         if self.to_start[worker_key]:
             self.to_start[worker_key] -= 1
-        borrowed = self._borrowable(key) if job.task.stage == "eval" else None
+        # only a task on no GPU: a worker's GPUs are fixed once it has used them
+        borrowed = self._borrowable(key) if job.task.stage == "eval" and job.task.num_gpus == 0 else None
         if borrowed is not None:
             borrowed.busy = True
             worker: Worker[str] | None = borrowed

@@ -36,7 +36,8 @@ def _run(tmp: Path, name: str, tasks: Path, eval_warm: bool) -> Path:
     cfg.write_text(cfg.read_text() + (
         "from orchestra.runners import LocalRunner\n"
         "from orchestra.tasks import EvalTask, InferTask\n"
-        "infer = dict(runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers=True, task=dict(type=InferTask)))\n"
+        "infer = dict(runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers=True,\n"
+        "                         task=dict(type=InferTask)))\n"
         f"eval = dict(overlap=False, runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers={eval_warm}, "
         "task=dict(type=EvalTask)))\n"))
     done = toy.run(cfg, environ=toy.env(tmp / "cache"))
@@ -86,3 +87,61 @@ def test_eval_tasks_score_in_the_infer_workers_with_the_numbers_of_fresh_process
     assert got["arith"][0]["exact_match,none"] == 1.0
     assert abs(got["pair"][0]["exact_match,none"] - 5 / 7) < 1e-9, got["pair"][0]
     assert got == want
+
+
+CRASHING = '''
+import os
+from orchestra.evaluators.basic import NumericMatchEvaluator
+
+
+class CrashOnce(NumericMatchEvaluator):
+    """Ends its process (exit status 3) the first time it scores, as a segfaulting metric would."""
+
+    def score(self, records):
+        marker = os.environ["CRASH_MARKER"]
+        if not os.path.exists(marker):
+            open(marker, "w").close()
+            os._exit(3)
+        return super().score(records)
+'''
+
+
+def test_an_eval_task_that_kills_the_borrowed_worker_is_retried_in_a_new_one(tmp_path: Path) -> None:
+    (tmp_path / "crashing_eval.py").write_text(CRASHING)
+    entries = []
+    for abbr, evaluator in (("plain", "'numeric_match'"), ("crashy", "dict(type='crashing_eval.CrashOnce')")):
+        data = tmp_path / f"{abbr}.jsonl"
+        data.write_text("".join(json.dumps({"question": f"{i} + 1 =", "answer": str(i + 1)}) + "\n" for i in range(3)))
+        entries.append(f"dict(type=JsonlDataset, abbr={abbr!r}, path={str(data)!r}, reader_cfg=dict("
+                       "input_columns=['question'], output_column='answer'), infer_cfg=dict(prompt_template="
+                       f"'{{question}}', inferencer=dict(type='gen', max_out_len=8)), "
+                       f"eval_cfg=dict(evaluator={evaluator}))")
+    cfg = tmp_path / "cfg.py"
+    cfg.write_text(
+        "from orchestra.datasets import JsonlDataset\n"
+        "from orchestra.models.fake import DeterministicModel\n"
+        "from orchestra.runners import LocalRunner\n"
+        "from orchestra.tasks import EvalTask, InferTask\n"
+        "models = [dict(type=DeterministicModel, abbr='det')]\n"
+        f"datasets = [{', '.join(entries)}]\n"
+        "_runner = dict(type=LocalRunner, max_num_workers=1, reuse_workers=True, retry=1, retry_backoff_s=0.1)\n"
+        "infer = dict(runner=dict(_runner, task=dict(type=InferTask)))\n"
+        "eval = dict(overlap=False, runner=dict(_runner, task=dict(type=EvalTask)))\n"
+        f"work_dir = {str(tmp_path / 'out')!r}\n")
+    env = {**toy.env(tmp_path / "cache"), "CRASH_MARKER": str(tmp_path / "crashed"),
+           "PYTHONPATH": f"{tmp_path}:{REPO}"}
+    done = toy.run(cfg, environ=env)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run,) = glob.glob(str(tmp_path / "out" / "*"))
+    events = [json.loads(line) for line in (Path(run) / "events.jsonl").read_text().splitlines()]
+    started = [(e["task_id"], e["where"]["pid"]) for e in events if e.get("event") == "started"]
+    infer_pids = {pid for task, pid in started if task.startswith("infer_")}
+    crashy = [pid for task, pid in started if task == "eval_det_crashy"]
+    # the first attempt died with the infer worker it borrowed; the retry ran in a new worker
+    assert len(infer_pids) == 1 and len(crashy) == 2, started
+    assert crashy[0] in infer_pids and crashy[1] not in infer_pids, started
+    retry = next(e for e in events if e.get("event") == "retry" and e["task_id"] == "eval_det_crashy")
+    assert "warm worker exited with code 3 during the task" in json.dumps(retry), retry
+    plain, crashed = (json.loads((Path(run) / "results" / "det" / f"{abbr}.json").read_text())["metrics"]
+                      for abbr in ("plain", "crashy"))
+    assert crashed == plain and plain["numeric_match"] > 0, (plain, crashed)
