@@ -14,9 +14,14 @@ from __future__ import annotations
 
 import glob
 import json
+import os
+import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from tests.helpers import wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "datasets"))
@@ -91,6 +96,7 @@ def test_eval_tasks_score_in_the_infer_workers_with_the_numbers_of_fresh_process
 
 CRASHING = '''
 import os
+import time
 from orchestra.evaluators.basic import NumericMatchEvaluator
 
 
@@ -103,19 +109,30 @@ class CrashOnce(NumericMatchEvaluator):
             open(marker, "w").close()
             os._exit(3)
         return super().score(records)
+
+
+class Slow(NumericMatchEvaluator):
+    """Scores after its marker says it started and a long wait (the test interrupts it)."""
+
+    def score(self, records):
+        open(os.environ["CRASH_MARKER"], "w").close()
+        time.sleep(120)
+        return super().score(records)
 '''
 
 
-def test_an_eval_task_that_kills_the_borrowed_worker_is_retried_in_a_new_one(tmp_path: Path) -> None:
+def _jsonl_config(tmp_path: Path, evaluator: str) -> Path:
+    """``plain`` (numeric_match) and ``crashy`` (scored by ``evaluator``, a class of ``crashing_eval.py``
+    beside the config): one warm worker per stage, one retry, the eval stage after the infer stage."""
     (tmp_path / "crashing_eval.py").write_text(CRASHING)
     entries = []
-    for abbr, evaluator in (("plain", "'numeric_match'"), ("crashy", "dict(type='crashing_eval.CrashOnce')")):
+    for abbr, scorer in (("plain", "'numeric_match'"), ("crashy", evaluator)):
         data = tmp_path / f"{abbr}.jsonl"
         data.write_text("".join(json.dumps({"question": f"{i} + 1 =", "answer": str(i + 1)}) + "\n" for i in range(3)))
         entries.append(f"dict(type=JsonlDataset, abbr={abbr!r}, path={str(data)!r}, reader_cfg=dict("
                        "input_columns=['question'], output_column='answer'), infer_cfg=dict(prompt_template="
                        f"'{{question}}', inferencer=dict(type='gen', max_out_len=8)), "
-                       f"eval_cfg=dict(evaluator={evaluator}))")
+                       f"eval_cfg=dict(evaluator={scorer}))")
     cfg = tmp_path / "cfg.py"
     cfg.write_text(
         "from orchestra.datasets import JsonlDataset\n"
@@ -128,12 +145,24 @@ def test_an_eval_task_that_kills_the_borrowed_worker_is_retried_in_a_new_one(tmp
         "infer = dict(runner=dict(_runner, task=dict(type=InferTask)))\n"
         "eval = dict(overlap=False, runner=dict(_runner, task=dict(type=EvalTask)))\n"
         f"work_dir = {str(tmp_path / 'out')!r}\n")
-    env = {**toy.env(tmp_path / "cache"), "CRASH_MARKER": str(tmp_path / "crashed"),
-           "PYTHONPATH": f"{tmp_path}:{REPO}"}
-    done = toy.run(cfg, environ=env)
+    return cfg
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {**toy.env(tmp_path / "cache"), "CRASH_MARKER": str(tmp_path / "crashed"),
+            "PYTHONPATH": f"{tmp_path}:{REPO}"}
+
+
+def _events(run: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_an_eval_task_that_kills_the_borrowed_worker_is_retried_in_a_new_one(tmp_path: Path) -> None:
+    cfg = _jsonl_config(tmp_path, "dict(type='crashing_eval.CrashOnce')")
+    done = toy.run(cfg, environ=_env(tmp_path))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     (run,) = glob.glob(str(tmp_path / "out" / "*"))
-    events = [json.loads(line) for line in (Path(run) / "events.jsonl").read_text().splitlines()]
+    events = _events(Path(run))
     started = [(e["task_id"], e["where"]["pid"]) for e in events if e.get("event") == "started"]
     infer_pids = {pid for task, pid in started if task.startswith("infer_")}
     crashy = [pid for task, pid in started if task == "eval_det_crashy"]
@@ -145,3 +174,38 @@ def test_an_eval_task_that_kills_the_borrowed_worker_is_retried_in_a_new_one(tmp
     plain, crashed = (json.loads((Path(run) / "results" / "det" / f"{abbr}.json").read_text())["metrics"]
                       for abbr in ("plain", "crashy"))
     assert crashed == plain and plain["numeric_match"] > 0, (plain, crashed)
+
+
+def test_ctrl_c_during_an_eval_task_in_a_borrowed_worker_stops_it_and_r_finishes(tmp_path: Path) -> None:
+    cfg = _jsonl_config(tmp_path, "dict(type='crashing_eval.Slow')")
+    proc = subprocess.Popen([sys.executable, str(REPO / "run.py"), str(cfg)], env=_env(tmp_path), cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: (tmp_path / "crashed").exists() or proc.poll() is not None, 120, "the slow eval to start")
+        assert proc.poll() is None, "the run ended before it could be interrupted"
+        (run,) = glob.glob(str(tmp_path / "out" / "*"))
+        started = [(e["task_id"], e["where"]["pid"]) for e in _events(Path(run)) if e.get("event") == "started"]
+        pids = {pid for _, pid in started}
+        assert len(pids) == 1 and started[-1][0] == "eval_det_crashy", started  # in the infer worker
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in pids), 10,
+             "the warm worker to be gone")
+    assert any(e.get("event") == "cancelled" and e["task_id"] == "eval_det_crashy" for e in _events(Path(run)))
+    (tmp_path / "crashing_eval.py").write_text(CRASHING.replace("time.sleep(120)", "pass"))
+    again = toy.run(cfg, "-r", environ=_env(tmp_path))
+    assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
+    assert json.loads((Path(run) / "results" / "det" / "crashy.json").read_text())["metrics"]["numeric_match"] > 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
