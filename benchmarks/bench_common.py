@@ -7,6 +7,7 @@ import contextlib
 import glob
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -83,6 +84,7 @@ class TreeRun:
     returncode: int
     stdout: str
     stderr: str
+    cpu_s: float = 0.0  # user + system seconds of the command and every descendant it waited for
 
 
 def _tree(pid: int) -> list[int]:
@@ -120,6 +122,7 @@ def run_tree(argv: list[str], env: dict[str, str], cwd: Path, sample_s: float = 
     """
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
         started_at, t0 = time.time(), time.monotonic()
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         proc = subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=err, text=True)
         peak_rss = peak_anon = 0
         while proc.poll() is None:
@@ -129,6 +132,9 @@ def run_tree(argv: list[str], env: dict[str, str], cwd: Path, sample_s: float = 
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(sample_s)
         wall = time.monotonic() - t0
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
         out.seek(0)
         err.seek(0)
-        return TreeRun(started_at, wall, peak_rss / 1024, peak_anon / 1024, proc.returncode, out.read(), err.read())
+        return TreeRun(started_at, wall, peak_rss / 1024, peak_anon / 1024, proc.returncode, out.read(), err.read(),
+                       cpu)

@@ -57,10 +57,11 @@ def dataset_entry(name: str, tasks: Path, limit: int, **options: Any) -> str:
 
 
 def run_orchestra(tmp: Path, entries: list[str], runner_extra: str = "",
-                  argv: tuple[str, ...] = ()) -> tuple[TreeRun, Path, dict[str, dict[str, float]]]:
+                  argv: tuple[str, ...] = (), repo: Path = REPO) -> tuple[TreeRun, Path, dict[str, dict[str, float]]]:
     """``run.py`` on ``HF_MODEL`` and these dataset entries (their ``abbr`` is their task name):
     the measure, the run folder and each dataset's metrics.  Infer in 2 tasks, 2 workers per stage;
-    ``runner_extra`` adds LocalRunner keys (source text such as ``", reuse_workers=True"``)."""
+    ``runner_extra`` adds LocalRunner keys (source text such as ``", reuse_workers=True"``); ``repo``:
+    the checkout whose orchestra runs (another commit's, for a before/after)."""
     work = tmp / f"orch_{time.monotonic_ns()}"
     cfg = tmp / f"{work.name}.py"
     cfg.write_text(
@@ -76,7 +77,8 @@ def run_orchestra(tmp: Path, entries: list[str], runner_extra: str = "",
         "             runner=dict(_runner, task=dict(type=InferTask)))\n"
         "eval = dict(partitioner=dict(type=NaivePartitioner), runner=dict(_runner, task=dict(type=EvalTask)))\n"
         f"work_dir = {str(work)!r}\n")
-    done = run_tree([sys.executable, str(REPO / "run.py"), str(cfg), *argv], lmeval_env(), tmp)
+    done = run_tree([sys.executable, str(repo / "run.py"), str(cfg), *argv], {**lmeval_env(), "PYTHONPATH": str(repo)},
+                    tmp)
     if done.returncode != 0:
         sys.exit(f"orchestra failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
     (run,) = (p for p in work.iterdir() if p.is_dir())

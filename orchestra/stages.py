@@ -16,6 +16,7 @@ from types import FrameType
 from typing import Any
 
 from orchestra.runners.base import BaseRunner, RunContext, TaskResult
+from orchestra.runners.core.run import Shared
 from orchestra.summary.progress import StageProgress, api_model_abbrs
 from orchestra.terminal import say
 
@@ -86,7 +87,7 @@ class EvalAlongside:
         lines: Any = _LineStream(sys.stderr)
         self.progress = None if quiet else StageProgress("eval", tasks, ctx.paths.events, stream=lines)
         self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream,
-                              host=ctx.host)
+                              host=ctx.host, shared=ctx.shared)
         self.runner, self.tasks, self.quiet = runner, tasks, quiet
         self.results: list[TaskResult] = []
         self.error: BaseException | None = None
@@ -123,6 +124,12 @@ def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunCont
     the infer stage where the config lets it; stops early once ``ctx.stop`` is set.  Returns the
     result of every task that was launched."""
     results: list[TaskResult] = []
+    # warm workers outlive the infer stage when the eval stage has them too: it scores in those the infer
+    # stage warmed (otherwise they go at the infer stage's end, their memory with them)
+    made_shared = ctx.shared is None and "eval" in stages and all(
+        getattr(runners.get(s), "reuse_workers", False) for s in ("infer", "eval"))
+    if made_shared:
+        ctx.shared = Shared()
     overlap = (stages == ["infer", "eval"] and cfg.stages["eval"].overlap and not debug
                and made.tasks["infer"] and made.tasks["eval"])
     eval_side = EvalAlongside(runners["eval"], made.tasks["eval"], ctx, quiet) if overlap else None
@@ -148,6 +155,12 @@ def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunCont
                 if progress is not None:
                     progress.close()
     finally:
-        if eval_side is not None:
-            results += eval_side.join()
+        try:
+            if eval_side is not None:
+                results += eval_side.join()
+        finally:
+            if made_shared:
+                assert ctx.shared is not None
+                ctx.shared.close()
+                ctx.shared = None
     return results

@@ -7,6 +7,7 @@ import os
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from orchestra.events import EventLog
 from orchestra.fileio import append_line
@@ -57,6 +58,35 @@ class Results(dict[str, TaskResult]):
             self.on_end(task_id)
 
 
+class Shared:
+    """Objects the launches of one run share, made on first use by name and closed once, by
+    whoever made this (``run_stages``, at the run's end).  Safe to use from the stages' threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._objects: dict[Any, Any] = {}
+
+    def get(self, name: Any, make: Callable[[], Any]) -> Any:
+        """The object called ``name``, made by ``make()`` if there is none yet."""
+        with self._lock:
+            if name not in self._objects:
+                self._objects[name] = make()
+            return self._objects[name]
+
+    def close(self) -> None:
+        """Close every object (its ``close()``), each once, even if one raises."""
+        with self._lock:
+            objects, self._objects = list(self._objects.values()), {}
+        errors = []
+        for obj in objects:
+            try:
+                obj.close()
+            except Exception as exc:  # noqa: BLE001 - the others still close; the first is raised
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+
 @dataclass
 class RunContext:
     """What a runner needs from the run: its folder, its event log, and the stop flag."""
@@ -72,6 +102,9 @@ class RunContext:
     #: this machine's GPUs and cores as the run's local runners hand them out (the stages
     #: share one when they run side by side); None: each local runner keeps its own
     host: HostCapacity | None = None
+    #: what the run's launches share beyond one launch (the local runner's warm workers, so the
+    #: eval stage scores in the processes the infer stage warmed); None: each launch its own
+    shared: Shared | None = None
 
     def inputs_may_come(self) -> bool:
         return self.upstream is not None and self.upstream.is_set()

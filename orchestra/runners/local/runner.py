@@ -107,10 +107,17 @@ class LocalRunner(BaseRunner, Resources):
 
     def open(self, ctx: RunContext, tasks: Sequence[TaskSpec]) -> Session:
         self._host = ctx.host or HostCapacity()
-        pool = PipePool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs) if self.reuse_workers else None
+        pool = None
+        if self.reuse_workers and ctx.shared is not None:  # the run's pool, which its other stage may use too
+            pool = ctx.shared.get(("local-warm", self.kill_grace_s, ctx.paths.worker_logs),
+                                  lambda: PipePool(0, self.kill_grace_s, ctx.paths.worker_logs))
+            pool.join(self.max_num_workers, [t.worker_key for t in tasks])
+        elif self.reuse_workers:
+            pool = PipePool(self.max_num_workers, self.kill_grace_s, ctx.paths.worker_logs)
         hands_out_gpus = any(t.num_gpus > 0 and self.unfit(t) is None for t in tasks)
         sampler = gpumon.acquire(ctx.paths, self.gpus, self.gpu_sample_s) if hands_out_gpus else None
-        return LocalSession(self, pool, sampler)
+        shared = [t.worker_key for t in tasks] if pool is not None and ctx.shared is not None else None
+        return LocalSession(self, pool, sampler, shared)
 
     # -- resources ---------------------------------------------------------------------------
     def unfit(self, task: TaskSpec) -> str | None:
@@ -153,10 +160,12 @@ class LocalRunner(BaseRunner, Resources):
 class LocalSession(Session):
     """One launch of a LocalRunner: its processes (or warm workers), and those being stopped."""
 
-    def __init__(self, runner: LocalRunner, pool: PipePool | None, sampler: str | None = None) -> None:
+    def __init__(self, runner: LocalRunner, pool: PipePool | None, sampler: str | None = None,
+                 shared: list[str] | None = None) -> None:
         self.runner = runner
         self.resources = runner
         self.pool = pool
+        self.shared = shared  # the worker keys of its tasks when the pool is the run's (closed by the run)
         self.sampler = sampler  # this launch's share of the run's GPU sampler (gpumon.acquire)
         self.stops = BackgroundStops("local")
 
@@ -218,7 +227,9 @@ class LocalSession(Session):
     def close(self) -> None:
         try:
             self.stops.wait(self.runner.kill_grace_s + 10)
-            if self.pool is not None:
+            if self.pool is not None and self.shared is not None:
+                self.pool.leave(self.runner.max_num_workers, self.shared)
+            elif self.pool is not None:
                 self.pool.close()
             self.pool = None
         finally:

@@ -5,6 +5,11 @@ idle worker of its key; otherwise a new worker starts at once, replacing an idle
 is full: the warm pool of ``core/warm.py``, shared with the Ray pool, over this module's transport,
 a process whose requests go down its stdin and whose answers come back on a pipe.  See
 ``orchestra/tasks/worker.py`` for the worker's side of the protocol.
+
+One pool serves every warm launch of a run (the infer and the eval stage, side by side or one
+after the other): an eval task, which loads no model, runs in an idle worker of any key once no
+infer task still to start wants that worker, so it scores where the infer stage already imported
+what scoring needs (lm-eval's bridge: lm-eval and its task index) instead of in a new process.
 """
 
 from __future__ import annotations
@@ -14,8 +19,10 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,17 +90,65 @@ def hang_up(worker: Worker[str], reply: bool = True) -> None:
             pass
 
 
+def model_part(key: str) -> str:
+    """The ``worker_key`` in a pool key ``<worker_key>|<GPU ids>``."""
+    return key.rpartition("|")[0]
+
+
 class PipePool:
-    """At most ``max_workers`` warm workers, handed out by key (``WarmPool`` over :class:`Pipes`)."""
+    """At most ``max_workers`` warm workers, handed out by key (``WarmPool`` over :class:`Pipes`).
+
+    Shared by launches (:meth:`join`, :meth:`leave`): their loops may call it from two threads, and
+    each runs at most its own ``max_num_workers`` jobs, so the pool holds the sum of theirs."""
 
     def __init__(self, max_workers: int, kill_grace_s: float, log_dir: str) -> None:
         self.pipes = Pipes(kill_grace_s, log_dir)
         self.pool: WarmPool[str] = WarmPool(self.pipes, max_workers, f"worker-{os.getpid()}")
+        self.lock = threading.RLock()
+        self.to_start: Counter[str] = Counter()  # infer tasks of a launch not submitted yet, by worker_key
+
+    def join(self, max_workers: int, worker_keys: Iterable[str]) -> None:
+        """A launch of at most ``max_workers`` jobs at once, whose tasks need workers of ``worker_keys``
+        (one entry per task) comes in."""
+        with self.lock:
+            self.pool.max_workers += max_workers
+            self.to_start.update(worker_keys)
+
+    def leave(self, max_workers: int, worker_keys: Iterable[str]) -> None:
+        """That launch ended: its room goes, and its tasks want no worker any more (its idle workers
+        stay, for the next launch's tasks)."""
+        with self.lock:
+            self.pool.max_workers -= max_workers
+            for key in set(worker_keys):
+                self.to_start.pop(key, None)
+
+    def _borrowable(self, key: str) -> Worker[str] | None:
+        """For a task that needs no model (eval): an idle worker of its own ``key``, else the idle one
+        used last whose model no task still to start wants (None: start one of ``key``)."""
+        idle = [w for w in self.pool.workers.values() if w.ready and not w.busy]
+        if any(w.key == key for w in idle):
+            return None  # take() picks it
+        free = [w for w in idle if not self.to_start[model_part(w.key)]]
+        return max(free, key=lambda w: w.idle_since) if free else None
 
     def run(self, job: Job, key: str) -> Worker[str]:
-        """Send ``job`` to a warm worker of ``key``, starting one if needed."""
+        """Send ``job`` to a warm worker of ``key`` (an eval task: of any key that no infer task still
+        wants), starting one if needed."""
+        with self.lock:
+            return self._run(job, key)
+
+    def _run(self, job: Job, key: str) -> Worker[str]:
         self.detach([w for w in self.pool.workers.values() if not w.busy and w.handle.proc.poll() is not None])
-        worker = self.pool.take(key) or self.pool.start(key, job.command.env)
+        worker_key = model_part(key)
+        if self.to_start[worker_key]:
+            self.to_start[worker_key] -= 1
+        # only a task on no GPU: a worker's GPUs are fixed once it has used them
+        borrowed = self._borrowable(key) if job.task.stage == "eval" and job.task.num_gpus == 0 else None
+        if borrowed is not None:
+            borrowed.busy = True
+            worker: Worker[str] | None = borrowed
+        else:
+            worker = self.pool.take(key) or self.pool.start(key, job.command.env)
         assert worker is not None, "the loop runs at most max_workers jobs, so an idle worker makes room"
         request = {"spec": job.command.argv[-1], "log": job.log_path, "env": job.command.env}
         stdin = worker.handle.proc.stdin
@@ -109,6 +164,10 @@ class PipePool:
 
     def poll(self, worker: Worker[str]) -> Exit | None:
         """How ``worker``'s task ended (its answer on the pipe, or the process gone), or None."""
+        with self.lock:
+            return self._poll(worker)
+
+    def _poll(self, worker: Worker[str]) -> Exit | None:
         pipe: Pipe = worker.handle
         try:
             chunk = os.read(pipe.reply_fd, 4096)
@@ -135,16 +194,19 @@ class PipePool:
 
     def detach(self, workers: list[Worker[str]]) -> list[subprocess.Popen[bytes]]:
         """Take these workers out of the pool (a cancel stops their processes, off the loop)."""
-        for w in workers:
-            if self.pool.workers.pop(w.ident, None) is not None:
-                hang_up(w)
-        return [w.handle.proc for w in workers]
+        with self.lock:
+            for w in workers:
+                if self.pool.workers.pop(w.ident, None) is not None:
+                    hang_up(w)
+            return [w.handle.proc for w in workers]
 
     def close(self) -> None:
         """Let idle workers exit on end of input; kill whatever does not."""
-        for w in self.pool.workers.values():
-            hang_up(w, reply=False)
-        deadline = time.monotonic() + self.pipes.kill_grace_s
-        while time.monotonic() < deadline and any(w.handle.proc.poll() is None for w in self.pool.workers.values()):
-            time.sleep(0.02)
-        self.pool.close()
+        with self.lock:
+            for w in self.pool.workers.values():
+                hang_up(w, reply=False)
+            deadline = time.monotonic() + self.pipes.kill_grace_s
+            while time.monotonic() < deadline and any(w.handle.proc.poll() is None
+                                                      for w in self.pool.workers.values()):
+                time.sleep(0.02)
+            self.pool.close()
