@@ -34,6 +34,14 @@ class Summary:
     missing: list[dict[str, str]] = field(default_factory=list)  # {"model", "dataset", "reason"}
     #: (dataset, metric, model) -> the metric's estimate (``Estimate.to_json()``: stderr, ci, n, method)
     estimates: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    #: results scored with prediction errors (``error_tolerance``): {"model", "dataset", "failed", "samples"}
+    prediction_errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def error_lines(self) -> list[str]:
+        """One line per result whose score counts samples that inference failed as wrong, so a
+        tolerated failure is never shown as a whole result."""
+        return [f"{e['model']} / {e['dataset']}: {e['failed']} of {e['samples']} samples failed at inference "
+                "(within error_tolerance) and are counted as wrong" for e in self.prediction_errors]
 
     def estimate(self, row: dict[str, Any], model: str) -> dict[str, Any] | None:
         """The estimate of ``row``'s metric for ``model`` (None: the result has none)."""
@@ -127,6 +135,10 @@ def build_summary(paths: RunPaths, models: list[str], eval_units: list[tuple[str
             with open(unit.output, encoding="utf-8") as f:
                 result = json.load(f)
             by_dataset[unit.dataset_abbr][model] = result["metrics"]
+            failed = result.get("num_failed_samples")
+            if isinstance(failed, int) and failed > 0:
+                summary.prediction_errors.append({"model": model, "dataset": unit.dataset_abbr, "failed": failed,
+                                                  "samples": result.get("num_samples")})
             for metric, est in (result.get("estimates") or {}).items():
                 summary.estimates[(unit.dataset_abbr, metric, model)] = est
             continue
@@ -200,6 +212,8 @@ def render_markdown(summary: Summary) -> str:
         lines.append(md_row([row["dataset"], row["metric"], *(summary.cell(row, m) for m in summary.models)]))
     if summary.legend():
         lines += ["", md_cell(f"({summary.legend()})")]
+    if summary.prediction_errors:
+        lines += ["", "Prediction errors:"] + [f"- {md_cell(text)}" for text in summary.error_lines()]
     if summary.missing:
         lines.append("")
         lines.append("Missing results:")
@@ -217,6 +231,7 @@ def render_text(summary: Summary) -> str:
     lines += [fmt.format(*r) for r in body]
     if summary.legend():
         lines.append(f"({summary.legend()})")
+    lines += [f"! {text}" for text in summary.error_lines()]
     for miss in summary.missing:
         lines.append(f"- {miss['model']} / {miss['dataset']}: {miss['reason']}")
     return "\n".join(lines) + "\n"
@@ -237,7 +252,8 @@ def write_summary(summary: Summary, paths: RunPaths) -> None:
                  for (d, m, model), est in summary.estimates.items()]
     atomic_write_json(
         os.path.join(folder, "summary.json"),
-        {"models": summary.models, "rows": summary.rows, "missing": summary.missing, "estimates": estimates},
+        {"models": summary.models, "rows": summary.rows, "missing": summary.missing, "estimates": estimates,
+         "prediction_errors": summary.prediction_errors},
     )
     buf = io.StringIO()
     writer = csv.writer(buf)
