@@ -36,7 +36,7 @@ class Registry:
         if isinstance(spec, type):
             if _unimportable(dotted_name(spec)) or import_dotted(dotted_name(spec)) is not spec:
                 raise ConfigError(f"{where}: {self.kind} type {dotted_name(spec)!r} {NOT_BY_NAME}")
-            return spec
+            return self._of_base(spec, dotted_name(spec), where)
         if not isinstance(spec, str) or not spec:
             raise ConfigError(f"{where}: type must be a class or a name, got {spec!r}")
         target = self._entries.get(spec, spec)
@@ -51,6 +51,10 @@ class Registry:
                 f"{where}: unknown {self.kind} type {spec!r}; valid: {', '.join(self.names())} "
                 "or a dotted path to a class"
             )
+        return self._of_base(cls, spec, where)
+
+    def _of_base(self, cls: type, spec: str, where: str) -> type:
+        """``cls`` if it derives from this kind's base class (a class given itself or by its name)."""
         if self.base is not None:
             base = import_dotted(self.base)
             if isinstance(base, type) and not issubclass(cls, base):

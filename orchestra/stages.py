@@ -127,7 +127,7 @@ def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunCont
     # warm workers outlive the infer stage when the eval stage has them too: it scores in those the infer
     # stage warmed (otherwise they go at the infer stage's end, their memory with them)
     made_shared = ctx.shared is None and "eval" in stages and all(
-        getattr(runners.get(s), "reuse_workers", False) for s in ("infer", "eval"))
+        s in runners and runners[s].shares_warm_workers for s in ("infer", "eval"))
     if made_shared:
         ctx.shared = Shared()
     overlap = (stages == ["infer", "eval"] and cfg.stages["eval"].overlap and not debug

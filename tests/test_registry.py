@@ -160,3 +160,15 @@ def test_a_nested_class_of_a_users_module_runs_in_the_task_processes(tmp_path: P
                              "class Outer:\n    class Inner(DeterministicModel):\n        pass\n", "Outer.Inner")
     assert res.returncode == 0, res.stdout + res.stderr
     assert "d        numeric_match  1.0000" in res.stdout, res.stdout
+
+
+def test_a_class_given_itself_must_derive_from_its_kinds_base_as_one_given_by_name() -> None:
+    """A config built in Python (``orchestra.api``) hands the class itself, not its name: it is
+    checked against the kind's base class all the same (the config check then relies on it)."""
+    from orchestra.registry import RUNNERS
+    from orchestra.runners.local import LocalRunner
+
+    assert RUNNERS.resolve(LocalRunner, "infer.runner") is LocalRunner
+    with pytest.raises(ConfigError, match=r"infer.runner: 'collections.OrderedDict' is not a runner "
+                                          r"\(collections.OrderedDict does not derive from BaseRunner\)"):
+        RUNNERS.resolve(OrderedDict, "infer.runner")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, cast
 
 from orchestra.config.chatcheck import check_chat_templates
 from orchestra.config.relpaths import found as found_path
@@ -24,6 +24,14 @@ from orchestra.inferencers import get_inferencer, inferencer_cfg
 from orchestra.models.base import BaseModel
 from orchestra.paths import safe_name, shard_file_stem
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
+
+
+class _ChecksTemplate(Protocol):
+    """What of a runner class the config check calls (``BaseRunner.check_template``; the config
+    layer does not import the runners)."""
+
+    @classmethod
+    def check_template(cls, template: str | list[str]) -> None: ...
 
 # (``prices`` is taken out by orchestra.api before validation; it is here for the error message)
 TOP_LEVEL_KEYS = ("models", "datasets", "infer", "eval", "work_dir", "sweep", "prices", "summarizer")
@@ -315,9 +323,9 @@ def _check_stage(name: str, cfg: Any, source: str) -> StageConfig:
         raise ConfigError(f"{where}.runner.task: {exc}") from None
     check_kwargs(runner_cls, runner_cfg, f"{where}.runner")
     template = runner_cfg.get("template")
-    if template is not None and hasattr(runner_cls, "check_template"):
+    if template is not None:  # RUNNERS resolves only classes that derive from BaseRunner
         try:
-            runner_cls.check_template(template)
+            cast(type[_ChecksTemplate], runner_cls).check_template(template)
         except ConfigError as exc:
             raise ConfigError(f"{where}.runner.template: {exc}") from None
     return StageConfig(name, partitioner, runner_cls, runner_cfg, task_kwargs, overlap)

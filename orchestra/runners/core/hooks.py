@@ -46,6 +46,9 @@ class RunnerHooks(abc.ABC):
     # -- what the API and the stages ask ----------------------------------------------------------
     #: this machine's GPUs the runner hands its tasks (None: it hands out none; a cluster places them)
     gpus: list[str] | None = None
+    #: its warm workers may serve both stages of a run (``RunContext.shared``): when the infer and
+    #: the eval stage's runners both say so, eval tasks borrow the infer stage's warm workers
+    shares_warm_workers: bool = False
 
     def preflight(self) -> None:
         """A cheap check of what the runner will reach, asked once the plan is made and before any

@@ -102,6 +102,7 @@ class LocalRunner(BaseRunner, Resources):
         if reuse_workers and self.template is not None:
             raise ValueError("reuse_workers=True cannot be combined with a template")
         self.reuse_workers = reuse_workers
+        self.shares_warm_workers = reuse_workers  # one PipePool for both stages (local/warm.py)
         self.carries_exit_codes = not reuse_workers  # a warm worker answers done (0) or failed (1)
         self.gpu_sample_s = gpumon.check_period(gpu_sample_s)
 
