@@ -9,22 +9,15 @@ import time
 from pathlib import Path
 
 from orchestra.sandbox import run_process
+from tests.helpers import alive
 
 PY = sys.executable
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/status", encoding="utf-8") as f:
-            return "zombie" not in f.read()
-    except FileNotFoundError:
-        return False
 
 
 def _wait_dead(pid: int) -> None:
     """SIGKILL is delivered when the process next runs: give it that moment (5 s at most)."""
     for _ in range(500):
-        if not _alive(pid):
+        if not alive(pid):
             return
         time.sleep(0.01)
     raise AssertionError(f"process {pid} is still alive")

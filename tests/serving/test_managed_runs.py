@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import REPO, born, events, jsonl, run_cli, run_dirs, start_cli, still_alive, wait_for
+from tests.helpers import REPO, alive, born, events, jsonl, run_cli, run_dirs, start_cli, still_alive, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -58,14 +58,6 @@ def config(tmp_path: Path, server: dict[str, Any], rows: int = 12, out_len: int 
 
 def llama(replicas: int = 1, **extra: Any) -> dict[str, Any]:
     return dict(engine="llama.cpp", model=gguf(), replicas=replicas, threads=1, parallel=2, **extra)
-
-
-def alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def replica_pids(run: Path) -> list[int]:

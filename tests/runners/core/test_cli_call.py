@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from pathlib import Path
@@ -10,16 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestra.cluster.cli import CallError, CallTimeout, call
-from tests.helpers import wait_for
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().split()[2] != "Z"
+from tests.helpers import alive, wait_for
 
 
 def test_an_answer_comes_back_with_its_code_and_both_streams() -> None:

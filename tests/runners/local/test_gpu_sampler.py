@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import run_cli, run_dirs, start_cli
+from tests.helpers import alive, run_cli, run_dirs, start_cli
 from tests.report.chromium import Chromium, ChromiumMissing
 
 NVIDIA_SMI_DOUBLE = r"""#!/bin/bash
@@ -89,19 +89,11 @@ def _double_pids(tmp_path: Path) -> list[int]:
     return [int(line.split()[0]) for line in lines if "--query-gpu" in line]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _gone_soon(pid: int, within_s: float = 5.0) -> bool:
     deadline = time.monotonic() + within_s
-    while _alive(pid) and time.monotonic() < deadline:
+    while alive(pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return not _alive(pid)
+    return not alive(pid)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +111,7 @@ def test_sampler_double_writes_gpu_jsonl_is_gone_after_the_run_and_the_report_ha
     tmp_path, run = sampled
     pids = _double_pids(tmp_path)
     assert len(pids) == 1, "one long-lived sampler per run, not one per task or poll"
-    assert not _alive(pids[0]), "the nvidia-smi child outlived the run"
+    assert not alive(pids[0]), "the nvidia-smi child outlived the run"
 
     records = [json.loads(line) for line in (run / "gpu.jsonl").read_text().splitlines()]
     assert {r["gpu"] for r in records} == {0, 1}  # GPU 2 is not the runner's; junk lines skipped
@@ -201,7 +193,7 @@ def test_ctrl_c_stops_the_sampler_double_with_the_run(tmp_path: Path) -> None:
             time.sleep(0.1)
         assert list((tmp_path / "out").glob("*/gpu.jsonl")), "no samples before the deadline"
         (pid,) = _double_pids(tmp_path)
-        assert _alive(pid)
+        assert alive(pid)
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=30)
         assert _gone_soon(pid), "the nvidia-smi child outlived Ctrl-C"
@@ -253,7 +245,7 @@ def test_the_two_stages_share_one_sampler_the_last_release_stops_it(
             time.sleep(0.05)
         assert len(pids) == 1
         gpumon.release(first)  # the eval stage ends first: inference still samples
-        assert _alive(pids[0])
+        assert alive(pids[0])
         gpumon.release(second)
         assert _gone_soon(pids[0])
         gpumon.release(second)  # released again (a close after a close): nothing left to stop

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import wait_for
+from tests.helpers import alive, wait_for
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "datasets"))
@@ -194,7 +194,7 @@ def test_ctrl_c_during_an_eval_task_in_a_borrowed_worker_stops_it_and_r_finishes
             proc.kill()
             proc.communicate()
     assert proc.returncode == 130
-    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and _alive(pid) for pid in pids), 10,
+    wait_for(lambda: not any(os.path.exists(f"/proc/{pid}") and alive(pid) for pid in pids), 10,
              "the warm worker to be gone")
     assert any(e.get("event") == "cancelled" and e["task_id"] == "eval_det_crashy" for e in _events(Path(run)))
     (tmp_path / "crashing_eval.py").write_text(CRASHING.replace("time.sleep(120)", "pass"))
@@ -202,10 +202,3 @@ def test_ctrl_c_during_an_eval_task_in_a_borrowed_worker_stops_it_and_r_finishes
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert json.loads((Path(run) / "results" / "det" / "crashy.json").read_text())["metrics"]["numeric_match"] > 0
 
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
