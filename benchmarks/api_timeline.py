@@ -78,13 +78,22 @@ def render_timeline(log: list[Any], latency_s: float, span_s: float) -> str:
                      f"500s at answers {fails or '-'}")
     lines.append(f"last answer +{span_s:.3f} s")
     seen.clear()
+    gaps = []
     for i, group in enumerate(groups, 1):
         for d, t, key, status in group:
             seen[key] = seen.get(key, 0) + 1
-            if status != 500 or i < len(groups) - 2:
+            if status != 500:
                 continue
             answered = t - t0 + latency_s
             nxt = retry_sent.get((key, seen[key] + 1))
+            if nxt is not None:
+                gaps.append(nxt - answered)
+            if i < len(groups) - 2:
+                continue
             gap = f"retry sent +{nxt:.3f} s ({nxt - answered:+.3f} s after the 500)" if nxt is not None else "no retry"
             lines.append(f"  answer {d} (round {i}): sent +{t - t0:.3f} s, 500 at ~+{answered:.3f} s, {gap}")
+    if gaps:
+        gaps.sort()
+        lines.append(f"from a 500 to its retry's send: median {gaps[len(gaps) // 2]:.3f} s, max {gaps[-1]:.3f} s "
+                     f"({len(gaps)} retries)")
     return "\n".join(lines)
