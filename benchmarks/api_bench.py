@@ -2,6 +2,7 @@
 
     python benchmarks/api_bench.py              # every case, prints a markdown table
     python benchmarks/api_bench.py --cases c100 rate --n 500
+    python benchmarks/api_bench.py --cases err500 --seeds 1 2 3 --timeline   # where an error run's span goes
 
 The server (tests/servers/openai_server.py) runs as its own process on 127.0.0.1, so the
 client's CPU time is measured alone: each case runs the real infer task function
@@ -13,7 +14,8 @@ with SIGKILL (with its task process) at about half the samples, then resumed wit
 
 The server measures the request span: from the first request's arrival to the last
 response.  The limit is N x latency / connections, or for a rate limit of R requests/s
-with a bucket of B: (N - B) / R + latency.
+with a bucket of B: (N - B) / R + latency.  With random 500s the server's seeded draws set a
+floor of their own, the same for every client (``api_timeline.py``): the table shows it.
 """
 
 from __future__ import annotations
@@ -28,12 +30,14 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SERVER = os.path.join(ROOT, "tests", "servers", "openai_server.py")
 sys.path.insert(0, ROOT)
+
+from api_timeline import floor_rounds, render_timeline  # noqa: E402  (this folder, beside the script)
 
 
 # -- the server process ------------------------------------------------------------------------
@@ -62,8 +66,8 @@ class Server:
                     seed=0, api_key=None)
         self._call("POST", "/_config", {**base, **cfg})
 
-    def stats(self) -> dict[str, Any]:
-        return self._call("GET", "/_stats")
+    def stats(self, log: bool = False) -> dict[str, Any]:
+        return self._call("GET", "/_stats?log=1" if log else "/_stats")
 
     def close(self) -> None:
         assert self.proc.stdin is not None
@@ -215,7 +219,10 @@ CASES = {
                  target=1.20),
     "err500": Case("err500", "5% random 500s, 100 connections", 100, server={"fail_rate": 0.05, "seed": 7}),
     "chat": Case("chat", "3-turn conversations, 50 connections", 50, turns=3, target=1.20),
-    # Not run by default: harsher limiters than the 1-second bucket of the required case.
+    # Not run by default: conversations whose turns get random 500s (a retried turn holds up its
+    # conversation's next one), and harsher limiters than the 1-second bucket of the required case.
+    "chat_err500": Case("chat_err500", "3-turn conversations, 5% random 500s, 50 connections", 50, turns=3,
+                        server={"fail_rate": 0.05, "seed": 7}),
     "rate_b10": Case("rate_b10", "50 req/s limit (bucket 10), 100 connections", 100,
                      server={"rate": 50.0, "burst": 10.0}),
     "rate_b1": Case("rate_b1", "50 req/s limit (bucket 1), 100 connections", 100,
@@ -234,7 +241,17 @@ def limit_s(case: Case, n: int) -> float:
     return limit
 
 
-def run_case(server: Server, case: Case, n: int, work: str) -> dict[str, Any]:
+def floor_s(case: Case, n: int) -> float | None:
+    """The span no client within the case's connections can beat against the server's seeded
+    500s (api_timeline.py); None for a case without random 500s or with several turns."""
+    srv = case.server or {}
+    if not srv.get("fail_rate") or case.turns != 1:
+        return None
+    rounds, _, _ = floor_rounds(n, case.connections, srv["fail_rate"], srv.get("seed", 0))
+    return rounds * case.latency_s
+
+
+def run_case(server: Server, case: Case, n: int, work: str, timeline: bool = False) -> dict[str, Any]:
     data, expected = write_data(work, n, case.turns)
     run_dir = tempfile.mkdtemp(prefix=f"{case.name}-", dir=work)
     spec_path = make_spec(run_dir, model_cfg(server.base_url, case.connections), dataset_cfg(data, case.turns), n)
@@ -245,15 +262,20 @@ def run_case(server: Server, case: Case, n: int, work: str) -> dict[str, Any]:
     if code != 0:
         raise RuntimeError(f"case {case.name}: client failed:\n{out[-3000:]}")
     inner = json.loads(out.strip().splitlines()[-1])
-    st = server.stats()
+    st = server.stats(log=timeline)
+    if timeline:
+        print(f"-- {case.what}: timeline (api_timeline.py)\n"
+              f"{render_timeline(st.pop('log'), case.latency_s, st['span_s'])}", file=sys.stderr)
     preds = read_predictions(run_dir)
     correct = sum(1 for i, exp in enumerate(expected) if preds.get(i) == exp)
     prog = last_progress(run_dir)
     lim = limit_s(case, n)
+    floor = floor_s(case, n)
     return {
         "case": case.name, "what": case.what, "samples": n, "requests_min": n * case.turns,
         "limit_s": round(lim, 2), "wall_s": round(wall, 2), "task_wall_s": round(inner["task_wall_s"], 2),
         "span_s": round(st["span_s"], 2), "ratio": round(st["span_s"] / lim, 3), "target": case.target,
+        "floor_s": floor, "span_over_floor": round(st["span_s"] / floor, 3) if floor else None,
         "requests": st["requests"], "http_429": st["by_status"].get("429", 0),
         "http_500": st["by_status"].get("500", 0), "retries": prog.get("retries"),
         "peak_concurrency": st["peak_concurrency"],
@@ -354,15 +376,17 @@ def _literal(d: dict[str, Any]) -> str:
 
 
 def render(rows: list[dict[str, Any]], kill: dict[str, Any] | None) -> str:
-    head = ("| case | limit s | request span s | span / limit | range of runs | target | wall s | requests | 429s | "
-            "500s | retries | peak conc. | client CPU ms/sample (process / task) | correct |")
-    lines = [head, "|" + "---|" * 14]
+    head = ("| case | limit s | request span s | span / limit | range of runs | target | floor s (500s) | wall s | "
+            "requests | 429s | 500s | retries | peak conc. | client CPU ms/sample (process / task) | correct |")
+    lines = [head, "|" + "---|" * 15]
     for r in rows:
         target = f"<= {r['target']:.2f}" if r["target"] else "-"
         lo, hi = r.get("ratio_range", (r["ratio"], r["ratio"]))
+        floor = f"{r['floor_s']:.2f}" if r.get("floor_s") else "-"
         lines.append(
             f"| {r['what']} | {r['limit_s']:.2f} | {r['span_s']:.2f} | {r['ratio']:.3f} | {lo:.3f}-{hi:.3f} | "
-            f"{target} | {r['wall_s']:.2f} | {r['requests']} | {r['http_429']} | {r['http_500']} | {r['retries']} | "
+            f"{target} | {floor} | {r['wall_s']:.2f} | {r['requests']} | {r['http_429']} | {r['http_500']} | "
+            f"{r['retries']} | "
             f"{r['peak_concurrency']} | {r['cpu_ms_per_sample']:.2f} / {r['task_cpu_ms_per_sample']:.2f} | "
             f"{r['correct']}/{r['samples']} |"
         )
@@ -376,12 +400,29 @@ def render(rows: list[dict[str, Any]], kill: dict[str, Any] | None) -> str:
     return "\n".join(lines)
 
 
+def _expand(names: list[str], seeds: list[int] | None) -> list[tuple[str, Case]]:
+    """The cases to run: a case with random 500s once per seed when seeds are given."""
+    out: list[tuple[str, Case]] = []
+    for name in names:
+        case = CASES.get(name, Case(name, name, 0))
+        if seeds and (case.server or {}).get("fail_rate"):
+            out += [(name, replace(case, what=f"{case.what}, seed {s}", server={**(case.server or {}), "seed": s}))
+                    for s in seeds]
+        else:
+            out.append((name, case))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--cases", nargs="+", default=DEFAULT_CASES, choices=[*CASES, "kill"])
     p.add_argument("--n", type=int, default=500, help="samples per case")
     p.add_argument("--repeat", type=int, default=3, help="runs per case; the table shows the median run")
     p.add_argument("--json", help="also write the results here")
+    p.add_argument("--seeds", type=int, nargs="+",
+                   help="run each case with random 500s once per seed of the server's draws (default: its own)")
+    p.add_argument("--timeline", action="store_true",
+                   help="print each run's round trips and its 500s' retries (stderr; api_timeline.py)")
     p.add_argument("--client", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.client:
@@ -392,14 +433,14 @@ def main(argv: list[str] | None = None) -> int:
     kill = None
     try:
         with tempfile.TemporaryDirectory(prefix="orchestra-bench-") as work:
-            for name in args.cases:
+            for name, case in _expand(args.cases, args.seeds):
                 if name == "kill":
                     kill = run_kill_case(server, args.n, work)
                     print(json.dumps(kill), file=sys.stderr)
                     continue
                 runs = []
                 for _ in range(max(1, args.repeat)):
-                    runs.append(run_case(server, CASES[name], args.n, work))
+                    runs.append(run_case(server, case, args.n, work, args.timeline))
                     print(json.dumps(runs[-1]), file=sys.stderr)
                 runs.sort(key=lambda r: r["ratio"])
                 row = dict(runs[len(runs) // 2], ratio_range=(runs[0]["ratio"], runs[-1]["ratio"]), runs=len(runs))

@@ -43,11 +43,12 @@ class RetryPolicy:
             in [0.5, 1]; :func:`orchestra.backoff.exponential_backoff`).
         backoff_max_s: the longest wait between two attempts (a longer ``Retry-After`` wins).
         quick_retries: how many of a request's errors (a 5xx, a timeout, a dropped connection)
-            without a ``Retry-After`` are retried at once, queued for a slot like any request,
-            while the endpoint answers most requests (fewer than 10 answers yet, or at most a
-            fifth of its last 50 were such errors: :meth:`AdaptiveRate.healthy`); the backoff
-            starts after them, or at once on an endpoint that keeps failing.  A lone 500 among
-            many successes then costs one more round trip, not a backoff after the last wave.
+            without a ``Retry-After`` are retried at once, in the connection slot the failed
+            attempt held (ahead of requests waiting for one), while the endpoint answers most
+            requests (fewer than 10 answers yet, or at most a fifth of its last 50 were such
+            errors: :meth:`AdaptiveRate.healthy`); the backoff starts after them, or at once on
+            an endpoint that keeps failing.  A lone 500 among many successes then costs one
+            more round trip, not a backoff after the last wave.
     """
 
     max_retries: int = 8
@@ -215,11 +216,12 @@ async def send_with_retries(
 
     Each attempt takes a slot of ``slots`` first and then waits for ``rate`` (a request the
     pacer releases goes out at once, so sends really are spaced), runs within
-    ``min(attempt_timeout_s, what is left of timeout_s)``, and gives the slot back before
-    its failure is looked at.  Then: a 429 tells ``rate`` and does not count against
-    ``max_retries``; a final failure, one retry too many, or a wait that would end after
-    the deadline raises :class:`ModelError`; otherwise the loop backs off *without* a slot
-    (not at all after a request's first errors on a healthy endpoint: ``RetryPolicy.quick_retries``).
+    ``min(attempt_timeout_s, what is left of timeout_s)``.  Then: a 429 tells ``rate`` and
+    does not count against ``max_retries``; a final failure, one retry too many, or a wait
+    that would end after the deadline raises :class:`ModelError`; otherwise the loop backs
+    off after giving its slot back, or, after a request's first errors on a healthy endpoint
+    (``RetryPolicy.quick_retries``), retries at once in the slot it holds, ahead of the
+    requests queued for one.
     ``explain(status, reason)`` turns a failure's reason into the error text (to scrub
     secrets, or add a hint).  ``stats`` counts requests in flight, done, 429s, retries and
     requests that failed for good.
@@ -228,10 +230,12 @@ async def send_with_retries(
     deadline: float | None = None
     errors = 0  # failed attempts that count against max_retries (429s do not)
     n = 0
-    while True:
-        n += 1
-        slot = await slots.acquire()
-        try:
+    slot: int | None = None  # held from an attempt into a retry that does not wait
+    try:
+        while True:
+            n += 1
+            if slot is None:
+                slot = await slots.acquire()
             ticket = await rate.acquire(retry=n > 1)
             if deadline is None and policy.timeout_s is not None:
                 deadline = loop.time() + policy.timeout_s
@@ -243,37 +247,52 @@ async def send_with_retries(
                 status, data, decision = await attempt(budget)
             finally:
                 stats.in_flight -= 1
-        finally:
-            slots.release(slot)
-        rate.note_answer(failed=decision is not None and decision.retry and not decision.rate_limited)
-        if decision is None:
-            stats.done += 1
-            if rate.adjustments:
+            rate.note_answer(failed=decision is not None and decision.retry and not decision.rate_limited)
+            if decision is None:
+                stats.done += 1
+                if rate.adjustments:
+                    _note_rate(rate, stats)
+                return data
+            if decision.rate_limited:
+                stats.rate_limited += 1
+                rate.on_rate_limited(ticket)
                 _note_rate(rate, stats)
-            return data
-        if decision.rate_limited:
-            stats.rate_limited += 1
-            rate.on_rate_limited(ticket)
-            _note_rate(rate, stats)
-        else:
-            errors += 1
-        reason = explain(status, decision.reason) if explain is not None else decision.reason
-        if not decision.retry:
-            stats.errors += 1
-            raise ModelError(reason)
-        if errors > policy.max_retries:
-            stats.errors += 1
-            raise ModelError(f"gave up after {n} attempts ({policy.max_retries} retries): {reason}")
-        if decision.rate_limited:
-            delay = policy.backoff_s(max(1, n - errors), decision.retry_after_s, True)
-        elif decision.retry_after_s is None and errors <= policy.quick_retries and rate.healthy():
-            delay = 0.0
-        else:
-            delay = policy.backoff_s(errors, decision.retry_after_s)
-        if deadline is not None and loop.time() + delay >= deadline:
-            stats.errors += 1
-            raise ModelError(f"gave up after {n} attempts: timeout_s={policy.timeout_s:g} "
-                             f"would pass before the next one; last error: {reason}")
-        stats.retries += 1
-        if delay > 0:
-            await asyncio.sleep(delay)  # no slot is held while waiting
+            else:
+                errors += 1
+            delay = _next_delay(policy, decision, n, errors, rate, explain, status, stats)
+            if deadline is not None and loop.time() + delay >= deadline:
+                stats.errors += 1
+                raise ModelError(f"gave up after {n} attempts: timeout_s={policy.timeout_s:g} "
+                                 f"would pass before the next one; last error: {_reason(explain, status, decision)}")
+            stats.retries += 1
+            if delay > 0:  # no slot is held while waiting
+                slots.release(slot)
+                slot = None
+                await asyncio.sleep(delay)
+            # A retry at once keeps its slot: it goes before the requests still queued for one
+            # (a sample that already waited does not queue again behind new samples).
+    finally:
+        if slot is not None:
+            slots.release(slot)
+
+
+def _reason(explain: Callable[[int, str], str] | None, status: int, decision: RetryDecision) -> str:
+    return explain(status, decision.reason) if explain is not None else decision.reason
+
+
+def _next_delay(policy: RetryPolicy, decision: RetryDecision, n: int, errors: int, rate: AdaptiveRate,
+                explain: Callable[[int, str], str] | None, status: int, stats: RetryStats) -> float:
+    """The wait before attempt ``n + 1`` after failed attempt ``n``, or :class:`ModelError` when
+    there is none: a final failure, or one error too many."""
+    if not decision.retry:
+        stats.errors += 1
+        raise ModelError(_reason(explain, status, decision))
+    if errors > policy.max_retries:
+        stats.errors += 1
+        raise ModelError(f"gave up after {n} attempts ({policy.max_retries} retries): "
+                         f"{_reason(explain, status, decision)}")
+    if decision.rate_limited:
+        return policy.backoff_s(max(1, n - errors), decision.retry_after_s, True)
+    if decision.retry_after_s is None and errors <= policy.quick_retries and rate.healthy():
+        return 0.0
+    return policy.backoff_s(errors, decision.retry_after_s)

@@ -201,7 +201,7 @@ def test_unset_key_env_is_named_on_401(server: Any, monkeypatch: pytest.MonkeyPa
 def test_the_slot_is_not_held_while_backing_off(server: Any) -> None:
     server.configure(latency_s=0.05)
     model = make(server, max_connections=1)
-    model.policy = dataclasses.replace(model.policy, backoff_base_s=0.6)
+    model.policy = dataclasses.replace(model.policy, backoff_base_s=0.6, quick_retries=0)
 
     async def later() -> str:
         await asyncio.sleep(0.02)
@@ -212,6 +212,34 @@ def test_the_slot_is_not_held_while_backing_off(server: Any) -> None:
     # B is served while A waits to retry; holding the slot would give A500, A200, B200.
     assert order == [("A", 500), ("B", 200), ("A", 200)]
     assert server.stats()["peak_concurrency"] == 1
+
+
+def test_a_retry_at_once_goes_before_requests_waiting_for_a_slot(server: Any) -> None:
+    """A sample whose first request got a 500 on a healthy endpoint is retried in the slot it
+    held, before the next sample's first request (issue 40: queued behind first attempts, the
+    retry of a sample that already waited came a round trip later).  Once the endpoint keeps
+    failing, a 500 backs off and the slot goes to the request waiting for it."""
+    server.configure(latency_s=0.05)
+    model = make(server, max_connections=1)
+
+    async def later(prompt: str) -> str:
+        await asyncio.sleep(0.02)  # queued for the slot while A's first request is in flight
+        return await model.generate(gen(prompt))
+
+    assert run(model, model.generate(gen("A FAIL_ONCE: 1 + 1")), later("B: 2 + 2")) == ["2", "4"]
+    order = [(key[:1], status) for _, key, status in server.stats()["log"]]
+    assert order == [("A", 500), ("A", 200), ("B", 200)]
+    assert server.stats()["peak_concurrency"] == 1 and model.stats.retries == 1
+
+    server.configure(latency_s=0.05, fail_first=1)  # every prompt's first request: a 500
+    model = make(server, max_connections=1, max_retries=0)
+    run(model, *(model.generate(gen(f"#{i}: {i} + 1")) for i in range(10)))
+    assert not model.rate.healthy()
+    server.reset()
+    model.policy = dataclasses.replace(model.policy, max_retries=8)
+    assert run(model, model.generate(gen("C: 3 + 3")), later("D: 4 + 4")) == ["6", "8"]
+    order = [(key[:1], status) for _, key, status in server.stats()["log"]]
+    assert order == [("C", 500), ("D", 500), ("C", 200), ("D", 200)]
 
 
 def test_max_connections_bounds_requests_in_flight(server: Any) -> None:
