@@ -110,7 +110,7 @@ class PlanView:
 
         paths = RunPaths(self.run_dir)
         limit = None if full else self.SUMMARY_TASKS
-        yield f"run folder: {self.run_dir}{' (reused)' if self.existed else ' (new; nothing is written by a plan)'}"
+        yield f"run folder: {self.run_dir}{' (reused)' if self.existed else ' (new; a plan does not make it)'}"
         if self.sweep is not None:
             yield f"\nsweep: {self.sweep.count()} (model, dataset) pair(s) over {', '.join(self.sweep.axes)}"
             for kind in ("models", "datasets"):
@@ -191,7 +191,7 @@ def _load(config: Any, cfg_options: list[str] | None, overrides: dict[str, Any])
 
 
 def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str, Any], debug: bool,
-             write_cache: bool, yes: bool, edit_raw: Callable[[dict[str, Any]], None] | None) -> _Prepared:
+             yes: bool, edit_raw: Callable[[dict[str, Any]], None] | None) -> _Prepared:
     from orchestra.config import validate
     from orchestra.config.validate import check_greedy
     from orchestra.datasets.info import dataset_infos
@@ -215,7 +215,9 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
     line_interval_s()  # a bad ORCHESTRA_PROGRESS_INTERVAL_S: one line now, not when the first stage starts
 
     prices = check_prices(raw_prices, [m["abbr"] for m in cfg.models], source)
-    infos = dataset_infos(cfg.datasets, source, write_cache=write_cache)
+    # what planning learns about the datasets (row counts, lm-eval's task facts and index) is
+    # cached by a dry run too, so the run after it does not probe the same data again
+    infos = dataset_infos(cfg.datasets, source)
     check_greedy(cfg.models, cfg.datasets, source)
     runners = {}
     for name, stage in cfg.stages.items():
@@ -235,11 +237,12 @@ def _prepare(config: Any, *, cfg_options: list[str] | None, overrides: dict[str,
 def plan(config: Any, *, work_dir: str | None = None, reuse: str | None = None, mode: str = "all",
          cfg_options: list[str] | None = None, yes: bool = True,
          _edit_raw: Callable[[dict[str, Any]], None] | None = None, **overrides: Any) -> PlanView:
-    """Plan a run without running or writing anything (``--dry-run``)."""
+    """Plan a run without running it (``--dry-run``): no run folder is written, only the caches
+    of what planning learns about the datasets (as a real run's planning writes them)."""
     from orchestra.paths import RunPaths, choose_run_folder
     from orchestra.planner import make_plan
 
-    prep = _prepare(config, cfg_options=cfg_options, overrides=overrides, debug=False, write_cache=False, yes=yes,
+    prep = _prepare(config, cfg_options=cfg_options, overrides=overrides, debug=False, yes=yes,
                     edit_raw=_with_work_dir(_edit_raw, work_dir))
     if reuse is None and mode in ("eval", "viz"):
         reuse = "latest"
@@ -276,7 +279,7 @@ def run(config: Any, *, work_dir: str | None = None, mode: str = "all", reuse: s
 
     if mode not in MODES:
         raise UserError(f"mode {mode!r} is not valid; valid: {', '.join(MODES)}")
-    prep = _prepare(config, cfg_options=cfg_options, overrides=overrides, debug=debug, write_cache=True, yes=yes,
+    prep = _prepare(config, cfg_options=cfg_options, overrides=overrides, debug=debug, yes=yes,
                     edit_raw=_with_work_dir(_edit_raw, work_dir))
     # Only now, with nothing left to reject, is a run folder chosen (and a new one created).
     if reuse is None and mode in ("eval", "viz"):

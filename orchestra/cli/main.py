@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run both stages (all), one stage, or only rebuild the summary and report (viz)")
     p.add_argument("--debug", action="store_true", help="run tasks in this process, one by one, with tracebacks")
     p.add_argument("--dry-run", action="store_true",
-                   help="print the plan of both stages (a summary when a stage has many tasks); write nothing")
+                   help="print the plan of both stages (a summary when a stage has many tasks); makes no run "
+                   "folder (what it learns of the data is cached, as a run's planning caches it)")
     p.add_argument("--list", action="store_true", help="with --dry-run: list every task and sweep variant")
     p.add_argument("--max-num-workers", type=int, help="tasks running at once, for every stage")
     p.add_argument("--retry", type=int, help="extra attempts for a failed task, for every stage")

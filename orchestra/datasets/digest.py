@@ -27,7 +27,7 @@ _PERSIST = [True]
 
 
 def persist_digests(enabled: bool) -> None:
-    """Whether new digests go to the on-disk cache (``--dry-run`` writes nothing)."""
+    """Whether new digests go to the on-disk cache (not when a report is rebuilt with ``--mode viz``)."""
     _PERSIST[0] = enabled
 
 

@@ -1,6 +1,7 @@
 """lm-eval's stock task index, kept in orchestra's cache (orchestra/datasets/lmeval_index.py):
 the TaskManager built from it is the one lm-eval builds itself, include_path overriding stock
-names; the file is read back, a damaged one is built again, and a dry run writes none."""
+names; the file is read back, a damaged one is built again, and planning that keeps no cache
+(a report rebuilt with ``--mode viz``) writes none."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """This module's cache folder: lm-eval's stock task index is built once in it, by the first
-    test that plans for real (a dry run writes none)."""
+    test that plans."""
     return tmp_path_factory.mktemp("cache")
 
 
@@ -88,10 +88,17 @@ def test_a_dry_run_of_four_lmeval_tasks_probes_them_in_one_process(tmp_path: Pat
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     probes = _probes(log)
-    assert len(probes) == 1 and "probe-many" in probes[0] and "--dry-run" in probes[0], probes
+    assert len(probes) == 1 and "probe-many" in probes[0], probes
     for task, n in TASKS:  # each dataset planned with the documents its probe counted
         assert f"infer_det_{task}  cost=" in proc.stdout and f"units: {task}[0:{n}]" in proc.stdout, proc.stdout
-    assert not (tmp_path / "cache").exists()  # a dry run still writes no cache (tests/e2e/test_pipeline.py)
+    # issue 40: what the dry run learned is cached, so planning the same config again probes nothing
+    again = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert len(_probes(log)) == 1, _probes(log)  # before: a second probe-many, with --dry-run
+    for task, n in TASKS:
+        assert f"infer_det_{task}  cost=" in again.stdout and f"units: {task}[0:{n}]" in again.stdout, again.stdout
+    assert not (tmp_path / "out").exists()  # and still no run folder
 
 
 @pytest.mark.slow

@@ -375,13 +375,17 @@ def test_run_folders_are_claimed_and_latest_ignores_other_folders(tmp_path: Path
     assert not list((tmp_path / "out" / "zz_not_a_run").iterdir())
 
 
-def test_dry_run_writes_no_cache_either(tmp_path: Path) -> None:
+def test_a_dry_run_writes_no_run_folder_but_keeps_what_it_learned_of_the_data(tmp_path: Path) -> None:
+    """Issue 40: what planning learns (row counts, file digests) is cached by a dry run too, so the
+    run after it does not read the same data again; the run folder is still not made."""
     cfg = write_config(tmp_path)
     env = {**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
     res = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
-    assert not (tmp_path / "cache").exists() and not (tmp_path / "out").exists()
+    assert not (tmp_path / "out").exists()
+    facts = json.loads((tmp_path / "cache" / "dataset_info.json").read_text())
+    assert sorted(f["num_rows"] for f in facts.values()) == [20, 60], facts  # pick.jsonl and arith.jsonl
 
 
 def test_ctrl_c_in_debug_mode_interrupts_the_running_task(tmp_path: Path) -> None:
