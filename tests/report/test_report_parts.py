@@ -95,8 +95,8 @@ def test_progress_counts_samples_shows_api_counters_for_api_models_and_busy_gpus
     events.emit("progress", task_id="t2", model="local", attempt=1, samples_done=20, rate_limited=99, retries=99)
     bar({"pending": 0, "running": 2})
     line = out.getvalue().splitlines()[-1]
-    assert line.startswith("[infer] 60/150 samples (40%)"), line
-    assert "1 samples failed" in line and "10 from checkpoints" in line and "tasks 0/2 done, 2 running" in line
+    assert line.startswith("[infer] 60/150 samples (40%), 1 failed, "), line
+    assert "10 from checkpoints" in line and "tasks 0/2 done, 2 running" in line
     assert "requests: 7 in flight, 3 answered 429, 5 retries" in line  # the local model's counters are not shown
     assert "GPUs 1/2 busy" in line
     events.emit("retry", task_id="t1", attempt=1)
