@@ -124,6 +124,15 @@ class RunsTheAnswer(NumericMatchEvaluator):
         return super().score(records)
 
 
+class WritesOnTheAnswerPipe(NumericMatchEvaluator):
+    """Writes a line that is no answer on the worker's answer pipe (as code it runs in a forked
+    process, such as a model's program under lm-eval's code scorer, could)."""
+
+    def score(self, records):
+        os.write(int(os.environ["ORCHESTRA_WORKER_FD"]), b"not an answer\\n")
+        return super().score(records)
+
+
 class Slow(NumericMatchEvaluator):
     """Scores after its marker says it started and a long wait (the test interrupts it)."""
 
@@ -204,6 +213,20 @@ def test_a_program_an_eval_task_starts_reads_no_request_of_the_borrowed_worker(t
     plain, scored = (json.loads((Path(run) / "results" / "det" / f"{abbr}.json").read_text())["metrics"]
                      for abbr in ("plain", "crashy"))
     assert scored == plain and plain["numeric_match"] > 0, (plain, scored)
+
+
+def test_a_line_on_the_answer_pipe_that_is_no_answer_fails_the_task_not_the_run(tmp_path: Path) -> None:
+    """A line on a warm worker's answer pipe that is not ``{"code": N}`` used to end the orchestrator
+    with a JSONDecodeError traceback; the task fails (its retry too) with one line, the worker is
+    stopped, and the run ends with its summary and exit code 1."""
+    cfg = _jsonl_config(tmp_path, "dict(type='crashing_eval.WritesOnTheAnswerPipe')")
+    done = toy.run(cfg, environ=_env(tmp_path))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = "warm worker's answer pipe held b'not an answer', not an exit code; the worker was stopped"
+    assert f"FAILED: eval task eval_det_crashy ({said})" in done.stderr, done.stderr[-3000:]
+    (run,) = glob.glob(str(tmp_path / "out" / "*"))
+    assert json.loads((Path(run) / "results" / "det" / "plain.json").read_text())["metrics"]["numeric_match"] > 0
 
 
 def test_ctrl_c_during_an_eval_task_in_a_borrowed_worker_stops_it_and_r_finishes(tmp_path: Path) -> None:
