@@ -382,4 +382,11 @@ def test_names_from_a_hostile_run_folder_stay_on_one_escaped_line(runs: Runs, tm
     (results / f"{safe_name(evil)}.details.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     proc = runs.compare(runs.a, hostile)
     _one_line_usage_error(proc, "near\\n\\x1b[2Jsums / planted: no difference\\x07 / planted / closeness: 1 sample")
+    rows[5]["closeness"] = rows[5]["scores"]["closeness"] = 0.0
+    (results / f"{safe_name(evil)}.details.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = runs.compare(runs.a, hostile)  # the table and the not-compared lines (held before)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if "no difference" in x]
+    assert line.startswith("not compared: near\\n\\x1b[2Jsums / planted: no difference\\x07 / planted"), line
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
     assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr
