@@ -61,17 +61,18 @@ def _base64_cores(key: str) -> list[str]:
 
 
 @functools.lru_cache(maxsize=8)
-def _pattern(key: str) -> re.Pattern[str]:
-    """Every form :func:`scrub_key` removes, as one pattern (longest first)."""
+def _patterns(key: str) -> tuple[list[re.Pattern[str]], re.Pattern[str], int]:
+    """The forms :func:`scrub_key` removes anywhere (the key; its base64 forms, each a pattern of its
+    own that starts with a plain character, which the search finds fast); the key's start where
+    the text ends (a closing quote of a repr may follow); and how far from the end that one is
+    looked for (every character escaped, with a separator after it)."""
     chars = [_char(c) for c in key]
-    forms = [_SEP.join(chars)]
-    forms += [_SEP.join(re.escape(c) for c in core) for core in _base64_cores(key)]
-    # the key's start where the text ends (a closing quote of a repr may follow)
+    forms = [_SEP.join(chars)] + [_SEP.join(re.escape(c) for c in core) for core in _base64_cores(key)]
     cut = ""
     for part in reversed(chars[CUT_MIN:-1]):
         cut = f"(?:{_SEP}{part}{cut})?"
-    forms.append(_SEP.join(chars[:CUT_MIN]) + cut + _PARTIAL + r"(?=['\"]?\Z)")
-    return re.compile("|".join(forms))
+    at_end = _SEP.join(chars[:CUT_MIN]) + cut + _PARTIAL + r"(?=['\"]?\Z)"
+    return [re.compile(form) for form in forms], re.compile(at_end), 16 * len(key) + 16
 
 
 def scrub_key(text: str, key: str) -> str:
@@ -80,7 +81,11 @@ def scrub_key(text: str, key: str) -> str:
     if not key:
         return text
     if len(key) >= ENCODED_MIN:
-        return _pattern(key).sub("***", text)
+        anywhere, at_end, reach = _patterns(key)
+        for pattern in anywhere:
+            text = pattern.sub("***", text)
+        cut = at_end.search(text, max(0, len(text) - reach))  # only the tail: a long answer costs no more
+        return text[: cut.start()] + "***" + text[cut.end():] if cut else text
     forms = {key, json.dumps(key)[1:-1], json.dumps(key, ensure_ascii=True)[1:-1].replace("/", "\\/"),
              urllib.parse.quote(key, safe=""), urllib.parse.quote_plus(key), urllib.parse.quote(key)}
     for form in sorted(forms, key=len, reverse=True):
