@@ -350,7 +350,8 @@ def test_a_hostile_run_folder_is_read_only_inside_itself_and_never_hangs(runs: R
     for i, inputs in enumerate(planted):  # one results file each, so that every entry is looked at
         (results / f"extra{i}.json").write_text(json.dumps({**near, "dataset": f"extra{i}", "inputs": inputs}))
         (results / f"extra{i}.details.jsonl").write_bytes((results / "near.details.jsonl").read_bytes())
-    os.mkfifo(results / "fifo.json")  # a results file that is a FIFO
+    os.mkfifo(results / "fifo.json")  # a results file that is a FIFO, and an eval task spec
+    os.mkfifo(hostile / "tasks" / "eval_fifo.py")
     (results / "passwd.json").symlink_to("/etc/passwd")
     proc = runs.compare(runs.a, hostile, "--json", timeout=60)  # before: blocked for ever on the first FIFO
     assert proc.returncode == 0, proc.stderr
