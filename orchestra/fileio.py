@@ -253,16 +253,25 @@ def _read_sealed(path: str) -> tuple[dict[str, Any], bytes] | None:
     """The meta and the record bytes of a sealed file whose count and checksum match, or None."""
     try:
         with open(path, "rb") as f:
-            first = f.readline()
-            body = f.read()
-        meta = json.loads(first).get("_meta")
-        if not isinstance(meta, dict) or not first.endswith(b"\n"):
-            return None
-        if body.count(b"\n") != meta.get("count") or hashlib.sha256(body).hexdigest() != meta.get("sha256"):
-            return None
-        return meta, body
-    except (OSError, ValueError, AttributeError):
+            blob = f.read()
+    except (OSError, ValueError):
         return None
+    return parse_sealed(blob)
+
+
+def parse_sealed(blob: bytes) -> tuple[dict[str, Any], bytes] | None:
+    """The meta and the record bytes of ``blob``, a sealed file's content (read by a caller that
+    chose how to open it), if its count and checksum match; else None."""
+    first, newline, body = blob.partition(b"\n")
+    try:
+        meta = json.loads(first).get("_meta")
+    except (ValueError, AttributeError, RecursionError):
+        return None
+    if not newline or not isinstance(meta, dict):
+        return None
+    if body.count(b"\n") != meta.get("count") or hashlib.sha256(body).hexdigest() != meta.get("sha256"):
+        return None
+    return meta, body
 
 
 def stable_hash(obj: Any, length: int = 16) -> str:

@@ -60,13 +60,13 @@ def main(argv: list[str]) -> int:
         say("orchestra compare: error: give at least two run folders (the baseline first)", file=sys.stderr)
         return EXIT_USAGE
     from orchestra.comparison import compare
-    from orchestra.comparison.text import lines
+    from orchestra.comparison.text import escaped, lines
 
     flips = args.flips if args.flips is not None else (HTML_FLIPS if args.html else 0)
     try:
         cmp = compare(args.runs, allow_changed=args.allow_changed, flips=flips)
-    except UserError as exc:
-        say(f"orchestra compare: error: {exc}", file=sys.stderr)
+    except UserError as exc:  # it may quote names from a run folder: one line, its control characters escaped
+        say(f"orchestra compare: error: {escaped(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     if args.html:
         from orchestra.comparison.html import write_page

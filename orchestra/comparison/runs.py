@@ -2,8 +2,10 @@
 
 Reads only data files (``results/<model>/<dataset>.json`` and ``.details.jsonl``, and the
 prediction files for the prompt excerpts of flips); nothing of a run folder is executed, so a
-colleague's run can be compared as safely as one's own.  Every refusal is a
-:class:`~orchestra.errors.UserError`: one line at the CLI, exit 2.
+colleague's run can be compared as safely as one's own.  Only regular files inside the run
+folder are read (:func:`read_in`): a path a results file names, or a link, that leads out of it
+is not followed, and a FIFO or a device is never opened for reading (it could block for ever or
+never end).  Every refusal is a :class:`~orchestra.errors.UserError`: one line at the CLI, exit 2.
 """
 
 from __future__ import annotations
@@ -13,16 +15,62 @@ import json
 import math
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.errors import UserError
-from orchestra.fileio import read_jsonl, read_sealed_jsonl
+from orchestra.fileio import parse_sealed
 from orchestra.paths import RUN_MARKER, RunPaths
 from orchestra.requests import prompt_text
-from orchestra.tasks.spec import TaskSpec, output_hash
+from orchestra.tasks.spec import TaskSpec
 
 _PASS_AT = re.compile(r"pass@(\d+)")
+#: the longest path a results file may name (the usual PATH_MAX); a longer one is not looked at
+MAX_PATH = 4096
+
+
+def read_in(root: str, path: str) -> bytes | None:
+    """The content of ``path`` if it is a regular file inside the run folder ``root`` (where links
+    lead), else None: a path or link out of the folder, a FIFO, a device, a socket, nothing there.
+    Opened without blocking, so a FIFO planted in a run folder never hangs the reader."""
+    try:
+        if len(path) > MAX_PATH:
+            return None
+        real_root, real = os.path.realpath(root), os.path.realpath(os.path.join(root, path))
+        if os.path.commonpath([real_root, real]) != real_root:
+            return None
+        fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (OSError, ValueError):  # ValueError: a NUL byte, a lone surrogate that is no file name
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        with os.fdopen(os.dup(fd), "rb") as f:
+            return f.read()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _json_lines(blob: bytes) -> list[Any]:
+    """The lines of a JSON-lines file's content that parse (a torn or damaged line is skipped)."""
+    out = []
+    for line in blob.splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except (ValueError, RecursionError):
+                continue
+    return out
+
+
+def _sealed_hash(root: str, path: str) -> str | None:
+    """The content hash of the sealed prediction file ``path`` of the run folder ``root``, or None."""
+    blob = read_in(root, path)
+    sealed = parse_sealed(blob) if blob is not None else None
+    return sealed[0].get("hash") if sealed is not None else None
 
 
 @dataclass(frozen=True)
@@ -83,20 +131,22 @@ def load_run(root: str) -> RunScores:
     scored: dict[tuple[str, str], Scored] = {}
     stale: dict[tuple[str, str], str] = {}
     planned = _planned(paths)
+    hashes: dict[str, str | None] = {}  # prediction file -> its hash (read once, however often named)
     for path in files:
-        got = _read_results(path)
+        got = _read_results(paths.root, path)
         if got is None:
             continue
         model, dataset, metrics, doc = got
-        why = _stale(paths, os.path.relpath(path, paths.root), doc, planned)
+        why = _stale(paths, os.path.relpath(path, paths.root), doc, planned, hashes)
         if why:
             stale[(dataset, model)] = why
             continue
         details_path = paths.details(model, dataset)
-        if not os.path.isfile(details_path):
-            raise UserError(f"{root}: {os.path.relpath(details_path, paths.root)} is missing: the per-sample "
-                            "scores of that result (score it again: --mode eval)")
-        scored[(dataset, model)] = _scored(paths.root, model, dataset, metrics, read_jsonl(details_path),
+        details = read_in(paths.root, details_path)
+        if details is None:
+            raise UserError(f"{root}: {os.path.relpath(details_path, paths.root)} is missing (or not a file of "
+                            "the run folder): the per-sample scores of that result (score it again: --mode eval)")
+        scored[(dataset, model)] = _scored(paths.root, model, dataset, metrics, _json_lines(details),
                                            os.path.relpath(details_path, paths.root))
     if not scored and not stale:
         raise UserError(f"{root}: the run has no results (results/<model>/<dataset>.json); did its eval stage run?")
@@ -110,9 +160,12 @@ def _planned(paths: RunPaths) -> dict[str, tuple[str, list[tuple[str, str]]]]:
     before they recorded their ``inputs``."""
     out: dict[str, tuple[str, list[tuple[str, str]]]] = {}
     for spec_path in sorted(glob.glob(os.path.join(glob.escape(paths.root), "tasks", "eval_*.py"))):
+        blob = read_in(paths.root, spec_path)
         try:
-            spec = TaskSpec.load(spec_path)
-        except (OSError, ValueError, SyntaxError, UnicodeDecodeError):
+            spec = TaskSpec.parse(blob.decode("utf-8")) if blob is not None else None
+        except (ValueError, SyntaxError):  # UnicodeDecodeError is a ValueError
+            continue
+        if spec is None:
             continue
         for unit in spec.units:
             out[os.path.relpath(unit.output, spec.run_dir)] = (
@@ -121,7 +174,7 @@ def _planned(paths: RunPaths) -> dict[str, tuple[str, list[tuple[str, str]]]]:
 
 
 def _stale(paths: RunPaths, rel: str, doc: dict[str, Any],
-           planned: dict[str, tuple[str, list[tuple[str, str]]]]) -> str:
+           planned: dict[str, tuple[str, list[tuple[str, str]]]], hashes: dict[str, str | None]) -> str:
     """Why the results file ``rel`` (its JSON ``doc``) is no longer the run's result: the
     predictions it scored were made again since (a changed config or data file, then ``-r
     --mode infer``, or an eval of the new predictions that did not finish); '' when they are
@@ -134,21 +187,27 @@ def _stale(paths: RunPaths, rel: str, doc: dict[str, Any],
         if not (isinstance(item, (list, tuple)) and len(item) == 2 and all(isinstance(x, str) for x in item)):
             continue
         pred, digest = item
-        if os.path.isabs(pred) or ".." in pred.split(os.sep):
+        if len(pred) > MAX_PATH or os.path.isabs(pred) or ".." in pred.split(os.sep):
             continue  # not a file of this run folder
-        if output_hash(os.path.join(paths.root, pred)) != digest:
+        if pred not in hashes:
+            hashes[pred] = _sealed_hash(paths.root, pred)  # None: missing, or not a regular file in the folder
+        if hashes[pred] is None:
+            return (f"stale: its predictions ({pred[:200]!r}) are not a whole prediction file of the run folder "
+                    f"(missing, damaged, or not a regular file in it: a link out of it, a FIFO); score it again: "
+                    f"-r <timestamp> --mode eval with the run's config ({rel})")
+        if hashes[pred] != digest:
             return (f"stale: its predictions ({pred}) were made again since it was scored; score it again: "
                     f"-r <timestamp> --mode eval with the run's config ({rel})")
     return ""
 
 
-def _read_results(path: str) -> tuple[str, str, dict[str, float], dict[str, Any]] | None:
+def _read_results(root: str, path: str) -> tuple[str, str, dict[str, float], dict[str, Any]] | None:
     """A results file's model, dataset, numeric metrics and whole document; None for a file
-    that is not one."""
+    that is not one (or not a regular file of the run folder ``root``)."""
+    blob = read_in(root, path)
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
+        doc = json.loads(blob) if blob is not None else None
+    except (ValueError, RecursionError):
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("metrics"), dict):
         return None
@@ -272,8 +331,9 @@ def prompts_of(root: str, model: str, dataset: str) -> dict[int, str]:
     files = [single] if os.path.isfile(single) else [p for p in shards if p[prefix:-len(".jsonl")].isdigit()]
     out: dict[int, str] = {}
     for path in files:
-        sealed = read_sealed_jsonl(path)
-        for rec in sealed[1] if sealed else []:
+        blob = read_in(root, path)
+        sealed = parse_sealed(blob) if blob is not None else None
+        for rec in _json_lines(sealed[1]) if sealed else []:
             if isinstance(rec, dict) and isinstance(rec.get("id"), int):
                 out[rec["id"]] = _sent(rec)
     return out

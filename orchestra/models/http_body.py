@@ -5,12 +5,12 @@ as parts is read only from parts that are what they claim."""
 
 from __future__ import annotations
 
-import json
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from orchestra.errors import ModelError
+from orchestra.models.key_scrub import scrub_key
 
 #: the largest response body a model API call reads (a completion of any real size fits well)
 MAX_BODY_BYTES = 64 << 20
@@ -31,20 +31,6 @@ async def read_capped(resp: Any, limit: int = MAX_BODY_BYTES) -> bytes | None:
     return b"".join(chunks)
 
 
-def scrub_key(text: str, key: str) -> str:
-    """``text`` with ``key`` replaced by ``***``, also where an echo escaped it: JSON (``\\/``,
-    ``\\u..``), URL-encoding, ``+`` for spaces."""
-    if not key:
-        return text
-    forms = {key, json.dumps(key)[1:-1], json.dumps(key, ensure_ascii=True)[1:-1].replace("/", "\\/"),
-             urllib.parse.quote(key, safe=""), urllib.parse.quote_plus(key), urllib.parse.quote(key)}
-    for form in sorted(forms, key=len, reverse=True):
-        text = text.replace(form, "***")
-        if form != form.lower():  # percent-escapes may come back in lower case
-            text = text.replace(form.lower() if "%" in form else form, "***")
-    return text
-
-
 #: the shortest key scrubbed from answers: a placeholder key of a local server (``EMPTY``, ``1``,
 #: ``dummy``) is also a word or a number the model may answer with, and replacing it by ``***``
 #: would change the answer and its score; a real provider's key is 30 characters or more
@@ -52,9 +38,34 @@ ANSWER_SCRUB_MIN = 16
 
 
 def scrub_answer(text: str, key: str) -> str:
-    """``text``, a model's answer, with ``key`` scrubbed (:func:`scrub_key`) if it is long enough
+    """``text``, a model's answer, with ``key`` scrubbed (:func:`~.key_scrub.scrub_key`) if it is long enough
     to be a secret (``ANSWER_SCRUB_MIN``); a shorter one is left, as it may be an ordinary word."""
     return scrub_key(text, key) if len(key) >= ANSWER_SCRUB_MIN else text
+
+
+def is_redirect(status: int) -> bool:
+    """Whether an answer is a redirect, which no model call follows: the key travels in a header
+    of the session (``Authorization``, which aiohttp drops on the way to another origin, or
+    Anthropic's ``x-api-key``, which it keeps), so a redirect to another origin, or from https to
+    http, would hand it over."""
+    return status in (301, 302, 303, 307, 308)
+
+
+def redirect_reason(status: int, headers: Mapping[str, str]) -> str:
+    """A redirect's error text: where it leads (its origin only; a query may hold a token) and the fix."""
+    parts = urllib.parse.urlsplit(str(headers.get("Location", ""))[:2000])
+    port = _port(parts)
+    origin = f"{parts.scheme}://{parts.hostname or ''}{f':{port}' if port else ''}" if parts.scheme else ""
+    where = f" to {origin!r}" if origin else " (no Location)"
+    return (f"HTTP {status}: the endpoint redirects{where}; orchestra does not follow redirects (the API key "
+            "would go along): set base_url to the address the endpoint means")
+
+
+def _port(parts: urllib.parse.SplitResult) -> int | None:
+    try:
+        return parts.port
+    except ValueError:  # not a number: left out
+        return None
 
 
 def scrub_fields(value: Any, scrub: Callable[[str], str]) -> Any:

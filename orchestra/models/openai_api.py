@@ -40,8 +40,17 @@ from orchestra.models.batch.provider import BatchProvider
 from orchestra.models.batch.transport import BatchTransport
 from orchestra.models.chat_template import endpoint_problem
 from orchestra.models.echo_scoring import EchoScoring
-from orchestra.models.http_body import MAX_BODY_BYTES, count_usage, read_capped, scrub_answer, scrub_key, text_parts
+from orchestra.models.http_body import (
+    MAX_BODY_BYTES,
+    count_usage,
+    is_redirect,
+    read_capped,
+    redirect_reason,
+    scrub_answer,
+    text_parts,
+)
 from orchestra.models.http_session import Secret, env_proxy, open_session
+from orchestra.models.key_scrub import scrub_key
 from orchestra.paths import RunPaths, safe_name
 from orchestra.requests import GenRequest, Message, Prompt, prompt_text
 from orchestra.serving.balance import ReplicaSet
@@ -293,8 +302,10 @@ class OpenAIAPI(EchoScoring, BaseModel):
 
         try:
             async with self._client(socket_path).post(
-                    url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth,
+                    url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth, allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
+                if is_redirect(resp.status):  # never followed: the key would go along (see is_redirect)
+                    return Outcome(resp.status, None, RetryDecision.no(redirect_reason(resp.status, resp.headers)))
                 raw = await read_capped(resp)
                 if raw is None:
                     return Outcome(resp.status, None, RetryDecision.no(

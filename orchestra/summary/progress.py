@@ -152,13 +152,15 @@ class StageProgress:
     # -- counting ---------------------------------------------------------------------------
     def samples(self) -> dict[str, int]:
         """Samples done, failed and resumed from checkpoints so far, and those that can
-        still be done (tasks that have not ended)."""
+        still be done (tasks that have not ended).  A task that ended done counts all its samples
+        as done, and those that failed within its ``error_tolerance`` as failed too."""
         done = failed = resumed = remaining = 0
         for task, planned in self.planned.items():
             ev = self.latest.get(task, {})
             resumed += int(ev.get("samples_resumed") or 0)
-            if self.ended.get(task) == "done":
+            if self.ended.get(task) == "done":  # every sample has its record: failed ones within error_tolerance
                 done += planned
+                failed += int(ev.get("samples_failed") or 0)
                 continue
             task_done = min(int(ev.get("samples_done") or 0), planned)
             task_failed = int(ev.get("samples_failed") or 0)
@@ -192,12 +194,12 @@ class StageProgress:
         s = self.samples()
         rate = self.rate(now, s["done"] - s["resumed"])
         parts = []
+        if s["failed"] and self.bar is not None:  # next to the count (a line puts it there itself)
+            parts.append(f"{s['failed']} failed")
         if rate is not None:
             parts.append(f"{rate:.1f} samples/s")
             if s["remaining"] and not self.closed:
                 parts.append(f"ETA {_duration(s['remaining'] / rate)}" if rate > 0 else "ETA ?")
-        if s["failed"]:
-            parts.append(f"{s['failed']} samples failed")
         if s["resumed"]:
             parts.append(f"{s['resumed']} from checkpoints")
         c = self.task_counts()
@@ -261,12 +263,13 @@ class StageProgress:
             return
         # A line when the interval has passed and something moved (a stage waiting for its
         # inputs stays quiet), and at least every ten intervals as a sign of life.
-        state = (s["done"], tuple(sorted(self.counts.items())))
+        state = (s["done"], s["failed"], tuple(sorted(self.counts.items())))
         due = now - self.last_line >= self.interval_s and state != self.last_state
         if final or due or now - self.last_line >= 10 * self.interval_s:
             self.last_line, self.last_state = now, state
             pct = 100.0 * s["done"] / self.total if self.total else 100.0
-            print(f"[{self.stage}] {s['done']}/{self.total} samples ({pct:.0f}%), "
+            failed = f", {s['failed']} failed" if s["failed"] else ""
+            print(f"[{self.stage}] {s['done']}/{self.total} samples ({pct:.0f}%){failed}, "
                   f"{_duration(now - self.t0)} elapsed; {text}", file=self.stream, flush=True)
 
     def close(self, counts: dict[str, int] | None = None) -> None:

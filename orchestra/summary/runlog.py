@@ -262,8 +262,9 @@ def _usage(tasks: dict[str, TaskRecord], progress: dict[tuple[int, str, Any], di
             continue
         u = of(rec.model)
         ev = latest.get(rec.task_id, {})
-        if rec.state == "done":
+        if rec.state == "done":  # failed samples within error_tolerance are counted as failed too
             u.samples_done += rec.num_samples
+            u.samples_failed += int(ev.get("samples_failed") or 0)
         else:
             u.samples_done += int(ev.get("samples_done") or 0)
             u.samples_failed += int(ev.get("samples_failed") or 0)

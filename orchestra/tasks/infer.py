@@ -25,7 +25,7 @@ from typing import Any
 from orchestra.datasets.base import build_dataset
 from orchestra.errors import TaskFailedError
 from orchestra.events import EventLog
-from orchestra.fileio import remove_stale_temps, stable_hash
+from orchestra.fileio import remove_stale_temps, sealed_meta, stable_hash
 from orchestra.inference.checkpoint import Checkpoint
 from orchestra.inference.engine import Engine, SampleJob
 from orchestra.models.base import task_units
@@ -79,10 +79,12 @@ async def _run_units(spec: TaskSpec) -> None:
     runs: list[_UnitRun] = []
     jobs: list[SampleJob] = []
     already = 0
+    sealed_failed = 0  # samples that failed within error_tolerance in shards an earlier attempt sealed
     try:
         for unit in spec.units:
             if output_done(unit.output, unit.hash):
                 print(f"[{spec.task_id}] {unit.name}: already done", flush=True)
+                sealed_failed += _failed_in(unit.output)
                 continue
             dataset = build_dataset(unit.dataset)
             dataset.bind_run(paths.shared)
@@ -91,6 +93,7 @@ async def _run_units(spec: TaskSpec) -> None:
             if output_done(unit.output, unit.hash):  # sealed by the earlier attempt whose end it waited for
                 ckpt.close()
                 print(f"[{spec.task_id}] {unit.name}: already done", flush=True)
+                sealed_failed += _failed_in(unit.output)
                 continue
             ckpt.open()  # before anything is sent
             done = ckpt.done_ids()
@@ -107,6 +110,8 @@ async def _run_units(spec: TaskSpec) -> None:
 
         def progress(snap: dict[str, Any]) -> None:
             nonlocal last_log
+            # the task's failed samples, sealed shards' too: the progress line shows them once it is done
+            snap = {**snap, "samples_failed": snap["samples_failed"] + sealed_failed}
             events.emit("progress", **progress_event_fields(spec, snap))
             if time.monotonic() - last_log >= LOG_INTERVAL_S:
                 last_log = time.monotonic()
@@ -138,6 +143,12 @@ async def _run_units(spec: TaskSpec) -> None:
                                     "failed": len(errors)})
     if failures:
         raise TaskFailedError("; ".join(failures))
+
+
+def _failed_in(output: str) -> int:
+    """How many samples of the sealed prediction file ``output`` failed (within ``error_tolerance``)."""
+    failed = (sealed_meta(output) or {}).get("failed")
+    return failed if isinstance(failed, int) and not isinstance(failed, bool) else 0
 
 
 def unit_tag(run_dir: str, unit: Unit) -> str:

@@ -160,7 +160,11 @@ class TaskSpec:
         it) for a file that is not one, whatever it holds: the run folder's files may have been
         edited since they were written."""
         with open(path, encoding="utf-8") as f:
-            text = f.read()
+            return cls.parse(f.read())
+
+    @classmethod
+    def parse(cls, text: str) -> TaskSpec:
+        """The spec in ``text``, a spec file's content; ``ValueError`` as for :meth:`load`."""
         _, sep, literal = text.partition("SPEC = ")
         if not sep:
             raise ValueError("not an orchestra task spec (no 'SPEC = ')")

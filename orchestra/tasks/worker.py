@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import BinaryIO
 
 from orchestra.tasks.entry import task_main
 
@@ -55,9 +56,23 @@ def run_request(request: dict[str, object]) -> int:
         os.close(saved_err)
 
 
+def _private_pipes(reply_fd: int) -> BinaryIO:
+    """The requests, read from a private copy of stdin, whose descriptor 0 becomes ``/dev/null``:
+    a task, and a program it starts without saying where its input comes from (a scorer running a
+    model's code), reads end of input there, as in a task process of its own, and never takes
+    the runner's next request or waits for one for ever.  The answer pipe is kept from programs
+    a task starts."""
+    os.set_inheritable(reply_fd, False)
+    requests = os.fdopen(os.dup(0), "rb")  # a duplicate is not inherited
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    return requests
+
+
 def main() -> int:
     reply_fd = int(os.environ["ORCHESTRA_WORKER_FD"])
-    for line in sys.stdin:
+    for line in _private_pipes(reply_fd):
         if not line.strip():
             continue
         code = run_request(json.loads(line))

@@ -316,3 +316,78 @@ def test_a_result_only_one_run_has_is_named_not_dropped(runs: Runs, tmp_path) ->
     assert [t["dataset"] for t in doc["tests"]] == ["sums"]
     assert [(n["dataset"], n["why"]) for n in doc["not_compared"]] == [
         ("near", "no result in run 2 (its eval failed or did not run)")]
+
+
+def test_a_hostile_run_folder_is_read_only_inside_itself_and_never_hangs(runs: Runs, tmp_path) -> None:
+    """A colleague's run folder may have been made to attack ``compare``: results naming prediction
+    files outside it (absolute, ``..``, a link out of it, a FIFO, a name too long or no file name at
+    all), a results file or a details file that is a FIFO or a link out.  compare reads only
+    regular files inside the run folder: it used to follow the links (near, made of links to
+    faithful copies outside, was compared as the run's) and to block for ever opening a FIFO."""
+    import os
+
+    hostile = _copy(runs.b, tmp_path / "hostile")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.mkfifo(outside / "fifo")
+    preds, results = hostile / "predictions" / "planted", hostile / "results" / "planted"
+    near_preds = sorted(p for p in preds.glob("near*.jsonl"))
+    assert near_preds
+    for p in near_preds:  # the files near's results scored, now links to copies outside the folder
+        (outside / p.name).write_bytes(p.read_bytes())
+        p.unlink()
+        p.symlink_to(outside / p.name)
+    os.mkfifo(preds / "fifo.jsonl")
+    (preds / "to_fifo.jsonl").symlink_to(outside / "fifo")
+    near = json.loads((results / "near.json").read_text())
+    near["inputs"] = [["/etc/passwd", "x"], ["../../../etc/passwd", "x"], "junk", [1, 2], ["a", "b", "c"],
+                      *near["inputs"]]
+    (results / "near.json").write_text(json.dumps(near))
+    sums_inputs = json.loads((results / "sums.json").read_text())["inputs"]
+    planted = [[["predictions/planted/fifo.jsonl", "h"]], [["predictions/planted/to_fifo.jsonl", "h"]],
+               [["x" * 100_000, "h"]], [["predictions/planted/\ud800.jsonl", "h"]],
+               [["predictions/planted/\udcff\x00", "h"]], [sums_inputs[0]] * 100_000]  # the last: one file, often
+    for i, inputs in enumerate(planted):  # one results file each, so that every entry is looked at
+        (results / f"extra{i}.json").write_text(json.dumps({**near, "dataset": f"extra{i}", "inputs": inputs}))
+        (results / f"extra{i}.details.jsonl").write_bytes((results / "near.details.jsonl").read_bytes())
+    os.mkfifo(results / "fifo.json")  # a results file that is a FIFO, and an eval task spec
+    os.mkfifo(hostile / "tasks" / "eval_fifo.py")
+    (results / "passwd.json").symlink_to("/etc/passwd")
+    proc = runs.compare(runs.a, hostile, "--json", timeout=60)  # before: blocked for ever on the first FIFO
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [t["dataset"] for t in doc["tests"]] == ["sums"]
+    why = {n["dataset"]: n["why"] for n in doc["not_compared"]}
+    assert "not a whole prediction file of the run folder" in why["near"], why  # before: near was compared
+    assert set(why) == {"near", *(f"extra{i}" for i in range(len(planted)))}, why
+    # the details of sums: a link to a FIFO outside; one line, exit 2, no hang
+    (results / "sums.details.jsonl").unlink()
+    (results / "sums.details.jsonl").symlink_to(outside / "fifo")
+    _one_line_usage_error(runs.compare(runs.a, hostile, timeout=60), "sums.details.jsonl is missing (or not a file")
+
+
+def test_names_from_a_hostile_run_folder_stay_on_one_escaped_line(runs: Runs, tmp_path) -> None:
+    """Model and dataset names come from the results files of a run folder: a name with a line
+    break and terminal escapes used to print a second, made-up line in compare's one-line error
+    (the escapes were removed, the line break kept); the text and JSON outputs escaped them already."""
+    from orchestra.paths import safe_name
+
+    hostile = _copy(runs.b, tmp_path / "hostile")
+    evil = "near\n\x1b[2Jsums / planted: no difference\x07"
+    results = hostile / "results" / "planted"
+    doc = json.loads((results / "near.json").read_text())
+    (results / "near.json").write_text(json.dumps({**doc, "dataset": evil}))
+    rows = [json.loads(x) for x in (results / "near.details.jsonl").read_text().splitlines()]
+    rows[5]["closeness"] = rows[5]["scores"]["closeness"] = math.nan  # a refusal that names the dataset
+    (results / f"{safe_name(evil)}.details.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = runs.compare(runs.a, hostile)
+    _one_line_usage_error(proc, "near\\n\\x1b[2Jsums / planted: no difference\\x07 / planted / closeness: 1 sample")
+    rows[5]["closeness"] = rows[5]["scores"]["closeness"] = 0.0
+    (results / f"{safe_name(evil)}.details.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    proc = runs.compare(runs.a, hostile)  # the table and the not-compared lines (held before)
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if "no difference" in x]
+    assert line.startswith("not compared: near\\n\\x1b[2Jsums / planted: no difference\\x07 / planted"), line
+    assert "\x1b" not in proc.stdout and "\x07" not in proc.stdout
+    assert "\x1b" not in proc.stderr and "\x07" not in proc.stderr

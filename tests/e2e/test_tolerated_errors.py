@@ -15,7 +15,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[2]
 
 
-def test_tolerated_prediction_errors_are_named_in_the_table_and_summary(server: Any, tmp_path: Path) -> None:
+def _run(server: Any, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """``python run.py`` on four rows, one of which the endpoint answers with a 400, with
+    ``error_tolerance=0.5`` (progress lines every 0.1 s)."""
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"question": f"{i} + 1{' BAD_REQUEST' if i == 1 else ''}", "answer": i + 1})
                             + "\n" for i in range(4)))
@@ -31,8 +33,13 @@ datasets = [dict(type=JsonlDataset, abbr='rows', path={str(data)!r},
                  eval_cfg=dict(evaluator='numeric_match'))]
 work_dir = {str(tmp_path / 'out')!r}
 """)
-    res = subprocess.run([sys.executable, "run.py", str(cfg), "--cfg-options", "infer.runner.task.error_tolerance=0.5"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    flags = ["--cfg-options", "infer.runner.task.error_tolerance=0.5"]
+    return subprocess.run([sys.executable, "run.py", str(cfg), *flags], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "ORCHESTRA_PROGRESS_INTERVAL_S": "0.1"})
+
+
+def test_tolerated_prediction_errors_are_named_in_the_table_and_summary(server: Any, tmp_path: Path) -> None:
+    res = _run(server, tmp_path)
     assert res.returncode == 0, res.stderr[-3000:]  # within the tolerance the user set: not a failed run
     said = "api / rows: 1 of 4 samples failed at inference (within error_tolerance) and are counted as wrong"
     assert "0.750" in res.stdout and said in res.stdout, res.stdout  # before: only the 0.750, as if whole
@@ -41,3 +48,15 @@ work_dir = {str(tmp_path / 'out')!r}
     assert said in (run / "summary" / "report.html").read_text()
     errors = json.loads((run / "summary" / "summary.json").read_text())["prediction_errors"]
     assert errors == [{"model": "api", "dataset": "rows", "failed": 1, "samples": 4}]
+
+
+def test_the_progress_line_and_the_report_count_the_tolerated_failures(server: Any, tmp_path: Path) -> None:
+    """The infer stage's last progress line used to say ``4/4 samples (100%)`` and the report
+    ``4 samples inferred``, as if every sample had an answer; both now say that one failed."""
+    res = _run(server, tmp_path)
+    assert res.returncode == 0, res.stderr[-3000:]
+    final = [line for line in res.stderr.splitlines() if line.startswith("[infer] ")][-1]
+    assert final.startswith("[infer] 4/4 samples (100%), 1 failed, "), res.stderr[-3000:]
+    assert "tasks 1/1 done" in final
+    (run,) = (tmp_path / "out").iterdir()
+    assert "</b> samples inferred, 1 failed" in (run / "summary" / "report.html").read_text()

@@ -27,8 +27,10 @@ from orchestra.requests import GenRequest
 class HostileBatches(AppServer):
     """A minimal Batch API.  ``hostile`` names what goes wrong, each once: ``poll_list`` (the first
     poll of a batch is a JSON list), ``bad_rows`` (the first output file has garbage lines and its
-    row for the prompt ``q3`` has ``"response": "oops"``), ``poll_500`` (the first batch can never
-    be polled: every GET answers 500), ``upload_no_id`` / ``create_no_id``
+    row for the prompt ``q3`` has ``"response": "oops"``), ``alien_ids`` (the first output file
+    answers "HIJACK" under ids that are not its rows': path-like, of a megabyte, another task's, not
+    text, and each row's own id again after its answer; q4's own row is missing), ``poll_500`` (the
+    first batch can never be polled: every GET answers 500), ``upload_no_id`` / ``create_no_id``
     (the first upload / create answers 200 without an ``id``)."""
 
     def __init__(self, hostile: set[str]) -> None:
@@ -138,6 +140,7 @@ class HostileBatches(AppServer):
         self._count("content")
         bid = request.match_info["fid"][len("out-"):]
         bad = self._once("bad_rows")
+        alien = self._once("alien_ids")
         echo = request.headers.get("Authorization", "") if "echo_key" in self.hostile else ""
         lines = [b"[1, 2]", b'"a string"', b'{"custom_id": "elsewhere", "response": "x", "error": "y"}'] if bad else []
         for raw in self.files[self.batches[bid]["input_file_id"]].splitlines():
@@ -147,7 +150,16 @@ class HostileBatches(AppServer):
             response: Any = "oops" if bad and prompt == "q3" else {"status_code": 200, "body": body}
             if echo and prompt == "q2":  # a row that fails, its message holding the key this call came with
                 response = {"status_code": 400, "body": {"error": {"message": f"bad request from {echo}"}}}
+            if alien:  # rows under ids that are not this row's: path-like, enormous, another task's, not text
+                hijack = {"status_code": 200, "body": {"choices": [{"index": 0, "message": {"content": "HIJACK"}}]}}
+                for cid in ("../../" + row["custom_id"], row["custom_id"] + "x" * 1_000_000,
+                            row["custom_id"].rpartition("-t")[0] + "-tother", {"id": row["custom_id"]}, None):
+                    lines.append(json.dumps({"custom_id": cid, "response": hijack, "error": None}).encode())
+                if prompt == "q4":
+                    continue  # its own row is missing: it goes into another batch
             lines.append(json.dumps({"custom_id": row["custom_id"], "response": response, "error": None}).encode())
+            if alien:  # its own id again, with another answer, after its answer: the first answer stands
+                lines.append(json.dumps({"custom_id": row["custom_id"], "response": hijack, "error": None}).encode())
         return web.Response(body=b"\n".join(lines) + b"\n", content_type="application/octet-stream")
 
     def routes(self, app: web.Application) -> None:
@@ -198,7 +210,7 @@ PROMPTS = [f"q{i}" for i in range(6)]
 
 
 @pytest.mark.parametrize("hostile", ["poll_list", "bad_rows", "upload_no_id", "create_no_id",
-                                     "create_no_id+list_garbage"])
+                                     "create_no_id+list_garbage", "alien_ids"])
 def test_a_hostile_control_answer_costs_a_retry_not_the_task(tmp_path: Path, hostile: str) -> None:
     server = HostileBatches(set(hostile.split("+")))
     try:
@@ -211,6 +223,9 @@ def test_a_hostile_control_answer_costs_a_retry_not_the_task(tmp_path: Path, hos
         assert server.calls["get"] >= 2 and server.calls["create"] == 1  # the poll was asked again
     elif hostile == "bad_rows":
         assert server.calls["create"] == 2  # q3 alone went into a second batch
+    elif hostile == "alien_ids":
+        assert server.calls["create"] == 2  # q4, whose row was missing, alone went into a second batch
+        assert not [p for p in (tmp_path / "run").rglob("*") if "other" in p.name or "x" * 100 in p.name]
     else:
         assert server.calls["create"] == 1 + hostile.startswith("create_no_id")
     if "list_garbage" in hostile:  # the failed create was looked up by its metadata (not found)

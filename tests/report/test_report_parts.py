@@ -95,8 +95,8 @@ def test_progress_counts_samples_shows_api_counters_for_api_models_and_busy_gpus
     events.emit("progress", task_id="t2", model="local", attempt=1, samples_done=20, rate_limited=99, retries=99)
     bar({"pending": 0, "running": 2})
     line = out.getvalue().splitlines()[-1]
-    assert line.startswith("[infer] 60/150 samples (40%)"), line
-    assert "1 samples failed" in line and "10 from checkpoints" in line and "tasks 0/2 done, 2 running" in line
+    assert line.startswith("[infer] 60/150 samples (40%), 1 failed, "), line
+    assert "10 from checkpoints" in line and "tasks 0/2 done, 2 running" in line
     assert "requests: 7 in flight, 3 answered 429, 5 retries" in line  # the local model's counters are not shown
     assert "GPUs 1/2 busy" in line
     events.emit("retry", task_id="t1", attempt=1)
@@ -109,6 +109,27 @@ def test_progress_counts_samples_shows_api_counters_for_api_models_and_busy_gpus
     assert "tasks 1/2 done, 1 failed" in final and "running" not in final and "ETA" not in final
     assert "requests: 4 answered 429, 5 retries" in final  # both attempts of t1 count
     assert "GPUs" not in final
+
+
+def test_a_done_task_with_tolerated_failures_shows_them_on_the_bar_and_the_line(tmp_path: Path) -> None:
+    """A task that ended done after samples failed within ``error_tolerance``: the terminal bar
+    and the line both say how many failed (they used to show 4/4 samples and nothing else)."""
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    events = EventLog(str(tmp_path / "events.jsonl"))
+    tasks = [_task("t1", "gpt", 4)]
+    bar_out, line_out = Terminal(), io.StringIO()
+    bar = StageProgress("infer", tasks, events.path, stream=bar_out)
+    line = StageProgress("infer", tasks, events.path, stream=line_out, interval_s=0)
+    events.emit("progress", task_id="t1", model="gpt", attempt=1, samples_done=3, samples_failed=1)
+    events.emit("done", task_id="t1", attempt=1)
+    for shown in (bar, line):
+        shown.close({"pending": 0, "running": 0, "done": 1})
+    assert "4/4 samples, 1 failed" in bar_out.getvalue(), bar_out.getvalue()
+    assert line_out.getvalue().startswith("[infer] 4/4 samples (100%), 1 failed, "), line_out.getvalue()
 
 
 def test_sample_packs_fit_their_budget_by_shortening_texts(failed_run: RunResult) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
 import json
 import math
@@ -34,6 +35,7 @@ import re
 import sys
 import threading
 import time
+import urllib.parse
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +62,10 @@ class ServerConfig:
     bad_marker: str = "BAD_REQUEST"  # a prompt containing it gets a 400
     hang_marker: str = "HANG_FOREVER"  # a prompt containing it never gets an answer
     fail_once_marker: str = "FAIL_ONCE"  # a prompt containing it gets a 500 on its first request
+    #: a prompt containing it is answered with the bearer key it came with, encoded as HTTP stacks
+    #: echo it (:func:`key_echoes`); with ``_ERR`` after it, as a 400 whose text body holds them (cut short
+    #: when quoted), with ``_CUT``, as a 400 whose text body ends in the key where a quote of it is cut
+    echo_marker: str = "ECHO_KEY"
 
 
 @dataclass
@@ -120,6 +126,17 @@ def prompt_key(messages: list[dict[str, Any]]) -> str:
     if not users:
         return ""
     return users[0] if len(users) == 1 else f"{users[0]}#turn{len(users)}"
+
+
+def key_echoes(key: str) -> list[str]:
+    """``key`` as a hostile endpoint echoes it: percent-encoded (upper and lower case), base64 (of
+    the key, of ``user:key`` as a ``Basic`` header carries it, URL-safe), split across lines, and
+    JSON-escaped character by character."""
+    raw = key.encode()
+    pct = urllib.parse.quote(key, safe="")
+    return [pct, re.sub("%[0-9A-F]{2}", lambda m: m.group().lower(), pct), base64.b64encode(raw).decode(),
+            "Basic " + base64.b64encode(b"user:" + raw).decode(), base64.urlsafe_b64encode(b"ab:" + raw).decode(),
+            key[: len(key) // 2] + "\n  " + key[len(key) // 2:], "".join(f"\\u{ord(c):04x}" for c in key)]
 
 
 def _json(obj: Any) -> web.Response:
@@ -205,6 +222,14 @@ class OpenAIServer:
             if sent != f"Bearer {c.api_key}":
                 return 401, _error(401, f"Incorrect API key provided: {sent[7:]!r}", "invalid_api_key")
         text = " ".join(str(m.get("content", "")) for m in messages)
+        if c.echo_marker and c.echo_marker in text:
+            sent = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            echoed = "; ".join(key_echoes(sent))
+            if c.echo_marker + "_ERR" in text:  # not JSON: quoted as it is, cut at 500 characters (in the last form)
+                return 400, web.Response(status=400, text=f"bad key {echoed}", content_type="text/plain")
+            if c.echo_marker + "_CUT" in text:  # the key itself where the quote is cut, 10 characters in
+                return 400, web.Response(status=400, text="bad key " + "." * 482 + sent, content_type="text/plain")
+            return 200, respond(messages, body, f"your key: {echoed}")
         if c.bad_marker and c.bad_marker in text:
             return 400, _error(400, f"Invalid request: the prompt contains {c.bad_marker}", "invalid_request")
         if c.max_concurrency is not None and st.in_progress >= c.max_concurrency:
@@ -236,8 +261,8 @@ class OpenAIServer:
         body = json.loads(await request.read())
         messages = body.get("messages") or []
 
-        def respond(msgs: list[dict[str, Any]], b: dict[str, Any]) -> web.Response:
-            text = answer(msgs)[: int(b.get("max_tokens") or 1 << 30)]
+        def respond(msgs: list[dict[str, Any]], b: dict[str, Any], said: str | None = None) -> web.Response:
+            text = answer(msgs)[: int(b.get("max_tokens") or 1 << 30)] if said is None else said
             return _json({
                 "id": "chatcmpl-test", "object": "chat.completion", "model": b.get("model"),
                 "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
@@ -253,9 +278,11 @@ class OpenAIServer:
         prompt = str(body.get("prompt", ""))
         messages = [{"role": "user", "content": prompt}]
 
-        def respond(msgs: list[dict[str, Any]], b: dict[str, Any]) -> web.Response:
+        def respond(msgs: list[dict[str, Any]], b: dict[str, Any], said: str | None = None) -> web.Response:
             choice: dict[str, Any] = {"index": 0, "finish_reason": "stop"}
-            if b.get("echo"):
+            if said is not None:
+                choice["text"] = said
+            elif b.get("echo"):
                 # One token per character, scored as the module docstring says.
                 choice["text"] = prompt
                 tokens = list(prompt)

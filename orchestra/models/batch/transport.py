@@ -29,7 +29,7 @@ from orchestra.limits.retry import (
     send_with_retries,
 )
 from orchestra.models.base import ModelStats
-from orchestra.models.http_body import MAX_BODY_BYTES, read_capped
+from orchestra.models.http_body import MAX_BODY_BYTES, is_redirect, read_capped, redirect_reason
 
 #: the largest batch output (or error) file read: 50,000 answers of ~20 KiB each
 MAX_FILE_BYTES = 1 << 30
@@ -72,8 +72,10 @@ class BatchTransport:
         proxy, auth = self._proxy()
         try:
             async with session.request(method, self.base_url + path, data=data, headers=headers,
-                                              proxy=proxy, proxy_auth=auth,
-                                              timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
+                                       proxy=proxy, proxy_auth=auth, allow_redirects=False,
+                                       timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
+                if is_redirect(resp.status):  # never followed: the key would go along
+                    return Outcome(resp.status, None, RetryDecision.no(redirect_reason(resp.status, resp.headers)))
                 limit = self.file_limit if raw else MAX_BODY_BYTES
                 body = await read_capped(resp, limit)
                 if body is None:

@@ -90,6 +90,16 @@ def hang_up(worker: Worker[str], reply: bool = True) -> None:
             pass
 
 
+def exit_code(line: bytes) -> int | None:
+    """The exit code in a worker's answer line (``{"code": N}``), or None for a line that is not one."""
+    try:
+        answer = json.loads(line)
+    except (ValueError, RecursionError):
+        return None
+    code = answer.get("code") if isinstance(answer, dict) else None
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
 def model_part(key: str) -> str:
     """The ``worker_key`` in a pool key ``<worker_key>|<GPU ids>``."""
     return key.rpartition("|")[0]
@@ -177,8 +187,14 @@ class PipePool:
             eof = False
         if b"\n" in pipe.buffer:
             line, _, pipe.buffer = pipe.buffer.partition(b"\n")
+            code = exit_code(line)
+            if code is None:  # not the worker's answer: something its task ran wrote there; it is not trusted again
+                self.detach([worker])
+                stop_groups([pipe.proc], 0.0)
+                return Exit(-1, f"warm worker's answer pipe held {line[:80]!r}, not an exit code; the worker was "
+                                "stopped")
             self.pool.finished(worker)
-            return Exit(int(json.loads(line)["code"]))
+            return Exit(code)
         code = reap_group(pipe.proc)  # what a dead worker left running in its group (a model's engine) goes too
         if eof and code is None:  # its answer pipe closed: it is on its way out; the grace, then stopped
             deadline = time.monotonic() + self.pipes.kill_grace_s

@@ -111,6 +111,28 @@ class CrashOnce(NumericMatchEvaluator):
         return super().score(records)
 
 
+class RunsTheAnswer(NumericMatchEvaluator):
+    """Runs a program for each answer, as a code scorer runs a model's code, without saying where its
+    input comes from; the program reads its standard input to the end (a model's ``input()``)."""
+
+    def score(self, records):
+        import subprocess, sys
+        for _ in records:
+            done = subprocess.run([sys.executable, "-c", "import sys; print(len(sys.stdin.buffer.read()))"],
+                                  stdout=subprocess.PIPE, text=True, timeout=20)
+            assert done.stdout.strip() == "0", done.stdout
+        return super().score(records)
+
+
+class WritesOnTheAnswerPipe(NumericMatchEvaluator):
+    """Writes a line that is no answer on the worker's answer pipe (as code it runs in a forked
+    process, such as a model's program under lm-eval's code scorer, could)."""
+
+    def score(self, records):
+        os.write(int(os.environ["ORCHESTRA_WORKER_FD"]), b"not an answer\\n")
+        return super().score(records)
+
+
 class Slow(NumericMatchEvaluator):
     """Scores after its marker says it started and a long wait (the test interrupts it)."""
 
@@ -174,6 +196,37 @@ def test_an_eval_task_that_kills_the_borrowed_worker_is_retried_in_a_new_one(tmp
     plain, crashed = (json.loads((Path(run) / "results" / "det" / f"{abbr}.json").read_text())["metrics"]
                       for abbr in ("plain", "crashy"))
     assert crashed == plain and plain["numeric_match"] > 0, (plain, crashed)
+
+
+def test_a_program_an_eval_task_starts_reads_no_request_of_the_borrowed_worker(tmp_path: Path) -> None:
+    """A warm worker reads its requests on stdin, and a program a task started without an input of
+    its own inherited that pipe: a model's code that reads its input (run by a scorer) waited there
+    for ever (here: until its 20 s timeout failed the eval task, twice), where a task process of its
+    own reads end of input at once.  The worker's tasks now read /dev/null there, in the same worker."""
+    cfg = _jsonl_config(tmp_path, "dict(type='crashing_eval.RunsTheAnswer')")
+    done = toy.run(cfg, environ=_env(tmp_path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run,) = glob.glob(str(tmp_path / "out" / "*"))
+    started = [(e["task_id"], e["where"]["pid"]) for e in _events(Path(run)) if e.get("event") == "started"]
+    assert len({pid for _, pid in started}) == 1, started  # all in the infer worker
+    assert not [e for e in _events(Path(run)) if e.get("event") == "retry"]  # each task once
+    plain, scored = (json.loads((Path(run) / "results" / "det" / f"{abbr}.json").read_text())["metrics"]
+                     for abbr in ("plain", "crashy"))
+    assert scored == plain and plain["numeric_match"] > 0, (plain, scored)
+
+
+def test_a_line_on_the_answer_pipe_that_is_no_answer_fails_the_task_not_the_run(tmp_path: Path) -> None:
+    """A line on a warm worker's answer pipe that is not ``{"code": N}`` used to end the orchestrator
+    with a JSONDecodeError traceback; the task fails (its retry too) with one line, the worker is
+    stopped, and the run ends with its summary and exit code 1."""
+    cfg = _jsonl_config(tmp_path, "dict(type='crashing_eval.WritesOnTheAnswerPipe')")
+    done = toy.run(cfg, environ=_env(tmp_path))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    said = "warm worker's answer pipe held b'not an answer', not an exit code; the worker was stopped"
+    assert f"FAILED: eval task eval_det_crashy ({said})" in done.stderr, done.stderr[-3000:]
+    (run,) = glob.glob(str(tmp_path / "out" / "*"))
+    assert json.loads((Path(run) / "results" / "det" / "plain.json").read_text())["metrics"]["numeric_match"] > 0
 
 
 def test_ctrl_c_during_an_eval_task_in_a_borrowed_worker_stops_it_and_r_finishes(tmp_path: Path) -> None:
