@@ -86,9 +86,10 @@ class EvalAlongside:
         self.upstream = threading.Event()
         self.upstream.set()
         self.begun = threading.Event()  # set by the infer stage's launch (RunContext.begun), or at its end
+        self.queued = threading.Event()  # set by this stage's launch once its tasks are queued (or at its end)
         self.progress: StageProgress | None = None
         self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, upstream=self.upstream, host=ctx.host,
-                              shared=ctx.shared)
+                              shared=ctx.shared, begun=self.queued)
         self.runner, self.tasks, self.quiet = runner, tasks, quiet
         self.results: list[TaskResult] = []
         self.error: BaseException | None = None
@@ -116,8 +117,11 @@ class EvalAlongside:
 
     def join(self) -> list[TaskResult]:
         """Wait for the eval stage: inference is over, so tasks still missing predictions are skipped."""
+        self.begun.set()  # the infer stage may not have got to say so (it raised, or the run stopped first)
+        # its tasks are queued as they would be beside inference (a stop cancels them, as it would have)
+        while not self.queued.wait(0.2) and self.thread.is_alive():
+            pass  # short waits: Ctrl-C still reaches the main thread's handler
         self.upstream.clear()
-        self.begun.set()  # the infer stage did not get to say so (it raised, or the run stopped first)
         while self.thread.is_alive():
             self.thread.join(0.2)  # short waits: Ctrl-C still reaches the main thread's handler
         if self.error is not None:
