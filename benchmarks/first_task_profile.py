@@ -68,6 +68,7 @@ def main() -> None:
             for p in profiles[1:]:
                 stats.add(p)
             stats.sort_stats("cumulative").print_stats(args.top)
+            stats.print_callees(r"api.py:\d+\(_execute\)|loop.py:\d+\(launch\)|stages.py:\d+\(run_stages\)")
             stats.sort_stats("tottime").print_stats(args.top)
             print(out.getvalue())
             print(f"start to the first 'started' event: {wall:.2f} s wall, {time.process_time() - cpu0[0]:.2f} s CPU, "

@@ -57,6 +57,7 @@ def queue_tasks(tasks: list[TaskSpec], resources: Resources, results: dict[str, 
     pending: deque[PendingTask] = deque()
     said: list[Event] = []
     may_come = ctx.inputs_may_come()
+    now = time.monotonic()
     for task in tasks:
         missing = task.missing_inputs()
         waits = bool(missing) and may_come
@@ -69,7 +70,7 @@ def queue_tasks(tasks: list[TaskSpec], resources: Resources, results: dict[str, 
             said.append(("failed", dict(task_id=task.task_id, stage=task.stage, reason=unfit,
                                         name=task.display_name, model=task.model_abbr)))
             continue
-        pending.append(PendingTask(task, 1, inputs_ready=not waits, inputs_checked=time.monotonic(), said=False))
+        pending.append(PendingTask(task, 1, inputs_ready=not waits, inputs_checked=now, said=False))
     ctx.events.emit_many(said)
     return pending
 
