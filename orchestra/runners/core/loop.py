@@ -129,7 +129,7 @@ class BaseRunner(RunnerHooks):
                 self._start_ready(session, pending, flight, results, ctx, now)
                 if first_round:  # the first tasks are on their way: now the queued lines of the rest
                     first_round = False
-                    self._announce.say(pending)
+                    self._announce.say_rest(pending)
                     if ctx.begun is not None:
                         ctx.begun.set()
                 ended_any = self._poll(session, pending, flight, results, ctx)
@@ -161,12 +161,13 @@ class BaseRunner(RunnerHooks):
         """Reserve and prepare every job that may start now, then submit them in one call."""
         batch: dict[Job, PendingTask] = {}
         busy = len(flight.running) + len(flight.stopping)
+        self._announce.say_first(pending, self.max_num_workers - busy, now)
         for entry in list(pending):
             if busy + len(batch) >= self.max_num_workers or ctx.stop.is_set():
                 break
             if entry.not_before > now or not entry.inputs_ready:
                 continue
-            if not entry.said:  # the first round: its queued line before any other line of it
+            if not entry.said:  # its queued line before any other line of it (say_first said most)
                 self._announce.say([entry])
             try:
                 resources = session.resources.acquire(entry.task)

@@ -4,13 +4,15 @@ their inputs can no longer come; and their ``queued`` lines, written after the f
 A launch of 100,000 tasks would otherwise format and append 100,000 ``queued`` lines before its
 first task starts (about a second of one core).  :class:`Announcements` keeps the promise that
 readers of ``events.jsonl`` rely on, that a task's ``queued`` line comes before any other line
-about it (the run log and the summary take a task's latest line for its state): the loop says a
-task's line just before it says anything else of it, and every line still unsaid at once after
-its first round.  Each line carries the time the task was queued.
+about it (the run log and the summary take a task's latest line for its state): the loop says the
+lines of the tasks its first round may start in one append before that round, any other task's
+just before it says anything else of it, and every line still unsaid at once after the first
+round.  Each line carries the time the task was queued.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import deque
@@ -37,10 +39,21 @@ class Announcements:
     def __init__(self, events: EventLog) -> None:
         self.events = events
         self.ts = time.time()  # when the launch queued its tasks: the time every line carries
+        self.all_said = False  # after the first round: every entry still queued has its line
 
     def say(self, entries: Iterable[PendingTask]) -> None:
         """Write the ``queued`` line of each of ``entries`` not said yet (one append for all)."""
         self.events.emit_many(self._unsaid(entries), ts=self.ts)
+
+    def say_first(self, pending: Iterable[PendingTask], room: int, now: float) -> None:
+        """Before the first round: the lines of the (at most ``room``) entries it may start, in one append."""
+        if not self.all_said:
+            self.say(itertools.islice((e for e in pending if e.inputs_ready and e.not_before <= now), room))
+
+    def say_rest(self, pending: Iterable[PendingTask]) -> None:
+        """After the first round: the lines of every entry still unsaid."""
+        self.say(pending)
+        self.all_said = True
 
     @staticmethod
     def _unsaid(entries: Iterable[PendingTask]) -> Iterator[Event]:
