@@ -327,6 +327,7 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     """Run the stages of ``mode`` in the locked run folder ``paths``, then the epilogue."""
     from orchestra.config import dump_config
     from orchestra.events import EventLog
+    from orchestra.gcpause import gc_frozen
     from orchestra.planner import clear_leftovers, make_plan
     from orchestra.runners.base import RunContext
     from orchestra.runners.core.host import HostCapacity
@@ -342,16 +343,18 @@ def _execute(prep: _Prepared, mode: str, paths: Any, debug: bool, quiet: bool, t
     events = EventLog(paths.events)
     ctx = RunContext(paths, events, host=HostCapacity())
     with StopOnSignals(ctx.stop) as signals:
-        made = make_plan(cfg, prep.infos, paths)
-        clear_leftovers(made, paths)  # what writers killed with an earlier orchestrator left
-        stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
-        # a runner's own check of what it reaches (a Ray head's address), before any stage says a
-        # word; only for a stage with tasks (``-r`` of a finished run needs no cluster)
-        for runner in {id(prep.runners[s]): prep.runners[s] for s in stages if made.tasks[s] and not debug}.values():
-            runner.preflight()
-        events.emit("run_started", mode=mode, pid=os.getpid(),
-                    tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
-        results = run_stages(cfg, prep.runners, made, ctx, stages, debug, quiet)
+        # the plan lives through the stages: no collection need walk it again
+        with gc_frozen(lambda: make_plan(cfg, prep.infos, paths)) as made:
+            clear_leftovers(made, paths)  # what writers killed with an earlier orchestrator left
+            stages = {"all": ["infer", "eval"], "infer": ["infer"], "eval": ["eval"]}[mode]
+            # a runner's own check of what it reaches (a Ray head's address), before any stage says a
+            # word; only for a stage with tasks (``-r`` of a finished run needs no cluster)
+            checked = {id(prep.runners[s]): prep.runners[s] for s in stages if made.tasks[s] and not debug}
+            for runner in checked.values():
+                runner.preflight()
+            events.emit("run_started", mode=mode, pid=os.getpid(),
+                        tasks={s: [t.task_id for t in ts] for s, ts in made.tasks.items()})
+            results = run_stages(cfg, prep.runners, made, ctx, stages, debug, quiet)
     interrupted = ctx.stop.is_set()
     events.emit("run_finished", interrupted=interrupted,
                 failed=[r.task_id for r in results if r.state.value != "done"])

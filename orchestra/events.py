@@ -12,7 +12,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from orchestra.fileio import append_line, utf8
@@ -36,11 +36,12 @@ class EventLog:
     #: the most bytes :meth:`emit_many` hands to one ``write``
     CHUNK_BYTES = 1 << 20
 
-    def emit_many(self, events: list[tuple[str, dict[str, Any]]]) -> None:
+    def emit_many(self, events: Iterable[tuple[str, dict[str, Any]]], ts: float | None = None) -> None:
         """Append several events, in order, as :meth:`emit` would one by one, with one ``write``
         per megabyte of lines (each line whole in one write): 100,000 tasks queued are a few
-        dozen appends, not 100,000 opens and writes."""
-        ts = round(time.time(), 3)
+        dozen appends, not 100,000 opens and writes.  ``events`` may be a generator (the lines
+        are made as they are written, never all held); ``ts``: when they happened (default now)."""
+        ts = round(time.time() if ts is None else ts, 3)
         chunk: list[str] = []
         size = 0
         for event, fields in events:

@@ -78,16 +78,18 @@ class _LineStream:
 class EvalAlongside:
     """The eval stage run beside the infer stage (``eval=dict(overlap=True)``, the default): each
     eval task starts as soon as its predictions are done, in a thread of its own with its own
-    runner; it shares the run's stop flag, so Ctrl-C stops both."""
+    runner; it shares the run's stop flag, so Ctrl-C stops both.  It queues its tasks once the
+    infer stage's first round has started its tasks (``begun``): at 100,000 tasks a queue built
+    beside the infer stage's own would hold back the run's first task by seconds."""
 
     def __init__(self, runner: Any, tasks: list[Any], ctx: RunContext, quiet: bool) -> None:
         self.upstream = threading.Event()
         self.upstream.set()
-        # Progress as lines, never a second bar: the infer stage's bar owns the terminal.
-        lines: Any = _LineStream(sys.stderr)
-        self.progress = None if quiet else StageProgress("eval", tasks, ctx.paths.events, stream=lines)
-        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, on_change=self.progress, upstream=self.upstream,
-                              host=ctx.host, shared=ctx.shared)
+        self.begun = threading.Event()  # set by the infer stage's launch (RunContext.begun), or at its end
+        self.queued = threading.Event()  # set by this stage's launch once its tasks are queued (or at its end)
+        self.progress: StageProgress | None = None
+        self.ctx = RunContext(ctx.paths, ctx.events, stop=ctx.stop, upstream=self.upstream, host=ctx.host,
+                              shared=ctx.shared, begun=self.queued)
         self.runner, self.tasks, self.quiet = runner, tasks, quiet
         self.results: list[TaskResult] = []
         self.error: BaseException | None = None
@@ -95,6 +97,11 @@ class EvalAlongside:
 
     def _run(self) -> None:
         try:
+            self.begun.wait()
+            if not self.quiet:  # progress as lines, never a second bar: the infer stage's bar owns the terminal
+                lines: Any = _LineStream(sys.stderr)
+                self.progress = StageProgress("eval", self.tasks, self.ctx.paths.events, stream=lines)
+                self.ctx.on_change = self.progress
             self.results = self.runner.launch(self.tasks, self.ctx)
         except BaseException as exc:  # re-raised in the main thread by join()
             self.error = exc
@@ -110,6 +117,10 @@ class EvalAlongside:
 
     def join(self) -> list[TaskResult]:
         """Wait for the eval stage: inference is over, so tasks still missing predictions are skipped."""
+        self.begun.set()  # the infer stage may not have got to say so (it raised, or the run stopped first)
+        # its tasks are queued as they would be beside inference (a stop cancels them, as it would have)
+        while not self.queued.wait(0.2) and self.thread.is_alive():
+            pass  # short waits: Ctrl-C still reaches the main thread's handler
         self.upstream.clear()
         while self.thread.is_alive():
             self.thread.join(0.2)  # short waits: Ctrl-C still reaches the main thread's handler
@@ -135,6 +146,7 @@ def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunCont
     eval_side = EvalAlongside(runners["eval"], made.tasks["eval"], ctx, quiet) if overlap else None
     try:
         if eval_side is not None:
+            ctx.begun = eval_side.begun
             eval_side.start()
             stages = ["infer"]
         for stage in stages:
@@ -155,6 +167,7 @@ def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunCont
                 if progress is not None:
                     progress.close()
     finally:
+        ctx.begun = None
         try:
             if eval_side is not None:
                 results += eval_side.join()

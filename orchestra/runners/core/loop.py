@@ -25,6 +25,7 @@ from orchestra.runners.core.hooks import RunnerHooks
 from orchestra.runners.core.options import LoopOptions
 from orchestra.runners.core.run import InFlight, PendingTask, Results, RunContext, TaskResult, TaskState
 from orchestra.runners.core.served import attach_servers, close_launch, with_server_env
+from orchestra.runners.core.waiting import Announcements, look_for_inputs, queue_tasks
 from orchestra.tasks.kinds import task_argv
 from orchestra.tasks.spec import TaskSpec, output_done
 
@@ -117,13 +118,20 @@ class BaseRunner(RunnerHooks):
         self._servers = attach_servers(session, tasks, ctx, self)
         results = Results(session.resources.ended)  # served models: their replicas stop
         flight, pending = InFlight({}, {}), deque[PendingTask]()
+        self._announce = Announcements(ctx.events)
+        first_round = True
         try:
-            pending.extend(self._queue(tasks, session, results, ctx))
+            pending.extend(queue_tasks(tasks, session.resources, results, ctx))
             self._free_slots = list(range(self.max_num_workers))  # a heap: the lowest free slot first
             while (pending or flight.running or flight.stopping) and not ctx.stop.is_set():
                 now = time.monotonic()
-                self._look_for_inputs(pending, results, ctx, now)
+                look_for_inputs(pending, results, ctx, now, self._announce, self.INPUT_CHECK_S)
                 self._start_ready(session, pending, flight, results, ctx, now)
+                if first_round:  # the first tasks are on their way: now the queued lines of the rest
+                    first_round = False
+                    self._announce.say_rest(pending)
+                    if ctx.begun is not None:
+                        ctx.begun.set()
                 ended_any = self._poll(session, pending, flight, results, ctx)
                 self._report(ctx, pending, flight, results)
                 if (pending or flight.running or flight.stopping) and not (
@@ -134,76 +142,33 @@ class BaseRunner(RunnerHooks):
                 self._stop_all(session, pending, flight, results, ctx, drain=False)
             finally:
                 close_launch(session, self._servers)
+                if ctx.begun is not None:
+                    ctx.begun.set()
             raise
         try:
             if flight.running or flight.stopping or (ctx.stop.is_set() and pending):
                 self._stop_all(session, pending, flight, results, ctx, drain=True)
         finally:
             close_launch(session, self._servers)  # whatever the clean-up met: nothing started may outlive the launch
+            if ctx.begun is not None:
+                ctx.begun.set()
         return [results[t.task_id] for t in tasks if t.task_id in results]
 
-    def _queue(self, tasks: list[TaskSpec], session: Session, results: dict[str, TaskResult],
-               ctx: RunContext) -> deque[PendingTask]:
-        pending: deque[PendingTask] = deque()
-        said: list[tuple[str, dict[str, Any]]] = []  # the events of queueing, appended together
-        may_come = ctx.inputs_may_come()
-        for task in tasks:
-            missing = task.missing_inputs()
-            waits = bool(missing) and may_come
-            if missing and not waits:  # a stage waits for its inputs: an eval task whose predictions failed
-                said.append(self._skip(task, missing, results, ctx, emit=False))
-                continue
-            if unfit := session.resources.unfit(task):
-                log_path = ctx.paths.task_log(task.stage, task.task_id)
-                results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.FAILED, 0, log_path, unfit)
-                said.append(("failed", dict(task_id=task.task_id, stage=task.stage, reason=unfit,
-                                            name=task.display_name, model=task.model_abbr)))
-                continue
-            pending.append(PendingTask(task, 1, inputs_ready=not waits, inputs_checked=time.monotonic()))
-            said.append(("queued", dict(task_id=task.task_id, stage=task.stage, cost=task.cost, name=task.display_name,
-                                        model=task.model_abbr, samples=task.num_samples, num_gpus=task.num_gpus)))
-        ctx.events.emit_many(said)
-        return pending
-
-    def _skip(self, task: TaskSpec, missing: list[str], results: dict[str, TaskResult], ctx: RunContext,
-              emit: bool = True) -> tuple[str, dict[str, Any]]:
-        """Record ``task`` skipped for its missing inputs; its event (emitted unless ``emit=False``)."""
-        why = f"predictions missing: {os.path.relpath(missing[0], ctx.paths.root)}"
-        log_path = ctx.paths.task_log(task.stage, task.task_id)
-        results[task.task_id] = TaskResult(task.task_id, task.stage, TaskState.SKIPPED, 0, log_path, why)
-        event = ("skipped", dict(task_id=task.task_id, stage=task.stage, reason=why, name=task.display_name,
-                                 model=task.model_abbr))
-        if emit:
-            ctx.events.emit(event[0], **event[1])
-        return event
-
     INPUT_CHECK_S = 0.5  #: how often a task waiting for its inputs looks for them (a look reads files)
-
-    def _look_for_inputs(self, pending: deque[PendingTask], results: dict[str, TaskResult], ctx: RunContext,
-                         now: float) -> None:
-        """Release waiting tasks whose inputs now exist; skip those whose inputs can no longer come."""
-        may_come = ctx.inputs_may_come()
-        for entry in [e for e in pending if not e.inputs_ready]:
-            if may_come and now - entry.inputs_checked < self.INPUT_CHECK_S:
-                continue
-            entry.inputs_checked = now
-            missing = entry.first_missing()
-            if missing is None:
-                entry.inputs_ready = True
-            elif not may_come:
-                pending.remove(entry)
-                self._skip(entry.task, [missing], results, ctx)
 
     def _start_ready(self, session: Session, pending: deque[PendingTask], flight: InFlight,
                      results: dict[str, TaskResult], ctx: RunContext, now: float) -> None:
         """Reserve and prepare every job that may start now, then submit them in one call."""
         batch: dict[Job, PendingTask] = {}
         busy = len(flight.running) + len(flight.stopping)
+        self._announce.say_first(pending, self.max_num_workers - busy, now)
         for entry in list(pending):
             if busy + len(batch) >= self.max_num_workers or ctx.stop.is_set():
                 break
             if entry.not_before > now or not entry.inputs_ready:
                 continue
+            if not entry.said:  # its queued line before any other line of it (say_first said most)
+                self._announce.say([entry])
             try:
                 resources = session.resources.acquire(entry.task)
             except CannotStart as exc:
@@ -315,6 +280,7 @@ class BaseRunner(RunnerHooks):
                 if flight.stopping:
                     time.sleep(min(self.poll_interval_s, 0.05))
         finally:
+            self._announce.say(pending)  # a stop within the first round: their queued lines first
             for job, entry in list(flight.stopping.items()):
                 self._cancelled(session, job, entry, results, ctx)
             flight.stopping.clear()

@@ -105,6 +105,10 @@ class RunContext:
     #: what the run's launches share beyond one launch (the local runner's warm workers, so the
     #: eval stage scores in the processes the infer stage warmed); None: each launch its own
     shared: Shared | None = None
+    #: set by a launch once its first round has started the tasks it could and its ``queued``
+    #: events are written (and at its end): a stage beside it waits for this before queueing its
+    #: own tasks, so that the run's first tasks start before a second queue of 100,000 is built
+    begun: threading.Event | None = None
 
     def inputs_may_come(self) -> bool:
         return self.upstream is not None and self.upstream.is_set()
@@ -122,6 +126,7 @@ class PendingTask:
     inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
     inputs_checked: float = 0.0  # when they were last looked for
     inputs_seen: int = 0  # its first inputs_seen inputs were found done (they stay done during a launch)
+    said: bool = True  # its ``queued`` event is written (False from queueing until then: core/queued.py)
 
     def first_missing(self) -> str | None:
         """The first input of this waiting task that is not done yet, or None.  Inputs found done

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_backend import FakeBackend, eval_task, exits, infer_task, make_context, write_output
+from fake_backend import BackendFailure, FakeBackend, eval_task, exits, infer_task, make_context, write_output
 
-from orchestra.events import EventLog
+from orchestra.events import EventLog, read_events
 from orchestra.runners.core import run
 from orchestra.runners.core.run import PendingTask, Results, TaskResult, TaskState
 from orchestra.summary.progress import StageProgress
@@ -93,3 +93,36 @@ def test_progress_counts_samples_only_when_a_line_is_due(tmp_path: Path, monkeyp
     assert counted == [] and out.getvalue() == ""
     bar.close({"pending": 0, "running": 0, "done": 100})
     assert len(counted) == 1 and out.getvalue().startswith("[infer] ")
+
+
+def test_the_first_round_starts_before_the_queued_lines_of_the_tasks_that_wait(tmp_path: Path) -> None:
+    """Issue 40: the first tasks start before the ``queued`` lines of the tasks that wait are written
+    (at 100,000 tasks, a second of formatting); each task's ``queued`` line still comes before its
+    other lines, and every one carries the time the launch queued it.  ``ctx.begun`` tells a stage
+    beside this one that the first round is done.  Before: all 50 lines came first."""
+    script = {f"t{i}": [exits(0, polls=1)] for i in range(50)}
+    backend = FakeBackend(script, max_num_workers=2)
+    ctx = make_context(tmp_path)
+    ctx.begun = threading.Event()
+    results = backend.launch([infer_task(t) for t in script], ctx)
+    assert [r.state for r in results] == [TaskState.DONE] * 50 and ctx.begun.is_set()
+    log = read_events(ctx.paths.events)
+    said = [(e["event"], e["task_id"]) for e in log]
+    assert said[:4] == [("queued", "t0"), ("queued", "t1"), ("started", "t0"), ("started", "t1")]
+    assert said[4:52] == [("queued", f"t{i}") for i in range(2, 50)]
+    assert len({e["ts"] for e in log if e["event"] == "queued"}) == 1
+
+
+def test_a_launch_that_raises_in_its_first_round_still_says_begun_and_each_task_queued_first(tmp_path: Path) -> None:
+    """A backend that raises at the first submit: ``ctx.begun`` is set all the same (a stage beside
+    it must not wait for good), and the tasks cancelled say ``queued`` before ``cancelled``."""
+    ctx = make_context(tmp_path)
+    ctx.begun = threading.Event()
+    backend = FakeBackend({f"t{i}": [exits(0)] for i in range(5)}, max_num_workers=2, raise_on={"submit": 1})
+    with pytest.raises(BackendFailure):
+        backend.launch([infer_task(f"t{i}") for i in range(5)], ctx)
+    assert ctx.begun.is_set()
+    said: dict[str, list[str]] = {}
+    for e in read_events(ctx.paths.events):
+        said.setdefault(e["task_id"], []).append(e["event"])
+    assert said == {f"t{i}": ["queued", "cancelled"] for i in range(5)}
