@@ -1,0 +1,170 @@
+"""``python run.py ARGS`` to its end, as ``subprocess.run`` runs it, but forked from a server that
+has already imported the third-party modules every CLI process imports (``tests/cli_forkserver.py``
+says what the forked process shares with a fresh one, and what not).
+
+The config suites start hundreds of ``run.py --dry-run`` processes; ~0.7 s of the ~0.85 s of CPU
+each costs is importing ``mmengine.config``.  A forked process is still a real process of its own:
+its own argv, folder, environment, stdin/stdout/stderr, exit status (a signal gives a negative
+``returncode`` as with ``subprocess``), its own ``orchestra`` imports.
+
+The ``cli`` session fixture (``tests/conftest.py``) gives each pytest process (each xdist worker)
+one :class:`ForkedCLI`; ``ForkedCLI.run`` takes ``subprocess.run``'s arguments for a run.py argv.
+It starts a real ``subprocess.run`` instead when the argv is not ``[sys.executable, ...run.py, ...]``
+or when the environment differs from the server's in what the interpreter reads at start-up
+(``PYTHON*``, locale), so a test never sees a difference it did not ask for.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from tests.helpers import wait_for
+
+SERVER = Path(__file__).resolve().parent / "cli_forkserver.py"
+#: environment variables a Python interpreter reads when it starts (a difference: a real process)
+_STARTUP = ("PYTHON", "LANG", "LC_", "LANGUAGE", "OMP_NUM_THREADS", "OPENBLAS_", "MKL_")
+
+
+def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if k.startswith(_STARTUP)}
+
+
+class ForkedCLI:
+    """One fork server (``tests/cli_forkserver.py``) for this pytest process, and runs through it."""
+
+    def __init__(self) -> None:
+        self._dir = tempfile.mkdtemp(prefix="orchestra-cli-fork-")
+        self._socket = os.path.join(self._dir, "s")
+        self._env = dict(os.environ)
+        self._proc = subprocess.Popen([sys.executable, str(SERVER), self._socket], stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE, text=True, env=self._env)
+        assert self._proc.stdout is not None
+        ready = self._proc.stdout.readline()  # "ready" once it listens, "" if it died
+        assert ready == "ready\n", f"the CLI fork server did not start (exit {self._proc.wait()})"
+        self.forked = 0  # runs that went through the server (tests of this helper read it)
+
+    def close(self) -> None:
+        self._proc.terminate()
+        self._proc.wait(timeout=30)
+        assert self._proc.stdout is not None
+        self._proc.stdout.close()
+        for name in os.listdir(self._dir):
+            os.unlink(os.path.join(self._dir, name))
+        os.rmdir(self._dir)
+
+    def _can_fork(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
+        return (len(argv) >= 2 and argv[0] == sys.executable and Path(argv[1]).name == "run.py"
+                and self._proc.poll() is None and _startup_env(env) == _startup_env(self._env))
+
+    def run(self, argv: Sequence[str | os.PathLike[str]], *, cwd: str | os.PathLike[str] | None = None,
+            env: Mapping[str, str] | None = None, timeout: float | None = None, capture_output: bool = True,
+            text: bool = True) -> subprocess.CompletedProcess[str]:
+        """``subprocess.run(argv, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True)``."""
+        assert capture_output and text, "only capture_output=True, text=True runs are supported"
+        args = [os.fspath(a) for a in argv]
+        environ = dict(os.environ if env is None else env)
+        if not self._can_fork(args, environ):
+            return subprocess.run(args, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True)
+        self.forked += 1
+        return self._forked(args, os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd()),
+                            environ, timeout)
+
+    def _forked(self, args: list[str], cwd: str, env: dict[str, str], timeout: float | None
+                ) -> subprocess.CompletedProcess[str]:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            conn.connect(self._socket)
+            request = json.dumps({"argv": args, "cwd": cwd, "env": env}).encode()
+            socket.send_fds(conn, [request], [0, out_w, err_w])
+            conn.shutdown(socket.SHUT_WR)
+        finally:
+            os.close(out_w)
+            os.close(err_w)
+        replies = _Replies(conn)
+        try:
+            output = _read_all({out_r: b"", err_r: b""}, conn, replies,
+                               None if timeout is None else time.monotonic() + timeout)
+            if output is None:  # past the timeout: kill it, as subprocess.run does
+                pid = wait_for(lambda: replies.get("pid"), 30, "the fork server to send the CLI's pid")
+                os.kill(int(pid), signal.SIGKILL)
+                wait_for(lambda: replies.get("status"), 60, "the killed CLI process to be reaped")
+                raise subprocess.TimeoutExpired(args, timeout or 0)
+            status = wait_for(lambda: replies.get("status"), 60, "the fork server to send the CLI's exit status")
+        finally:
+            os.close(out_r)
+            os.close(err_r)
+            conn.close()
+        return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(int(status)), _text(output[out_r]),
+                                           _text(output[err_r]))
+
+
+class _Replies:
+    """The ``key value`` lines the waiter sends, read as they come."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self._conn, self._buf, self._got = conn, b"", {}  # type: dict[str, str]
+
+    def feed(self, data: bytes) -> None:
+        self._buf += data
+        while b"\n" in self._buf:
+            line, self._buf = self._buf.split(b"\n", 1)
+            key, _, value = line.decode().partition(" ")
+            self._got[key] = value
+
+    def get(self, key: str) -> str | None:
+        if key not in self._got:
+            self._conn.setblocking(False)
+            try:
+                self.feed(self._conn.recv(4096))
+            except BlockingIOError:
+                pass
+            finally:
+                self._conn.setblocking(True)
+        return self._got.get(key)
+
+
+def _read_all(buffers: dict[int, bytes], conn: socket.socket, replies: _Replies, deadline: float | None
+              ) -> dict[int, bytes] | None:
+    """Both pipes read to their end (None: the deadline passed first); the waiter's replies fed on."""
+    with selectors.DefaultSelector() as sel:
+        for fd in buffers:
+            sel.register(fd, selectors.EVENT_READ)
+        sel.register(conn, selectors.EVENT_READ)
+        open_pipes = set(buffers)
+        while open_pipes:
+            left = None if deadline is None else deadline - time.monotonic()
+            if left is not None and left <= 0:
+                return None
+            for key, _ in sel.select(left):
+                if key.fileobj is conn:
+                    data = conn.recv(4096)
+                    replies.feed(data)
+                    if not data:
+                        sel.unregister(conn)
+                    continue
+                fd = int(key.fd)
+                chunk = os.read(fd, 1 << 16)
+                if chunk:
+                    buffers[fd] += chunk
+                else:
+                    sel.unregister(fd)
+                    open_pipes.discard(fd)
+    return buffers
+
+
+def _text(data: bytes) -> str:
+    """Bytes as ``subprocess.run(text=True)`` decodes them (locale encoding, universal newlines)."""
+    return io.TextIOWrapper(io.BytesIO(data)).read()
