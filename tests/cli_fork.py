@@ -1,24 +1,25 @@
 """``python run.py ARGS`` to its end, as ``subprocess.run`` runs it, but forked from a server that
-has already imported the third-party modules every CLI process imports (``tests/cli_forkserver.py``
-says what the forked process shares with a fresh one, and what not).
+has already imported what every CLI process imports (``tests/cli_forkserver.py`` says what the
+forked process shares with a fresh one, and why that is the same).
 
-The config suites start hundreds of ``run.py --dry-run`` processes; ~0.7 s of the ~0.85 s of CPU
-each costs is importing ``mmengine.config``.  A forked process is still a real process of its own:
-its own argv, folder, environment, stdin/stdout/stderr, exit status (a signal gives a negative
-``returncode`` as with ``subprocess``), its own ``orchestra`` imports.
+The config suites start hundreds of ``run.py --dry-run`` processes at ~0.65 s of CPU each, most
+of it imports; forked, one costs ~0.2 s.  A forked process is still a real process of its own:
+its own argv, folder, environment, stdin/stdout/stderr and exit status (a signal gives a negative
+``returncode`` as with ``subprocess``; past ``timeout`` it is killed and ``TimeoutExpired`` raised).
 
 The ``cli`` session fixture (``tests/conftest.py``) gives each pytest process (each xdist worker)
 one :class:`ForkedCLI`; ``ForkedCLI.run`` takes ``subprocess.run``'s arguments for a run.py argv.
-It starts a real ``subprocess.run`` instead when the argv is not ``[sys.executable, ...run.py, ...]``
-or when the environment differs from the server's in what the interpreter reads at start-up
-(``PYTHON*``, locale), so a test never sees a difference it did not ask for.
-"""
+It starts a real ``subprocess.run`` instead when the argv is not ``[sys.executable, run.py, ...]``
+for this checkout's ``run.py``, or when the environment differs from the server's in what the
+interpreter reads at start-up (``PYTHON*``, locale, thread counts), so a test never sees a
+difference it did not ask for."""
 
 from __future__ import annotations
 
 import io
 import json
 import os
+import resource
 import selectors
 import signal
 import socket
@@ -32,8 +33,19 @@ from pathlib import Path
 from tests.helpers import wait_for
 
 SERVER = Path(__file__).resolve().parent / "cli_forkserver.py"
+REPO = SERVER.parents[1]
 #: environment variables a Python interpreter reads when it starts (a difference: a real process)
 _STARTUP = ("PYTHON", "LANG", "LC_", "LANGUAGE", "OMP_NUM_THREADS", "OPENBLAS_", "MKL_")
+
+
+#: CPU seconds of the forked CLI processes this process waited for: not its children, so not in
+#: ``RUSAGE_CHILDREN`` until the server is reaped; ``tests/conftest.py``'s CPU accounting adds it
+FORKED_CPU_S = [0.0]
+
+
+def _children_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -47,7 +59,7 @@ class ForkedCLI:
         self._dir = tempfile.mkdtemp(prefix="orchestra-cli-fork-")
         self._socket = os.path.join(self._dir, "s")
         self._env = dict(os.environ)
-        self._proc = subprocess.Popen([sys.executable, str(SERVER), self._socket], stdin=subprocess.DEVNULL,
+        self._proc = subprocess.Popen([sys.executable, str(SERVER), self._socket], stdin=subprocess.PIPE,
                                       stdout=subprocess.PIPE, text=True, env=self._env)
         assert self._proc.stdout is not None
         ready = self._proc.stdout.readline()  # "ready" once it listens, "" if it died
@@ -55,16 +67,22 @@ class ForkedCLI:
         self.forked = 0  # runs that went through the server (tests of this helper read it)
 
     def close(self) -> None:
-        self._proc.terminate()
-        self._proc.wait(timeout=30)
-        assert self._proc.stdout is not None
+        """End the server once every waiter is reaped (its stdin closed).  Reaping it adds the CPU of
+        every forked process to this process's children's; :data:`FORKED_CPU_S` already counted
+        it, so it is taken off there (the CPU accounting of ``--cpu-durations`` stays continuous)."""
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        before = _children_cpu_s()
+        self._proc.stdin.close()
+        self._proc.wait(timeout=120)
+        FORKED_CPU_S[0] -= _children_cpu_s() - before
         self._proc.stdout.close()
         for name in os.listdir(self._dir):
             os.unlink(os.path.join(self._dir, name))
         os.rmdir(self._dir)
 
-    def _can_fork(self, argv: Sequence[str], env: Mapping[str, str]) -> bool:
+    def _can_fork(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> bool:
         return (len(argv) >= 2 and argv[0] == sys.executable and Path(argv[1]).name == "run.py"
+                and Path(cwd, argv[1]).resolve() == REPO / "run.py"  # the orchestra the server imported
                 and self._proc.poll() is None and _startup_env(env) == _startup_env(self._env))
 
     def run(self, argv: Sequence[str | os.PathLike[str]], *, cwd: str | os.PathLike[str] | None = None,
@@ -74,11 +92,11 @@ class ForkedCLI:
         assert capture_output and text, "only capture_output=True, text=True runs are supported"
         args = [os.fspath(a) for a in argv]
         environ = dict(os.environ if env is None else env)
-        if not self._can_fork(args, environ):
+        folder = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
+        if not self._can_fork(args, folder, environ):
             return subprocess.run(args, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True)
         self.forked += 1
-        return self._forked(args, os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd()),
-                            environ, timeout)
+        return self._forked(args, folder, environ, timeout)
 
     def _forked(self, args: list[str], cwd: str, env: dict[str, str], timeout: float | None
                 ) -> subprocess.CompletedProcess[str]:
@@ -103,6 +121,7 @@ class ForkedCLI:
                 wait_for(lambda: replies.get("status"), 60, "the killed CLI process to be reaped")
                 raise subprocess.TimeoutExpired(args, timeout or 0)
             status = wait_for(lambda: replies.get("status"), 60, "the fork server to send the CLI's exit status")
+            FORKED_CPU_S[0] += float(replies.get("cpu") or 0)
         finally:
             os.close(out_r)
             os.close(err_r)

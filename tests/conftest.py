@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import resource
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,7 +105,9 @@ _CPU_MARK = pytest.StashKey[float]()
 def _cpu_s() -> float:
     """CPU seconds of this process and of the children it has waited for."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    forked = sys.modules.get("tests.cli_fork")  # CLI processes forked for this process (the cli fixture)
+    return (own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+            + (forked.FORKED_CPU_S[0] if forked is not None else 0.0))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

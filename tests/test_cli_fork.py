@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli_fork import ForkedCLI
+from tests.cli_fork import FORKED_CPU_S, ForkedCLI
 from tests.helpers import gone_within
 
 REPO = Path(__file__).resolve().parents[1]
@@ -40,9 +40,10 @@ def _both(cli: ForkedCLI, args: list[str], env: dict[str, str], cwd: Path = REPO
           ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
     """The same run forked and as a fresh process."""
     argv = [sys.executable, "run.py", *args]
-    before = cli.forked
+    before, cpu = cli.forked, FORKED_CPU_S[0]
     forked = cli.run(argv, cwd=cwd, env=env, timeout=120)
     assert cli.forked == before + 1  # it did go through the fork server
+    assert FORKED_CPU_S[0] > cpu  # and its CPU counts in --cpu-durations
     fresh = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     return forked, fresh
 
