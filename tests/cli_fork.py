@@ -30,8 +30,6 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from tests.helpers import wait_for
-
 SERVER = Path(__file__).resolve().parent / "cli_forkserver.py"
 REPO = SERVER.parents[1]
 #: environment variables a Python interpreter reads when it starts (a difference: a real process)
@@ -113,14 +111,13 @@ class ForkedCLI:
             os.close(err_w)
         replies = _Replies(conn)
         try:
-            output = _read_all({out_r: b"", err_r: b""}, conn, replies,
+            output = _read_all({out_r: bytearray(), err_r: bytearray()}, conn, replies,
                                None if timeout is None else time.monotonic() + timeout)
             if output is None:  # past the timeout: kill it, as subprocess.run does
-                pid = wait_for(lambda: replies.get("pid"), 30, "the fork server to send the CLI's pid")
-                os.kill(int(pid), signal.SIGKILL)
-                wait_for(lambda: replies.get("status"), 60, "the killed CLI process to be reaped")
+                os.kill(int(replies.wait("pid", 30)), signal.SIGKILL)
+                replies.wait("status", 60)  # reaped
                 raise subprocess.TimeoutExpired(args, timeout or 0)
-            status = wait_for(lambda: replies.get("status"), 60, "the fork server to send the CLI's exit status")
+            status = replies.wait("status", 60)  # sent right after the process ended (its pipes closed)
             FORKED_CPU_S[0] += float(replies.get("cpu") or 0)
         finally:
             os.close(out_r)
@@ -131,10 +128,12 @@ class ForkedCLI:
 
 
 class _Replies:
-    """The ``key value`` lines the waiter sends, read as they come."""
+    """The ``key value`` lines the waiter sends (``pid``, then ``cpu`` and ``status``)."""
 
     def __init__(self, conn: socket.socket) -> None:
-        self._conn, self._buf, self._got = conn, b"", {}  # type: dict[str, str]
+        self._conn = conn
+        self._buf = b""
+        self._got: dict[str, str] = {}
 
     def feed(self, data: bytes) -> None:
         self._buf += data
@@ -144,19 +143,27 @@ class _Replies:
             self._got[key] = value
 
     def get(self, key: str) -> str | None:
-        if key not in self._got:
-            self._conn.setblocking(False)
-            try:
-                self.feed(self._conn.recv(4096))
-            except BlockingIOError:
-                pass
-            finally:
-                self._conn.setblocking(True)
         return self._got.get(key)
 
+    def wait(self, key: str, timeout_s: float) -> str:
+        """The value of ``key``, read from the connection until it comes (fails the test after
+        ``timeout_s`` or when the server closed the connection without it)."""
+        deadline = time.monotonic() + timeout_s
+        while key not in self._got:
+            left = deadline - time.monotonic()
+            assert left > 0, f"timed out after {timeout_s:g} s waiting for the fork server's {key!r}"
+            self._conn.settimeout(left)
+            try:
+                data = self._conn.recv(4096)
+            except TimeoutError:
+                continue
+            assert data, f"the fork server closed the connection without sending {key!r}"
+            self.feed(data)
+        return self._got[key]
 
-def _read_all(buffers: dict[int, bytes], conn: socket.socket, replies: _Replies, deadline: float | None
-              ) -> dict[int, bytes] | None:
+
+def _read_all(buffers: dict[int, bytearray], conn: socket.socket, replies: _Replies, deadline: float | None
+              ) -> dict[int, bytearray] | None:
     """Both pipes read to their end (None: the deadline passed first); the waiter's replies fed on."""
     with selectors.DefaultSelector() as sel:
         for fd in buffers:
@@ -184,6 +191,6 @@ def _read_all(buffers: dict[int, bytes], conn: socket.socket, replies: _Replies,
     return buffers
 
 
-def _text(data: bytes) -> str:
+def _text(data: bytearray) -> str:
     """Bytes as ``subprocess.run(text=True)`` decodes them (locale encoding, universal newlines)."""
-    return io.TextIOWrapper(io.BytesIO(data)).read()
+    return io.TextIOWrapper(io.BytesIO(bytes(data))).read()
