@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import resource
+import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -104,7 +105,9 @@ _CPU_MARK = pytest.StashKey[float]()
 def _cpu_s() -> float:
     """CPU seconds of this process and of the children it has waited for."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    forked = sys.modules.get("tests.cli_fork")  # CLI processes forked for this process (the cli fixture)
+    return (own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+            + (forked.FORKED_CPU_S[0] if forked is not None else 0.0))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -197,3 +200,28 @@ def browser() -> Iterator[Any]:
         yield chrome
     finally:
         chrome.close()
+
+
+@pytest.fixture(scope="session")
+def cli() -> Iterator[Any]:
+    """``cli.run([sys.executable, "run.py", ...], cwd=..., env=..., timeout=...)``: the CLI to its
+    end as ``subprocess.run`` runs it, in a process forked from a server that has imported the
+    third-party modules every CLI process imports (``tests/cli_fork.py``): one per xdist worker."""
+    from tests.cli_fork import ForkedCLI
+
+    forked = ForkedCLI()
+    try:
+        yield forked
+    finally:
+        forked.close()
+
+
+@pytest.fixture(scope="session")
+def lmeval_index(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """lm-eval's stock task index, built once per session for all xdist workers;
+    ``lmeval_index.seed(cache)`` makes a fresh ``ORCHESTRA_CACHE_DIR`` holding a copy of it
+    (``tests/lmeval_seed.py``), for tests that run lm-eval tasks but do not test the index."""
+    from tests.lmeval_seed import LmEvalIndex
+
+    base = tmp_path_factory.getbasetemp()
+    return LmEvalIndex(base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base)  # xdist: shared root

@@ -17,6 +17,8 @@ import pytest
 from planted import PLUGIN, REPO
 from scipy import stats as sps
 
+from tests.lmeval_seed import LmEvalIndex
+
 pytestmark = pytest.mark.slow  # each run imports lm-eval in its probe and its tasks
 DOCS = 20
 
@@ -43,7 +45,7 @@ def _by_doc(run: Path) -> dict[int, dict]:
     return {r["doc_id"]: r for r in map(json.loads, lines)}
 
 
-def test_compare_two_lm_eval_runs(tmp_path: Path) -> None:
+def test_compare_two_lm_eval_runs(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     import os
 
     subprocess.run([sys.executable, str(REPO / "tools" / "lmeval_offline_tasks.py"), str(tmp_path / "lm")], check=True,
@@ -52,7 +54,7 @@ def test_compare_two_lm_eval_runs(tmp_path: Path) -> None:
     (tmp_path / "plugins" / "planted_compare.py").write_text(PLUGIN)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "plugins"), str(REPO)]),
            "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "ORCHESTRA_LOCK_DIR": str(tmp_path / "locks"),
-           "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+           "ORCHESTRA_CACHE_DIR": str(lmeval_index.seed(tmp_path / "cache"))}
     a, b = _run(tmp_path, "a", 0, env), _run(tmp_path, "b", 3, env)
     proc = subprocess.run([sys.executable, "run.py", "compare", str(a), str(b), "--json", "--flips", "50"], cwd=REPO,
                           env=env, capture_output=True, text=True, timeout=120)

@@ -1,6 +1,7 @@
 """Every bad config in ``tests/bad_configs`` ends the real CLI with exit 2 and one clear line.
 
-The CLI runs as a subprocess from the repository root, exactly as a user would start it.
+The CLI runs as a process of its own from the repository root, as a user would start it (forked
+from a server that has imported its third-party modules once: ``tests/cli_fork.py``).
 The subprocesses are started all at once from a module fixture (they are independent), and
 each case then checks its own result.
 """
@@ -8,13 +9,14 @@ each case then checks its own result.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
 import pytest
+
+from tests.cli_fork import ForkedCLI
 
 REPO = Path(__file__).resolve().parents[2]
 BAD = REPO / "tests" / "bad_configs"
@@ -93,9 +95,9 @@ class Result(NamedTuple):
     stderr: str
 
 
-def run_cli(args: list[str], env: dict[str, str]) -> Result:
-    proc = subprocess.run([sys.executable, "run.py", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=60)
+def run_cli(cli: ForkedCLI, args: list[str], env: dict[str, str]) -> Result:
+    """``run.py ARGS`` to its end (forked: ``tests/cli_fork.py``)."""
+    proc = cli.run([sys.executable, "run.py", *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
@@ -115,7 +117,7 @@ def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def results(env: dict[str, str], work: Path) -> dict[tuple[str, ...], Result]:
+def results(env: dict[str, str], work: Path, cli: ForkedCLI) -> dict[tuple[str, ...], Result]:
     """Every CLI invocation of this module, run concurrently once."""
     jobs: list[tuple[str, ...]] = []
     for name in EXPECTED:
@@ -125,7 +127,7 @@ def results(env: dict[str, str], work: Path) -> dict[tuple[str, ...], Result]:
     for name in ALSO_FOR_REAL:
         jobs.append((rel(name), "-w", str(work / "real")))
     with ThreadPoolExecutor(max_workers=min(16, (os.cpu_count() or 2) * 2)) as pool:
-        done = pool.map(lambda a: run_cli(list(a), env), jobs)
+        done = pool.map(lambda a: run_cli(cli, list(a), env), jobs)
         return dict(zip(jobs, done))
 
 
@@ -168,23 +170,23 @@ def test_bad_config_real_run_writes_nothing(name: str, results: dict[tuple[str, 
     assert not (work / "real").exists() or not any((work / "real").iterdir())
 
 
-def test_debug_shows_traceback(env: dict[str, str], tmp_path: Path) -> None:
+def test_debug_shows_traceback(env: dict[str, str], tmp_path: Path, cli: ForkedCLI) -> None:
     """--debug keeps the traceback of a user error (for whoever has to chase it)."""
-    res = run_cli([rel("negative_max_num_workers.py"), "--dry-run", "--debug", "-w", str(tmp_path)], env)
+    res = run_cli(cli, [rel("negative_max_num_workers.py"), "--dry-run", "--debug", "-w", str(tmp_path)], env)
     assert res.rc != 0
     assert "Traceback (most recent call last)" in res.stderr
     assert "ConfigError" in res.stderr
     assert "max_num_workers must be an integer >= 1, got -1" in res.stderr
 
 
-def test_cfg_options_negative_workers_on_good_config(env: dict[str, str], tmp_path: Path) -> None:
+def test_cfg_options_negative_workers_on_good_config(env: dict[str, str], tmp_path: Path, cli: ForkedCLI) -> None:
     args = [GOOD, "--dry-run", "-w", str(tmp_path), "--cfg-options", "infer.runner.max_num_workers=-3"]
-    assert_one_line_error(run_cli(args, env), "max_num_workers must be an integer >= 1, got -3", "infer.runner")
+    assert_one_line_error(run_cli(cli, args, env), "max_num_workers must be an integer >= 1, got -3", "infer.runner")
 
 
-def test_good_config_dry_run_passes(env: dict[str, str], tmp_path: Path) -> None:
+def test_good_config_dry_run_passes(env: dict[str, str], tmp_path: Path, cli: ForkedCLI) -> None:
     """The control: the same invocation on the good config succeeds and writes nothing."""
-    res = run_cli([GOOD, "--dry-run", "-w", str(tmp_path)], env)
+    res = run_cli(cli, [GOOD, "--dry-run", "-w", str(tmp_path)], env)
     assert res.rc == 0, res.stderr
     assert "[infer]" in res.stdout and "[eval]" in res.stdout
     assert list(tmp_path.iterdir()) == []
@@ -200,8 +202,8 @@ def test_good_config_dry_run_passes(env: dict[str, str], tmp_path: Path) -> None
         (["--cfg-options", "infer.runner.max_num_workers"], "expected KEY=VALUE"),
     ],
 )
-def test_usage_errors(args: list[str], fragment: str, env: dict[str, str], tmp_path: Path) -> None:
-    res = run_cli([GOOD, "--dry-run", "-w", str(tmp_path), *args], env)
+def test_usage_errors(args: list[str], fragment: str, env: dict[str, str], tmp_path: Path, cli: ForkedCLI) -> None:
+    res = run_cli(cli, [GOOD, "--dry-run", "-w", str(tmp_path), *args], env)
     assert_one_line_error_usage(res, fragment)
 
 
@@ -213,18 +215,18 @@ def assert_one_line_error_usage(res: Result, fragment: str) -> None:
     assert fragment in lines[0], lines[0]
 
 
-def test_missing_config_path(env: dict[str, str]) -> None:
-    res = run_cli([], env)
+def test_missing_config_path(env: dict[str, str], cli: ForkedCLI) -> None:
+    res = run_cli(cli, [], env)
     assert_one_line_error_usage(res, "the following arguments are required: config")
 
 
-def test_config_file_not_found(env: dict[str, str]) -> None:
-    res = run_cli(["configs/no_such_config.py", "--dry-run"], env)
+def test_config_file_not_found(env: dict[str, str], cli: ForkedCLI) -> None:
+    res = run_cli(cli, ["configs/no_such_config.py", "--dry-run"], env)
     assert_one_line_error_usage(res, "configs/no_such_config.py: config file not found")
 
 
-def test_reuse_unknown_run_on_empty_work_dir(env: dict[str, str], tmp_path: Path) -> None:
-    res = run_cli([GOOD, "-w", str(tmp_path), "-r", "NOPE"], env)
+def test_reuse_unknown_run_on_empty_work_dir(env: dict[str, str], tmp_path: Path, cli: ForkedCLI) -> None:
+    res = run_cli(cli, [GOOD, "-w", str(tmp_path), "-r", "NOPE"], env)
     assert_one_line_error_usage(res, f"-r NOPE: no run folder {tmp_path / 'NOPE'}")
     assert list(tmp_path.iterdir()) == []
 
@@ -236,21 +238,21 @@ def test_reuse_unknown_run_on_empty_work_dir(env: dict[str, str], tmp_path: Path
     (["--cfg-options", "1x=2"], "'1x' is not a dotted key such as infer.runner.retry"),
     (["--cfg-options", "models.0.batch_size=[1,"], "the value is not a valid Python literal"),
 ])
-def test_more_usage_errors(args: list[str], fragment: str, env: dict[str, str], tmp_path: Path) -> None:
+def test_more_usage_errors(args: list[str], fragment: str, env: dict[str, str], tmp_path: Path, cli: ForkedCLI) -> None:
     """Flags that only make sense together, and overrides that are not KEY=VALUE: one line, exit 2."""
-    res = run_cli([GOOD, "--dry-run", "-w", str(tmp_path), *args], env)
+    res = run_cli(cli, [GOOD, "--dry-run", "-w", str(tmp_path), *args], env)
     assert_one_line_error_usage(res, fragment)
     assert list(tmp_path.iterdir()) == []
 
 
-def test_a_work_dir_that_cannot_be_a_folder_is_one_line(env: dict[str, str], tmp_path: Path) -> None:
+def test_a_work_dir_that_cannot_be_a_folder_is_one_line(env: dict[str, str], tmp_path: Path, cli: ForkedCLI) -> None:
     """-w naming a file is a usage error (exit 2); -w under a file cannot be made, an OSError the
     CLI prints as one line naming the path (exit 1), never a traceback."""
     afile = tmp_path / "notes.txt"
     afile.write_text("not a folder")
-    res = run_cli([GOOD, "-w", str(afile)], env)
+    res = run_cli(cli, [GOOD, "-w", str(afile)], env)
     assert_one_line_error_usage(res, f"work dir {afile} is a file, not a folder; give -w a folder")
-    res = run_cli([GOOD, "-w", str(afile / "runs")], env)
+    res = run_cli(cli, [GOOD, "-w", str(afile / "runs")], env)
     assert res.rc == 1 and "Traceback" not in res.stderr, res.stderr
     assert res.stderr == (f"orchestra: error: {afile / 'runs'}: Not a directory (check that the folder exists, is "
                           "writable and its disk has room; --debug shows the traceback)\n")

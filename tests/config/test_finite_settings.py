@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 import pytest
 
 from orchestra.registry import DATASETS, EVALUATORS, MODELS, PARTITIONERS, RUNNERS, TASKS
+from tests.cli_fork import ForkedCLI
 
 pytestmark = pytest.mark.slow  # a hundred CLI processes
 
@@ -196,13 +197,14 @@ class Case(NamedTuple):
     res: subprocess.CompletedProcess[str]
 
 
-def _cli(config: Path, cache: Path) -> subprocess.CompletedProcess[str]:
-    """``run.py CONFIG --dry-run``; one that does not end in 180 s (an lm-eval task's probe with a
-    NaN setting, before: it was not refused first) is a result of its own, not the whole module's."""
+def _cli(cli: ForkedCLI, config: Path, cache: Path) -> subprocess.CompletedProcess[str]:
+    """``run.py CONFIG --dry-run`` (forked: ``tests/cli_fork.py``); one that does not end in 180 s
+    (an lm-eval task's probe with a NaN setting, before: it was not refused first) is a result of
+    its own, not the whole module's."""
     argv = [sys.executable, "run.py", str(config), "--dry-run"]
     try:
-        return subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=180,
-                              env={**os.environ, "ORCHESTRA_CACHE_DIR": str(cache)})
+        return cli.run(argv, cwd=REPO, capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "ORCHESTRA_CACHE_DIR": str(cache)})
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(argv, -9, "", "did not end within 180 s")
 
@@ -235,7 +237,7 @@ UNCONTROLLED = {_base(edits) for name, edits, _, _ in CASES if "LmEval" in name 
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
+def results(tmp_path_factory: pytest.TempPathFactory, cli: ForkedCLI) -> dict[str, Case]:
     """Every case and every base (``control <base>``, its values all finite) through the CLI, four at
     a time; the cases take turns at the ways a config is written and at nan, inf and -inf."""
     work = tmp_path_factory.mktemp("finite")
@@ -252,7 +254,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
         if _base(edits) not in UNCONTROLLED and control not in jobs:
             jobs[control] = (_write(_config(edits, "", None, str(gguf), work), way, None, work / f"control{i}"), "", "")
     with ThreadPoolExecutor(max_workers=4) as pool:
-        done = pool.map(lambda job: _cli(job[0], work / "cache"), jobs.values())
+        done = pool.map(lambda job: _cli(cli, job[0], work / "cache"), jobs.values())
         return {name: Case(*job, res) for (name, job), res in zip(jobs.items(), done)}
 
 
@@ -285,7 +287,7 @@ def test_each_config_plans_with_finite_values(base: str, results: dict[str, Case
     ("aliyun.cfg", "priority = -1e999\n", "priority", "-inf"),
 ])
 def test_a_non_finite_value_in_an_aliyun_cfg_file_is_one_line(tmp_path: Path, name: str, text: str, where: str,
-                                                              value: str) -> None:
+                                                              value: str, cli: ForkedCLI) -> None:
     """``DLCRunner(aliyun_cfg='~/.aliyun.cfg')``: the settings file is read as data
     (``orchestra.keyvalues``), and a NaN or an infinity in it is refused as in the config."""
     settings = tmp_path / name
@@ -294,7 +296,7 @@ def test_a_non_finite_value_in_an_aliyun_cfg_file_is_one_line(tmp_path: Path, na
                         if name.endswith(".json") else f"workspace_id: w\nresource_id: r\nworker_image: i\n{text}")
     cfg = _write(_config({"infer.runner": {"type": "DLCRunner", "aliyun_cfg": str(settings)}}, "", None, "", tmp_path),
                  "json", None, tmp_path / "cfg")
-    res = _cli(cfg, tmp_path / "cache")
+    res = _cli(cli, cfg, tmp_path / "cache")
     lines = res.stderr.splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr + res.stdout[-500:]
     assert lines[0].startswith(f"orchestra: error: {cfg}: infer.runner: {settings}: {where}: expected a finite "
@@ -306,7 +308,8 @@ def test_a_non_finite_value_in_an_aliyun_cfg_file_is_one_line(tmp_path: Path, na
                                  "startup_timeout_s=10**400)"),
     ("batch.poll_s", "batch=dict(poll_s=10**400)"),
 ])
-def test_an_integer_too_large_for_a_float_is_refused_as_infinity(tmp_path: Path, key: str, extra: str) -> None:
+def test_an_integer_too_large_for_a_float_is_refused_as_infinity(tmp_path: Path, key: str, extra: str,
+                                                                 cli: ForkedCLI) -> None:
     """``10**400`` is an int, which the NaN/infinity check passed, yet no float holds it: every use
     overflows.  It is one line, exit 2, as ``inf`` is.  Before: ``server.startup_timeout_s`` was a
     bare OverflowError traceback (exit 1), and ``batch.poll_s`` planned, to overflow in the run."""
@@ -314,7 +317,7 @@ def test_an_integer_too_large_for_a_float_is_refused_as_infinity(tmp_path: Path,
     cfg.write_text(f"datasets = [{DATASET!r}]\n"
                    f"models = [dict(type='OpenAIAPI', **{API!r}, {extra})]\n"
                    f"work_dir = {str(tmp_path / 'work')!r}\n")
-    res = _cli(cfg, tmp_path / "cache")
+    res = _cli(cli, cfg, tmp_path / "cache")
     lines = res.stderr.splitlines()
     assert res.returncode == 2 and len(lines) == 1, res.stderr[-2000:] + res.stdout[-500:]
     want = f"orchestra: error: {cfg}: models[0].{key}: expected a finite number, got inf "

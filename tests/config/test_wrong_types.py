@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from tests.cli_fork import ForkedCLI
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = str(REPO / "tests" / "bad_configs" / "tiny.jsonl")
 MODEL = {"type": "DeterministicModel", "abbr": "m"}
@@ -111,13 +113,15 @@ CASES: dict[str, tuple[dict[str, Any], str, str]] = {
 }
 
 
-def _cli(config: Path, work: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", str(config), "--dry-run"], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env={**os.environ, "ORCHESTRA_CACHE_DIR": str(work / "cache")})
+def _cli(cli: ForkedCLI, config: Path, work: Path) -> subprocess.CompletedProcess[str]:
+    """``run.py CONFIG --dry-run`` to its end (forked: ``tests/cli_fork.py``)."""
+    return cli.run([sys.executable, "run.py", str(config), "--dry-run"], cwd=REPO, capture_output=True,
+                   text=True, timeout=120, env={**os.environ, "ORCHESTRA_CACHE_DIR": str(work / "cache")})
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
+def results(tmp_path_factory: pytest.TempPathFactory, cli: ForkedCLI
+            ) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
     """Every case (and the good config, as ``control``) through the CLI, four at a time."""
     work = tmp_path_factory.mktemp("wrong_types")
     configs: dict[str, Path] = {}
@@ -126,7 +130,7 @@ def results(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, s
         path.write_text(json.dumps({"models": model(), "datasets": dataset(), "work_dir": str(work / "out"),
                                     **changed}))
     with ThreadPoolExecutor(max_workers=4) as pool:
-        done = pool.map(lambda p: _cli(p, work), configs.values())
+        done = pool.map(lambda p: _cli(cli, p, work), configs.values())
         return {name: (path, res) for (name, path), res in zip(configs.items(), done)}
 
 

@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from tests.lmeval_seed import LmEvalIndex
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -46,7 +48,8 @@ def _predictions(tmp_path: Path, name: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_gsm8k_and_arc_through_the_openai_compatible_api(tmp_path: Path, offline: Path, server: Any) -> None:
+def test_gsm8k_and_arc_through_the_openai_compatible_api(tmp_path: Path, offline: Path, server: Any,
+                                                         lmeval_index: LmEvalIndex) -> None:
     cfg = tmp_path / "api.py"
     cfg.write_text(
         "from orchestra.datasets.lmeval import LmEvalDataset\n"
@@ -60,10 +63,11 @@ def test_gsm8k_and_arc_through_the_openai_compatible_api(tmp_path: Path, offline
         f"work_dir = {str(tmp_path / 'out')!r}\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+           "ORCHESTRA_CACHE_DIR": str(lmeval_index.seed(tmp_path / "cache"))}
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
                           env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert lmeval_index.untouched(tmp_path / "cache")  # the seeded stock index was read, not built again
     (run,) = glob.glob(str(tmp_path / "out" / "*" / "results" / "api"))
     srv = _server_module()
 

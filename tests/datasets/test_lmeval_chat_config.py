@@ -17,6 +17,7 @@ import pytest
 from orchestra.datasets.lmeval import LmEvalDataset
 from orchestra.errors import ConfigError
 from orchestra.models.hf_common import smollm2_gguf
+from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -89,9 +90,11 @@ def test_a_completions_endpoint_is_one_line_at_config_time(tmp_path: Path) -> No
 
 
 @pytest.mark.slow
-def test_multiple_choice_on_a_chat_endpoint_is_one_line_at_config_time(tmp_path: Path) -> None:
+def test_multiple_choice_on_a_chat_endpoint_is_one_line_at_config_time(tmp_path: Path,
+                                                                     lmeval_index: LmEvalIndex) -> None:
     """A chat endpoint takes lm-eval's messages but cannot score them: the probe says ARC needs
     log-likelihoods, and the config is refused before anything runs."""
+    lmeval_index.seed(tmp_path / "cache")  # lm-eval's stock index, built once per session
     out = tmp_path / "lm"
     subprocess.run([sys.executable, str(REPO / "tools" / "lmeval_offline_tasks.py"), str(out)], check=True,
                    capture_output=True)

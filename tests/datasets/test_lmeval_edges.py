@@ -9,7 +9,8 @@
 - A ``num_fewshot`` lm-eval cannot draw is refused at planning time, in one line, exit 2.
 - The planning probe (which imports the task's Python) runs without the orchestrator's secrets.
 
-The tasks are tests/datasets/lmeval_toy.py's, answered by ``DeterministicModel``.
+The tasks are tests/datasets/lmeval_toy.py's, answered by ``DeterministicModel``; each cache
+starts with lm-eval's stock task index built once per session (``tests/lmeval_seed.py``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.lmeval_seed import LmEvalIndex
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lmeval_toy as toy  # noqa: E402
@@ -49,13 +52,14 @@ def _details(work: Path, abbr: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_reuse_follows_every_file_the_task_reads_and_only_those(tmp_path: Path) -> None:
+def test_reuse_follows_every_file_the_task_reads_and_only_those(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     lay = tmp_path / "lay"
     tasks = toy.write(lay)
     cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", _dataset())
-    env = toy.env(tmp_path / "cache")
+    env = toy.env(lmeval_index.seed(tmp_path / "cache"))
     first = toy.run(cfg, environ=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
+    assert lmeval_index.untouched(tmp_path / "cache")  # the seeded index was read, not built again
     assert _result(tmp_path / "work", "arith")["metrics"]["exact_match,none"] == 1.0
 
     # an unrelated task's YAML edited: everything is reused, and nothing is probed again
@@ -90,7 +94,7 @@ def test_reuse_follows_every_file_the_task_reads_and_only_those(tmp_path: Path) 
 
 
 @pytest.mark.slow
-def test_ranges_leave_empty_subtasks_out_and_count_from_the_end(tmp_path: Path) -> None:
+def test_ranges_leave_empty_subtasks_out_and_count_from_the_end(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     tasks = toy.write(tmp_path / "lay")
     # arith's last two answers are wrong: evaluated, they would make its score 0.5
     rows = toy.rows(4)
@@ -99,8 +103,9 @@ def test_ranges_leave_empty_subtasks_out_and_count_from_the_end(tmp_path: Path) 
     datasets = (_dataset(", test_range='[:-2]'") + ",\n"
                 "dict(type=LmEvalDataset, abbr='pair', task='pair', include_path={tasks!r}, test_range='[3:5]')")
     cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", datasets)
-    proc = toy.run(cfg, environ=toy.env(tmp_path / "cache"))
+    proc = toy.run(cfg, environ=toy.env(lmeval_index.seed(tmp_path / "cache")))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert lmeval_index.untouched(tmp_path / "cache")
     work = tmp_path / "work"
 
     arith = _result(work, "arith")
@@ -115,24 +120,24 @@ def test_ranges_leave_empty_subtasks_out_and_count_from_the_end(tmp_path: Path) 
     assert sorted((d["task"], d["doc_id"]) for d in _details(work, "pair")) == [("big", 3), ("big", 4)]
 
 
-def test_a_range_past_the_end_is_one_line_at_planning(tmp_path: Path) -> None:
+def test_a_range_past_the_end_is_one_line_at_planning(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     tasks = toy.write(tmp_path / "lay")
     cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", _dataset(", test_range='[10:20]'"))
-    proc = toy.run(cfg, "--dry-run", environ=toy.env(tmp_path / "cache"))
+    proc = toy.run(cfg, "--dry-run", environ=toy.env(lmeval_index.seed(tmp_path / "cache")))
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     (line,) = proc.stderr.strip().splitlines()
     assert "arith" in line and "test_range='[10:20]' selects no document" in line, line
 
 
 @pytest.fixture(scope="module")
-def too_many_shots(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def too_many_shots(tmp_path_factory: pytest.TempPathFactory, lmeval_index: LmEvalIndex) -> dict[str, Any]:
     """``--dry-run`` of arith (4 documents, no few-shot split) with ``num_fewshot=50``, from an
     orchestrator whose environment holds API keys."""
     tmp = tmp_path_factory.mktemp("lmeval_shots")
     tasks = toy.write(tmp / "lay")
     cfg = toy.config(tmp / "cfg.py", tasks, tmp / "work", _dataset(", num_fewshot=50"))
-    env = {**toy.env(tmp / "cache"), "OPENAI_API_KEY": "sk-probe-must-not-see", "MY_SERVICE_TOKEN": "t0k3n-secret",
-           "HF_TOKEN": "hf_kept_for_the_hub"}
+    env = {**toy.env(lmeval_index.seed(tmp / "cache")), "OPENAI_API_KEY": "sk-probe-must-not-see",
+           "MY_SERVICE_TOKEN": "t0k3n-secret", "HF_TOKEN": "hf_kept_for_the_hub"}
     proc = toy.run(cfg, "--dry-run", environ=env)
     imported = [json.loads(line) for line in (tmp / "lay" / "shared" / "imported.jsonl").read_text().splitlines()]
     return {"proc": proc, "imported": imported, "work": tmp / "work"}

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.lmeval_seed import LmEvalIndex
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import lmeval_toy as toy  # noqa: E402
 
@@ -24,11 +26,11 @@ sys.path.pop(0)
 
 
 @pytest.mark.slow
-def test_a_misspelt_task_is_one_line_with_lm_evals_closest_names(tmp_path: Path) -> None:
+def test_a_misspelt_task_is_one_line_with_lm_evals_closest_names(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     tasks = toy.write(tmp_path / "lay")
     cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work",
                      "dict(type=LmEvalDataset, abbr='arc', task='arc_chalenge', include_path={tasks!r})")
-    proc = toy.run(cfg, "--dry-run", environ=toy.env(tmp_path / "cache"))
+    proc = toy.run(cfg, "--dry-run", environ=toy.env(lmeval_index.seed(tmp_path / "cache")))
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -45,7 +47,7 @@ def _imports_by_infer_tasks(lay: Path) -> int:
 
 
 @pytest.mark.slow
-def test_the_shards_of_a_group_build_its_requests_once_per_run(tmp_path: Path) -> None:
+def test_the_shards_of_a_group_build_its_requests_once_per_run(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     """Three shards of the group ``pair`` (no ``abbr``) in three infer tasks (two at a time): lm-eval loads
     the task folder and builds the requests in one of them; the others read the run's shared
     file (was: each shard built the whole group's requests itself)."""
@@ -67,8 +69,9 @@ def test_the_shards_of_a_group_build_its_requests_once_per_run(tmp_path: Path) -
         "            runner=dict(type=LocalRunner, max_num_workers=1, task=dict(type=EvalTask)))\n"
         f"work_dir = {str(work)!r}\n"
     )
-    proc = toy.run(cfg, environ=toy.env(tmp_path / "cache"))
+    proc = toy.run(cfg, environ=toy.env(lmeval_index.seed(tmp_path / "cache")))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert lmeval_index.untouched(tmp_path / "cache")  # the seeded index was read, not built again
     (run,) = work.iterdir()
     assert len(list((run / "predictions" / "det").glob("pair_*.jsonl"))) == 3  # three shards ran
     assert _imports_by_infer_tasks(lay) == 1

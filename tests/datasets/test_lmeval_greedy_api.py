@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.datasets.test_lmeval_greedy_rolling import LIMIT, _compare, _weights_folder, lambada_config
+from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
 SERVER = REPO / "tests" / "servers" / "loglik_server.py"
@@ -113,13 +114,14 @@ def test_both_asked_the_same_server_for_top_logprobs(both: dict[str, Any]) -> No
         assert request == {"path": "/v1/completions", "echo": True, "logprobs": 1, "max_tokens": 1}, request
 
 
-def test_the_chat_endpoint_is_still_refused_at_planning(tmp_path: Path) -> None:
+def test_the_chat_endpoint_is_still_refused_at_planning(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     """A chat endpoint returns no prompt log-probabilities: with a LAMBADA-style task it stays a
     config error (one line, exit 2, before anything runs), which names the endpoint that can."""
     cfg = lambada_config(tmp_path, "openai_api.OpenAIAPI", "abbr='chat', path='smollm2', "
                          "base_url='http://127.0.0.1:9/v1', endpoint='chat', key_env=None")
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg), "--dry-run"], capture_output=True,
-                          text=True, env=_env(ORCHESTRA_CACHE_DIR=str(tmp_path / "cache")), timeout=600)
+                          text=True, timeout=600,
+                          env=_env(ORCHESTRA_CACHE_DIR=str(lmeval_index.seed(tmp_path / "cache"))))
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

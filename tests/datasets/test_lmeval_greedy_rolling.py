@@ -26,6 +26,8 @@ from typing import Any
 
 import pytest
 
+from tests.lmeval_seed import LmEvalIndex
+
 REPO = Path(__file__).resolve().parents[2]
 MAX_LEN = 64
 LIMIT = 6
@@ -170,12 +172,14 @@ def test_rolling_windows_are_lm_evals_sample_for_sample(both: dict[str, Any]) ->
 
 
 @pytest.mark.slow
-def test_a_model_that_cannot_report_is_greedy_is_refused_at_planning(tmp_path: Path) -> None:
+def test_a_model_that_cannot_report_is_greedy_is_refused_at_planning(tmp_path: Path,
+                                                                   lmeval_index: LmEvalIndex) -> None:
     """DeterministicModel (``scores_greedy = False``) with a LAMBADA-style task: one line, exit 2,
     naming the model, the task and the dataset, before anything runs."""
     cfg = lambada_config(tmp_path, "fake.DeterministicModel", "abbr='det'")
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg), "--dry-run"], capture_output=True,
-                          text=True, env={**_env(), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}, timeout=600)
+                          text=True, timeout=600,
+                          env={**_env(), "ORCHESTRA_CACHE_DIR": str(lmeval_index.seed(tmp_path / "cache"))})
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in proc.stderr, proc.stderr

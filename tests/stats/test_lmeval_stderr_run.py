@@ -17,11 +17,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.lmeval_seed import LmEvalIndex
+
 REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
-def test_lmeval_datasets_keep_lm_evals_stderr(tmp_path: Path) -> None:
+def test_lmeval_datasets_keep_lm_evals_stderr(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     from lm_eval.api.metrics import mean_stderr
 
     subprocess.run([sys.executable, str(REPO / "tools" / "lmeval_offline_tasks.py"), str(tmp_path / "off")],
@@ -36,10 +38,11 @@ def test_lmeval_datasets_keep_lm_evals_stderr(tmp_path: Path) -> None:
         "                 test_range='[0:40]')]\n"
         f"work_dir = {str(tmp_path / 'out')!r}\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+           "ORCHESTRA_CACHE_DIR": str(lmeval_index.seed(tmp_path / "cache"))}
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
                           env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert lmeval_index.untouched(tmp_path / "cache")  # the seeded stock index was read, not built again
     (run,) = glob.glob(str(tmp_path / "out" / "*"))
     result = json.loads(Path(run, "results", "det", "arc.json").read_text())
     details = [json.loads(line) for line in open(Path(run, "results", "det", "arc.details.jsonl"))]

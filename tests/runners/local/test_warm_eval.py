@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.helpers import alive, wait_for
+from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(REPO / "tests" / "datasets"))
@@ -71,7 +72,9 @@ def _scores(run: Path) -> dict[str, Any]:
     return out
 
 
-def test_eval_tasks_score_in_the_infer_workers_with_the_numbers_of_fresh_processes(tmp_path: Path) -> None:
+def test_eval_tasks_score_in_the_infer_workers_with_the_numbers_of_fresh_processes(
+        tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
+    lmeval_index.seed(tmp_path / "cache")  # lm-eval's stock index, built once per session
     lay = tmp_path / "lay"
     tasks = toy.write(lay)
     toy.write_data(lay, "small", wrong=True)

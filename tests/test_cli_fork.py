@@ -1,0 +1,114 @@
+"""The ``cli`` fixture (``tests/cli_fork.py``) runs ``run.py`` as ``subprocess.run`` does: the same
+exit status, stdout and stderr as a fresh process for the same argv, folder and environment; its
+own environment, folder and descriptors; a signal's death and a timeout as ``subprocess`` gives
+them.  The config suites trust their assertions on exit codes and messages to it."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.cli_fork import FORKED_CPU_S, ForkedCLI
+from tests.helpers import gone_within
+
+REPO = Path(__file__).resolve().parents[1]
+GOOD = "configs/eval_demo.py"
+
+#: a config that reports what its process sees, then ends as ``END`` says
+PROBE = """json, os, sys, time = (__import__(m) for m in ("json", "os", "sys", "time"))
+_out = open(os.environ["PROBE_OUT"], "w")
+_out.write(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv, "orig_argv": sys.orig_argv[1:],
+                       "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
+                       "env": os.environ.get("ONLY_HERE"), "main": sys.modules["__main__"].__file__,
+                       "path0": sys.path[0]}))
+_out.close()
+_end = os.environ.get("END", "")
+_ = _end == "kill" and os.kill(os.getpid(), 9)
+_ = _end == "sleep" and time.sleep(300)
+_ = _end == "exit" and (sys.stderr.write("bye\\r\\n"), os._exit(7))
+models = 1
+"""
+
+
+def _both(cli: ForkedCLI, args: list[str], env: dict[str, str], cwd: Path = REPO
+          ) -> tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str]]:
+    """The same run forked and as a fresh process."""
+    argv = [sys.executable, "run.py", *args]
+    before, cpu = cli.forked, FORKED_CPU_S[0]
+    forked = cli.run(argv, cwd=cwd, env=env, timeout=120)
+    assert cli.forked == before + 1  # it did go through the fork server
+    assert FORKED_CPU_S[0] > cpu  # and its CPU counts in --cpu-durations
+    fresh = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
+    return forked, fresh
+
+
+@pytest.mark.parametrize("args", [
+    [GOOD, "--dry-run"],  # exit 0 and its plan on stdout
+    ["tests/bad_configs/negative_retry.py", "--dry-run"],  # exit 2, one line on stderr
+    ["tests/bad_configs/negative_retry.py", "--dry-run", "--debug"],  # the uncaught exception's traceback, exit 1
+    ["--mode", "bogus", GOOD],  # argparse's usage error
+    [],  # no config: usage
+])
+def test_a_forked_run_is_the_fresh_processs_exit_status_stdout_and_stderr(cli: ForkedCLI, tmp_path: Path,
+                                                                       args: list[str]) -> None:
+    env = {**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+    forked, fresh = _both(cli, [*args, "-w", str(tmp_path / "w")] if args else [], env)
+    stamp = re.compile(r"/w/\d{8}_\d{6}")  # the run folder planned: named after the second it was planned in
+    assert (forked.returncode, stamp.sub("", forked.stdout), forked.stderr) == (
+        fresh.returncode, stamp.sub("", fresh.stdout), fresh.stderr)
+    assert forked.args == fresh.args
+
+
+def _probe(cli: ForkedCLI, tmp_path: Path, end: str) -> tuple[subprocess.CompletedProcess[str], ...]:
+    cfg = tmp_path / "probe.py"
+    cfg.write_text(PROBE)
+    out = []
+    for way in ("forked", "fresh"):
+        env = {**os.environ, "PROBE_OUT": str(tmp_path / f"{way}.json"), "END": end, "ONLY_HERE": way,
+               "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+        argv = [sys.executable, "run.py", str(cfg), "--dry-run"]
+        out.append(cli.run(argv, cwd=REPO, env=env, timeout=120) if way == "forked" else
+                   subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=120))
+    return tuple(out)
+
+
+@pytest.mark.parametrize(("end", "code"), [("kill", -signal.SIGKILL), ("exit", 7)])
+def test_a_forked_process_sees_its_own_argv_folder_environment_and_descriptors(cli: ForkedCLI, tmp_path: Path,
+                                                                              end: str, code: int) -> None:
+    import json
+
+    forked, fresh = _probe(cli, tmp_path, end)
+    assert forked.returncode == fresh.returncode == code  # a signal's death: negative, as subprocess gives it
+    assert forked.stderr == fresh.stderr == ("bye\n" if end == "exit" else "")  # universal newlines, as text=True
+    seen = {way: json.loads((tmp_path / f"{way}.json").read_text()) for way in ("forked", "fresh")}
+    assert seen["forked"].pop("env") == "forked" and seen["fresh"].pop("env") == "fresh"
+    assert seen["forked"].pop("pid") != seen["fresh"].pop("pid")
+    assert seen["forked"] == seen["fresh"]  # argv, folder, sys.path[0], __main__, open descriptors
+    assert seen["forked"]["cwd"] == str(REPO)
+
+
+def test_a_forked_run_past_its_timeout_is_killed_as_subprocess_kills_it(cli: ForkedCLI, tmp_path: Path) -> None:
+    import json
+
+    cfg = tmp_path / "probe.py"
+    cfg.write_text(PROBE)
+    env = {**os.environ, "PROBE_OUT": str(tmp_path / "pid.json"), "END": "sleep"}
+    with pytest.raises(subprocess.TimeoutExpired):
+        cli.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, env=env, timeout=10)
+    pid = json.loads((tmp_path / "pid.json").read_text())["pid"]
+    assert gone_within(pid, 30)
+
+
+def test_a_different_interpreter_start_up_runs_a_fresh_process(cli: ForkedCLI, tmp_path: Path) -> None:
+    """``PYTHONPATH`` (or locale, ``PYTHON*``) read by the interpreter at start-up: not forked."""
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+    before = cli.forked
+    res = cli.run([sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path)], cwd=REPO, env=env, timeout=120)
+    assert res.returncode == 0 and "[infer]" in res.stdout, res.stderr
+    assert cli.forked == before
