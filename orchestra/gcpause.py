@@ -38,11 +38,18 @@ def gc_frozen(build: Callable[[], T]) -> Iterator[T]:
     generation after generation (seconds at that size, before the first task starts), and free
     nothing.  ``gc.freeze`` moves it to the permanent generation at no cost; ``gc.unfreeze`` hands
     it back at the block's end, so nothing stays out of the collector's reach for good.
+
+    A process that froze objects of its own before (a program calling ``orchestra.run`` that
+    freezes what it holds before it forks) keeps them frozen: ``gc.unfreeze`` cannot tell its
+    objects from ours, so nothing is frozen then (the block runs with the collector as it was).
     """
     with gc_paused():
         value = build()
-        gc.freeze()  # still paused: the objects just made are frozen before any collection walks them
+        ours = gc.get_freeze_count() == 0
+        if ours:
+            gc.freeze()  # still paused: the objects just made are frozen before any collection walks them
     try:
         yield value
     finally:
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()

@@ -51,14 +51,27 @@ def is_redirect(status: int) -> bool:
     return status in (301, 302, 303, 307, 308)
 
 
-def redirect_reason(status: int, headers: Mapping[str, str]) -> str:
-    """A redirect's error text: where it leads (its origin only; a query may hold a token) and the fix."""
-    parts = urllib.parse.urlsplit(str(headers.get("Location", ""))[:2000])
-    port = _port(parts)
-    origin = f"{parts.scheme}://{parts.hostname or ''}{f':{port}' if port else ''}" if parts.scheme else ""
+def redirect_reason(status: int, headers: Mapping[str, str], url: str = "") -> str:
+    """A redirect's error text: where it leads and the fix.  A ``Location`` relative to ``url`` (the
+    address asked) is resolved against it; another origin is named by its origin only (a query or a
+    path may hold a token), the same origin by its path too (else the text would name the address
+    that was asked, and not say what the endpoint wants instead)."""
+    location = str(headers.get("Location", ""))[:2000]
+    target = urllib.parse.urlsplit(urllib.parse.urljoin(url, location) if location else "")
+    origin = _origin(target)
+    if origin and origin == _origin(urllib.parse.urlsplit(url)):
+        origin += target.path
     where = f" to {origin!r}" if origin else " (no Location)"
     return (f"HTTP {status}: the endpoint redirects{where}; orchestra does not follow redirects (the API key "
             "would go along): set base_url to the address the endpoint means")
+
+
+def _origin(parts: urllib.parse.SplitResult) -> str:
+    """``scheme://host[:port]`` of ``parts`` ('' without a scheme or a host)."""
+    if not parts.scheme or not parts.hostname:
+        return ""
+    port = _port(parts)
+    return f"{parts.scheme}://{parts.hostname}{f':{port}' if port else ''}"
 
 
 def _port(parts: urllib.parse.SplitResult) -> int | None:

@@ -305,7 +305,7 @@ class OpenAIAPI(EchoScoring, BaseModel):
                     url, data=payload, proxy=self._proxy, proxy_auth=self._proxy_auth, allow_redirects=False,
                     timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
                 if is_redirect(resp.status):  # never followed: the key would go along (see is_redirect)
-                    return Outcome(resp.status, None, RetryDecision.no(redirect_reason(resp.status, resp.headers)))
+                    return Outcome(resp.status, None, RetryDecision.no(redirect_reason(resp.status, resp.headers, url)))
                 raw = await read_capped(resp)
                 if raw is None:
                     return Outcome(resp.status, None, RetryDecision.no(

@@ -35,6 +35,7 @@ def run_request(request: dict[str, object]) -> int:
     """Run one request of the protocol in this process: the task's output goes to its log (file
     descriptors 1 and 2 point at it meanwhile) and its exit code is returned.  Warm workers of
     every runner call this (this module's ``main``, RayRunner's actors)."""
+    me = os.getpid()
     log_fd = os.open(str(request["log"]), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     saved_out, saved_err = os.dup(1), os.dup(2)
     sys.stdout.flush()
@@ -43,10 +44,21 @@ def run_request(request: dict[str, object]) -> int:
     os.dup2(log_fd, 2)
     os.close(log_fd)
     try:
-        return _run_one(request)
-    except BaseException as exc:  # the worker must answer, whatever the task did
-        print(f"worker: task crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        try:
+            code = _run_one(request)
+        except SystemExit as exc:
+            if os.getpid() != me:
+                _forked_exit(exc.code)
+            print(f"worker: task crashed: SystemExit: {exc}", file=sys.stderr)
+            return 1
+        except BaseException as exc:  # the worker must answer, whatever the task did
+            if os.getpid() != me:
+                _forked_exit(1)
+            print(f"worker: task crashed: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return 1
+        if os.getpid() != me:
+            _forked_exit(code)
+        return code
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -54,6 +66,25 @@ def run_request(request: dict[str, object]) -> int:
         os.dup2(saved_err, 2)
         os.close(saved_out)
         os.close(saved_err)
+
+
+def _forked_exit(status: object) -> None:
+    """End a process the task forked (no exec) that got back here, a ``sys.exit()`` in it
+    included: it is no worker, so it neither answers on the worker's pipe nor reads its
+    requests; it ends with ``status`` (``sys.exit``'s meaning), as it would in a task process of
+    its own."""
+    if status is None:
+        code = 0
+    elif isinstance(status, int):
+        code = status & 0xFF
+    else:
+        print(status, file=sys.stderr)
+        code = 1
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def _private_pipes(reply_fd: int) -> BinaryIO:

@@ -176,3 +176,23 @@ def test_mode_viz_and_eval_use_the_latest_run_folder_and_viz_refuses_a_folder_th
     monkeypatch.setitem(sys.modules, "pandas", None)  # pandas not installed
     with pytest.raises(UserError, match=r"Run.to_pandas\(\) needs pandas \(pip install pandas\)"):
         first.to_pandas()
+
+
+def test_a_run_leaves_what_its_caller_froze_out_of_the_collector(tmp_path: Path) -> None:
+    """A program that froze its own objects (``gc.freeze()``, as one does before forking workers)
+    and then calls ``orchestra.run`` finds them still frozen after it (the run keeps its plan out
+    of the collector with ``gc.freeze`` too; its ``gc.unfreeze`` handed the caller's back)."""
+    import gc
+
+    cfg = config()
+    cfg["models"] = cfg["models"][:1]
+    held = [[i] for i in range(1000)]  # the caller's objects
+    gc.freeze()
+    try:
+        assert gc.get_freeze_count() >= len(held)
+        run = orchestra.run(cfg, work_dir=str(tmp_path / "out"), quiet=True)
+        assert run.ok, run.failed
+        assert gc.isenabled()
+        assert not any(obj is held for obj in gc.get_objects())  # still where no collection walks
+    finally:
+        gc.unfreeze()

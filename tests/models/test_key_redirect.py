@@ -54,3 +54,32 @@ def test_a_redirect_to_another_origin_gets_no_key(tmp_path: Path, anthropic_serv
     assert res.returncode == 1, res.stderr[-3000:]
     assert "HTTP 307: the endpoint redirects to 'http://127.0.0.1:" in res.stderr, res.stderr[-3000:]
     assert "set base_url" in res.stderr
+
+
+class RelativeRedirect(AppServer):
+    """Answers every request with a 307 whose ``Location`` is a path on the same server (``/v2/...``),
+    as frameworks that emit relative locations do."""
+
+    def __init__(self) -> None:
+        self.serve("relative-redirect")
+
+    def routes(self, app: web.Application) -> None:
+        async def redirect(request: web.Request) -> web.Response:
+            raise web.HTTPTemporaryRedirect(request.path.replace("/v1/", "/v2/", 1))
+
+        app.router.add_route("*", "/{tail:.*}", redirect)
+
+
+def test_a_redirect_within_the_endpoint_is_named_by_its_path(tmp_path: Path) -> None:
+    """A relative ``Location`` (a path on the same server) was reported as '(no Location)', and one on
+    the same origin by that origin alone, which is the address the user already set: the line now
+    names where the endpoint wants the request."""
+    redirect = RelativeRedirect()
+    try:
+        cfg = br.write_config(tmp_path, redirect.base_url, rows=2, batch="None", max_retries=0)
+        res = br.orchestra(cfg)
+    finally:
+        redirect.close()
+    assert res.returncode == 1, res.stderr[-3000:]
+    origin = redirect.base_url.removesuffix("/v1")
+    assert f"HTTP 307: the endpoint redirects to '{origin}/v2/chat/completions'" in res.stderr, res.stderr[-3000:]

@@ -75,7 +75,8 @@ class BatchTransport:
                                        proxy=proxy, proxy_auth=auth, allow_redirects=False,
                                        timeout=aiohttp.ClientTimeout(total=max(budget_s, 0.001))) as resp:
                 if is_redirect(resp.status):  # never followed: the key would go along
-                    return Outcome(resp.status, None, RetryDecision.no(redirect_reason(resp.status, resp.headers)))
+                    reason = redirect_reason(resp.status, resp.headers, self.base_url + path)
+                    return Outcome(resp.status, None, RetryDecision.no(reason))
                 limit = self.file_limit if raw else MAX_BODY_BYTES
                 body = await read_capped(resp, limit)
                 if body is None:

@@ -136,6 +136,19 @@ class WritesOnTheAnswerPipe(NumericMatchEvaluator):
         return super().score(records)
 
 
+class ForksAndExits(NumericMatchEvaluator):
+    """Scores after a forked process of its own ends with ``sys.exit(0)`` (code that forks a helper
+    without exec, as a scorer may), waiting for that process."""
+
+    def score(self, records):
+        import sys
+        pid = os.fork()
+        if pid == 0:
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        return super().score(records)
+
+
 class Slow(NumericMatchEvaluator):
     """Scores after its marker says it started and a long wait (the test interrupts it)."""
 
@@ -230,6 +243,21 @@ def test_a_line_on_the_answer_pipe_that_is_no_answer_fails_the_task_not_the_run(
     assert f"FAILED: eval task eval_det_crashy ({said})" in done.stderr, done.stderr[-3000:]
     (run,) = glob.glob(str(tmp_path / "out" / "*"))
     assert json.loads((Path(run) / "results" / "det" / "plain.json").read_text())["metrics"]["numeric_match"] > 0
+
+
+def test_a_process_a_task_forks_that_exits_with_sys_exit_is_no_second_worker(tmp_path: Path) -> None:
+    """``sys.exit()`` in a process an eval task forked (no exec) raised SystemExit up through the warm
+    worker's own code, which took it for the task's end: the child answered ``{"code": 0}`` on the
+    worker's answer pipe, before the task had scored, and went on reading the worker's requests, so
+    the task waiting for it never ended.  A forked process that gets back to the worker's code now
+    ends there, with its exit status, answering nothing; the task scores as in a process of its own."""
+    cfg = _jsonl_config(tmp_path, "dict(type='crashing_eval.ForksAndExits')")
+    done = toy.run(cfg, environ=_env(tmp_path))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (run,) = glob.glob(str(tmp_path / "out" / "*"))
+    plain, scored = (json.loads((Path(run) / "results" / "det" / f"{abbr}.json").read_text())["metrics"]
+                     for abbr in ("plain", "crashy"))
+    assert scored == plain and plain["numeric_match"] > 0, (plain, scored)
 
 
 def test_ctrl_c_during_an_eval_task_in_a_borrowed_worker_stops_it_and_r_finishes(tmp_path: Path) -> None:
