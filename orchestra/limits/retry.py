@@ -218,10 +218,10 @@ async def send_with_retries(
     pacer releases goes out at once, so sends really are spaced), runs within
     ``min(attempt_timeout_s, what is left of timeout_s)``.  Then: a 429 tells ``rate`` and
     does not count against ``max_retries``; a final failure, one retry too many, or a wait
-    that would end after the deadline raises :class:`ModelError`; otherwise the loop backs
-    off after giving its slot back, or, after a request's first errors on a healthy endpoint
-    (``RetryPolicy.quick_retries``), retries at once in the slot it holds, ahead of the
-    requests queued for one.
+    that would end after the deadline raises :class:`ModelError`; otherwise a retry that waits
+    gives its slot back first and waits without it, and one that goes at once (a request's
+    first errors on a healthy endpoint, ``RetryPolicy.quick_retries``, or a ``Retry-After`` of
+    0) keeps the slot it holds, ahead of the requests queued for one.
     ``explain(status, reason)`` turns a failure's reason into the error text (to scrub
     secrets, or add a hint).  ``stats`` counts requests in flight, done, 429s, retries and
     requests that failed for good.
