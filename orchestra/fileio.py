@@ -278,3 +278,16 @@ def stable_hash(obj: Any, length: int = 16) -> str:
     """A hash of ``obj`` that is the same across processes and runs (JSON, sorted keys)."""
     blob = json.dumps(obj, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:length]
+
+
+def json_lines(blob: bytes) -> list[Any]:
+    """The lines of a JSON-lines file's content that parse: a torn, damaged or too deeply nested
+    line is skipped (the callers treat a missing line as a row still to do, or not there)."""
+    out = []
+    for line in blob.splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except (ValueError, RecursionError):
+                continue
+    return out

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestra.errors import UserError
-from orchestra.fileio import parse_sealed
+from orchestra.fileio import json_lines, parse_sealed
 from orchestra.paths import RUN_MARKER, RunPaths
 from orchestra.requests import prompt_text
 from orchestra.tasks.spec import TaskSpec
@@ -52,18 +52,6 @@ def read_in(root: str, path: str) -> bytes | None:
         return None
     finally:
         os.close(fd)
-
-
-def _json_lines(blob: bytes) -> list[Any]:
-    """The lines of a JSON-lines file's content that parse (a torn or damaged line is skipped)."""
-    out = []
-    for line in blob.splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except (ValueError, RecursionError):
-                continue
-    return out
 
 
 def _sealed_hash(root: str, path: str) -> str | None:
@@ -146,7 +134,7 @@ def load_run(root: str) -> RunScores:
         if details is None:
             raise UserError(f"{root}: {os.path.relpath(details_path, paths.root)} is missing (or not a file of "
                             "the run folder): the per-sample scores of that result (score it again: --mode eval)")
-        scored[(dataset, model)] = _scored(paths.root, model, dataset, metrics, _json_lines(details),
+        scored[(dataset, model)] = _scored(paths.root, model, dataset, metrics, json_lines(details),
                                            os.path.relpath(details_path, paths.root))
     if not scored and not stale:
         raise UserError(f"{root}: the run has no results (results/<model>/<dataset>.json); did its eval stage run?")
@@ -333,7 +321,7 @@ def prompts_of(root: str, model: str, dataset: str) -> dict[int, str]:
     for path in files:
         blob = read_in(root, path)
         sealed = parse_sealed(blob) if blob is not None else None
-        for rec in _json_lines(sealed[1]) if sealed else []:
+        for rec in json_lines(sealed[1]) if sealed else []:
             if isinstance(rec, dict) and isinstance(rec.get("id"), int):
                 out[rec["id"]] = _sent(rec)
     return out

@@ -15,9 +15,10 @@ import json
 from collections import Counter
 from typing import Any
 
+from orchestra.fileio import json_lines
 from orchestra.models.batch.ledger import BatchRecord
 from orchestra.models.batch.provider import MAX_LIST_PAGES
-from orchestra.models.batch.rows import json_lines, keep
+from orchestra.models.batch.rows import keep
 from orchestra.models.batch.transport import BatchTransport
 
 #: error types of a result worth another batch (as a 429 or 5xx would be for a direct call)

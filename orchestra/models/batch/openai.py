@@ -15,9 +15,10 @@ import uuid
 from typing import Any
 
 from orchestra.errors import ModelError
+from orchestra.fileio import json_lines
 from orchestra.models.batch.ledger import BatchRecord
 from orchestra.models.batch.provider import MAX_LIST_PAGES
-from orchestra.models.batch.rows import json_lines, keep
+from orchestra.models.batch.rows import keep
 from orchestra.models.batch.transport import BatchTransport
 
 #: row statuses worth another batch (as for direct calls: rate limits, server errors)

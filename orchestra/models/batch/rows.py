@@ -8,7 +8,6 @@ failure.  What a provider's result line means is the provider's (:mod:`.openai`,
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,19 +28,6 @@ def custom_id(path: str, body: dict[str, Any]) -> str:
     n = tag.seen.get(digest, 0)
     tag.seen[digest] = n + 1
     return f"o{digest}-s{tag.id}-{n}"
-
-
-def json_lines(blob: bytes) -> list[Any]:
-    """The lines of a result file that parse; a line that is not JSON (or is nested deeper than
-    Python parses) answers no request, so only the request whose row it was goes again."""
-    out = []
-    for line in blob.splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except (ValueError, RecursionError):
-                continue
-    return out
 
 
 def keep(rows: dict[str, tuple[str, Any]], cid: str, outcome: tuple[str, Any]) -> None:
