@@ -141,18 +141,23 @@ class BaseRunner(RunnerHooks):
             try:
                 self._stop_all(session, pending, flight, results, ctx, drain=False)
             finally:
-                close_launch(session, self._servers)
-                if ctx.begun is not None:
-                    ctx.begun.set()
+                self._close(session, ctx)
             raise
         try:
             if flight.running or flight.stopping or (ctx.stop.is_set() and pending):
                 self._stop_all(session, pending, flight, results, ctx, drain=True)
         finally:
-            close_launch(session, self._servers)  # whatever the clean-up met: nothing started may outlive the launch
+            self._close(session, ctx)  # whatever the clean-up met
+        return [results[t.task_id] for t in tasks if t.task_id in results]
+
+    def _close(self, session: Session, ctx: RunContext) -> None:
+        """The end of a launch, however it ends: nothing it started outlives it, and a stage that
+        waits for its first round (``ctx.begun``) waits no more."""
+        try:
+            close_launch(session, self._servers)
+        finally:
             if ctx.begun is not None:
                 ctx.begun.set()
-        return [results[t.task_id] for t in tasks if t.task_id in results]
 
     INPUT_CHECK_S = 0.5  #: how often a task waiting for its inputs looks for them (a look reads files)
 

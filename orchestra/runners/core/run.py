@@ -126,7 +126,7 @@ class PendingTask:
     inputs_ready: bool = True  # False until its inputs (an upstream stage's outputs) exist
     inputs_checked: float = 0.0  # when they were last looked for
     inputs_seen: int = 0  # its first inputs_seen inputs were found done (they stay done during a launch)
-    said: bool = True  # its ``queued`` event is written (False from queueing until then: core/queued.py)
+    said: bool = True  # its ``queued`` event is written (False from queueing until then: core/waiting.py)
 
     def first_missing(self) -> str | None:
         """The first input of this waiting task that is not done yet, or None.  Inputs found done
