@@ -56,7 +56,9 @@ def work_unit(nodeid: str) -> str:
 # ``--record-units``): the units that take longest are handed out first, so that the run does not end
 # waiting on one long unit started last.  A unit the file does not know (a new module) counts as
 # ``_UNKNOWN_SLOW_S`` when it has a slow test or is a cluster group, else as 0.
-UNIT_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "unit_seconds.json")
+# (ORCHESTRA_TEST_UNIT_SECONDS names another file: tests/test_work_units.py.)
+UNIT_SECONDS = os.environ.get("ORCHESTRA_TEST_UNIT_SECONDS") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "unit_seconds.json")
 _UNKNOWN_SLOW_S = 30.0
 
 
@@ -135,6 +137,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "tests/unit_seconds.json holds, which orders the units) to PATH as JSON")
 
 
+_RECORDING: dict[str, dict[str, float]] = {}  # "units": unit -> seconds, while recording
+
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Add a phase's wall time to its unit's, in the process that writes ``--record-units``."""
@@ -142,9 +146,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if totals is not None:
         unit = work_unit(report.nodeid)
         totals[unit] = totals.get(unit, 0.0) + report.duration
-
-
-_RECORDING: dict[str, dict[str, float]] = {}
 
 
 @pytest.hookimpl(trylast=True)
@@ -158,7 +159,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     path = session.config.getoption("record_units")
     if totals is None or not path:
         return
-    ordered = dict(sorted(((unit, round(s, 1)) for unit, s in totals.items()), key=lambda kv: (-kv[1], kv[0])))
+    ordered = dict(sorted(((unit, round(s, 2)) for unit, s in totals.items()), key=lambda kv: (-kv[1], kv[0])))
     partial = f"{path}.{os.getpid()}.part"
     with open(partial, "w", encoding="utf-8") as f:
         json.dump(ordered, f, indent=1)
