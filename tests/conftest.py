@@ -89,7 +89,22 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         unit = work_unit(item.nodeid)
         weight[unit] = recorded[unit] if unit in recorded else max(weight.get(unit, 0.0), _guessed_seconds(item))
-    items.sort(key=lambda item: -weight[work_unit(item.nodeid)])  # stable: collection order within a unit
+    first = {}  # each unit's tests together (tests/unit_end.py counts on it), in collection order within it
+    for index, item in enumerate(items):
+        first.setdefault(work_unit(item.nodeid), index)
+    items.sort(key=lambda item: (-weight[work_unit(item.nodeid)], first[work_unit(item.nodeid)]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the fixtures of a unit's last test here are torn down, end what the unit started."""
+    result = yield
+    unit = work_unit(item.nodeid)
+    if nextitem is None or work_unit(nextitem.nodeid) != unit:
+        from tests.unit_end import end_unit
+
+        end_unit(unit)
+    return result
 
 
 class _WorkUnits:

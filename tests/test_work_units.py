@@ -54,3 +54,33 @@ def test_record_units_writes_each_unit_and_its_seconds(tmp_path: Path) -> None:
     assert all(isinstance(s, float) and s > 0 for s in recorded.values()), recorded
     assert list(recorded.values()) == sorted(recorded.values(), reverse=True)
     assert not list(tmp_path.glob("*.part"))
+
+
+def test_what_a_unit_started_ends_after_its_last_test_here_not_at_the_sessions_end() -> None:
+    from types import SimpleNamespace
+
+    from tests.conftest import pytest_runtest_teardown
+    from tests.unit_end import at_unit_end
+
+    stopped: list[str] = []
+    at_unit_end("ray", lambda: stopped.append("cluster"))
+    at_unit_end("ray", lambda: stopped.append("node"))
+    ray = [SimpleNamespace(nodeid=f"tests/runners/ray/test_a.py::test_{i}") for i in range(2)]
+    replicas = SimpleNamespace(nodeid="tests/serving/test_ray_replicas.py::test_r")  # the same group
+    other = SimpleNamespace(nodeid="tests/test_ranges.py::test_x")
+
+    def teardown(item: object, nextitem: object) -> None:
+        hook = pytest_runtest_teardown(item, nextitem)  # type: ignore[arg-type]
+        next(hook)
+        try:
+            hook.send(None)
+        except StopIteration:
+            pass
+
+    teardown(ray[0], ray[1])
+    teardown(ray[1], replicas)
+    assert stopped == []
+    teardown(replicas, other)
+    assert stopped == ["node", "cluster"]  # the last registered first
+    teardown(other, None)
+    assert stopped == ["node", "cluster"]  # once
