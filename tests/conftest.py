@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import resource
 import sys
@@ -51,13 +52,29 @@ def work_unit(nodeid: str) -> str:
     return next((name for name, paths in _GROUPS.items() if path.startswith(paths)), path)
 
 
-def _first_to_start(item: pytest.Item) -> int:
-    """Units that take long start first (the run ends when its longest unit does): the cluster
-    groups, then modules with slow tests, then the rest."""
-    unit = work_unit(item.nodeid)
-    if unit in ("slurm", "ray"):
-        return 0
-    return 1 if item.get_closest_marker("slow") is not None else 2
+# What each unit took in a whole run (wall seconds of its tests' phases, written by
+# ``--record-units``): the units that take longest are handed out first, so that the run does not end
+# waiting on one long unit started last.  A unit the file does not know (a new module) counts as
+# ``_UNKNOWN_SLOW_S`` when it has a slow test or is a cluster group, else as 0.
+# (ORCHESTRA_TEST_UNIT_SECONDS names another file: tests/test_work_units.py.)
+UNIT_SECONDS = os.environ.get("ORCHESTRA_TEST_UNIT_SECONDS") or os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "unit_seconds.json")
+_UNKNOWN_SLOW_S = 30.0
+
+
+def _recorded_seconds() -> dict[str, float]:
+    try:
+        with open(UNIT_SECONDS, encoding="utf-8") as f:
+            return {str(unit): float(seconds) for unit, seconds in json.load(f).items()}
+    except FileNotFoundError:
+        return {}
+
+
+def _guessed_seconds(item: pytest.Item) -> float:
+    """What a unit the record does not know is taken to last, from this one of its tests."""
+    if work_unit(item.nodeid) in ("slurm", "ray") or item.get_closest_marker("slow") is not None:
+        return _UNKNOWN_SLOW_S
+    return 0.0
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -67,11 +84,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             if item.get_closest_marker(marker) is not None and work_unit(item.nodeid) != marker:
                 raise pytest.UsageError(f"{item.nodeid} is marked {marker!r} but its module is not in "
                                         f"tests/conftest.py's _GROUPS[{marker!r}]: add it there")
-    rank = {}
-    for item in items:  # a module ranks as its first-starting test
+    recorded = _recorded_seconds()
+    weight: dict[str, float] = {}
+    for item in items:
         unit = work_unit(item.nodeid)
-        rank[unit] = min(rank.get(unit, 2), _first_to_start(item))
-    items.sort(key=lambda item: rank[work_unit(item.nodeid)])  # stable: collection order within a rank
+        weight[unit] = recorded[unit] if unit in recorded else max(weight.get(unit, 0.0), _guessed_seconds(item))
+    first = {}  # each unit's tests together (tests/unit_end.py counts on it), in collection order within it
+    for index, item in enumerate(items):
+        first.setdefault(work_unit(item.nodeid), index)
+    items.sort(key=lambda item: (-weight[work_unit(item.nodeid)], first[work_unit(item.nodeid)]))
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the fixtures of a unit's last test here are torn down, end what the unit started."""
+    result = yield
+    unit = work_unit(item.nodeid)
+    if nextitem is None or work_unit(nextitem.nodeid) != unit:
+        from tests.unit_end import end_unit
+
+        end_unit(unit)
+    return result
 
 
 class _WorkUnits:
@@ -114,6 +147,39 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--cpu-durations", type=int, default=0, metavar="N",
                      help="show the N test phases that took the most CPU (this process and the processes it "
                           "waited for), and the CPU of all phases")
+    parser.addoption("--record-units", metavar="PATH", default=None,
+                     help="write the wall seconds each unit of work took (a module or a group; what "
+                          "tests/unit_seconds.json holds, which orders the units) to PATH as JSON")
+
+
+_RECORDING: dict[str, dict[str, float]] = {}  # "units": unit -> seconds, while recording
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """Add a phase's wall time to its unit's, in the process that writes ``--record-units``."""
+    totals = _RECORDING.get("units")
+    if totals is not None:
+        unit = work_unit(report.nodeid)
+        totals[unit] = totals.get(unit, 0.0) + report.duration
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    if session.config.getoption("record_units") and not hasattr(session.config, "workerinput"):
+        _RECORDING["units"] = {}  # the controller (or a run without xdist) gets every report
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    totals = _RECORDING.pop("units", None)
+    path = session.config.getoption("record_units")
+    if totals is None or not path:
+        return
+    ordered = dict(sorted(((unit, round(s, 2)) for unit, s in totals.items()), key=lambda kv: (-kv[1], kv[0])))
+    partial = f"{path}.{os.getpid()}.part"
+    with open(partial, "w", encoding="utf-8") as f:
+        json.dump(ordered, f, indent=1)
+        f.write("\n")
+    os.replace(partial, path)
 
 
 @pytest.hookimpl(wrapper=True)

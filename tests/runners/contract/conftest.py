@@ -21,6 +21,8 @@ from contract_backends import (
     slurm_conftest,
 )
 
+from tests.unit_end import at_unit_end
+
 slurm_cluster = slurm_conftest.slurm_cluster  # the session's cluster: reused if it answers, else started
 _no_job_outlives_its_test = slurm_conftest._no_job_outlives_its_test  # a failed test's sbatch jobs cancelled
 
@@ -41,6 +43,7 @@ def ray_cluster() -> Iterator[Any]:
     (a node costs seconds to add: the scenarios share it, each leaving no actor behind)."""
     tools = load("contract_ray_cluster", REPO / "tools" / "ray_cluster.py")
     cluster = tools.ClusterProcess(tools.ray_env([str(REPO)]))
+    at_unit_end("ray", cluster.stop)  # not idle until the session ends
     try:
         cluster.add_node(cpus=3)
         yield cluster

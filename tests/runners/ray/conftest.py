@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit_end import at_unit_end
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(REPO / "tools"))
@@ -39,6 +41,7 @@ def ray_env() -> dict[str, str]:
 @pytest.fixture(scope="session")
 def ray_session_cluster() -> Iterator[RayCluster]:
     cluster = RayCluster(ray_env())
+    at_unit_end("ray", cluster.stop)  # not idle until the session ends
     try:
         yield cluster
     finally:
