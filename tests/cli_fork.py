@@ -34,8 +34,9 @@ from pathlib import Path
 
 SERVER = Path(__file__).resolve().parent / "cli_forkserver.py"
 REPO = SERVER.parents[1]
-#: environment variables a Python interpreter reads when it starts (a difference: a real process)
-_STARTUP = ("PYTHON", "LANG", "LC_", "LANGUAGE", "OMP_NUM_THREADS", "OPENBLAS_", "MKL_")
+#: environment variables a Python interpreter (or the C library under it, or coverage's start-up
+#: hook) reads when it starts (a difference: a real process); ``TZ``: ``time`` reads it once
+_STARTUP = ("PYTHON", "LANG", "LC_", "LANGUAGE", "OMP_NUM_THREADS", "OPENBLAS_", "MKL_", "TZ", "COVERAGE_PROCESS_START")
 
 
 #: CPU seconds of the forked CLI processes this process waited for: not its children, so not in

@@ -105,9 +105,12 @@ def test_a_forked_run_past_its_timeout_is_killed_as_subprocess_kills_it(cli: For
     assert gone_within(pid, 30)
 
 
-def test_a_different_interpreter_start_up_runs_a_fresh_process(cli: ForkedCLI, tmp_path: Path) -> None:
-    """``PYTHONPATH`` (or locale, ``PYTHON*``) read by the interpreter at start-up: not forked."""
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+@pytest.mark.parametrize("key", ["PYTHONPATH", "TZ"])
+def test_a_different_interpreter_start_up_runs_a_fresh_process(cli: ForkedCLI, tmp_path: Path, key: str) -> None:
+    """``PYTHONPATH`` (or locale, ``PYTHON*``) read by the interpreter at start-up, ``TZ`` read once
+    by ``time`` (the run folder's name is local time): not forked."""
+    value = str(tmp_path) if key == "PYTHONPATH" else "Pacific/Kiritimati"
+    env = {**os.environ, key: value, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
     before = cli.forked
     res = cli.run([sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path)], cwd=REPO, env=env, timeout=120)
     assert res.returncode == 0 and "[infer]" in res.stdout, res.stderr
