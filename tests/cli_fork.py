@@ -7,12 +7,14 @@ of it imports; forked, one costs ~0.2 s.  A forked process is still a real proce
 its own argv, folder, environment, stdin/stdout/stderr and exit status (a signal gives a negative
 ``returncode`` as with ``subprocess``; past ``timeout`` it is killed and ``TimeoutExpired`` raised).
 
-The ``cli`` session fixture (``tests/conftest.py``) gives each pytest process (each xdist worker)
-one :class:`ForkedCLI`; ``ForkedCLI.run`` takes ``subprocess.run``'s arguments for a run.py argv.
+Each pytest process (each xdist worker) has one :class:`ForkedCLI`, started on first use
+(:func:`shared`: ``tests.helpers.run_cli`` / ``run_argv`` and the ``cli`` fixture) and stopped at
+the session's end; ``ForkedCLI.run`` takes ``subprocess.run``'s arguments for a run.py argv.
 It starts a real ``subprocess.run`` instead when the argv is not ``[sys.executable, run.py, ...]``
-for this checkout's ``run.py``, or when the environment differs from the server's in what the
-interpreter reads at start-up (``PYTHON*``, locale, thread counts), so a test never sees a
-difference it did not ask for."""
+for this checkout's ``run.py``; when the environment differs from the server's in what the
+interpreter reads at start-up (``PYTHON*``, locale, thread counts) or in a variable the server's
+imports read; or when this process's resource limits, ignored or blocked signals, process group
+or session changed since the server started: a test never sees a difference it did not ask for."""
 
 from __future__ import annotations
 
@@ -32,8 +34,9 @@ from pathlib import Path
 
 SERVER = Path(__file__).resolve().parent / "cli_forkserver.py"
 REPO = SERVER.parents[1]
-#: environment variables a Python interpreter reads when it starts (a difference: a real process)
-_STARTUP = ("PYTHON", "LANG", "LC_", "LANGUAGE", "OMP_NUM_THREADS", "OPENBLAS_", "MKL_")
+#: environment variables a Python interpreter (or the C library under it, or coverage's start-up
+#: hook) reads when it starts (a difference: a real process); ``TZ``: ``time`` reads it once
+_STARTUP = ("PYTHON", "LANG", "LC_", "LANGUAGE", "OMP_NUM_THREADS", "OPENBLAS_", "MKL_", "TZ", "COVERAGE_PROCESS_START")
 
 
 #: CPU seconds of the forked CLI processes this process waited for: not its children, so not in
@@ -50,18 +53,38 @@ def _startup_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if k.startswith(_STARTUP)}
 
 
+def _umask() -> int:
+    """This process's umask, read without setting it (``os.umask`` would, for a moment, for every thread)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1], 8) for line in f if line.startswith("Umask:"))
+
+
+def _inherited() -> tuple[object, ...]:
+    """What a child inherits from this process besides its environment, folder, umask and
+    descriptors: resource limits, ignored and blocked signals, process group and session.  The
+    server inherited them when it started; a test that changed them since gets a fresh process."""
+    limits = tuple(resource.getrlimit(getattr(resource, name)) for name in sorted(dir(resource))
+                   if name.startswith("RLIMIT_"))
+    ignored = tuple(sig for sig in signal.valid_signals()
+                    if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) is signal.SIG_IGN)
+    return limits, ignored, tuple(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []))), os.getpgrp(), os.getsid(0)
+
+
 class ForkedCLI:
     """One fork server (``tests/cli_forkserver.py``) for this pytest process, and runs through it."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: Mapping[str, str] | None = None) -> None:
         self._dir = tempfile.mkdtemp(prefix="orchestra-cli-fork-")
         self._socket = os.path.join(self._dir, "s")
-        self._env = dict(os.environ)
+        self._env = dict(os.environ if env is None else env)
+        self._inherited = _inherited()
         self._proc = subprocess.Popen([sys.executable, str(SERVER), self._socket], stdin=subprocess.PIPE,
-                                      stdout=subprocess.PIPE, text=True, env=self._env)
+                                      stdout=subprocess.PIPE, text=True, env=self._env, cwd=REPO)
         assert self._proc.stdout is not None
-        ready = self._proc.stdout.readline()  # "ready" once it listens, "" if it died
-        assert ready == "ready\n", f"the CLI fork server did not start (exit {self._proc.wait()})"
+        ready = self._proc.stdout.readline()  # "ready KEYS" once it listens, "" if it died
+        assert ready.startswith("ready "), f"the CLI fork server did not start (exit {self._proc.wait()})"
+        #: what the server's imports read from the environment: a request must agree on these
+        self.read_at_import: list[str] = json.loads(ready.split(" ", 1)[1])
         self.forked = 0  # runs that went through the server (tests of this helper read it)
 
     def close(self) -> None:
@@ -79,9 +102,15 @@ class ForkedCLI:
         os.rmdir(self._dir)
 
     def _can_fork(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> bool:
+        """Whether a forked process would see what a fresh one would: this checkout's run.py, the
+        same start-up environment and imports' environment, and what a child inherits from us."""
+        if "*" in self.read_at_import:  # an import listed the whole environment
+            return False
         return (len(argv) >= 2 and argv[0] == sys.executable and Path(argv[1]).name == "run.py"
                 and Path(cwd, argv[1]).resolve() == REPO / "run.py"  # the orchestra the server imported
-                and self._proc.poll() is None and _startup_env(env) == _startup_env(self._env))
+                and self._proc.poll() is None and _startup_env(env) == _startup_env(self._env)
+                and all(env.get(k) == self._env.get(k) for k in self.read_at_import)
+                and _inherited() == self._inherited)
 
     def run(self, argv: Sequence[str | os.PathLike[str]], *, cwd: str | os.PathLike[str] | None = None,
             env: Mapping[str, str] | None = None, timeout: float | None = None, capture_output: bool = True,
@@ -103,7 +132,7 @@ class ForkedCLI:
         conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             conn.connect(self._socket)
-            request = json.dumps({"argv": args, "cwd": cwd, "env": env}).encode()
+            request = json.dumps({"argv": args, "cwd": cwd, "env": env, "umask": _umask()}).encode()
             socket.send_fds(conn, [request], [0, out_w, err_w])
             conn.shutdown(socket.SHUT_WR)
         finally:
@@ -125,6 +154,26 @@ class ForkedCLI:
             conn.close()
         return subprocess.CompletedProcess(args, os.waitstatus_to_exitcode(int(status)), _text(output[out_r]),
                                            _text(output[err_r]))
+
+
+#: this process's fork server, started by the first :func:`shared` call (``tests.helpers.run_cli``,
+#: the ``cli`` fixture) and stopped at the session's end (``tests/conftest.py``); its environment
+#: is this process's when this module was imported (before any test's ``monkeypatch``)
+_SHARED: list[ForkedCLI] = []
+_BASE_ENV = dict(os.environ)
+
+
+def shared() -> ForkedCLI:
+    """This pytest process's (this xdist worker's) :class:`ForkedCLI`, started on first use."""
+    if not _SHARED:
+        _SHARED.append(ForkedCLI(_BASE_ENV))
+    return _SHARED[0]
+
+
+def stop_shared() -> None:
+    """End this process's fork server, if one was started (at the session's end)."""
+    while _SHARED:
+        _SHARED.pop().close()
 
 
 class _Replies:

@@ -11,8 +11,10 @@ What a forked CLI process shares with a fresh ``python run.py``, and what it doe
 
 - the same interpreter, ``sys.executable``, ``sys.flags`` and start-up environment (the client
   starts a real process instead when the variables the interpreter reads at start-up, such as
-  ``PYTHON*``, ``LANG`` or ``LC_*``, differ from this server's);
-- its own argv (``sys.argv``), working folder, environment (``os.environ`` replaced whole),
+  ``PYTHON*``, ``LANG`` or ``LC_*``, or those the preloaded modules read when imported, differ
+  from this server's; or when its resource limits, ignored or blocked signals or process group
+  are no longer those this server inherited);
+- its own argv (``sys.argv``), working folder, umask, environment (``os.environ`` replaced whole),
   stdin/stdout/stderr (the client's descriptors) and nothing else open: every other descriptor
   is closed, as ``subprocess`` closes them;
 - ``run.py`` runs as ``__main__`` with its folder first on ``sys.path``, and the interpreter's own
@@ -27,15 +29,22 @@ What a forked CLI process shares with a fresh ``python run.py``, and what it doe
   switch, a config's own registered classes) is made in the CLI process.  No ML framework
   (torch, transformers, lm_eval, vllm, datasets) is imported here: asserted at start.
 
+What differs, and is why the client keeps a fresh process for tests that look at it
+(``tests/helpers.FRESH``): the CLI process's parent is a waiter (below), not pytest; its
+``/proc/PID/cmdline`` is this server's (``python tests/cli_forkserver.py SOCKET``), not
+``python run.py ...``; and it runs in the process group and session this server was started in.
+
 The process tree: this server forks a *waiter* per request, which forks the CLI process, tells
 the client its pid (so that a client's timeout can kill it), waits for it and sends its status.
 
 Protocol (one Unix-socket connection per run): the client sends one message, a JSON object
-``{"argv": [python, script, ...], "cwd": ..., "env": {...}}`` with descriptors for fds 0, 1 and 2 attached
+``{"argv": [python, script, ...], "cwd": ..., "env": {...}, "umask": n}`` with descriptors for fds 0, 1 and 2 attached
 (``socket.send_fds``) and then shuts its sending side; the waiter answers ``pid <n>\\n`` and, when
 the CLI process has ended, ``status <waitstatus>\\n``.
 
-Started as ``python tests/cli_forkserver.py SOCKET``; prints ``ready`` once it listens.
+Started as ``python tests/cli_forkserver.py SOCKET``; prints ``ready KEYS`` once it listens, KEYS
+the JSON list of the environment variables its imports read (the client forks only a request
+whose environment has the same values for them; ``*``: an import listed the whole environment).
 """
 
 from __future__ import annotations
@@ -82,6 +91,7 @@ def _become_cli(request: dict[str, Any], fds: list[int], keep: list[socket.socke
         os.dup2(fd, target)  # dup2's copy is inheritable, as a child's 0, 1 and 2 are
     os.closerange(3, os.sysconf("SC_OPEN_MAX") if hasattr(os, "sysconf") else 65536)
     os.chdir(request["cwd"])
+    os.umask(request["umask"])  # the client's, which a fresh child inherits
     os.environ.clear()
     os.environ.update(request["env"])
     script = os.path.abspath(request["argv"][1])  # ``__main__.__file__``: absolute, as Python makes it
@@ -119,7 +129,7 @@ def _reap_all() -> None:
             return
 
 
-def serve(path: str) -> str:
+def serve(path: str, read_at_import: list[str]) -> str:
     """Accept runs until stdin ends (the client closed it: every waiter is reaped, then this
     process exits) or the process that started this one is gone; return (only in a forked CLI
     process) the script that process is to run."""
@@ -127,7 +137,7 @@ def serve(path: str) -> str:
     listener.bind(path)
     listener.listen(64)
     owner = os.getppid()
-    print("ready", flush=True)
+    print("ready", json.dumps(read_at_import), flush=True)
     while True:
         while True:  # reap ended waiters
             try:
@@ -180,17 +190,36 @@ def _run_as_main(script: str) -> None:
     exec(code, main.__dict__)
 
 
-def _preload() -> None:
+def _preload() -> list[str]:
+    """Import :data:`PRELOAD`; the environment variables those imports read (``*``: the whole
+    environment was listed), which the client then compares before it forks."""
     import importlib
 
     sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # run.py's folder, as in the CLI
-    for name in PRELOAD:
-        importlib.import_module(name)
+    read: set[str] = set()
+    environ = type(os.environ)
+    getitem, iterate = environ.__getitem__, environ.__iter__
+
+    def recorded_getitem(self: Any, key: str) -> str:
+        read.add(key)
+        return getitem(self, key)
+
+    def recorded_iter(self: Any) -> Any:
+        read.add("*")
+        return iterate(self)
+
+    environ.__getitem__, environ.__iter__ = recorded_getitem, recorded_iter  # type: ignore[method-assign]
+    try:  # os.getenv, os.environ.get, ``in`` and copies all come through these two
+        for name in PRELOAD:
+            importlib.import_module(name)
+    finally:
+        environ.__getitem__, environ.__iter__ = getitem, iterate  # type: ignore[method-assign]
     assert not set(ML) & set(sys.modules), f"an ML framework was imported: {set(ML) & set(sys.modules)}"
+    return sorted(read)
 
 
 if __name__ == "__main__":
-    _preload()
+    read_at_import = _preload()
     # below: only in a forked CLI process, which runs the script as ``python SCRIPT`` would; its
     # SystemExit or uncaught exception ends this interpreter as it ends that one
-    _run_as_main(serve(sys.argv[1]))
+    _run_as_main(serve(sys.argv[1], read_at_import))

@@ -6,7 +6,6 @@ import importlib.util
 import json
 import os
 import resource
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -23,6 +22,9 @@ _LOADER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "servers", "l
 # settings themselves sets or removes it with monkeypatch.  docs/dev/testing.md has the numbers.
 os.environ["OMP_NUM_THREADS"] = "1"
 
+# the environment the CLI fork server starts with (``tests/cli_fork.py``): this one, before any test's
+# monkeypatch; imported here, after the setting above, so that it takes this process's as it is now
+from tests import cli_fork  # noqa: E402
 
 # How pytest-xdist shares the tests out (tools/test.sh runs several workers): a unit of work is a
 # test module, whose module fixtures are then built once, or one of these groups, whose tests run
@@ -138,9 +140,8 @@ _CPU_MARK = pytest.StashKey[float]()
 def _cpu_s() -> float:
     """CPU seconds of this process and of the children it has waited for."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    forked = sys.modules.get("tests.cli_fork")  # CLI processes forked for this process (the cli fixture)
     return (own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
-            + (forked.FORKED_CPU_S[0] if forked is not None else 0.0))
+            + cli_fork.FORKED_CPU_S[0])  # CLI processes forked for this process (tests/cli_fork.py)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -269,17 +270,16 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def cli() -> Iterator[Any]:
+def cli() -> Any:
     """``cli.run([sys.executable, "run.py", ...], cwd=..., env=..., timeout=...)``: the CLI to its
     end as ``subprocess.run`` runs it, in a process forked from a server that has imported the
-    third-party modules every CLI process imports (``tests/cli_fork.py``): one per xdist worker."""
-    from tests.cli_fork import ForkedCLI
+    third-party modules every CLI process imports (``tests/cli_fork.py``): one per xdist worker,
+    the one ``tests.helpers.run_cli`` uses, stopped at the session's end."""
+    return cli_fork.shared()
 
-    forked = ForkedCLI()
-    try:
-        yield forked
-    finally:
-        forked.close()
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    cli_fork.stop_shared()  # this process's CLI fork server, if a test started it
 
 
 @pytest.fixture(scope="session")

@@ -26,7 +26,7 @@ _out = open(os.environ["PROBE_OUT"], "w")
 _out.write(json.dumps({"pid": os.getpid(), "cwd": os.getcwd(), "argv": sys.argv, "orig_argv": sys.orig_argv[1:],
                        "fds": sorted(int(fd) for fd in os.listdir("/proc/self/fd")),
                        "env": os.environ.get("ONLY_HERE"), "main": sys.modules["__main__"].__file__,
-                       "path0": sys.path[0]}))
+                       "path0": sys.path[0], "umask": os.umask(0o022)}))
 _out.close()
 _end = os.environ.get("END", "")
 _ = _end == "kill" and os.kill(os.getpid(), 9)
@@ -105,10 +105,78 @@ def test_a_forked_run_past_its_timeout_is_killed_as_subprocess_kills_it(cli: For
     assert gone_within(pid, 30)
 
 
-def test_a_different_interpreter_start_up_runs_a_fresh_process(cli: ForkedCLI, tmp_path: Path) -> None:
-    """``PYTHONPATH`` (or locale, ``PYTHON*``) read by the interpreter at start-up: not forked."""
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+@pytest.mark.parametrize("key", ["PYTHONPATH", "TZ"])
+def test_a_different_interpreter_start_up_runs_a_fresh_process(cli: ForkedCLI, tmp_path: Path, key: str) -> None:
+    """``PYTHONPATH`` (or locale, ``PYTHON*``) read by the interpreter at start-up, ``TZ`` read once
+    by ``time`` (the run folder's name is local time): not forked."""
+    value = str(tmp_path) if key == "PYTHONPATH" else "Pacific/Kiritimati"
+    env = {**os.environ, key: value, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
     before = cli.forked
     res = cli.run([sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path)], cwd=REPO, env=env, timeout=120)
     assert res.returncode == 0 and "[infer]" in res.stdout, res.stderr
     assert cli.forked == before
+
+
+def test_a_forked_process_has_the_umask_a_fresh_one_inherits(cli: ForkedCLI, tmp_path: Path) -> None:
+    """A test's ``os.umask`` (``tests/security/test_run_folder_trust.py``) reaches the CLI as it
+    reaches a fresh child, although the server started with another."""
+    import json
+
+    old = os.umask(0o027)
+    try:
+        forked, fresh = _probe(cli, tmp_path, "exit")
+    finally:
+        os.umask(old)
+    seen = {way: json.loads((tmp_path / f"{way}.json").read_text()) for way in ("forked", "fresh")}
+    assert seen["forked"]["umask"] == seen["fresh"]["umask"] == 0o027
+
+
+def test_what_the_servers_imports_read_from_the_environment_runs_a_fresh_process(cli: ForkedCLI,
+                                                                               tmp_path: Path) -> None:
+    """mmengine's yapf reads ``HOME`` and ``XDG_CONFIG_HOME`` when imported (where a yapf style
+    file is): another value would leave the forked process with the server's, so it is not forked."""
+    assert {"HOME", "XDG_CONFIG_HOME"} <= set(cli.read_at_import)
+    before = cli.forked
+    for key in ("HOME", "XDG_CONFIG_HOME"):
+        env = {**os.environ, key: str(tmp_path / key), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+        res = cli.run([sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path / "w")], cwd=REPO, env=env,
+                      timeout=120)
+        assert res.returncode == 0 and "[infer]" in res.stdout, res.stderr
+    assert cli.forked == before
+    res = cli.run([sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path / "w")], cwd=REPO,
+                  env={**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+    assert res.returncode == 0 and cli.forked == before + 1  # a variable nothing read at import: forked
+
+
+def test_a_changed_resource_limit_runs_a_fresh_process(cli: ForkedCLI, tmp_path: Path) -> None:
+    """A child inherits this process's resource limits; the server has those of its start."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_CORE)
+    before = cli.forked
+    resource.setrlimit(resource.RLIMIT_CORE, (0 if soft != 0 else 1, hard))
+    try:
+        res = cli.run([sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path / "w")], cwd=REPO,
+                      env={**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+    finally:
+        resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
+    assert res.returncode == 0 and cli.forked == before
+
+
+def test_run_cli_goes_through_this_processs_fork_server(cli: ForkedCLI, tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tests.helpers.run_cli`` forks from the same server as the ``cli`` fixture, except in the
+    tests of ``tests.helpers.FRESH``, whose CLI is a fresh process."""
+    from tests import cli_fork
+    from tests.helpers import FRESH, run_cli
+
+    assert cli is cli_fork.shared()
+    before = cli.forked
+    res = run_cli(GOOD, "--dry-run", "-w", tmp_path / "w")
+    assert res.returncode == 0 and "[infer]" in res.stdout, res.stderr
+    assert cli.forked == before + 1
+    for prefix in FRESH:
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", f"{prefix}test_x.py::test_y (call)")
+        res = run_cli(GOOD, "--dry-run", "-w", tmp_path / "w")
+        assert res.returncode == 0 and "[infer]" in res.stdout, res.stderr
+    assert cli.forked == before + 1

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import server_settled
+from tests.helpers import run_argv, server_settled
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -67,8 +67,8 @@ work_dir = {str(folder / 'outputs')!r}
 
 
 def orchestra(*args: Any, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return run_argv([sys.executable, "run.py", *map(str, args)], timeout=timeout,
+                    env={**os.environ, **(env or {})})  # forked: tests/cli_fork.py
 
 
 def latest_run(folder: Path) -> Path:

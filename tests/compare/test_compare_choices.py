@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.helpers import run_argv
+
 REPO = Path(__file__).resolve().parents[2]
 N = 20
 
@@ -38,15 +40,14 @@ datasets = [dict(type=JsonlDataset, abbr='colours', path={str(data)!r},
                  eval_cfg=dict(evaluator='accuracy'))]
 work_dir = {str(tmp_path / ('work_' + name))!r}
 """)
-    proc = subprocess.run([sys.executable, "run.py", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    proc = run_argv([sys.executable, "run.py", str(cfg)], timeout=120)  # forked: tests/cli_fork.py
     assert proc.returncode == 0, proc.stdout + proc.stderr
     (folder,) = (tmp_path / f"work_{name}").iterdir()
     return folder
 
 
 def _compare(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", "compare", *map(str, args)], cwd=REPO, capture_output=True,
-                          text=True, timeout=120)
+    return run_argv([sys.executable, "run.py", "compare", *map(str, args)], timeout=120)
 
 
 def test_other_answer_choices_are_refused_like_another_prompt(tmp_path: Path) -> None:

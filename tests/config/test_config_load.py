@@ -14,6 +14,7 @@ import pytest
 
 from orchestra.config import dump_config, load_config, validate
 from orchestra.errors import ConfigError
+from tests.helpers import run_argv
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "configs" / "eval_demo.py"
@@ -27,8 +28,7 @@ def _cache_and_cwd(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest
 
 
 def cli(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, **(env or {})})
+    return run_argv([sys.executable, "run.py", *args], timeout=120, env={**os.environ, **(env or {})})
 
 
 def write(path: Path, text: str) -> Path:

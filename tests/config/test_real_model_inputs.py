@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import run_argv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,11 +29,8 @@ CASES = [
 
 @pytest.mark.parametrize("make_options, expected", CASES)
 def test_bad_real_model_input_is_one_line_exit_2(tmp_path: Path, make_options, expected: str) -> None:
-    res = subprocess.run(
-        [sys.executable, "run.py", "configs/eval_llama.py", "-w", str(tmp_path / "out"), "--cfg-options",
-         *make_options(tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
+    res = run_argv([sys.executable, "run.py", "configs/eval_llama.py", "-w", str(tmp_path / "out"), "--cfg-options",
+                    *make_options(tmp_path)], timeout=120)  # forked: tests/cli_fork.py
     assert res.returncode == 2, res.stderr
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import alive, wait_for
+from tests.helpers import alive, run_argv, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -61,8 +61,7 @@ work_dir = {str(tmp_path / 'out')!r}
 
 
 def orchestra(*args: str | Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout)
+    return run_argv([sys.executable, "run.py", *map(str, args)], timeout=timeout)  # forked: tests/cli_fork.py
 
 
 def run_dirs(tmp_path: Path) -> list[Path]:
@@ -380,8 +379,7 @@ def test_a_dry_run_writes_no_run_folder_but_keeps_what_it_learned_of_the_data(tm
     run after it does not read the same data again; the run folder is still not made."""
     cfg = write_config(tmp_path)
     env = {**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
-    res = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, env=env,
-                         capture_output=True, text=True, timeout=60)
+    res = run_argv([sys.executable, "run.py", str(cfg), "--dry-run"], env=env, timeout=60)
     assert res.returncode == 0, res.stderr
     assert not (tmp_path / "out").exists()
     facts = json.loads((tmp_path / "cache" / "dataset_info.json").read_text())

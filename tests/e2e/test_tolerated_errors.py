@@ -12,6 +12,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.helpers import run_argv
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -34,8 +36,8 @@ datasets = [dict(type=JsonlDataset, abbr='rows', path={str(data)!r},
 work_dir = {str(tmp_path / 'out')!r}
 """)
     flags = ["--cfg-options", "infer.runner.task.error_tolerance=0.5"]
-    return subprocess.run([sys.executable, "run.py", str(cfg), *flags], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "ORCHESTRA_PROGRESS_INTERVAL_S": "0.1"})
+    return run_argv([sys.executable, "run.py", str(cfg), *flags], timeout=120,
+                    env={**os.environ, "ORCHESTRA_PROGRESS_INTERVAL_S": "0.1"})  # forked: tests/cli_fork.py
 
 
 def test_tolerated_prediction_errors_are_named_in_the_table_and_summary(server: Any, tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ import pytest
 from orchestra.evaluators import evaluator_identity
 from orchestra.evaluators.judge import SYSTEM_PROMPT, JudgeEvaluator, parse_preference, parse_rating
 from orchestra.models.openai_api import OpenAIAPI
+from tests.helpers import run_argv
 from tests.servers.loader import load_server_module
 
 REPO = Path(__file__).resolve().parents[2]
@@ -261,8 +262,7 @@ def test_a_judge_config_that_cannot_work_is_one_line_before_the_run(tmp_path: Pa
         "                 reader_cfg=dict(input_columns=['question']), infer_cfg=dict(prompt_template='{question}'),\n"
         f"                 eval_cfg=dict(evaluator=dict(type=JudgeEvaluator, judge=_judge, {evaluator})))]\n"
         f"work_dir = {str(tmp_path / 'out')!r}\n")
-    res = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, capture_output=True, text=True,
-                         timeout=120)
+    res = run_argv([sys.executable, "run.py", str(cfg), "--dry-run"], timeout=120)  # forked: tests/cli_fork.py
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and "Traceback" not in res.stderr, res.stderr[-3000:]
     assert fragment in lines[0] and "eval_cfg.evaluator" in lines[0], lines[0]

@@ -19,6 +19,7 @@ from orchestra.fileio import stable_hash
 from orchestra.partitioners import NaivePartitioner, SizePartitioner
 from orchestra.paths import RunPaths
 from orchestra.planner import dataset_key, make_plan, model_class
+from tests.helpers import run_argv
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,8 +93,7 @@ def test_planning_grows_linearly_in_cpu_time(tmp_path: Path, monkeypatch: pytest
 
 
 def _cli(*args: Any) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)
+    return run_argv([sys.executable, "run.py", *map(str, args)], timeout=300)  # forked: tests/cli_fork.py
 
 
 def test_dry_run_summarises_a_large_plan_and_lists_it_on_request(tmp_path: Path) -> None:

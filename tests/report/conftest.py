@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from tests.helpers import run_argv
+
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "outputs" / "test-artifacts"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -65,8 +67,8 @@ work_dir = {str(folder / 'out')!r}
 
 def orchestra(*args: str | Path, env: dict[str, str] | None = None, timeout: float = 180,
               ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return run_argv([sys.executable, "run.py", *map(str, args)], timeout=timeout,
+                    env={**os.environ, **(env or {})})  # forked: tests/cli_fork.py
 
 
 def events(run: Path) -> list[dict[str, Any]]:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import sys
 from pathlib import Path
+
+from tests.helpers import run_argv
 
 REPO = Path(__file__).resolve().parents[2]
 _UNESCAPED_PIPE = re.compile(r"(?<!\\)(?:\\\\)*\|")
@@ -40,7 +41,7 @@ datasets = [dict(type=JsonlDataset, abbr='a|b|c', path={str(data)!r},
                  eval_cfg=dict(evaluator='numeric_match'))]
 work_dir = {str(tmp_path / 'out')!r}
 """)
-    res = subprocess.run([sys.executable, "run.py", str(cfg)], cwd=REPO, capture_output=True, text=True, timeout=180)
+    res = run_argv([sys.executable, "run.py", str(cfg)], timeout=180)  # forked: tests/cli_fork.py
     assert res.returncode == 0, res.stderr[-3000:]
     (md,) = (tmp_path / "out").glob("*/summary/summary.md")
     header, rule, row = md.read_text().splitlines()[:3]

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import server_settled, wait_for
+from tests.helpers import run_argv, server_settled, wait_for
 from tests.sandbox.conftest import sandbox_processes, slot_dirs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -26,8 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def orchestra(*args: str | Path, env: dict[str, str] | None = None,
               timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "run.py", *map(str, args)], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return run_argv([sys.executable, "run.py", *map(str, args)], timeout=timeout, env=env)  # tests/cli_fork.py
 
 
 def only_run(tmp_path: Path) -> Path:
