@@ -171,6 +171,12 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
+    cli_fork.stop_shared()  # this process's CLI fork server, if a test started it
+    _write_recorded_units(session)
+
+
+def _write_recorded_units(session: pytest.Session) -> None:
+    """``--record-units``: each unit's seconds, longest first, written whole (never half a file)."""
     totals = _RECORDING.pop("units", None)
     path = session.config.getoption("record_units")
     if totals is None or not path:
@@ -276,10 +282,6 @@ def cli() -> Any:
     third-party modules every CLI process imports (``tests/cli_fork.py``): one per xdist worker,
     the one ``tests.helpers.run_cli`` uses, stopped at the session's end."""
     return cli_fork.shared()
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    cli_fork.stop_shared()  # this process's CLI fork server, if a test started it
 
 
 @pytest.fixture(scope="session")
