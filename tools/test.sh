@@ -45,4 +45,6 @@ bash tools/slurm_cluster.sh start
 . .venv/bin/activate
 ruff check orchestra tests benchmarks tools
 mypy orchestra
-python -m pytest -q --durations=30 --cpu-durations=30 "${PARALLEL[@]}" "$@"
+# .test-units.json: the seconds each unit of work took in this run; copied over
+# tests/unit_seconds.json it orders the units of later runs (docs/dev/testing.md)
+python -m pytest -q --durations=30 --cpu-durations=30 --record-units=.test-units.json "${PARALLEL[@]}" "$@"
