@@ -57,10 +57,12 @@ def work_unit(nodeid: str) -> str:
 # What each unit took in a whole run (wall seconds of its tests' phases, written by
 # ``--record-units``): the units that take longest are handed out first, so that the run does not end
 # waiting on one long unit started last.  A unit the file does not know (a new module) counts as
-# ``_UNKNOWN_SLOW_S`` when it has a slow test or is a cluster group, else as 0.
+# ``_UNKNOWN_CLUSTER_S`` when it is a cluster group (many tests, each minutes), ``_UNKNOWN_SLOW_S``
+# when it has a slow test, else as 0.
 # (ORCHESTRA_TEST_UNIT_SECONDS names another file: tests/test_work_units.py.)
 UNIT_SECONDS = os.environ.get("ORCHESTRA_TEST_UNIT_SECONDS") or os.path.join(
     os.path.dirname(os.path.abspath(__file__)), "unit_seconds.json")
+_UNKNOWN_CLUSTER_S = 600.0
 _UNKNOWN_SLOW_S = 30.0
 
 
@@ -74,9 +76,9 @@ def _recorded_seconds() -> dict[str, float]:
 
 def _guessed_seconds(item: pytest.Item) -> float:
     """What a unit the record does not know is taken to last, from this one of its tests."""
-    if work_unit(item.nodeid) in ("slurm", "ray") or item.get_closest_marker("slow") is not None:
-        return _UNKNOWN_SLOW_S
-    return 0.0
+    if work_unit(item.nodeid) in ("slurm", "ray"):
+        return _UNKNOWN_CLUSTER_S
+    return _UNKNOWN_SLOW_S if item.get_closest_marker("slow") is not None else 0.0
 
 
 @pytest.hookimpl(tryfirst=True)
