@@ -4,6 +4,11 @@ scores: its details carry one row per document and filter, its metrics are ``acc
 The planted model reverses its log-likelihoods on the documents of run B whose context hashes
 to a multiple of 3, so some answers change; the comparison must agree with scipy on the
 documents paired by lm-eval's own ``doc_id``.
+
+Each run keeps one warm worker for both stages (``reuse_workers=True``): the eval task scores in
+the process that ran the inference, which has imported lm-eval and torch already, instead of a
+fresh one importing them again (~5 s of CPU a run; ``tests/runners/local/test_warm_eval.py`` shows
+a warm worker scores as fresh processes do).
 """
 
 from __future__ import annotations
@@ -21,6 +26,13 @@ from tests.lmeval_seed import LmEvalIndex
 
 pytestmark = pytest.mark.slow  # each run imports lm-eval in its probe and its tasks
 DOCS = 20
+#: one warm worker for both stages, the eval stage after the infer stage (so the eval task always finds the worker)
+WARM = """from orchestra.runners import LocalRunner
+from orchestra.tasks import EvalTask, InferTask
+infer = dict(runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers=True, task=dict(type=InferTask)))
+eval = dict(overlap=False,
+            runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers=True, task=dict(type=EvalTask)))
+"""
 
 
 def _run(root: Path, name: str, flip_every: int, env: dict[str, str]) -> Path:
@@ -32,7 +44,7 @@ models = [dict(type='planted_compare.PlantedModel', abbr='planted', flip_every={
 datasets = [dict(type=LmEvalDataset, abbr='arc_easy', task='arc_easy', include_path={str(root / 'lm' / 'tasks')!r},
                  test_range='[0:{DOCS}]')]
 work_dir = {str(root / name)!r}
-""")
+{WARM}""")
     proc = subprocess.run([sys.executable, "run.py", str(cfg)], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -23,6 +23,7 @@ import pytest
 
 from orchestra.datasets.lmeval import LmEvalDataset
 from orchestra.errors import ConfigError
+from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
 N = 10  # documents per task for the log-likelihood tasks
@@ -253,7 +254,7 @@ def test_bad_settings_are_one_line_naming_the_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_an_unknown_task_fails_planning_in_one_line(tmp_path: Path, offline: Path) -> None:
+def test_an_unknown_task_fails_planning_in_one_line(tmp_path: Path, offline: Path, lmeval_index: LmEvalIndex) -> None:
     cfg = tmp_path / "bad.py"
     cfg.write_text(
         "from orchestra.datasets.lmeval import LmEvalDataset\n"
@@ -263,7 +264,7 @@ def test_an_unknown_task_fails_planning_in_one_line(tmp_path: Path, offline: Pat
         f"work_dir = {str(tmp_path / 'out')!r}\n"
     )
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
-                          env={**_env(), "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")})
+                          env={**_env(), "ORCHESTRA_CACHE_DIR": str(lmeval_index.seed(tmp_path / "cache"))})
     assert proc.returncode == 2, proc.stderr
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "nope" in lines[0] and "no_such_task" in lines[0], proc.stderr

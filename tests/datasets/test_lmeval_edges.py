@@ -10,7 +10,9 @@
 - The planning probe (which imports the task's Python) runs without the orchestrator's secrets.
 
 The tasks are tests/datasets/lmeval_toy.py's, answered by ``DeterministicModel``; each cache
-starts with lm-eval's stock task index built once per session (``tests/lmeval_seed.py``).
+starts with lm-eval's stock task index built once per session (``tests/lmeval_seed.py``). The real
+runs keep one warm worker for both stages (``_warm``): their tasks share one process that imports
+lm-eval and torch once, instead of a fresh one per task (~5 s of CPU each).
 """
 
 from __future__ import annotations
@@ -31,10 +33,23 @@ import lmeval_toy as toy  # noqa: E402
 sys.path.pop(0)
 
 ARITH = "dict(type=LmEvalDataset, abbr='arith', task='arith', include_path={tasks!r}{extra})"
+#: one warm worker for both stages, the eval stage after the infer stage (so every eval task finds the worker)
+WARM = """from orchestra.runners import LocalRunner
+from orchestra.tasks import EvalTask, InferTask
+infer = dict(runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers=True, task=dict(type=InferTask)))
+eval = dict(overlap=False,
+            runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers=True, task=dict(type=EvalTask)))
+"""
 
 
 def _dataset(extra: str = "") -> str:
     return ARITH.replace("{extra}", extra)
+
+
+def _warm(cfg: Path) -> Path:
+    """``cfg`` run by one warm worker (:data:`WARM`): the tasks of a run import lm-eval once, not once each."""
+    cfg.write_text(cfg.read_text() + WARM)
+    return cfg
 
 
 def _run_dir(work: Path) -> Path:
@@ -55,7 +70,7 @@ def _details(work: Path, abbr: str) -> list[dict[str, Any]]:
 def test_reuse_follows_every_file_the_task_reads_and_only_those(tmp_path: Path, lmeval_index: LmEvalIndex) -> None:
     lay = tmp_path / "lay"
     tasks = toy.write(lay)
-    cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", _dataset())
+    cfg = _warm(toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", _dataset()))
     env = toy.env(lmeval_index.seed(tmp_path / "cache"))
     first = toy.run(cfg, environ=env)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
@@ -102,7 +117,7 @@ def test_ranges_leave_empty_subtasks_out_and_count_from_the_end(tmp_path: Path, 
     (tmp_path / "lay" / "data" / "arith.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     datasets = (_dataset(", test_range='[:-2]'") + ",\n"
                 "dict(type=LmEvalDataset, abbr='pair', task='pair', include_path={tasks!r}, test_range='[3:5]')")
-    cfg = toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", datasets)
+    cfg = _warm(toy.config(tmp_path / "cfg.py", tasks, tmp_path / "work", datasets))
     proc = toy.run(cfg, environ=toy.env(lmeval_index.seed(tmp_path / "cache")))
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert lmeval_index.untouched(tmp_path / "cache")

@@ -6,6 +6,10 @@ processes are counted for real: a ``sitecustomize`` module on ``PYTHONPATH`` (wh
 Python process of the run imports at start, the probe's included: its environment keeps
 ``PYTHONPATH``) writes one file per process whose command line runs
 ``orchestra.datasets.lmeval_harness``.
+
+What is counted is probe processes and what they answer, not lm-eval's stock task index: each
+cache starts with a copy of the index built once per session (``tests/lmeval_seed.py``), so a
+probe reads it instead of building it again (~13 s of CPU each).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pytest
 from orchestra.datasets import lmeval
 from orchestra.datasets.info import dataset_infos
 from orchestra.datasets.lmeval import LmEvalDataset
+from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
 # (task, documents): four tasks of lm-eval's stock YAMLs, few documents each
@@ -44,10 +49,9 @@ def offline(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This module's cache folder: lm-eval's stock task index is built once in it, by the first
-    test that plans."""
-    return tmp_path_factory.mktemp("cache")
+def cache(tmp_path_factory: pytest.TempPathFactory, lmeval_index: LmEvalIndex) -> Path:
+    """This module's cache folder, holding lm-eval's stock task index (built once per session)."""
+    return lmeval_index.seed(tmp_path_factory.mktemp("lmeval_probe") / "cache")
 
 
 def _counted_env(tmp: Path, cache: Path) -> tuple[dict[str, str], Path]:
@@ -81,8 +85,9 @@ def _config(tmp: Path, tasks: Path, entries: list[tuple[str, str, int]]) -> Path
 
 
 @pytest.mark.slow
-def test_a_dry_run_of_four_lmeval_tasks_probes_them_in_one_process(tmp_path: Path, offline: Path) -> None:
-    env, log = _counted_env(tmp_path, tmp_path / "cache")
+def test_a_dry_run_of_four_lmeval_tasks_probes_them_in_one_process(tmp_path: Path, offline: Path,
+                                                                   lmeval_index: LmEvalIndex) -> None:
+    env, log = _counted_env(tmp_path, lmeval_index.seed(tmp_path / "cache"))  # a cache of its own: nothing probed yet
     cfg = _config(tmp_path, offline, [(t, t, n) for t, n in TASKS])
     proc = subprocess.run([sys.executable, "run.py", str(cfg), "--dry-run"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
