@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from tests.lmeval_reference import lm_eval_runs
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,9 +71,10 @@ def _orchestra(tmp: Path, model: str, datasets: list[str]) -> Path:
         "from orchestra.tasks import EvalTask, InferTask\n"
         f"models = [{model}]\n"
         "datasets = [\n" + "".join(f"    {d},\n" for d in datasets) + "]\n"
-        # two warm workers per stage: lm-eval's task index is built once per worker, not per task
-        "_runner = dict(type=LocalRunner, max_num_workers=2, reuse_workers=True)\n"
-        "infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker=2),\n"
+        # one warm worker for both stages (the eval tasks borrow it): lm-eval, its task index, the tasks' documents
+        # and the model load once, not once per worker; every dataset still in two shards where it has two rows
+        "_runner = dict(type=LocalRunner, max_num_workers=1, reuse_workers=True)\n"
+        "infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker=1, num_split=2),\n"
         "             runner=dict(_runner, task=dict(type=InferTask)))\n"
         "eval = dict(partitioner=dict(type=NaivePartitioner), runner=dict(_runner, task=dict(type=EvalTask)))\n"
         f"work_dir = {str(tmp / 'out')!r}\n")
@@ -88,6 +91,11 @@ def _lm_eval(tmp: Path, name: str, argv: list[str]) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-m", "lm_eval", *argv, "--log_samples", "--output_path", str(out)],
                           capture_output=True, text=True, env=_env(tmp), cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return _lm_eval_output(out)
+
+
+def _lm_eval_output(out: Path) -> dict[str, Any]:
+    """What ``lm_eval --log_samples --output_path OUT`` wrote: its results and its samples by task."""
     (res,) = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
     samples = {}
     for path in glob.glob(str(out / "**" / "samples_*.jsonl"), recursive=True):
@@ -131,14 +139,13 @@ def hf(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, Any
                f"**{settings!r})"
                for conf, (_flags, settings) in CONFIGS.items() for task in TASKS]
     ours = _read_run(_orchestra(tmp, model, entries), "smol")
-    refs = {}
-    for conf, (flags, _settings) in CONFIGS.items():
-        refs[conf] = _lm_eval(tmp, f"ref_{conf}", [
-            "--model", "hf", "--model_args", f"pretrained={_weights_folder()},dtype=float32", "--device", "cpu",
-            "--batch_size", "16", "--include_path", str(offline), "--tasks", ",".join(TASKS),
-            "--limit", str(LIMIT), "--num_fewshot", str(SHOTS), "--gen_kwargs", GEN_KWARGS,
-            "--apply_chat_template", *flags])
-    return {"ours": ours, "refs": refs}
+    # `python -m lm_eval ARGV` for each configuration, in one process (one import, one stock task index)
+    lm_eval_runs([["--model", "hf", "--model_args", f"pretrained={_weights_folder()},dtype=float32", "--device",
+                   "cpu", "--batch_size", "16", "--include_path", str(offline), "--tasks", ",".join(TASKS),
+                   "--limit", str(LIMIT), "--num_fewshot", str(SHOTS), "--gen_kwargs", GEN_KWARGS,
+                   "--apply_chat_template", *flags, "--log_samples", "--output_path", str(tmp / f"ref_{conf}")]
+                  for conf, (flags, _settings) in CONFIGS.items()], cwd=tmp, env=_env(tmp))
+    return {"ours": ours, "refs": {conf: _lm_eval_output(tmp / f"ref_{conf}") for conf in CONFIGS}}
 
 
 def _tokenizer() -> Any:
