@@ -224,7 +224,10 @@ def test_every_sample_and_metric_is_lm_evals(hf: dict[str, Any]) -> None:
 @contextlib.contextmanager
 def llama() -> Iterator[str]:
     """The base URL of a fresh llama.cpp server with SmolLM2, one request at a time (so an answer
-    does not depend on what else is decoded beside it).  Each client gets its own server: a
+    does not depend on what else is decoded beside it), on one thread: with two, llama.cpp's threads
+    spin while they wait for each other, and on a loaded 2-core machine the two servers spent
+    139 s of CPU on the few requests of this test (measured; the same server settings for both
+    clients either way).  Each client gets its own server: a
     server's prompt cache, left by the other client's requests, changes the numbers of the next
     prompt that shares a prefix with them (measured: the same messages gave another GSM8K answer)."""
     import socket
@@ -233,7 +236,7 @@ def llama() -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     proc = subprocess.Popen([sys.executable, str(REPO / "tools/llama_server.py"), "--port", str(port),
-                             "--parallel", "1", "--threads", "2"], stdout=subprocess.PIPE,
+                             "--parallel", "1", "--threads", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None
