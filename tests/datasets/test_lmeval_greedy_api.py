@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from tests.datasets.test_lmeval_greedy_rolling import LIMIT, _compare, _weights_folder, lambada_config
+from tests.datasets.test_lmeval_greedy_rolling import LIMIT, ONE_WARM_WORKER, _compare, _weights_folder, lambada_config
 from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,7 +67,7 @@ def both(server: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
     tasks = tmp / "tasks"
     cfg = lambada_config(tmp, "openai_api.OpenAIAPI", f"abbr='api', path='smollm2', base_url={base_url!r}, "
                          "endpoint='completions', key_env='GREEDY_API_KEY', max_connections=2, max_retries=1",
-                         f", test_range='[0:{LIMIT}]'")
+                         f", test_range='[0:{LIMIT}]'", stages=ONE_WARM_WORKER)
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
                           env=_env(GREEDY_API_KEY=KEY), cwd=tmp, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

