@@ -55,7 +55,9 @@ def config(tmp_path: Path, record: Path) -> Path:
                                                         continuation_template='{{choice}}')),
                          eval_cfg=dict(evaluator=dict(type='accuracy')))]
         work_dir = {str(tmp_path / 'out')!r}
-        infer = dict(runner=dict(type='LocalRunner', max_num_workers=1, task=dict(type='InferTask'), gpus=[]))
+        # both datasets of a model in one task: the HF model loaded once (~8 s of CPU), not once per dataset
+        infer = dict(partitioner=dict(type='SizePartitioner'),
+                     runner=dict(type='LocalRunner', max_num_workers=1, task=dict(type='InferTask'), gpus=[]))
     """))
     return cfg
 

@@ -57,7 +57,8 @@ datasets = [
 {datasets}
 ]
 infer = dict(runner=dict(type=LocalRunner, max_num_workers=2, reuse_workers=True))
-eval = dict(runner=dict(type=LocalRunner, max_num_workers=2))
+# warm workers for the eval stage too: 36 + 3 x 12 eval tasks, each a new process otherwise (~2x the CPU)
+eval = dict(runner=dict(type=LocalRunner, max_num_workers=2, reuse_workers=True))
 work_dir = {str(tmp_path / 'out')!r}
 {sweep}
 """)
