@@ -32,6 +32,7 @@ from orchestra.datasets.digest import persist_digests
 from orchestra.datasets.lmeval_index import task_manager
 from orchestra.datasets.lmeval_names import check_known
 from orchestra.datasets.lmeval_select import check_fewshot, samples_arg, select, task_inputs
+from orchestra.datasets.torch_seed import seed_arg
 from orchestra.errors import ConfigError, TaskFailedError
 
 #: lm-eval's request types orchestra can answer; output types it cannot (none left: a
@@ -40,7 +41,8 @@ SUPPORTED = ("loglikelihood", "loglikelihood_rolling", "generate_until")
 UNSUPPORTED_OUTPUT: dict[str, str] = {}
 #: the output type whose requests need ``is_greedy`` (LAMBADA's ``acc``)
 GREEDY_OUTPUT = "loglikelihood"
-#: simple_evaluate's defaults for the random seeds (lm_eval's --seed 0,1234,1234,1234)
+#: simple_evaluate's defaults for the random seeds (lm_eval's --seed 0,1234,1234,1234); torch's is
+#: set when torch is first imported, not by importing it (:mod:`orchestra.datasets.torch_seed`)
 SEEDS = {"random_seed": 0, "numpy_random_seed": 1234, "torch_random_seed": 1234, "fewshot_random_seed": 1234}
 
 
@@ -89,7 +91,8 @@ def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int, kinds: dict[st
          ) -> tuple[dict[str, Any], list[tuple[str, int]]]:
     """simple_evaluate on ``lm`` as ``lm_eval`` runs it, on the documents in range (subtasks
     with none left out); its results and the documents per subtask in row order.  ``kinds``
-    gets each subtask's ``output_type`` before lm-eval asks ``lm`` anything."""
+    gets each subtask's ``output_type`` before lm-eval asks ``lm`` anything.  torch is not imported
+    for its seed: lm-eval seeds it if it is imported, else torch is seeded when it is."""
     from lm_eval.evaluator import simple_evaluate
 
     tm = _task_manager(settings)
@@ -102,7 +105,8 @@ def _run(settings: dict[str, Any], lm: Any, bootstrap_iters: int, kinds: dict[st
             model=lm, tasks=sel.items, num_fewshot=settings["num_fewshot"], limit=sel.limit,
             samples=samples_arg(sel, settings),  # as --samples (lm-eval numbers them 0..)
             gen_kwargs=settings["gen_kwargs"], task_manager=tm, bootstrap_iters=bootstrap_iters,
-            log_samples=True, **chat_args(settings), **SEEDS,
+            log_samples=True, **chat_args(settings),
+            **{**SEEDS, "torch_random_seed": seed_arg(SEEDS["torch_random_seed"])},
         )
     if results is None:
         raise TaskFailedError(f"lm-eval returned no results for {settings['task']}")

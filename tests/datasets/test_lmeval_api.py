@@ -7,7 +7,11 @@ lm-eval request is known exactly: GSM8K's ``generate_until`` texts (then lm-eval
 filters) and ARC's ``loglikelihood`` pairs.
 
 The run keeps one warm worker for both stages: its four tasks share one process that imports
-lm-eval and torch once, instead of a fresh one per task (~5 s of CPU each).
+lm-eval once, instead of a fresh one per task (~5 s of CPU each).  No process of the run imports
+torch (an API model needs none; lm-eval's torch seed is set only if torch is ever imported,
+:mod:`orchestra.datasets.torch_seed`): a ``sitecustomize`` module on ``PYTHONPATH``, which every
+Python process of the run imports at start, notes each process that imports lm-eval's evaluator
+and each whose torch module starts executing.
 """
 
 from __future__ import annotations
@@ -25,6 +29,47 @@ import pytest
 from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
+#: notes ``evaluator-PID`` when a process imports lm-eval's evaluator and ``torch-PID`` when its
+#: torch module starts executing (not on ``importlib.util.find_spec('torch')``, which imports nothing)
+_SITE = """\
+import json, os, sys
+
+
+def _note(what):
+    with open(os.path.join(os.environ['ORCHESTRA_TEST_IMPORT_LOG'], f'{what}-{os.getpid()}'), 'w') as f:
+        json.dump(sys.orig_argv, f)
+
+
+class _Loader:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        _note('torch')
+        module.__loader__ = module.__spec__.loader = self.loader
+        self.loader.exec_module(module)
+
+
+class _Watch:
+    def find_spec(self, name, path, target=None):
+        if name == 'lm_eval.evaluator':
+            _note('evaluator')
+        if name != 'torch':
+            return None
+        for finder in sys.meta_path:
+            spec = None if finder is self else finder.find_spec(name, path, target)
+            if spec is not None:
+                spec.loader = _Loader(spec.loader)
+                return spec
+        return None
+
+
+if os.environ.get('ORCHESTRA_TEST_IMPORT_LOG'):
+    sys.meta_path.insert(0, _Watch())
+"""
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +116,21 @@ def test_gsm8k_and_arc_through_the_openai_compatible_api(tmp_path: Path, offline
         "eval = dict(overlap=False,  # after the infer stage: every eval task finds the warm worker\n"
         "            runner=dict(type=LocalRunner, max_num_workers=1, reuse_workers=True, task=dict(type=EvalTask)))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1",
-           "ORCHESTRA_CACHE_DIR": str(lmeval_index.seed(tmp_path / "cache"))}
+    site, log = tmp_path / "site", tmp_path / "imports"
+    site.mkdir()
+    log.mkdir()
+    (site / "sitecustomize.py").write_text(_SITE)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]), "HF_DATASETS_OFFLINE": "1",
+           "HF_HUB_OFFLINE": "1", "ORCHESTRA_CACHE_DIR": str(lmeval_index.seed(tmp_path / "cache")),
+           "ORCHESTRA_TEST_IMPORT_LOG": str(log)}
     proc = subprocess.run([sys.executable, str(REPO / "run.py"), str(cfg)], capture_output=True, text=True,
                           env=env, cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert lmeval_index.untouched(tmp_path / "cache")  # the seeded stock index was read, not built again
+    notes = {p.name: json.loads(p.read_text()) for p in log.iterdir()}
+    workers = [argv for name, argv in notes.items() if name.startswith("evaluator-")]
+    assert any("orchestra.tasks.worker" in argv for argv in workers), notes  # the task worker was watched
+    assert not [argv for name, argv in notes.items() if name.startswith("torch-")], notes  # no torch imported
     (run,) = glob.glob(str(tmp_path / "out" / "*" / "results" / "api"))
     srv = _server_module()
 
