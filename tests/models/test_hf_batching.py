@@ -365,12 +365,12 @@ OOM_SCRIPT = textwrap.dedent(
     m.load()
     reqs = [LoglikRequest("Question: %d plus %d is what number? Think of the sum.\\nAnswer:" % (i, 2 * i),
                           (" %d" % (3 * i), " %d" % (3 * i + 1), " %d" % (i - 1), " not a number at all"))
-            for i in range(24)]
+            for i in range(48)]
     free = m.loglikelihood_batch(reqs)  # small passes, no limit yet
     story = "Once upon a time there was a small robot who lived in a lighthouse by the sea. " * 6
     # chat messages: this instruct model ends a bare "...Answer:" prompt at once (<|im_end|>)
     gen = [GenRequest([{"role": "user", "content": story + "Question: what colour was robot number %d?" % i}],
-                      max_out_len=40) for i in range(8)]
+                      max_out_len=40) for i in range(16)]
     m._gen_rows_cap = 2
     gen_free = m.generate_batch(gen)  # two rows at a time, no limit yet
     vm = [int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize:")][0] * 1024
@@ -398,13 +398,12 @@ OOM_SCRIPT = textwrap.dedent(
 def test_a_pass_that_does_not_fit_in_memory_is_split_not_failed(smol: HFCausalLM, tmp_path: Path) -> None:
     """A real allocation limit (RLIMIT_AS: the process's address space may grow by 80 MB
     once the model is loaded and has run the requests in small batches) makes the CPU
-    allocator refuse one pass of all 24 scoring requests (their ~300 scored positions need
-    ~60 MB of logits over the 49k-token vocabulary, and as much again for the log-softmax)
-    and one generation batch of 8 rows (a KV cache of ~8 x 200 positions x 46 KB, copied as
-    it grows); both are split until they fit, and the answers are the ones the same process
-    gave before the limit.  The sizes are about twice the largest that fit (seen: passes of
-    12 requests and batches of 4 rows fit, or fail only sometimes; 24 and 8 always failed):
-    48 requests and 16 rows took twice the CPU for the same splits.
+    allocator refuse one pass of all 48 scoring requests (their ~600 scored positions alone
+    need ~200 MB of logits over the 49k-token vocabulary) and one generation batch of 16
+    rows (a KV cache of ~16 x 200 positions x 46 KB, copied as it grows); both are split
+    until they fit, and the answers are the ones the same process gave before the limit.
+    (Half those sizes, 24 requests and 8 rows, cost half the CPU but failed once in three runs
+    beside other tests: at twice the size that fits, the margin is too thin for RLIMIT_AS.)
     The generation prompts are chat messages: given the bare text, SmolLM2-Instruct emits its
     end-of-turn token first (plain ``model.generate`` too), and empty answers would prove nothing."""
     script = tmp_path / "oom.py"
