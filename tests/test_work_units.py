@@ -13,8 +13,12 @@ REPO = Path(__file__).resolve().parents[1]
 MODULES = ["tests/test_ranges.py", "tests/test_keyvalues.py", "tests/test_registry.py"]
 
 
-def _pytest(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=REPO,
+def _pytest(tmp_path: Path, *args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A pytest of its own, whose temporary folders are under ``tmp_path``: by default (or with the
+    caller's ``PYTEST_ADDOPTS=--basetemp=...``) it would share, and prune, the outer session's."""
+    env = {k: v for k, v in env.items() if k != "PYTEST_ADDOPTS"}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
+                           f"--basetemp={tmp_path / 'basetemp'}", *args], cwd=REPO,
                           capture_output=True, text=True, env=env, timeout=120)
 
 
@@ -31,7 +35,7 @@ def test_units_are_collected_longest_first_by_the_recorded_seconds(tmp_path: Pat
     env = {**os.environ, "ORCHESTRA_TEST_UNIT_SECONDS": str(tmp_path / "units.json")}
     for seconds in ([1.0, 2.0, 3.0], [3.0, 1.0, 2.0]):
         (tmp_path / "units.json").write_text(json.dumps(dict(zip(MODULES, seconds))))
-        proc = _pytest("--collect-only", "-q", *MODULES, env=env)
+        proc = _pytest(tmp_path, "--collect-only", "-q", *MODULES, env=env)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         expected = [m for _, m in sorted(zip(seconds, MODULES), reverse=True)]
         assert _collected_modules(proc.stdout) == expected
@@ -40,14 +44,14 @@ def test_units_are_collected_longest_first_by_the_recorded_seconds(tmp_path: Pat
 def test_a_module_the_record_lacks_goes_after_the_recorded_ones_unless_slow(tmp_path: Path) -> None:
     (tmp_path / "units.json").write_text(json.dumps({MODULES[2]: 5.0}))
     env = {**os.environ, "ORCHESTRA_TEST_UNIT_SECONDS": str(tmp_path / "units.json")}
-    proc = _pytest("--collect-only", "-q", *MODULES, env=env)
+    proc = _pytest(tmp_path, "--collect-only", "-q", *MODULES, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert _collected_modules(proc.stdout) == [MODULES[2], MODULES[0], MODULES[1]]
 
 
 def test_record_units_writes_each_unit_and_its_seconds(tmp_path: Path) -> None:
     out = tmp_path / "recorded.json"
-    proc = _pytest("-q", "-n", "2", f"--record-units={out}", *MODULES[:2], env=dict(os.environ))
+    proc = _pytest(tmp_path, "-q", "-n", "2", f"--record-units={out}", *MODULES[:2], env=dict(os.environ))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     recorded = json.loads(out.read_text())
     assert sorted(recorded) == sorted(MODULES[:2])
