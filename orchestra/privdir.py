@@ -2,7 +2,8 @@
 
 orchestra keeps host-wide state under the temporary folder, which every local user can
 write: the connection and sandbox slots (``<tmp>/orchestra-<uid>/slots``), the sandbox
-folders (``<tmp>/orchestra-sandbox-<uid>``) and, when the weights cache cannot be written,
+folders (``<tmp>/orchestra-sandbox-<uid>``), torch.compile's cache of a local model
+(``<tmp>/orchestra-inductor-<uid>``) and, when the weights cache cannot be written,
 converted weights (``<tmp>/orchestra-weights-<uid>``).  Another user could create those
 names first (or plant a symbolic link in them) and make orchestra delete, create or load
 files where that user chose.  So each such folder is used only when it is a real folder
@@ -32,6 +33,7 @@ TEMP_FOLDERS = {
     "sandbox": ("orchestra-sandbox-{euid}", "ORCHESTRA_SANDBOX_DIR"),
     "weights": ("orchestra-weights-{uid}", ""),
     "serve": ("orchestra-serve-{uid}", ""),  # managed servers' key files (0600)
+    "inductor": ("orchestra-inductor-{uid}", ""),  # torch.compile's kernels (models.hf_load)
 }
 
 

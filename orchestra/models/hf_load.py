@@ -20,7 +20,7 @@ from orchestra.errors import ModelError
 from orchestra.models import weights_cache
 from orchestra.models.gguf_convert import convert_gguf
 from orchestra.models.hf_common import ModelSource, auto_num_threads
-from orchestra.privdir import temp_folder
+from orchestra.privdir import private_dir, temp_folder
 
 log = logging.getLogger(__name__)
 #: errors that mean "this cache folder cannot be written", not "the weights are bad"
@@ -71,6 +71,20 @@ class LoadedLM:
         return ids.to(dev), mask.to(dev), positions.to(dev)
 
 
+def private_compile_cache() -> None:
+    """Point torch.compile's cache at ``<tmp>/orchestra-inductor-<uid>``, a private folder,
+    unless the user chose one (``TORCHINDUCTOR_CACHE_DIR``).
+
+    transformers compiles some attention kernels (flex_attention) with ``torch.compile``, whose
+    default cache is ``<tmp>/torchinductor_<user>``: a fixed name in the shared temporary folder,
+    which torch creates with the umask's bits and uses whoever owns it.  It holds compiled
+    shared libraries and pickled graphs that torch loads, so another local user who made that
+    folder first could run code in this process.  Ours is created 0700 and refused when it is
+    not private (:func:`~orchestra.privdir.private_dir`; the CLI checks it before a run)."""
+    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = private_dir(temp_folder("inductor"))
+
+
 def load_causal_lm(
     abbr: str,
     path: str,
@@ -89,6 +103,7 @@ def load_causal_lm(
     """Load the model ``path`` (resolved to ``source``) as HFCausalLM's arguments of the same
     names say; :class:`ModelError` (one line) when that is impossible."""
     where = f"model {abbr}"
+    private_compile_cache()
     try:
         import torch
         import transformers

@@ -27,6 +27,7 @@ from orchestra.models.hf_common import LoglikRow, encode_many, loglik_rows
 from orchestra.models.hf_generate import RoundState, cut_batches, kv_bytes_per_token
 from orchestra.models.hf_pack import Group, build_batch, group_rows, plan_batches, split_group
 from orchestra.models.hf_score import is_oom
+from orchestra.privdir import temp_folder
 from orchestra.requests import GenRequest, LoglikRequest
 
 REPO = Path(__file__).resolve().parents[2]
@@ -465,6 +466,9 @@ def test_other_attention_kernels(smol: HFCausalLM, attn: str, packed: bool) -> N
     assert other._scorer is not None and other._scorer.packed is packed
     for a, b in zip(got, smol.loglikelihood_batch(reqs)):
         assert a == pytest.approx(b, abs=1e-3)
+    if not packed:  # torch.compile's kernels went to orchestra's private folder, not <tmp>/torchinductor_<user>
+        cache = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"])
+        assert cache == Path(temp_folder("inductor")) and any(cache.rglob("*.so")), cache
 
 
 @pytest.mark.slow

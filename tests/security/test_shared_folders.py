@@ -7,6 +7,7 @@ the real ``/tmp/orchestra-<uid>``.
 
 from __future__ import annotations
 
+import getpass
 import hashlib
 import os
 import stat
@@ -20,7 +21,7 @@ import pytest
 from sec_helpers import REPO, as_hostile, cli_env, hostile_ids, run_cli, shared_tmp_folder, write_config
 
 from orchestra.limits.concurrency import HostSlots
-from orchestra.models import weights_cache
+from orchestra.models import hf_load, weights_cache
 from orchestra.privdir import UnsafeFolderError, private_dir
 from orchestra.sandbox.sandbox import boxes_dir
 
@@ -134,6 +135,37 @@ def test_sandbox_and_weights_folders_planted_by_another_user_are_refused(
     line = _one_error_line(run_cli(cfg, cli_env(tmp_path, TMPDIR=str(shared)), "--dry-run"))
     assert f"{weights} is owned by uid" in line and "set TMPDIR" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_torch_compile_of_a_local_model_never_uses_a_cache_folder_another_user_made(
+        tmp_path: Path, shared: Path, monkeypatch: pytest.MonkeyPatch, server: object) -> None:
+    """torch.compile's default cache is ``<tmp>/torchinductor_<user>``, which torch uses whoever
+    made it; it loads the shared libraries and pickled graphs it finds there.  A local model
+    points it at ``<tmp>/orchestra-inductor-<uid>`` (0700, checked) unless the user chose one."""
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))  # what TMPDIR does for a new process
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # empty counts as unset; restored after the test
+    theirs = shared / f"torchinductor_{getpass.getuser()}"
+    as_hostile("mkdir", "-m", "777", str(theirs))  # torch's default, taken first
+    hf_load.private_compile_cache()
+    ours = shared / f"orchestra-inductor-{os.getuid()}"
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ours)
+    assert stat.S_IMODE(ours.stat().st_mode) == 0o700 and ours.stat().st_uid == os.geteuid()
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, triton_cache_dir
+
+    # where torch.compile reads and writes
+    assert cache_dir() == str(ours) and triton_cache_dir(0).startswith(f"{ours}/")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own choice is kept
+    hf_load.private_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
+    # ours taken first by the other user: refused when a model loads, and by the CLI before a run
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    ours.rmdir()
+    as_hostile("mkdir", "-m", "700", str(ours))
+    with pytest.raises(UnsafeFolderError, match=f"{ours} is owned by uid"):
+        hf_load.private_compile_cache()
+    cfg = write_config(tmp_path, server.base_url, _data(tmp_path))  # type: ignore[attr-defined]
+    line = _one_error_line(run_cli(cfg, cli_env(tmp_path, TMPDIR=str(shared)), "--dry-run"))
+    assert f"{ours} is owned by uid" in line and "set TMPDIR" in line
 
 
 def test_private_folders_are_made_0700_and_sandbox_roots_0711(tmp_path: Path, shared: Path,
