@@ -155,21 +155,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                           "tests/unit_seconds.json holds, which orders the units) to PATH as JSON")
 
 
-_RECORDING: dict[str, dict[str, float]] = {}  # "units": unit -> seconds, while recording
+_unit_totals: dict[str, float] | None = None  # unit -> wall seconds, while recording
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """Add a phase's wall time to its unit's, in the process that writes ``--record-units``."""
-    totals = _RECORDING.get("units")
-    if totals is not None:
+    if _unit_totals is not None:
         unit = work_unit(report.nodeid)
-        totals[unit] = totals.get(unit, 0.0) + report.duration
+        _unit_totals[unit] = _unit_totals.get(unit, 0.0) + report.duration
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_sessionstart(session: pytest.Session) -> None:
+    global _unit_totals
     if session.config.getoption("record_units") and not hasattr(session.config, "workerinput"):
-        _RECORDING["units"] = {}  # the controller (or a run without xdist) gets every report
+        _unit_totals = {}  # the controller (or a run without xdist) gets every report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
@@ -179,7 +179,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 def _write_recorded_units(session: pytest.Session) -> None:
     """``--record-units``: each unit's seconds, longest first, written whole (never half a file)."""
-    totals = _RECORDING.pop("units", None)
+    global _unit_totals
+    totals, _unit_totals = _unit_totals, None
     path = session.config.getoption("record_units")
     if totals is None or not path:
         return
