@@ -80,8 +80,15 @@ def private_compile_cache() -> None:
     which torch creates with the umask's bits and uses whoever owns it.  It holds compiled
     shared libraries and pickled graphs that torch loads, so another local user who made that
     folder first could run code in this process.  Ours is created 0700 and refused when it is
-    not private (:func:`~orchestra.privdir.private_dir`; the CLI checks it before a run)."""
-    if not os.environ.get("TORCHINDUCTOR_CACHE_DIR"):
+    not private (:func:`~orchestra.privdir.private_dir`; the CLI checks it before a run).
+
+    torch writes its default back into the environment the first time anything asks for the
+    cache folder (importing ``evaluate``, which lm-eval does, is enough), so a value equal to
+    torch's default counts as unset.  Called once torch is imported."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    chosen = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not chosen or os.path.abspath(chosen) == os.path.abspath(default_cache_dir()):
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = private_dir(temp_folder("inductor"))
 
 
@@ -103,7 +110,6 @@ def load_causal_lm(
     """Load the model ``path`` (resolved to ``source``) as HFCausalLM's arguments of the same
     names say; :class:`ModelError` (one line) when that is impossible."""
     where = f"model {abbr}"
-    private_compile_cache()
     try:
         import torch
         import transformers
@@ -112,6 +118,7 @@ def load_causal_lm(
             f"{where}: HFCausalLM needs torch and transformers ({exc.name} is missing); "
             "pip install torch transformers accelerate"
         ) from None
+    private_compile_cache()
     uses_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
     if device == "cuda" and not torch.cuda.is_available():
         raise ModelError(f"{where}: device='cuda' but torch sees no CUDA device")

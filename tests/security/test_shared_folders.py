@@ -142,6 +142,8 @@ def test_torch_compile_of_a_local_model_never_uses_a_cache_folder_another_user_m
     """torch.compile's default cache is ``<tmp>/torchinductor_<user>``, which torch uses whoever
     made it; it loads the shared libraries and pickled graphs it finds there.  A local model
     points it at ``<tmp>/orchestra-inductor-<uid>`` (0700, checked) unless the user chose one."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir, triton_cache_dir  # torch imported, as by a model
+
     monkeypatch.setattr(tempfile, "tempdir", str(shared))  # what TMPDIR does for a new process
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")  # empty counts as unset; restored after the test
     theirs = shared / f"torchinductor_{getpass.getuser()}"
@@ -150,10 +152,11 @@ def test_torch_compile_of_a_local_model_never_uses_a_cache_folder_another_user_m
     ours = shared / f"orchestra-inductor-{os.getuid()}"
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ours)
     assert stat.S_IMODE(ours.stat().st_mode) == 0o700 and ours.stat().st_uid == os.geteuid()
-    from torch._inductor.runtime.cache_dir_utils import cache_dir, triton_cache_dir
-
     # where torch.compile reads and writes
     assert cache_dir() == str(ours) and triton_cache_dir(0).startswith(f"{ours}/")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(theirs))  # as torch writes its default back (`import evaluate`)
+    hf_load.private_compile_cache()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(ours)
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))  # the user's own choice is kept
     hf_load.private_compile_cache()
     assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(tmp_path / "mine")
