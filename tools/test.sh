@@ -12,11 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 QUICK_TIER="not slow and not slurm and not ray"
 # pytest-xdist workers: most tests wait on processes, servers and clusters rather than compute,
-# so more workers than the 2 cores of the CI machine overlap the waits.  Tests that share
+# so more workers than the 2 cores of the CI machine overlap the waits (4: docs/dev/testing.md
+# has the whole runs with 3, 4 and 5).  Tests that share
 # something machine-wide (the Slurm cluster, Ray, the sandbox) and tests whose module fixture
 # builds something run as groups, each on one worker (tests/conftest.py).
 # ORCHESTRA_TEST_WORKERS=0 runs everything in this process.
-PARALLEL=(-n "${ORCHESTRA_TEST_WORKERS:-2}")
+PARALLEL=(-n "${ORCHESTRA_TEST_WORKERS:-4}")
 if [ "${1-}" = "--quick" ]; then
   shift
   if [ ! -x .venv/bin/python ]; then
