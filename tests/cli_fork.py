@@ -101,16 +101,27 @@ class ForkedCLI:
             os.unlink(os.path.join(self._dir, name))
         os.rmdir(self._dir)
 
-    def _can_fork(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> bool:
-        """Whether a forked process would see what a fresh one would: this checkout's run.py, the
-        same start-up environment and imports' environment, and what a child inherits from us."""
-        if "*" in self.read_at_import:  # an import listed the whole environment
-            return False
-        return (len(argv) >= 2 and argv[0] == sys.executable and Path(argv[1]).name == "run.py"
-                and Path(cwd, argv[1]).resolve() == REPO / "run.py"  # the orchestra the server imported
-                and self._proc.poll() is None and _startup_env(env) == _startup_env(self._env)
-                and all(env.get(k) == self._env.get(k) for k in self.read_at_import)
-                and _inherited() == self._inherited)
+    def why_fresh(self, argv: Sequence[str], cwd: str, env: Mapping[str, str]) -> str:
+        """Why a run of ``argv`` would be a fresh process, not forked ("" when it would be forked):
+        a forked process must see what a fresh one would: this checkout's run.py, the same
+        start-up environment and imports' environment, and what a child inherits from us."""
+        if "*" in self.read_at_import:
+            return "an import of the server listed the whole environment"
+        if not (len(argv) >= 2 and argv[0] == sys.executable and Path(argv[1]).name == "run.py"
+                and Path(cwd, argv[1]).resolve() == REPO / "run.py"):  # the orchestra the server imported
+            return "not this checkout's run.py under this interpreter"
+        if self._proc.poll() is not None:
+            return f"the fork server is gone (exit status {self._proc.returncode})"
+        if _startup_env(env) != _startup_env(self._env):
+            mine, servers = _startup_env(env), _startup_env(self._env)
+            return "start-up variables differ: " + ", ".join(
+                sorted(k for k in set(mine) | set(servers) if mine.get(k) != servers.get(k)))
+        differ = [k for k in self.read_at_import if env.get(k) != self._env.get(k)]
+        if differ:
+            return "variables the server's imports read differ: " + ", ".join(differ)
+        if _inherited() != self._inherited:
+            return f"resource limits, signals, process group or session changed: {self._inherited} -> {_inherited()}"
+        return ""
 
     def run(self, argv: Sequence[str | os.PathLike[str]], *, cwd: str | os.PathLike[str] | None = None,
             env: Mapping[str, str] | None = None, timeout: float | None = None, capture_output: bool = True,
@@ -120,7 +131,7 @@ class ForkedCLI:
         args = [os.fspath(a) for a in argv]
         environ = dict(os.environ if env is None else env)
         folder = os.path.abspath(os.fspath(cwd) if cwd is not None else os.getcwd())
-        if not self._can_fork(args, folder, environ):
+        if self.why_fresh(args, folder, environ):
             return subprocess.run(args, cwd=cwd, env=env, timeout=timeout, capture_output=True, text=True)
         self.forked += 1
         return self._forked(args, folder, environ, timeout)

@@ -42,7 +42,7 @@ def _both(cli: ForkedCLI, args: list[str], env: dict[str, str], cwd: Path = REPO
     argv = [sys.executable, "run.py", *args]
     before, cpu = cli.forked, FORKED_CPU_S[0]
     forked = cli.run(argv, cwd=cwd, env=env, timeout=120)
-    assert cli.forked == before + 1  # it did go through the fork server
+    assert cli.forked == before + 1, cli.why_fresh(argv, str(cwd), env)  # it did go through the fork server
     assert FORKED_CPU_S[0] > cpu  # and its CPU counts in --cpu-durations
     fresh = subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=120)
     return forked, fresh
@@ -112,9 +112,11 @@ def test_a_different_interpreter_start_up_runs_a_fresh_process(cli: ForkedCLI, t
     value = str(tmp_path) if key == "PYTHONPATH" else "Pacific/Kiritimati"
     env = {**os.environ, key: value, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
     before = cli.forked
-    res = cli.run([sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path)], cwd=REPO, env=env, timeout=120)
+    argv = [sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path)]
+    res = cli.run(argv, cwd=REPO, env=env, timeout=120)
     assert res.returncode == 0 and "[infer]" in res.stdout, res.stderr
     assert cli.forked == before
+    assert cli.why_fresh(argv, str(REPO), env) == f"start-up variables differ: {key}"
 
 
 def test_a_forked_process_has_the_umask_a_fresh_one_inherits(cli: ForkedCLI, tmp_path: Path) -> None:
@@ -156,8 +158,10 @@ def test_a_changed_resource_limit_runs_a_fresh_process(cli: ForkedCLI, tmp_path:
     before = cli.forked
     resource.setrlimit(resource.RLIMIT_CORE, (0 if soft != 0 else 1, hard))
     try:
-        res = cli.run([sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path / "w")], cwd=REPO,
-                      env={**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}, timeout=120)
+        argv = [sys.executable, "run.py", GOOD, "--dry-run", "-w", str(tmp_path / "w")]
+        env = {**os.environ, "ORCHESTRA_CACHE_DIR": str(tmp_path / "cache")}
+        res = cli.run(argv, cwd=REPO, env=env, timeout=120)
+        assert cli.why_fresh(argv, str(REPO), env).startswith("resource limits, signals, process group or session")
     finally:
         resource.setrlimit(resource.RLIMIT_CORE, (soft, hard))
     assert res.returncode == 0 and cli.forked == before

@@ -81,16 +81,38 @@ class Double:
         raise AssertionError(f"timed out after {timeout_s:g} s waiting for {what}")
 
     def kill_all(self) -> None:
-        """End every driver and job process of this cloud (test clean-up only)."""
+        """End every driver and job process of this cloud that still runs (test clean-up only).
+
+        The files hold the numbers of processes that may have ended long ago, and the kernel hands
+        a number out again (pid_max is 32768 on these machines, and a whole run of the suite starts
+        more processes than that): a number is signalled only while it still names the process the
+        file was written for (:func:`_still_recorded`), never another test's process."""
         for folder in (self.state / "jobs").iterdir():
-            for name, sig in (("task.pgid", signal.SIGKILL), ("driver.pid", signal.SIGKILL)):
+            for name in ("task.pgid", "driver.pid"):
                 path = folder / name
-                if path.exists():
-                    try:
-                        os.killpg(int(path.read_text()), sig) if name == "task.pgid" else os.kill(
-                            int(path.read_text()), sig)
-                    except (ProcessLookupError, ValueError, PermissionError):
-                        pass
+                try:
+                    number = int(path.read_text())
+                    if _still_recorded(number, path):
+                        os.killpg(number, signal.SIGKILL) if name == "task.pgid" else os.kill(number, signal.SIGKILL)
+                except (FileNotFoundError, ProcessLookupError, ValueError, PermissionError):
+                    pass
+
+
+def _still_recorded(number: int, path: Path) -> bool:
+    """Whether the process ``number`` (a pid, or a process group's number: its leader's pid) is
+    the one ``path`` was written for: it started before the file was written.  A process that
+    got the number later started after it.  With no such process, a group may still live on in
+    its leader's children: the kernel gives no process a number some group still has, so those
+    are the recorded group's."""
+    from orchestra.serving.replica import start_time
+
+    ticks = start_time(number)
+    if ticks is None:
+        return True
+    with open("/proc/stat", encoding="ascii") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+    started = boot + ticks / os.sysconf("SC_CLK_TCK")  # to within a second: btime is whole seconds
+    return started <= path.stat().st_mtime + 2.0
 
 
 def aliyun_cfg(folder: Path, **extra: Any) -> dict[str, Any]:

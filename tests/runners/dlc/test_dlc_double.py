@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
 
 from dlc_helpers import DLC, Double
+from helpers import alive
 
 from orchestra.runners.dlc.cli import format_time, parse_job_id, parse_job_info
 
@@ -99,3 +101,27 @@ def test_faults(double: Double) -> None:
     assert double.status(slow)["Status"] == "Queuing"
     assert dlc("stop", "job", slow, "--force").returncode == 0
     wait_status(double, slow, {"Stopped"})
+
+
+def test_clean_up_signals_only_the_processes_the_jobs_recorded(double: Double) -> None:
+    """``kill_all`` (every DLC test's teardown) reads pids and process groups from job folders that
+    may be long finished; the kernel hands those numbers out again (pid_max 32768 here), so a
+    number another process got since is left alone: only a live job's own processes end."""
+    job_id = submit("sleep 120", "alive")
+    wait_status(double, job_id, {"Running"})
+    folder = double.state / "jobs" / job_id
+    driver, group = int((folder / "driver.pid").read_text()), int((folder / "task.pgid").read_text())
+    stranger = subprocess.Popen(["sleep", "120"], start_new_session=True)  # has a number a finished job had
+    try:
+        stale = double.state / "jobs" / "dlc-finished-long-ago"
+        stale.mkdir(parents=True)
+        for name in ("driver.pid", "task.pgid"):
+            (stale / name).write_text(str(stranger.pid))
+            os.utime(stale / name, (time.time() - 60, time.time() - 60))  # written before that process started
+        double.kill_all()
+        double.wait_for(lambda: not alive(driver) and not alive(group), 10, "the live job's driver and task to end")
+        time.sleep(0.5)  # a SIGKILL sent to it would have landed by now
+        assert stranger.poll() is None, "kill_all signalled a process no job of this cloud started"
+    finally:
+        stranger.kill()
+        stranger.wait()
