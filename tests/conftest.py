@@ -111,6 +111,21 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     return result
 
 
+@pytest.fixture(autouse=True)
+def _breakpoint_hook_put_back() -> Iterator[None]:
+    """``ray.init`` in this process (the runner contract's Ray backend is a driver here) sets
+    ``PYTHONBREAKPOINT`` to Ray's debugger hook and leaves it: a variable the interpreter reads at
+    start-up, so every later ``run_cli`` of this xdist worker ran a fresh process instead of a forked
+    one, and ``tests/test_cli_fork.py`` failed when it ran on that worker after the contract's Ray
+    tests.  Put back as it was before each test."""
+    before = os.environ.get("PYTHONBREAKPOINT")
+    yield
+    if before is None:
+        os.environ.pop("PYTHONBREAKPOINT", None)
+    else:
+        os.environ["PYTHONBREAKPOINT"] = before
+
+
 class _WorkUnits:
     """xdist's scheduler, sharing out the units of :func:`work_unit` in collection order."""
 
