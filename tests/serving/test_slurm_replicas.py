@@ -46,12 +46,6 @@ def agents_holding(name: str, value: str, run: Path) -> int:
     return count
 
 
-def state_files(conf: Path) -> list[Path]:
-    """The files of slurmctld's StateSaveLocation (the jobs it holds: scripts, environments)."""
-    line = next(x for x in conf.read_text().splitlines() if x.startswith("StateSaveLocation="))
-    return [p for p in Path(line.split("=", 1)[1].strip()).rglob("*") if p.is_file()]
-
-
 def replica_jobs(run: Path) -> dict[str, str]:
     """The run's replica jobs from its ledger: ``{job id: job name}``."""
     return {r["slurm_job"]: r["job_name"] for r in jsonl(run / "servers/ledger.jsonl") if r["state"] == "started"}
@@ -87,8 +81,7 @@ def test_two_replica_jobs_serve_one_run_and_refuse_requests_without_the_key(
         jobs = replica_jobs(run)
         assert len(jobs) == 2 and sorted(job_states(jobs).values()) == ["RUNNING", "RUNNING"]
         assert agents_holding("ORC_REPLICA_HF_TOKEN", canary, run) == 2
-        saved = [p for p in state_files(slurm_cluster.conf) if canary.encode() in p.read_bytes()]
-        assert saved == []
+        assert [p for p, data in slurm_cluster.saved_state().items() if canary.encode() in data] == []
         started = jsonl(run / "servers/ledger.jsonl")[0]
         key = Path(started["key_file"]).read_text().strip()
         body = {"model": "smollm2", "prompt": "Question: What is 2+3?\nAnswer:", "max_tokens": 2}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,21 @@ class SlurmCluster:
     gpu_partition: str
     num_gpus: int
     started_here: bool
+
+    def saved_state(self, timeout_s: float = 30) -> dict[Path, bytes]:
+        """Every file of slurmctld's StateSaveLocation (the jobs it holds: batch scripts, environments)
+        with its bytes, read in one whole pass.  slurmctld saves a file by writing ``<name>.new`` and
+        renaming it over ``<name>``, so a file listed may be gone when read; then the folder is read
+        again (a pass that skipped it would miss what the rename put in place)."""
+        line = next(x for x in self.conf.read_text().splitlines() if x.startswith("StateSaveLocation="))
+        folder = Path(line.split("=", 1)[1].strip())
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                return {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+            except FileNotFoundError:
+                time.sleep(0.05)
+        raise AssertionError(f"no whole read of {folder} in {timeout_s:g} s: its files kept going")
 
 
 def pytest_configure(config: pytest.Config) -> None:

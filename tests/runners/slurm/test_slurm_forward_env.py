@@ -54,10 +54,10 @@ def test_forwarded_variable_reaches_the_job_and_nothing_else(slurm_cluster: Slur
     for path in files:
         assert SECRET.encode() not in path.read_bytes() and UNNAMED.encode() not in path.read_bytes(), path
     assert not (run / "slurm" / "private").exists() or not any((run / "slurm" / "private").iterdir())
-    saved = slurm_saved_files(slurm_cluster.conf)
+    saved = slurm_cluster.saved_state()
     assert saved, "slurmctld saved nothing: the check below would prove nothing"
     # before the private file: each sbatch job's saved 'environment' held it
-    assert [p for p in saved if SECRET.encode() in p.read_bytes() or UNNAMED.encode() in p.read_bytes()] == []
+    assert [p for p, data in saved.items() if SECRET.encode() in data or UNNAMED.encode() in data] == []
     for job in run_job_ids(run):
         shown = subprocess.run(["scontrol", "show", "job", "-d", job], capture_output=True, text=True, check=True)
         script = subprocess.run(["scontrol", "write", "batch_script", job, "-"], capture_output=True, text=True,
@@ -110,12 +110,6 @@ def test_the_private_file_a_sigkilled_launch_left_is_deleted_by_the_next_one(tmp
     again = run_cli(cfg, "-r")
     assert again.returncode == 0, again.stderr[-2000:]
     assert (run / "predictions" / "det" / "pick.jsonl").exists() and list(private.iterdir()) == []
-
-
-def slurm_saved_files(conf: Path) -> list[Path]:
-    """The files of slurmctld's StateSaveLocation (jobs it still holds: batch scripts, environments)."""
-    line = next(x for x in conf.read_text().splitlines() if x.startswith("StateSaveLocation="))
-    return [p for p in Path(line.split("=", 1)[1].strip()).rglob("*") if p.is_file()]
 
 
 def run_job_ids(run: Path) -> list[str]:
