@@ -94,8 +94,23 @@ def predictions_of(run: Path) -> dict[str, list[str]]:
     return out
 
 
-def finished_prompts(run: Path) -> set[str]:
-    """The prompts whose answers the run folder holds, in a checkpoint or a sealed prediction file."""
+def finished_prompts(run: Path, timeout_s: float = 30) -> set[str]:
+    """The prompts whose answers the run folder holds, in a checkpoint or a sealed prediction file,
+    read in one whole pass.  Cluster jobs outlive a killed orchestrator (``after_kill`` with
+    ``jobs_outlive``) and write on: a task that seals its prediction file deletes its checkpoint,
+    so a file listed may be gone when read; then the folder is read again (a pass that skipped it
+    could miss the sealed file that replaced it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            return _finished_prompts(run)
+        except FileNotFoundError:
+            time.sleep(0.05)
+    raise AssertionError(f"no whole read of {run / 'predictions'} in {timeout_s:g} s: its files kept going")
+
+
+def _finished_prompts(run: Path) -> set[str]:
+    """:func:`finished_prompts` in one pass; raises ``FileNotFoundError`` if a file listed went."""
     done: set[str] = set()
     for path in (run / "predictions").rglob("*"):
         if path.name.endswith((".jsonl", ".jsonl.ckpt")) and not path.name.startswith("."):

@@ -268,6 +268,10 @@ def test_ctrl_c_during_an_eval_task_in_a_borrowed_worker_stops_it_and_r_finishes
         wait_for(lambda: (tmp_path / "crashed").exists() or proc.poll() is not None, 120, "the slow eval to start")
         assert proc.poll() is None, "the run ended before it could be interrupted"
         (run,) = glob.glob(str(tmp_path / "out" / "*"))
+        # the orchestrator writes a task's "started" once its submit returned: the worker may be in
+        # the evaluator (the marker) a moment before that line is there
+        wait_for(lambda: any(e.get("event") == "started" and e["task_id"] == "eval_det_crashy"
+                             for e in _events(Path(run))), 30, "the slow eval's started event")
         started = [(e["task_id"], e["where"]["pid"]) for e in _events(Path(run)) if e.get("event") == "started"]
         pids = {pid for _, pid in started}
         assert len(pids) == 1 and started[-1][0] == "eval_det_crashy", started  # in the infer worker

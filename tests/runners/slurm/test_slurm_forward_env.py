@@ -78,7 +78,10 @@ def test_ctrl_c_of_an_sbatch_run_deletes_the_private_file(slurm_cluster: SlurmCl
         run = wait_for(lambda: (run_dirs(tmp_path) or [None])[0], 30, "the run folder")
         wait_for(lambda: [j for j in squeue_jobs(job_prefix(run)) if j[2] == "RUNNING"], 60, "a running job")
         private = run / "slurm" / "private"
-        assert sorted(p.name for p in private.iterdir()) == ["eval.env", "infer.env"]  # eval waits beside
+        # eval waits beside: its launch opens (writing eval.env) in a thread of its own once the infer
+        # stage's first round was submitted, so possibly a moment after that job runs
+        wait_for(lambda: sorted(p.name for p in private.iterdir()) == ["eval.env", "infer.env"], 30,
+                 "both stages' private files")
         assert os.stat(private).st_mode & 0o777 == 0o700 and os.stat(private / "infer.env").st_mode & 0o777 == 0o600
         proc.send_signal(signal.SIGINT)
         proc.communicate(timeout=60)
