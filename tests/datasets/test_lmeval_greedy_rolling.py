@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.lmeval_reference import lm_eval_runs
 from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[2]
@@ -102,7 +103,7 @@ def _weights_folder() -> str:
 
 
 @pytest.fixture(scope="module")
-def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def both(tmp_path_factory: pytest.TempPathFactory, lmeval_stock_index: Path) -> dict[str, Any]:
     """orchestra's details and lm-eval's logged samples, per task."""
     tmp = tmp_path_factory.mktemp("greedy_rolling")
     subprocess.run([sys.executable, str(REPO / "tools" / "lmeval_offline_tasks.py"), str(tmp / "offline")],
@@ -129,12 +130,11 @@ def both(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     details = {Path(p).name.split(".")[0]: [json.loads(line) for line in open(p)]
                for p in glob.glob(f"{run}/*.details.jsonl")}
     out = tmp / "ref"
-    ref = subprocess.run(
-        [sys.executable, "-m", "lm_eval", "--model", "hf", "--model_args",
-         f"pretrained={_weights_folder()},dtype=float32,max_length={MAX_LEN}", "--device", "cpu", "--batch_size", "8",
-         "--include_path", str(tasks), "--tasks", "lambada_local,wikitext", "--limit", str(LIMIT), "--log_samples",
-         "--output_path", str(out)], capture_output=True, text=True, env=_env(), cwd=tmp, timeout=900)
-    assert ref.returncode == 0, ref.stderr[-3000:]
+    lm_eval_runs(  # `python -m lm_eval ARGV` (tests/lmeval_reference.py)
+        [["--model", "hf", "--model_args",
+          f"pretrained={_weights_folder()},dtype=float32,max_length={MAX_LEN}", "--device", "cpu", "--batch_size", "8",
+          "--include_path", str(tasks), "--tasks", "lambada_local,wikitext", "--limit", str(LIMIT), "--log_samples",
+          "--output_path", str(out)]], cwd=tmp, env=_env(), stock_index=lmeval_stock_index, timeout=900)
     (res,) = glob.glob(str(out / "**" / "results_*.json"), recursive=True)
     samples = {}
     for path in glob.glob(str(out / "**" / "samples_*.jsonl"), recursive=True):

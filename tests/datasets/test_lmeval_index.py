@@ -60,6 +60,20 @@ def test_the_cached_index_is_lm_evals_and_is_read_back(tmp_path: Path, monkeypat
     assert task_manager(include).task_index == plain.task_index
     assert json.loads(cached.read_text())[0][0] == rows[0][0]
 
+    # the reference runs' index (tests/lmeval_reference.py: lm-eval's build one folder at a time, the stock
+    # folder's kept for the session) is lm-eval's own, entry for entry and in its order: built, then read back
+    from lm_eval.tasks import _index
+
+    from tests import lmeval_reference
+
+    monkeypatch.setenv(lmeval_reference._STOCK_INDEX, str(tmp_path / "session"))
+    lm_evals_build = _index.TaskIndex.build
+    for _process in ("first", "later"):
+        monkeypatch.setattr(_index.TaskIndex, "build", lm_evals_build)  # a process of its own: nothing kept in memory
+        lmeval_reference._index_built_once()
+        assert list(TaskManager(include_path=include).task_index.items()) == list(plain.task_index.items())
+    assert len(list((tmp_path / "session").glob("*.pickle"))) == 1
+
 
 @pytest.mark.slow
 def test_a_dry_run_writes_no_index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
