@@ -81,6 +81,13 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
+def jsonl_so_far(path: Path) -> list[dict[str, Any]]:
+    """The records of a JSON-lines file a live process appends to (a run's ``events.jsonl``): every
+    line up to the last newline, each parsed strictly; the line after it is still being written."""
+    text = path.read_text()
+    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
+
+
 def run_dirs(work: Path) -> list[Path]:
     """The run folders under a ``work_dir``, oldest first."""
     return sorted(p for p in work.iterdir() if p.is_dir()) if work.exists() else []

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tests.helpers import alive, wait_for
+from tests.helpers import alive, jsonl_so_far, wait_for
 from tests.lmeval_seed import LmEvalIndex
 
 REPO = Path(__file__).resolve().parents[3]
@@ -192,7 +192,7 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _events(run: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
+    return jsonl_so_far(run / "events.jsonl")  # read while the run writes it, too
 
 
 def test_an_eval_task_that_kills_the_borrowed_worker_is_retried_in_a_new_one(tmp_path: Path) -> None:
