@@ -82,10 +82,12 @@ def jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def jsonl_so_far(path: Path) -> list[dict[str, Any]]:
-    """The records of a JSON-lines file a live process appends to (a run's ``events.jsonl``): every
-    line up to the last newline, each parsed strictly; the line after it is still being written."""
-    text = path.read_text()
-    return [json.loads(line) for line in text[:text.rfind("\n") + 1].splitlines() if line.strip()]
+    """The records of a JSON-lines file a live process appends to (a run's ``events.jsonl``, read
+    before the run ended): every line up to the last newline, each parsed strictly; the bytes after
+    it are a line still being written (cut before decoding: they may end inside a character).
+    Once the writer has exited, read the file strictly instead."""
+    data = path.read_bytes()
+    return [json.loads(line) for line in data[:data.rfind(b"\n") + 1].decode().splitlines() if line.strip()]
 
 
 def run_dirs(work: Path) -> list[Path]:

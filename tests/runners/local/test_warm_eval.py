@@ -192,7 +192,8 @@ def _env(tmp_path: Path) -> dict[str, str]:
 
 
 def _events(run: Path) -> list[dict[str, Any]]:
-    return jsonl_so_far(run / "events.jsonl")  # read while the run writes it, too
+    """The events of a run that has ended (every line whole)."""
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines() if line.strip()]
 
 
 def test_an_eval_task_that_kills_the_borrowed_worker_is_retried_in_a_new_one(tmp_path: Path) -> None:
@@ -270,9 +271,10 @@ def test_ctrl_c_during_an_eval_task_in_a_borrowed_worker_stops_it_and_r_finishes
         (run,) = glob.glob(str(tmp_path / "out" / "*"))
         # the orchestrator writes a task's "started" once its submit returned: the worker may be in
         # the evaluator (the marker) a moment before that line is there
+        live = Path(run) / "events.jsonl"  # the run writes on while these lines read it
         wait_for(lambda: any(e.get("event") == "started" and e["task_id"] == "eval_det_crashy"
-                             for e in _events(Path(run))), 30, "the slow eval's started event")
-        started = [(e["task_id"], e["where"]["pid"]) for e in _events(Path(run)) if e.get("event") == "started"]
+                             for e in jsonl_so_far(live)), 30, "the slow eval's started event")
+        started = [(e["task_id"], e["where"]["pid"]) for e in jsonl_so_far(live) if e.get("event") == "started"]
         pids = {pid for _, pid in started}
         assert len(pids) == 1 and started[-1][0] == "eval_det_crashy", started  # in the infer worker
         proc.send_signal(signal.SIGINT)

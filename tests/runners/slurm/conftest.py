@@ -42,6 +42,7 @@ class SlurmCluster:
         again (a pass that skipped it would miss what the rename put in place)."""
         line = next(x for x in self.conf.read_text().splitlines() if x.startswith("StateSaveLocation="))
         folder = Path(line.split("=", 1)[1].strip())
+        assert folder.is_dir(), f"{self.conf}: StateSaveLocation {folder} is no folder"  # else nothing to read
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
