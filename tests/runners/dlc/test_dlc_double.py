@@ -110,7 +110,16 @@ def test_clean_up_signals_only_the_processes_the_jobs_recorded(double: Double) -
     job_id = submit("sleep 120", "alive")
     wait_status(double, job_id, {"Running"})
     folder = double.state / "jobs" / job_id
-    driver, group = int((folder / "driver.pid").read_text()), int((folder / "task.pgid").read_text())
+
+    def recorded() -> tuple[int, int] | None:
+        """The job's driver pid and task group once written (the driver says Running a moment before
+        it starts the task and writes its group; a file being written may still be empty)."""
+        try:
+            return int((folder / "driver.pid").read_text()), int((folder / "task.pgid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    driver, group = double.wait_for(recorded, 10, "the job's driver pid and task group")
     stranger = subprocess.Popen(["sleep", "120"], start_new_session=True)  # has a number a finished job had
     try:
         stale = double.state / "jobs" / "dlc-finished-long-ago"
