@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,8 @@ def tasks(n: int, num_gpus: int = 0) -> list[TaskSpec]:
 def context(tmp_path: Path) -> tuple[RunContext, str]:
     paths = RunPaths(str(tmp_path / "run"))
     paths.make_dirs()
+    for stage in ("infer", "eval"):  # the scheduling loop makes a job's log folder before it submits; tests
+        os.makedirs(os.path.dirname(paths.task_log(stage, "x")), exist_ok=True)  # that submit themselves, here
     return RunContext(paths, EventLog(paths.events)), f"orc-{run_tag(paths.root)}-"
 
 
