@@ -31,7 +31,8 @@ _unroute: Callable[[], None] | None = None
 _lock = threading.Lock()
 
 
-def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: str) -> None:
+def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: str,
+            timeout_s: float = 120.0) -> None:
     """Connect this process to Ray: a new local Ray (``address=None``) or a cluster.  Every call
     is paired with a :func:`disconnect` when its launch ends.  While launches use it, the messages
     Ray's driver prints about the cluster go to ``log_path`` (the first launch's; stages that run at
@@ -42,6 +43,9 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: s
     local Ray then serves every stage and run of the process; Ray stops it when the process
     exits); another is replaced once no launch uses it.  A process holds one Ray connection, so
     two stages at once must ask for the same cluster.
+
+    ``timeout_s`` bounds each Ray Client (``ray://``) connection attempt: the head's client
+    server has been seen to take a client and never answer it.
     """
     global _connected_for, _users, _unroute
     wanted = ("local" if address is None else address, repr(sorted((runtime_env or {}).items())))
@@ -56,34 +60,41 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: s
             ray.shutdown()
             _connected_for = None
         if not ray.is_initialized():
-            _init(address, wanted[0], runtime_env)
+            _init(address, wanted[0], runtime_env, timeout_s)
             _connected_for = wanted
         if not _users:
             _unroute = _to_log(log_path)
         _users += 1
 
 
-def _init(address: str | None, target: str, runtime_env: dict[str, Any] | None) -> None:
+def _init(address: str | None, target: str, runtime_env: dict[str, Any] | None, timeout_s: float) -> None:
     if threading.current_thread() is not threading.main_thread():
         # A local Ray's processes die with the thread that started them (Ray sets PDEATHSIG, which
         # follows the thread): started from a stage's thread they would die when that stage ends
-        in_lasting_thread(lambda: _ray_init(address, target, runtime_env))
+        in_lasting_thread(lambda: _ray_init(address, target, runtime_env, timeout_s))
         return
     # ray.init installs its own SIGTERM handler; the run's (stop every task, then exit) must stay
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _ray_init(address, target, runtime_env)
+        _ray_init(address, target, runtime_env, timeout_s)
     finally:
         for sig, handler in handlers.items():
             if handler is not None:
                 signal.signal(sig, handler)
 
 
-#: Ray Client connections tried when the head's client server could not start this client's server
+#: Ray Client connections tried when the head's client server could not start this client's
+#: server, or did not answer within the connection's time
 CLIENT_INIT_TRIES = 3
+#: how long a Ray Client connection that was cut at its deadline may take to give up
+CLIENT_CANCEL_WAIT_S = 15.0
 
 
-def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | None) -> None:
+class _Unanswered(Exception):
+    """A Ray Client connection that got no answer within its time, and was cut."""
+
+
+def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | None, timeout_s: float) -> None:
     ray_logger = logging.getLogger("ray._private.worker")  # where ray.init logs
 
     def quiet(record: logging.LogRecord) -> bool:  # "... not the main thread": the run has its own
@@ -93,7 +104,11 @@ def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | No
     try:
         for tries in range(1, CLIENT_INIT_TRIES + 1):
             try:
-                ray.init(address=target, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
+                if target.startswith("ray://"):
+                    _client_init(target, runtime_env, timeout_s)
+                else:
+                    ray.init(address=target, runtime_env=runtime_env, log_to_driver=False,
+                             logging_level=logging.WARNING)
                 return
             except ConnectionAbortedError as exc:
                 # Ray Client: the head starts a server process per client, and that start sometimes
@@ -102,10 +117,61 @@ def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | No
                 if not target.startswith("ray://") or tries == CLIENT_INIT_TRIES:
                     raise _init_error(address, exc) from None
                 time.sleep(tries)
+            except _Unanswered:
+                # the same start, failing without a word: the head's client server forked the
+                # client's server, the fork crashed, and the client was left waiting (seen here)
+                if tries == CLIENT_INIT_TRIES:
+                    raise UserError(f"RayRunner could not connect to the Ray cluster at {address}: no answer within "
+                                    f"connect_timeout_s={timeout_s:g} s, {CLIENT_INIT_TRIES} times (a runtime_env "
+                                    "that the head installs may need longer; the head's "
+                                    "logs/ray_client_server*.err may say more)") from None
     except (ConnectionError, RuntimeError, ValueError, TimeoutError, rex.RayError) as exc:
         raise _init_error(address, exc) from None
     finally:
         ray_logger.removeFilter(quiet)
+
+
+def _client_init(target: str, runtime_env: dict[str, Any] | None, timeout_s: float) -> None:
+    """``ray.init`` through Ray Client, cut after ``timeout_s`` (:class:`_Unanswered`).  Ray
+    Client waits for the head's answer to its first request with no deadline of its own."""
+    outcome: list[BaseException | None] = []
+    done = threading.Event()
+
+    def init() -> None:
+        try:
+            ray.init(address=target, runtime_env=runtime_env, log_to_driver=False, logging_level=logging.WARNING)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=init, name="orchestra-ray-connect", daemon=True).start()
+    if done.wait(timeout_s):
+        if outcome[0] is not None:
+            raise outcome[0]
+        return
+    _cut_client()
+    if not done.wait(CLIENT_CANCEL_WAIT_S):
+        raise UserError(f"RayRunner could not connect to the Ray cluster at {target}: no answer within "
+                        f"connect_timeout_s={timeout_s:g} s, and the connection did not stop when cut")
+    if not outcome[0]:  # connected just as it was cut: what is left of it goes
+        ray.shutdown()
+    raise _Unanswered()
+
+
+def _cut_client() -> None:
+    """Close the gRPC channel of the Ray Client connection being made, so that its wait for the
+    head's answer ends (with a ConnectionError in the connecting thread).  Marked as shutting
+    down first, so the client does not reconnect."""
+    from ray.util.client import ray as client_api
+
+    worker = getattr(client_api.get_context(), "client_worker", None)
+    channel = getattr(worker, "channel", None)
+    if worker is None or channel is None:  # still dialling: Ray's own retries end that by themselves
+        return
+    worker._in_shutdown = True
+    channel.close()
 
 
 def _init_error(address: str | None, exc: BaseException) -> UserError:

@@ -49,6 +49,9 @@ class RayRunner(BaseRunner):
         forward_env: names of environment variables copied from here into every task (e.g.
             ``['OPENAI_API_KEY']``); values travel with each task, never in a config or log.
         idle_timeout_s: an idle worker that no waiting task can use is released after this long.
+        connect_timeout_s: how long one Ray Client (``ray://``) connection may wait for the head's
+            answer before it is cut and tried again (3 tries); the head installs the
+            ``runtime_env`` within this time, so one that installs packages may need longer.
         **loop: the loop's options (``BaseRunner``; no ``template``: a task runs in an actor, not
             as a command): ``max_num_workers`` workers (and so tasks in flight) at most, fewer
             while the cluster has less room (default 32); ``retry`` for a task that fails by
@@ -74,6 +77,7 @@ class RayRunner(BaseRunner):
         mem_gb: float | None = None,
         forward_env: list[str] | tuple[str, ...] = (),
         idle_timeout_s: float = 2.0,
+        connect_timeout_s: float = 120.0,
         **loop: Unpack[LoopOptions],
     ) -> None:
         super().__init__(**with_defaults(loop, self.loop_defaults))
@@ -88,6 +92,7 @@ class RayRunner(BaseRunner):
         checks.optional_amount("cpus_per_task", cpus_per_task)
         checks.optional_amount("mem_gb", mem_gb)
         checks.amount("idle_timeout_s", idle_timeout_s, zero=True)
+        checks.amount("connect_timeout_s", connect_timeout_s)
         self.address = address.strip() if address else None
         self.reuse_workers = reuse_workers
         self.runtime_env = runtime_env
@@ -95,6 +100,7 @@ class RayRunner(BaseRunner):
         self.mem_gb = mem_gb
         self.forward_env = forward_env_names(forward_env, must_be_set=False)  # read when each task starts
         self.idle_timeout_s = idle_timeout_s
+        self.connect_timeout_s = connect_timeout_s
 
     # -- connecting ---------------------------------------------------------------------------------
     def preflight(self) -> None:
@@ -114,7 +120,8 @@ class RayRunner(BaseRunner):
             if exc.name != "ray" and not (exc.name or "").startswith("ray."):
                 raise  # not Ray missing: a real error, with its traceback
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
-        connect(self.address, self.runtime_env, os.path.join(ctx.paths.worker_logs, "ray-cluster.log"))
+        connect(self.address, self.runtime_env, os.path.join(ctx.paths.worker_logs, "ray-cluster.log"),
+                self.connect_timeout_s)
         # its close() pairs the connect with a disconnect
         session = RaySession(self.cpus_per_task, self.mem_gb, self.forward_env)
         try:

@@ -95,7 +95,8 @@ def wait_for_event(tmp_path: Path, match: Any, timeout_s: float = 60.0,
             if match(ev):
                 return ev
         if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the run ended (exit {proc.returncode}) before the event")
+            said = proc.stderr.read()[-3000:] if proc.stderr is not None else ""
+            raise AssertionError(f"the run ended (exit {proc.returncode}) before the event; it said:\n{said}")
         time.sleep(0.05)
     raise AssertionError("timed out waiting for an event")
 

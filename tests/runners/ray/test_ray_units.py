@@ -4,15 +4,19 @@ that is gone when the run ends."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import http.server
 import os
 import socket
 import subprocess
 import sys
+import textwrap
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import REPO, ray_env
@@ -171,20 +175,102 @@ def test_ray_client_start_failure_is_tried_again_then_one_line(monkeypatch: pyte
 
     monkeypatch.setattr(ray_session.ray, "init", init)
     monkeypatch.setattr(ray_session.time, "sleep", lambda s: None)
-    ray_session._ray_init("ray://h:10001", "ray://h:10001", None)  # the third try connects
+    ray_session._ray_init("ray://h:10001", "ray://h:10001", None, 30)  # the third try connects
     assert calls == ["ray://h:10001"] * 3
     calls.clear()
     monkeypatch.setattr(ray_session, "CLIENT_INIT_TRIES", 2)
     with pytest.raises(UserError) as err:
-        ray_session._ray_init("ray://h:10001", "ray://h:10001", None)
+        ray_session._ray_init("ray://h:10001", "ray://h:10001", None, 30)
     assert len(calls) == 2
     assert str(err.value) == ("RayRunner could not connect to the Ray cluster at ray://h:10001: Initialization "
                               "failure from server: no reason given (the head's logs/ray_client_server*.err may "
                               "say more)")
     calls.clear()
     with pytest.raises(UserError):  # not Ray Client: no second try
-        ray_session._ray_init("h:6379", "h:6379", None)
+        ray_session._ray_init("h:6379", "h:6379", None, 30)
     assert calls == ["h:6379"]
+
+
+@contextlib.contextmanager
+def silent_ray_head() -> Iterator[tuple[int, list[str]]]:
+    """A gRPC server that answers Ray Client's ping, as a head's client server does, then takes
+    each connection's data stream and never answers a request on it (a head whose server for the
+    client crashed while starting).  Yields its port and the client ids of the streams it took."""
+    import grpc
+    from ray.core.generated import ray_client_pb2, ray_client_pb2_grpc
+
+    streams: list[str] = []
+    stop = threading.Event()
+
+    class Driver(ray_client_pb2_grpc.RayletDriverServicer):
+        def ClusterInfo(self, request: Any, context: Any) -> Any:  # noqa: N802 - gRPC's name
+            return ray_client_pb2.ClusterInfoResponse(json="{}")
+
+    class Data(ray_client_pb2_grpc.RayletDataStreamerServicer):
+        def Datapath(self, request_iterator: Any, context: Any) -> Iterator[Any]:  # noqa: N802
+            streams.append(dict(context.invocation_metadata()).get("client_id", "?"))
+            while context.is_active() and not stop.wait(0.1):
+                pass  # reads nothing, answers nothing: the client waits on its Init
+            yield from ()
+
+    server = grpc.server(concurrent.futures.ThreadPoolExecutor(max_workers=8))
+    ray_client_pb2_grpc.add_RayletDriverServicer_to_server(Driver(), server)
+    ray_client_pb2_grpc.add_RayletDataStreamerServicer_to_server(Data(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        yield port, streams
+    finally:
+        stop.set()
+        server.stop(grace=None)
+
+
+def test_a_ray_client_connection_the_head_never_answers_is_cut_tried_again_and_one_line(tmp_path: Path) -> None:
+    """Ray Client waits for the head's answer to its first request with no deadline: after
+    ``connect_timeout_s`` the connection is cut and made again, three times, then the run ends with
+    one line naming the address and the option, exit 2, and no connecting thread left behind."""
+    with silent_ray_head() as (port, streams):
+        address = f"ray://127.0.0.1:{port}"
+        cfg = write_config(tmp_path, f"type=RayRunner, address={address!r}, connect_timeout_s=2")
+        start = time.monotonic()
+        res = run_cli(cfg, "--mode", "infer", timeout=120)
+        took = time.monotonic() - start
+    assert res.returncode == 2, res.stderr[-2000:]
+    lines = res.stderr.strip().splitlines()
+    assert lines[-1] == (f"orchestra: error: RayRunner could not connect to the Ray cluster at {address}: no answer "
+                         "within connect_timeout_s=2 s, 3 times (a runtime_env that the head installs may need "
+                         "longer; the head's logs/ray_client_server*.err may say more)"), res.stderr[-2000:]
+    assert len(streams) == 3 and len(set(streams)) == 3, streams  # three connections, each a new client
+    assert took < 90, took  # a hang guard: 3 x 2 s, the cuts and the retries' pauses
+
+
+def test_a_cut_ray_client_connection_leaves_the_process_able_to_connect_again() -> None:
+    """In one process: a connection to a head that never answers is cut, the next one to the same
+    head is cut too, and no thread of either is left waiting."""
+    code = textwrap.dedent("""
+        import sys, threading
+        from orchestra.runners.ray import connection
+        connection.CLIENT_INIT_TRIES = 2
+        from orchestra.errors import UserError
+        for attempt in range(2):
+            try:
+                connection._ray_init(sys.argv[1], sys.argv[1], None, 1.5)
+            except UserError as exc:
+                print("refused:", exc)
+        import ray
+        left = [t.name for t in threading.enumerate() if t.name == "orchestra-ray-connect"]
+        print("initialized:", ray.is_initialized(), "connecting threads:", left)
+    """)
+    with silent_ray_head() as (port, streams):
+        res = subprocess.run([sys.executable, "-c", code, f"ray://127.0.0.1:{port}"], cwd=REPO,
+                             capture_output=True, text=True, timeout=120, env=ray_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = res.stdout.splitlines()
+    assert [line.split(":")[0] for line in out] == ["refused", "refused", "initialized"], \
+        res.stdout + res.stderr[-2000:]
+    assert "no answer within connect_timeout_s=1.5 s, 2 times" in out[0]
+    assert out[2] == "initialized: False connecting threads: []", out
+    assert len(set(streams)) == 4, streams
 
 
 class _Hello(http.server.BaseHTTPRequestHandler):
