@@ -26,6 +26,11 @@ class RunFolderBusyError(UserError):
     """Another orchestrator holds the lock of this run folder."""
 
 
+class Stopped(BaseException):
+    """The run's stop flag was set (a signal) while a runner waited for something outside the
+    scheduling loop (a cluster connection); ``orchestra.api`` ends the run as interrupted."""
+
+
 class ModelError(OrchestraError):
     """A model call failed in a way that retrying will not fix."""
 

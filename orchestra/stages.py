@@ -15,6 +15,7 @@ import threading
 from types import FrameType
 from typing import Any
 
+from orchestra.errors import Stopped
 from orchestra.runners.base import BaseRunner, RunContext, TaskResult
 from orchestra.runners.core.run import Shared
 from orchestra.summary.progress import StageProgress, api_model_abbrs
@@ -163,6 +164,8 @@ def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunCont
             ctx.on_change = progress
             try:
                 results += runners[stage].launch(tasks, ctx)
+            except Stopped:  # a signal while the runner connected to its cluster: none of its tasks ran
+                break
             finally:
                 if progress is not None:
                     progress.close()
@@ -170,7 +173,10 @@ def run_stages(cfg: Any, runners: dict[str, BaseRunner], made: Any, ctx: RunCont
         ctx.begun = None
         try:
             if eval_side is not None:
-                results += eval_side.join()
+                try:
+                    results += eval_side.join()
+                except Stopped:
+                    pass  # as above, for the eval stage's runner
         finally:
             if made_shared:
                 assert ctx.shared is not None

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray import exceptions as rex
 
-from orchestra.errors import UserError
+from orchestra.errors import Stopped, UserError
 from orchestra.fileio import append_line
 from orchestra.runners.core.lasting import in_lasting_thread
 
@@ -32,7 +32,7 @@ _lock = threading.Lock()
 
 
 def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: str,
-            timeout_s: float = 120.0) -> None:
+            timeout_s: float = 120.0, stop: threading.Event | None = None) -> None:
     """Connect this process to Ray: a new local Ray (``address=None``) or a cluster.  Every call
     is paired with a :func:`disconnect` when its launch ends.  While launches use it, the messages
     Ray's driver prints about the cluster go to ``log_path`` (the first launch's; stages that run at
@@ -45,7 +45,8 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: s
     two stages at once must ask for the same cluster.
 
     ``timeout_s`` bounds each Ray Client (``ray://``) connection attempt: the head's client
-    server has been seen to take a client and never answer it.
+    server has been seen to take a client and never answer it.  Once ``stop`` is set (the run's
+    stop flag: a signal), an attempt under way is cut and :class:`~orchestra.errors.Stopped` raised.
     """
     global _connected_for, _users, _unroute
     wanted = ("local" if address is None else address, repr(sorted((runtime_env or {}).items())))
@@ -60,23 +61,24 @@ def connect(address: str | None, runtime_env: dict[str, Any] | None, log_path: s
             ray.shutdown()
             _connected_for = None
         if not ray.is_initialized():
-            _init(address, wanted[0], runtime_env, timeout_s)
+            _init(address, wanted[0], runtime_env, timeout_s, stop)
             _connected_for = wanted
         if not _users:
             _unroute = _to_log(log_path)
         _users += 1
 
 
-def _init(address: str | None, target: str, runtime_env: dict[str, Any] | None, timeout_s: float) -> None:
+def _init(address: str | None, target: str, runtime_env: dict[str, Any] | None, timeout_s: float,
+          stop: threading.Event | None) -> None:
     if threading.current_thread() is not threading.main_thread():
         # A local Ray's processes die with the thread that started them (Ray sets PDEATHSIG, which
         # follows the thread): started from a stage's thread they would die when that stage ends
-        in_lasting_thread(lambda: _ray_init(address, target, runtime_env, timeout_s))
+        in_lasting_thread(lambda: _ray_init(address, target, runtime_env, timeout_s, stop))
         return
     # ray.init installs its own SIGTERM handler; the run's (stop every task, then exit) must stay
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        _ray_init(address, target, runtime_env, timeout_s)
+        _ray_init(address, target, runtime_env, timeout_s, stop)
     finally:
         for sig, handler in handlers.items():
             if handler is not None:
@@ -94,7 +96,8 @@ class _Unanswered(Exception):
     """A Ray Client connection that got no answer within its time, and was cut."""
 
 
-def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | None, timeout_s: float) -> None:
+def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | None, timeout_s: float,
+              stop: threading.Event | None = None) -> None:
     ray_logger = logging.getLogger("ray._private.worker")  # where ray.init logs
 
     def quiet(record: logging.LogRecord) -> bool:  # "... not the main thread": the run has its own
@@ -105,7 +108,7 @@ def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | No
         for tries in range(1, CLIENT_INIT_TRIES + 1):
             try:
                 if target.startswith("ray://"):
-                    _client_init(target, runtime_env, timeout_s)
+                    _client_init(target, runtime_env, timeout_s, stop)
                 else:
                     ray.init(address=target, runtime_env=runtime_env, log_to_driver=False,
                              logging_level=logging.WARNING)
@@ -131,9 +134,11 @@ def _ray_init(address: str | None, target: str, runtime_env: dict[str, Any] | No
         ray_logger.removeFilter(quiet)
 
 
-def _client_init(target: str, runtime_env: dict[str, Any] | None, timeout_s: float) -> None:
-    """``ray.init`` through Ray Client, cut after ``timeout_s`` (:class:`_Unanswered`).  Ray
-    Client waits for the head's answer to its first request with no deadline of its own."""
+def _client_init(target: str, runtime_env: dict[str, Any] | None, timeout_s: float,
+                 stop: threading.Event | None) -> None:
+    """``ray.init`` through Ray Client, cut after ``timeout_s`` (:class:`_Unanswered`) or once
+    ``stop`` is set (:class:`Stopped`).  Ray Client waits for the head's answer to its first
+    request with no deadline of its own, and the run's signal handler only sets ``stop``."""
     outcome: list[BaseException | None] = []
     done = threading.Event()
 
@@ -146,32 +151,58 @@ def _client_init(target: str, runtime_env: dict[str, Any] | None, timeout_s: flo
         finally:
             done.set()
 
-    threading.Thread(target=init, name="orchestra-ray-connect", daemon=True).start()
-    if done.wait(timeout_s):
+    thread = threading.Thread(target=init, name="orchestra-ray-connect", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout_s
+    while not done.wait(0.2) and time.monotonic() < deadline and not (stop is not None and stop.is_set()):
+        pass
+    if done.is_set():
+        thread.join(1.0)
         if outcome[0] is not None:
             raise outcome[0]
         return
-    _cut_client()
-    if not done.wait(CLIENT_CANCEL_WAIT_S):
+    ended, cut = _cut_client(done)
+    if not ended:
+        what = "the connection did not stop when cut" if cut else "Ray Client was still dialling the head"
         raise UserError(f"RayRunner could not connect to the Ray cluster at {target}: no answer within "
-                        f"connect_timeout_s={timeout_s:g} s, and the connection did not stop when cut")
-    if not outcome[0]:  # connected just as it was cut: what is left of it goes
-        ray.shutdown()
+                        f"connect_timeout_s={timeout_s:g} s, and {what}")
+    thread.join(1.0)
+    ray.shutdown()  # whatever the cut left: a connection made just as it was cut, Ray Client's mode
+    if stop is not None and stop.is_set():
+        raise Stopped()
     raise _Unanswered()
 
 
-def _cut_client() -> None:
+def _cut_client(done: threading.Event) -> tuple[bool, bool]:
     """Close the gRPC channel of the Ray Client connection being made, so that its wait for the
-    head's answer ends (with a ConnectionError in the connecting thread).  Marked as shutting
-    down first, so the client does not reconnect."""
+    head's answer ends (with a ConnectionError in the connecting thread): as soon as Ray Client
+    has a channel, within :data:`CLIENT_CANCEL_WAIT_S`.  Returns whether the connecting thread
+    ended in that time, and whether a channel was cut.  The client is marked as shutting down
+    first, so it does not reconnect; the error Ray Client logs about the closed channel is kept
+    off the terminal."""
     from ray.util.client import ray as client_api
 
-    worker = getattr(client_api.get_context(), "client_worker", None)
-    channel = getattr(worker, "channel", None)
-    if worker is None or channel is None:  # still dialling: Ray's own retries end that by themselves
-        return
-    worker._in_shutdown = True
-    channel.close()
+    cut = False
+    data_logger = logging.getLogger("ray.util.client.dataclient")
+
+    def not_the_cut(record: logging.LogRecord) -> bool:
+        return "Unrecoverable error in data channel" not in record.getMessage()
+
+    data_logger.addFilter(not_the_cut)
+    try:
+        end = time.monotonic() + CLIENT_CANCEL_WAIT_S
+        while not done.wait(0.05):
+            if time.monotonic() >= end:
+                return False, cut
+            worker = getattr(client_api.get_context(), "client_worker", None)
+            channel = getattr(worker, "channel", None)
+            if not cut and worker is not None and channel is not None:
+                worker._in_shutdown = True
+                channel.close()
+                cut = True
+        return True, cut
+    finally:
+        data_logger.removeFilter(not_the_cut)
 
 
 def _init_error(address: str | None, exc: BaseException) -> UserError:

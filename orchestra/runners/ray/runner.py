@@ -121,7 +121,7 @@ class RayRunner(BaseRunner):
                 raise  # not Ray missing: a real error, with its traceback
             raise UserError(f"RayRunner needs Ray: {INSTALL_HINT} ({exc})") from None
         connect(self.address, self.runtime_env, os.path.join(ctx.paths.worker_logs, "ray-cluster.log"),
-                self.connect_timeout_s)
+                self.connect_timeout_s, ctx.stop)
         # its close() pairs the connect with a disconnect
         session = RaySession(self.cpus_per_task, self.mem_gb, self.forward_env)
         try:
