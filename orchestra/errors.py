@@ -28,7 +28,8 @@ class RunFolderBusyError(UserError):
 
 class Stopped(BaseException):
     """The run's stop flag was set (a signal) while a runner waited for something outside the
-    scheduling loop (a cluster connection); ``orchestra.api`` ends the run as interrupted."""
+    scheduling loop (a cluster connection): ``stages.run_stages`` takes it as a stage that ran
+    nothing, and the run ends as interrupted, as for any stop."""
 
 
 class ModelError(OrchestraError):

@@ -237,9 +237,7 @@ def test_a_ray_client_connection_the_head_never_answers_is_cut_tried_again_and_o
     with silent_ray_head() as (port, streams):
         address = f"ray://127.0.0.1:{port}"
         cfg = write_config(tmp_path, f"type=RayRunner, address={address!r}, connect_timeout_s=3")
-        start = time.monotonic()
-        res = run_cli(cfg, "--mode", "infer", timeout=120)
-        took = time.monotonic() - start
+        res = run_cli(cfg, "--mode", "infer", timeout=90)  # a hang guard: 3 x 3 s, the cuts, the retries' pauses
     assert res.returncode == 2, res.stderr[-2000:]
     lines = res.stderr.strip().splitlines()
     assert lines[-1] == (f"orchestra: error: RayRunner could not connect to the Ray cluster at {address}: no answer "
@@ -247,7 +245,6 @@ def test_a_ray_client_connection_the_head_never_answers_is_cut_tried_again_and_o
                          "longer; the head's logs/ray_client_server*.err may say more)"), res.stderr[-2000:]
     assert not [line for line in lines if "ERROR" in line or "rror in data channel" in line], res.stderr[-2000:]
     assert len(streams) == 3 and len(set(streams)) == 3, streams  # three connections, each a new client
-    assert took < 90, took  # a hang guard: 3 x 3 s, the cuts and the retries' pauses
 
 
 def test_a_cut_ray_client_connection_leaves_the_process_able_to_connect_again() -> None:
