@@ -101,6 +101,8 @@ def test_launch_without_ray_is_a_user_error_naming_the_extra() -> None:
     ("address=' '", "address must be None, 'auto', 'host:port' or 'ray://host:port', got ' '"),
     ("address=6379", "infer.runner.address: expected str | None, got int 6379"),
     ("mem_gb=0", "mem_gb must be > 0, got 0"),
+    ("connect_timeout_s=0", "connect_timeout_s must be > 0, got 0"),
+    ("connect_timeout_s='60'", "infer.runner.connect_timeout_s: expected float, got str '60'"),
     ("runtime_env='pip'", "infer.runner.runtime_env: expected dict[str, Any] | None, got str 'pip'"),
     ("forward_env='OPENAI_API_KEY'", "forward_env: expected list[str] | tuple[str, ...], got str"),
     ("infra_retry=-1", "infra_retry must be an integer >= 0, got -1"),
