@@ -100,6 +100,9 @@ def test_a_replica_job_the_cluster_refuses_for_now_waits_and_is_submitted_again(
         states = [r["state"] for r in jsonl(servers / "ledger.jsonl")]
         assert states[:2] == ["submitting", "submit_failed"] and states[-2:] == ["submitting", "started"], states
         job = str(started[0]["slurm_job"])
+        # the pool's thread records the job in the ledger, then emits server_started: wait for the event too
+        # (one look right after the ledger line failed once in a clean-clone run)
+        wait_for(lambda: any(e["event"] == "server_started" for e in events), 30, "the server_started event")
         assert [e["slurm_job"] for e in events if e["event"] == "server_started"] == [job]
     finally:
         pool.close()
