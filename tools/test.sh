@@ -18,6 +18,11 @@ QUICK_TIER="not slow and not slurm and not ray"
 # builds something run as groups, each on one worker (tests/conftest.py).
 # ORCHESTRA_TEST_WORKERS=0 runs everything in this process.
 PARALLEL=(-n "${ORCHESTRA_TEST_WORKERS:-4}")
+# Bytecode caches on: these machines set PYTHONDONTWRITEBYTECODE=1, and then each of the thousands of
+# Python processes a run starts compiled orchestra's modules again, and each xdist worker rewrote and
+# compiled every test module again (pytest's assertion rewriting: ~11 s of CPU a worker from nothing,
+# ~6 s with its cache).  __pycache__ is git-ignored.  docs/dev/testing.md has the numbers.
+unset PYTHONDONTWRITEBYTECODE
 if [ "${1-}" = "--quick" ]; then
   shift
   if [ ! -x .venv/bin/python ]; then
@@ -45,7 +50,11 @@ fi
 bash tools/slurm_cluster.sh start
 . .venv/bin/activate
 ruff check orchestra tests benchmarks tools
+# pytest's cache of the rewritten test modules, made once while mypy runs, for the workers to read
+python -m pytest --collect-only -q -p no:xdist -p no:cacheprovider >/dev/null 2>&1 &
+warm=$!
 mypy orchestra
+wait "$warm" || true  # a collection error shows again, with its message, in the run itself
 # .test-units.json: the seconds each unit of work took in this run; copied over
 # tests/unit_seconds.json it orders the units of later runs (docs/dev/testing.md)
 python -m pytest -q --durations=30 --cpu-durations=30 --record-units=.test-units.json "${PARALLEL[@]}" "$@"
