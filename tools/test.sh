@@ -23,6 +23,19 @@ PARALLEL=(-n "${ORCHESTRA_TEST_WORKERS:-4}")
 # compiled every test module again (pytest's assertion rewriting: ~11 s of CPU a worker from nothing,
 # ~6 s with its cache).  __pycache__ is git-ignored.  docs/dev/testing.md has the numbers.
 unset PYTHONDONTWRITEBYTECODE
+
+# ruff, then mypy while a `pytest --collect-only` of the same tests makes pytest's cache of the
+# rewritten test modules once, for the xdist workers to read (stopped with the script, whatever ends it)
+lint_and_warm() {
+  ruff check orchestra tests benchmarks tools
+  python -m pytest --collect-only -q -p no:xdist -p no:cacheprovider "$@" >/dev/null 2>&1 &
+  warm=$!
+  trap 'kill "$warm" 2>/dev/null || true' EXIT
+  mypy orchestra
+  wait "$warm" || true  # a collection error shows again, with its message, in the run itself
+  trap - EXIT  # its pid is free from here on: never signal it again
+}
+
 if [ "${1-}" = "--quick" ]; then
   shift
   if [ ! -x .venv/bin/python ]; then
@@ -32,8 +45,7 @@ if [ "${1-}" = "--quick" ]; then
   command -v chromium >/dev/null 2>&1 || echo "tools/test.sh --quick: Chromium is missing, the report" \
     "tests will fail; a full tools/test.sh run as root installs it" >&2
   . .venv/bin/activate
-  ruff check orchestra tests benchmarks tools
-  mypy orchestra
+  lint_and_warm "$@"
   exec python -m pytest -q --durations=30 --cpu-durations=30 "${PARALLEL[@]}" -m "$QUICK_TIER" "$@"
 fi
 bash tools/setup.sh
@@ -49,12 +61,7 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 bash tools/slurm_cluster.sh start
 . .venv/bin/activate
-ruff check orchestra tests benchmarks tools
-# pytest's cache of the rewritten test modules, made once while mypy runs, for the workers to read
-python -m pytest --collect-only -q -p no:xdist -p no:cacheprovider >/dev/null 2>&1 &
-warm=$!
-mypy orchestra
-wait "$warm" || true  # a collection error shows again, with its message, in the run itself
+lint_and_warm "$@"
 # .test-units.json: the seconds each unit of work took in this run; copied over
 # tests/unit_seconds.json it orders the units of later runs (docs/dev/testing.md)
 python -m pytest -q --durations=30 --cpu-durations=30 --record-units=.test-units.json "${PARALLEL[@]}" "$@"

@@ -32,7 +32,8 @@ N = 5  # documents per task for the log-likelihood tasks (each costs ~1 s of CPU
 #: documents per task (of each subject of a group): lm_eval's --samples, orchestra's test_range
 DOCS = {"arc_challenge": N, "hellaswag": N, "winogrande": N, "piqa": N, "boolq": N, "wikitext": N,
         "mmlu": 1,  # the group as its YAML has it (zero-shot): 57 subjects, 4 categories, 1 document each
-        "gsm8k": 1,  # five shots from its YAML (its fewshot_split), a generated answer (~6 s of CPU per side each)
+        "gsm8k": 2,  # five shots from its YAML (its fewshot_split), generated answers (~6 s of CPU a side each):
+        # two, so that lm-eval gives its filtered metrics a stderr (not "N/A") and the task has two shards
         "mmlu_world_religions": 1}  # num_fewshot set by the config: the subject with the shortest 5 shots
 # (lm_eval --tasks, which are also orchestra's abbrs; --num_fewshot): one lm_eval command line per line, one per
 # few-shot setting (--gen_kwargs reach the generating tasks only), all run in one process
@@ -225,7 +226,7 @@ def test_every_sample_equals_lm_evals(both: dict[str, Any]) -> None:
 def test_the_bridges_stderr_is_lm_evals(both: dict[str, Any]) -> None:
     """Each metric's estimate (results' ``estimates``, the table's ``±``) carries lm-eval's own
     stderr, method ``lm-eval``, interval ± 1.96 stderr; a metric lm-eval gives none stays without."""
-    compared = 0
+    compared, filtered = 0, 0
     for abbr in _abbrs():
         result, ref = both["ours"][abbr], both["ref"][abbr][abbr]
         for key, est in result["estimates"].items():
@@ -240,7 +241,9 @@ def test_the_bridges_stderr_is_lm_evals(both: dict[str, Any]) -> None:
             assert (lo + hi) / 2 == pytest.approx(est["value"]) and hi - lo == pytest.approx(2 * 1.96 * est["stderr"],
                                                                                              rel=1e-3)
             compared += 1
+            filtered += filt != "none"
     assert compared >= 6
+    assert filtered >= 2  # GSM8K's exact_match under its two filters (strict-match, flexible-extract)
 
 
 # --------------------------------------------------------------------------------------

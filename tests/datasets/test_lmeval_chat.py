@@ -38,8 +38,8 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM = "You are a careful assistant. Answer briefly."
 TASKS = ("arc_challenge", "hellaswag", "gsm8k", "mmlu_social_sciences")
-# one shot (was two): lm-eval scores each choice of a chat prompt as its own sequence, so the shots are most of
-# the reference run's CPU (~40 s less with one); how shots are joined is lm-eval's own code on both sides
+# one shot: lm-eval scores each choice of a chat prompt as its own sequence, so the shots are most of the
+# reference run's CPU (two cost ~40 s more); how shots are joined is lm-eval's own code on both sides
 LIMIT, SHOTS, GEN_KWARGS = 1, 1, "max_gen_toks=32"
 #: configuration -> (lm_eval's flags besides --apply_chat_template, LmEvalDataset's settings)
 CONFIGS: dict[str, tuple[list[str], dict[str, Any]]] = {

@@ -12,25 +12,27 @@ TOOL = str(REPO / "tools" / "lmeval_offline_tasks.py")
 
 
 def _rows(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8").split("\n")[:-1]  # not splitlines(): rows hold U+2028
+    """The JSON lines of a data file, as written (not splitlines(): the rows hold U+2028)."""
+    return path.read_text(encoding="utf-8").split("\n")[:-1]
 
 
 def _lengths(rows: list[str]) -> list[int]:
+    """The length of each row as the tool measures it (its JSON, non-ASCII kept)."""
     return [len(json.dumps(json.loads(row), ensure_ascii=False)) for row in rows]
 
 
 def test_shortest_first_reorders_the_named_tasks_evaluated_rows_and_nothing_else(tmp_path: Path) -> None:
-    for name, flags in (("plain", []), ("short", ["--shortest-first", "mmlu,gsm8k,boolq"])):
+    for name, flags in (("plain", []), ("short", ["--shortest-first", "mmlu,gsm8k"])):
         subprocess.run([sys.executable, TOOL, *flags, str(tmp_path / name)], check=True, capture_output=True)
     plain, short = tmp_path / "plain" / "data", tmp_path / "short" / "data"
-    reordered = sorted(plain.glob("mmlu/*/test.jsonl")) + [plain / "boolq" / "validation.jsonl"]
-    assert len(reordered) == 57 + 1
+    reordered = sorted(plain.glob("mmlu/*/test.jsonl"))
+    assert len(reordered) == 57
     for path in reordered:
         before, after = _rows(path), _rows(short / path.relative_to(plain))
         assert sorted(before) == sorted(after) and before != after, path  # the same rows, in another order
         assert _lengths(after) == sorted(_lengths(after)), path
     untouched = [p for p in sorted(plain.rglob("*.jsonl")) if p not in reordered and p.parent.name != "gsm8k"]
-    assert len(untouched) == 57 + 6  # MMLU's dev splits (few-shot pools); the six tasks not named
+    assert len(untouched) == 57 + 7  # MMLU's dev splits (its few-shot pools); the seven tasks that cannot be named
     for path in untouched + [plain / "gsm8k" / "train.jsonl"]:
         assert _rows(path) == _rows(short / path.relative_to(plain)), path
     # GSM8K: rows 1000 on are its few-shot pool (train.jsonl); only the rows before them are reordered
@@ -44,9 +46,11 @@ def test_shortest_first_reorders_the_named_tasks_evaluated_rows_and_nothing_else
         assert text == (tmp_path / "short" / "tasks" / yaml.name).read_text(encoding="utf-8"), yaml.name
 
 
-def test_a_task_the_tool_does_not_write_is_one_line(tmp_path: Path) -> None:
-    proc = subprocess.run([sys.executable, TOOL, "--shortest-first", "mmlu,arc", str(tmp_path)],
+def test_a_task_whose_pool_is_its_evaluated_split_is_refused_in_one_line(tmp_path: Path) -> None:
+    """ARC draws its few-shot examples from the split it evaluates: reordering it would change its shots."""
+    proc = subprocess.run([sys.executable, TOOL, "--shortest-first", "mmlu,arc_challenge", str(tmp_path)],
                           capture_output=True, text=True)
     assert proc.returncode == 1
-    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "arc " in proc.stderr, proc.stderr
-    assert "valid: arc_easy,arc_challenge," in proc.stderr
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()], proc.stderr
+    assert "--shortest-first arc_challenge: valid names are gsm8k,mmlu" in proc.stderr, proc.stderr
+    assert not (tmp_path / "data").exists()  # refused before anything is written
