@@ -34,7 +34,9 @@ def _forged(path: Path, data: dict[str, object]) -> None:
 def test_reap_never_cancels_another_users_job_named_like_a_replica(
         tmp_path: Path, slurm_cluster: SlurmCluster) -> None:  # noqa: F811
     name = f"orc-serve-{tmp_path.name[-8:]}-m-0"
-    out = subprocess.run(["sbatch", "--parsable", "--uid=nobody", "--gid=nogroup", f"--job-name={name}",
+    # another user: daemon, not nobody (the rootless sandbox tests, running beside this one on another
+    # xdist worker, assert that no process of nobody lives on the machine; a job of nobody failed one once)
+    out = subprocess.run(["sbatch", "--parsable", "--uid=daemon", "--gid=daemon", f"--job-name={name}",
                           "--output=/dev/null", "--wrap", "sleep 60"], capture_output=True, text=True, check=True)
     job = out.stdout.strip().split(";")[0]
     try:
@@ -48,7 +50,7 @@ def test_reap_never_cancels_another_users_job_named_like_a_replica(
         reap(str(servers))
         time.sleep(1.0)
         found = job_state(job)
-        assert found is not None and found[1] == "nobody" and found[2] == "RUNNING", found
+        assert found is not None and found[1] == "daemon" and found[2] == "RUNNING", found
     finally:
         subprocess.run(["scancel", job], check=False)
 
