@@ -92,7 +92,7 @@ def test_code_execution_end_to_end(tmp_path: Path) -> None:
     details = [json.loads(line) for line in (run / "results/det/code.details.jsonl").read_text().splitlines()]
     assert [d["passed"] for d in details] == [True, True, True, False]
     assert "AssertionError" in details[3]["stderr"]
-    assert sandbox_processes() == []
+    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
 
 
 def test_bundled_humaneval_and_mbpp_configs_run(tmp_path: Path) -> None:
