@@ -14,8 +14,7 @@ import pytest
 
 from orchestra.datasets.olmo import OlmoEvalDataset
 from orchestra.evaluators.code import CodeExecEvaluator
-from tests.helpers import wait_for
-from tests.sandbox.conftest import sandbox_processes, slot_dirs
+from tests.sandbox.conftest import no_sandbox_process_left, slot_dirs
 from tests.sandbox.test_sandbox_isolation import Listener
 
 
@@ -149,7 +148,7 @@ def test_hostile_programs_are_contained_and_scored_zero(isolation: str, tmp_path
     assert listener.accepted == 0
     assert not any(os.path.exists(p) for p in (tmp_path / "escape", "/var/tmp/orchestra-escape",
                                                 "/dev/shm/orchestra-escape", "/root/orchestra-escape"))
-    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
+    no_sandbox_process_left()
     assert slot_dirs(lock_dir) == []
 
 
@@ -219,7 +218,7 @@ def test_a_completion_too_deep_to_parse_is_a_failed_program_not_a_failed_task(tm
     assert details[1]["prediction"] == deep
     assert [d["passed"] for d in details] == [True, False] and "error" not in details[1]
     assert json.loads((run / "results/det/code.json").read_text())["metrics"] == {"pass@1": 0.5}
-    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
+    no_sandbox_process_left()
 
 
 @pytest.mark.parametrize(("setting", "fragment"), [
@@ -282,4 +281,4 @@ def test_floods_of_output_and_self_inflicted_signals_are_failed_programs() -> No
                        "segfault": (False, "killed"), "right": (True, "ok")}
     assert len(details[1]["stderr"]) <= 2000 and details[1]["duration_s"] < 15
     assert metrics["pass@1"] == 0.25
-    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
+    no_sandbox_process_left()

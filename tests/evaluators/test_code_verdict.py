@@ -16,8 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import wait_for
-from tests.sandbox.conftest import sandbox_processes
+from tests.sandbox.conftest import no_sandbox_process_left
 from tests.tasks.test_eval_heavy import code_config, only_run, orchestra
 
 OLD_MARKER = "__orchestra_tests_passed__"
@@ -103,7 +102,7 @@ def run_and_read(tmp_path: Path, isolation: str, prefixes: list[str]) -> tuple[d
     results = json.loads((run / "results/det/code.json").read_text())
     details = [json.loads(line) for line in (run / "results/det/code.details.jsonl").read_text().splitlines()]
     assert results["scorer"]["isolation"] == isolation
-    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
+    no_sandbox_process_left()
     return results, details
 
 

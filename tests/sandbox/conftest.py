@@ -35,6 +35,13 @@ def sandbox_processes() -> list[tuple[int, int, str]]:
     return found
 
 
+def no_sandbox_process_left() -> None:
+    """Wait (10 s) until no process of a sandbox user lives: one the sandbox SIGKILLed ends when the
+    kernel next runs it, on a loaded machine a moment after the program's result (one still exiting,
+    with an empty command line, failed a one-look check once); a process that survives fails."""
+    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
+
+
 def slot_dirs(lock_dir: Path) -> list[Path]:
     """The sandbox folders (``box-<slot>``) of the host-wide scope kept under ``lock_dir``."""
     scope_dir = HostSlots(SCOPE_NAME, 1, lock_dir=str(lock_dir)).dir
@@ -63,9 +70,7 @@ def _needs_root() -> None:
 
 @pytest.fixture
 def nothing_left(lock_dir: Path) -> Iterator[None]:
-    """After the test: no sandbox process alive and no sandbox folder left.  A process the sandbox
-    SIGKILLed ends when the kernel next runs it: on a loaded machine one was still exiting (an empty
-    command line) at one look, so its end is waited for (a process that survives stays, and fails)."""
+    """After the test: no sandbox process alive (:func:`no_sandbox_process_left`) and no sandbox folder left."""
     yield
-    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to be gone")
+    no_sandbox_process_left()
     assert slot_dirs(lock_dir) == []

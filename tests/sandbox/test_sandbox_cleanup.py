@@ -17,8 +17,7 @@ import time
 import pytest
 
 from orchestra.sandbox import Sandbox, SandboxError, SandboxResult
-from tests.helpers import wait_for
-from tests.sandbox.conftest import sandbox_processes
+from tests.sandbox.conftest import no_sandbox_process_left, sandbox_processes
 
 PY3 = "/usr/bin/python3"
 
@@ -133,4 +132,4 @@ def test_a_wrapper_that_cannot_start_the_program_is_a_sandbox_error(method: str,
 
     with pytest.raises(SandboxError, match="did not start the program: .*/nonexistent/python3"):
         asyncio.run(go())
-    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
+    no_sandbox_process_left()

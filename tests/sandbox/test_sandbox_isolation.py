@@ -24,8 +24,7 @@ from orchestra.limits.concurrency import HostSlots
 from orchestra.sandbox import IsolationUnavailable, Sandbox, SandboxResult
 from orchestra.sandbox.process import SCOPE_NAME
 from orchestra.sandbox.sandbox import boxes_dir
-from tests.helpers import wait_for
-from tests.sandbox.conftest import sandbox_processes, slot_dirs
+from tests.sandbox.conftest import no_sandbox_process_left, slot_dirs
 
 PY3 = "/usr/bin/python3"
 METHODS = ["bwrap", "unshare"]
@@ -328,7 +327,7 @@ def test_leftover_folders_of_a_killed_run_are_wiped(lock_dir: Path, nothing_left
     (box / "work" / "stale").write_text("from a task killed mid-run")
     res = run(sandbox, "import os; print(os.listdir('.'))")
     assert res.stdout.strip() == "['main.py']" and not box.exists()
-    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
+    no_sandbox_process_left()
 
 
 def test_auto_falls_back_to_none_only_when_allowed_and_says_so(monkeypatch: pytest.MonkeyPatch, tmp_path: Path,

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import run_argv, server_settled, wait_for
-from tests.sandbox.conftest import sandbox_processes, slot_dirs
+from tests.sandbox.conftest import no_sandbox_process_left, sandbox_processes, slot_dirs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,7 +92,7 @@ def test_code_execution_end_to_end(tmp_path: Path) -> None:
     details = [json.loads(line) for line in (run / "results/det/code.details.jsonl").read_text().splitlines()]
     assert [d["passed"] for d in details] == [True, True, True, False]
     assert "AssertionError" in details[3]["stderr"]
-    wait_for(lambda: sandbox_processes() == [], 10, "the sandbox's SIGKILLed processes to end")
+    no_sandbox_process_left()
 
 
 def test_bundled_humaneval_and_mbpp_configs_run(tmp_path: Path) -> None:
