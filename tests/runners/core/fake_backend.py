@@ -108,6 +108,8 @@ class FakeBackend(BaseRunner, Resources):
         self.calls: dict[str, int] = {}
         self.submitted: list[tuple[str, int]] = []  # (task_id, attempt)
         self.submit_times: dict[tuple[str, int], float] = {}
+        # the loop's clock mark of each job as its submit saw it (``job.started``: a timeout counts from it)
+        self.started_marks: dict[tuple[str, int], float] = {}
         self.end_times: dict[tuple[str, int], float] = {}  # when poll reported the exit
         self.cancelled: list[list[tuple[str, int]]] = []  # one list per cancel call
         self.cancel_times: dict[tuple[str, int], float] = {}
@@ -163,6 +165,7 @@ class FakeBackend(BaseRunner, Resources):
         self._count("submit", job.task.task_id)
         assert key not in self.submit_times, f"{key} submitted twice"
         self.submit_times[key] = time.monotonic()
+        self.started_marks[key] = job.started
         self.submitted.append(key)
         attempts = self.script[job.task.task_id]
         assert job.attempt <= len(attempts), f"{key}: the script has only {len(attempts)} attempt(s)"
