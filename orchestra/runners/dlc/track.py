@@ -118,6 +118,7 @@ class Tracker:
         assert h.job_id is not None
         cursor = self._cursor(h, info)
         finished = info.finish_time if info.finish_time is not None else self._service_now()
+        read_from = self._service_now()  # when this read began: its answers hold what was visible by then
         try:
             copy_final(cursor, self.client, h.job_id, info.pod_id, int(finished) + 2, lambda lines: self.log(h, lines))
         except DLCError as exc:
@@ -134,9 +135,11 @@ class Tracker:
                 self.log(h, [f"===== dlc: could not read the job's log for {give_up_s:g} s: {exc}"])
         # No footer yet: lines may still be on their way into the log service.  Read again once
         # they have settled, and keep reading (each settle period, or each second) until the
-        # footer shows or a second settle period has passed (a job killed before its footer).
+        # footer shows or a read that began after a second settle period found none (a job killed
+        # before its footer).  When the read began, not when it ended, decides: a read split into
+        # many windows on a slow service can end past that time having read its last window early.
         now = self._service_now()
-        if not cursor.footer_seen and now < finished + 2 * self.t.log_settle_s:
+        if not cursor.footer_seen and read_from < finished + 2 * self.t.log_settle_s:
             first = finished + self.t.log_settle_s
             h.drain_at = first
             wait = first - now if now < first else min(self.t.log_settle_s, 1.0)
