@@ -7,8 +7,8 @@ past, so lines the service ingests late are not lost.  A window whose answer rea
 split in halves until none does (a single second is asked again with a ten times larger cap).
 Once the job is over, the last window ``[start, finish + 2)`` is read at once and, unless it ends
 with the task's exit-code footer (the log is then complete), read again after ``settle_s`` and then
-each second until the footer shows or a second ``settle_s`` has passed; lines already copied from
-it are skipped.
+each second until the footer shows or a read begun after a second ``settle_s`` finds none; lines
+already copied from it are skipped.
 """
 
 from __future__ import annotations
