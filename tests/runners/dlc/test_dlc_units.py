@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -360,3 +361,59 @@ def test_the_container_imports_this_orchestra_and_the_real_requests(tmp_path: Pa
     ours, theirs = res.stdout.splitlines()[1:3]
     assert ours == orchestra.__file__
     assert os.path.dirname(orchestra.__file__) not in theirs and theirs.endswith("requests/__init__.py")
+
+
+class _SlowLogAfterEnd:
+    """A log service whose first read answers ``slow_s`` after it began, with what was readable
+    when it began; the job's last line (its exit-code footer) becomes readable just after that."""
+
+    def __init__(self, slow_s: float) -> None:
+        self.slow_s = slow_s
+        self.began: list[float] = []
+        self.created = self.finished = time.time()  # the service's clock is ours
+
+    def get(self, job_id: str) -> object:
+        from orchestra.runners.dlc.cli import DLCJobStatus
+
+        return DLCJobStatus(job_id, "Succeeded", create_time=self.created, finish_time=self.finished,
+                            pod_id=f"{job_id}-master-0")
+
+    def logs(self, job_id: str, pod_id: str, start_s: int, end_s: int, max_events: int) -> list[str]:
+        from orchestra.runners.dlc.config import FOOTER
+
+        self.began.append(time.time())
+        lines = ["[task] done"] + ([f"{FOOTER}0"] if len(self.began) > 1 else [])
+        if len(self.began) == 1:
+            time.sleep(self.slow_s)
+        return lines
+
+
+def test_a_slow_final_read_that_began_before_the_footer_showed_is_followed_by_another(tmp_path: Path) -> None:
+    """Regression: the drain of an ended job's log was judged when its read *ended*: a read begun
+    before the footer was readable and ending past finish + 2 x settle ended the drain, and the
+    task log lost its last lines.  The read that *began* after that time decides now."""
+    from orchestra.events import EventLog
+    from orchestra.runners.dlc.job import DLCJob, Timings
+    from orchestra.runners.dlc.track import Tracker
+
+    settle = 1.0
+    service = _SlowLogAfterEnd(slow_s=2 * settle + 0.2)
+    tracker = Tracker(service, Ledger(str(tmp_path)), EventLog(str(tmp_path / "events.jsonl")),  # type: ignore[arg-type]
+                      Timings(0.1, 1.0, None, settle, 60.0, 5.0))
+    exit_file = tmp_path / "exit"
+    exit_file.write_text("0\n")
+    job = DLCJob("orc-x-t-a1", "t", "infer", 1, "d", str(tmp_path / "task.log"), str(exit_file), [],
+                 job_id="dlc1", submitted_wall=service.created)
+    service.finished = time.time()  # the job has just ended
+    assert tracker.look(job) is None and not job.over  # the first read ended past 2 x settle
+    assert service.began[0] < service.finished + 2 * settle < time.time()
+    deadline = time.monotonic() + 30
+    while True:  # the next looks, each when the tracker asked for it, as a poll round makes them
+        time.sleep(max(0.0, job.next_check - time.monotonic()))
+        if (ended := tracker.look(job)) is not None:
+            break
+        assert time.monotonic() < deadline
+    assert ended.code == 0 and job.over and len(service.began) == 2
+    log = (tmp_path / "task.log").read_text().splitlines()
+    assert log[:2] == ["[task] done", "===== orchestra: task exited with code 0"]
+    assert log[2].startswith("===== dlc: job dlc1 ended Succeeded, task exit code 0")
