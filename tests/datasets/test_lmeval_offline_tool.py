@@ -1,4 +1,5 @@
-"""tools/lmeval_offline_tasks.py's ``--shortest-first``: the named tasks' evaluated rows reordered, nothing else."""
+"""tools/lmeval_offline_tasks.py's ``--shortest-first``: the named tasks' evaluated rows reordered, and MMLU's dev
+splits (the shots lm-eval takes from the top), nothing else."""
 
 from __future__ import annotations
 
@@ -25,14 +26,17 @@ def test_shortest_first_reorders_the_named_tasks_evaluated_rows_and_nothing_else
     for name, flags in (("plain", []), ("short", ["--shortest-first", "mmlu,gsm8k"])):
         subprocess.run([sys.executable, TOOL, *flags, str(tmp_path / name)], check=True, capture_output=True)
     plain, short = tmp_path / "plain" / "data", tmp_path / "short" / "data"
-    reordered = sorted(plain.glob("mmlu/*/test.jsonl"))
-    assert len(reordered) == 57
+    reordered = sorted(plain.glob("mmlu/*/test.jsonl")) + sorted(plain.glob("mmlu/*/dev.jsonl"))
+    assert len(reordered) == 2 * 57
+    moved = 0
     for path in reordered:
         before, after = _rows(path), _rows(short / path.relative_to(plain))
-        assert sorted(before) == sorted(after) and before != after, path  # the same rows, in another order
-        assert _lengths(after) == sorted(_lengths(after)), path
+        assert sorted(before) == sorted(after), path  # the same rows
+        assert _lengths(after) == sorted(_lengths(after)), path  # shortest first
+        moved += before != after
+    assert moved > 57  # in another order: every test split, most dev splits (of 5 rows; a few were in order)
     untouched = [p for p in sorted(plain.rglob("*.jsonl")) if p not in reordered and p.parent.name != "gsm8k"]
-    assert len(untouched) == 57 + 7  # MMLU's dev splits (its few-shot pools); the seven tasks that cannot be named
+    assert len(untouched) == 7  # the seven tasks that cannot be named (their shots come from the split they evaluate)
     for path in untouched + [plain / "gsm8k" / "train.jsonl"]:
         assert _rows(path) == _rows(short / path.relative_to(plain)), path
     # GSM8K: rows 1000 on are its few-shot pool (train.jsonl); only the rows before them are reordered
